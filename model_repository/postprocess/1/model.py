@@ -1,0 +1,3 @@
+"""Triton Python-backend adapter; the implementation is orchestrator.models.postprocess."""
+
+from orchestrator.models.postprocess import TritonPythonModel  # noqa: F401

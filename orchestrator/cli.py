@@ -1,0 +1,51 @@
+"""The ``orchestrator`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+
+def _classify(args) -> int:
+    from tritonclient.utils import InferenceServerException
+
+    from orchestrator.client import classify, format_prediction
+
+    try:
+        predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold)
+    except InferenceServerException as exc:
+        print(f"error: {args.model}: {exc}", file=sys.stderr)
+        return 1
+    for pred in predictions:
+        print(format_prediction(pred))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from orchestrator.server import add_serve_arguments, serve_command
+
+    parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the embedded Triton server on the model repository")
+    add_serve_arguments(serve)
+    serve.set_defaults(func=serve_command)
+
+    cls = sub.add_parser("classify", help="classify texts through a running server")
+    cls.add_argument("texts", nargs="+", help="texts to classify (one line of output each)")
+    cls.add_argument("--model", default="router", help="router (default) or ensemble")
+    cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
+    cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
+    cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
+    cls.set_defaults(func=_classify)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Python-backend model implementations; each repository ``model.py`` re-exports one."""

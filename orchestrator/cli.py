@@ -39,6 +39,12 @@ def build_parser() -> argparse.ArgumentParser:
     cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
     cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
     cls.set_defaults(func=_classify)
+
+    from orchestrator.policy_cli import add_policy_arguments, policy_command
+
+    pol = sub.add_parser("policy", help="check a routing policy file, or show the one a router runs")
+    add_policy_arguments(pol)
+    pol.set_defaults(func=policy_command)
     return parser
 
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.router import RouterSettings, aggregate, logit, parse_request, sigmoid, token_windows
+from orchestrator.router import aggregate, logit, parse_request, sigmoid, split_fraction, token_windows, truncate
 from orchestrator.validation import InputError
 
 
@@ -49,15 +49,18 @@ def test_logit_inverts_sigmoid():
     assert math.isfinite(logit(1.0)) and math.isfinite(logit(0.0))
 
 
-def test_settings_from_parameters_and_errors_name_the_parameter():
-    s = RouterSettings.from_parameters({"cascade_margin": "0.3", "max_sequence_length": "64", "chunk_stride": "32"})
-    assert (s.cascade_margin, s.max_sequence_length, s.chunk_stride) == (0.3, 64, 32)
-    with pytest.raises(ValueError, match="cascade_margin"):
-        RouterSettings.from_parameters({"cascade_margin": "lots"})
-    with pytest.raises(ValueError, match="chunk_stride"):
-        RouterSettings.from_parameters({"chunk_stride": "500"})
-    with pytest.raises(ValueError, match="chunk_aggregation"):
-        RouterSettings.from_parameters({"chunk_aggregation": "median"})
+def test_truncate_keeps_the_last_special_token():
+    ids = _text(200)
+    t = truncate(ids, 128)
+    assert len(t) == 128 and t[0] == 101 and t[-1] == 102 and t[-2] == 1000 + 125
+    assert truncate(_text(5), 128) is not None and len(truncate(_text(5), 128)) == 7
+
+
+def test_split_fraction_is_deterministic_and_spread():
+    xs = [split_fraction("ab", f"req-{i}") for i in range(2000)]
+    assert xs == [split_fraction("ab", f"req-{i}") for i in range(2000)]
+    assert all(0.0 <= x < 1.0 for x in xs)
+    assert 0.45 < sum(x < 0.5 for x in xs) / len(xs) < 0.55
 
 
 def _texts(*items):
@@ -65,7 +68,7 @@ def _texts(*items):
 
 
 def test_parse_request_errors_name_the_input():
-    ok = parse_request(_texts(b"good", b""), np.array([[0.5], [0.2]], dtype=np.float32))
+    ok = parse_request(_texts(b"good", b""), np.array([[0.5], [0.2]], dtype=np.float32), {"route": "fast"}, {"route": ("fast",)})
     assert ok.texts == ["good", ""] and ok.thresholds.tolist() == pytest.approx([0.5, 0.2])
     cases = [
         ((None, np.ones((1, 1), np.float32)), "TEXT: required"),
@@ -79,3 +82,5 @@ def test_parse_request_errors_name_the_input():
     for (texts, thr), message in cases:
         with pytest.raises(InputError, match=message):
             parse_request(texts, thr)
+    with pytest.raises(InputError, match="parameter route='classifier': not a route this policy exposes"):
+        parse_request(_texts(b"a"), np.array([[0.5]], np.float32), {"route": "classifier"}, {"route": ("fast", "accurate")})

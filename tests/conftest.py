@@ -44,13 +44,52 @@ def add_router_variant(repo: Path, name: str, policy_document) -> Path:
     return dest
 
 
+def copy_model(repo: Path, source: str, name: str) -> Path:
+    """Copy model directory ``source`` to ``name`` within ``repo``, renaming it in its configs."""
+    shutil.copytree(repo / source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for cfg in (repo / name).rglob("*.pbtxt"):
+        cfg.write_text(cfg.read_text().replace(f'name: "{source}"', f'name: "{name}"'))
+    return repo / name
+
+
+def _ondemand_policy(model: str, idle: float) -> dict:
+    fast = {"kind": "model", "model": "classifier_fast"}
+    return {
+        "version": 1,
+        "request_parameters": {"route": ["spare"]},
+        "root": {
+            "kind": "switch",
+            "cases": [
+                {"when": {"empty": True}, "then": {"kind": "constant", "name": "empty", "probability": 0.5, "verdict": False}},
+                {
+                    "when": {"param": {"name": "route", "equals": "spare"}},
+                    "then": {"kind": "model", "model": model, "on_demand": {"idle_timeout_s": idle, "retry_after_s": 30}},
+                },
+            ],
+            "default": fast,
+        },
+    }
+
+
+# Models of the test repository that the session server does not load at start.
+NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
+
+
 def make_test_repository(dest: Path) -> Path:
-    """Copy ``model_repository`` to ``dest`` and add the :data:`ROUTER_VARIANTS`."""
+    """Copy ``model_repository`` to ``dest`` and add the test-only models: the
+    :data:`ROUTER_VARIANTS`, the shipped A/B example (``router_ab``), on-demand routers and
+    their spare classifier, and a router with an invalid policy."""
     shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__"))
     for name, changes in ROUTER_VARIANTS.items():
         document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
         set_node_fields(document, changes)
         add_router_variant(dest, name, document)
+    add_router_variant(dest, "router_ab", yaml.safe_load((ROOT / "docs" / "policies" / "ab_fallback.yaml").read_text()))
+    copy_model(dest, "classifier_fast", "classifier_spare")
+    add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
+    # on_demand on a model the server loaded itself: the router must never unload it
+    add_router_variant(dest, "router_not_owner", _ondemand_policy("classifier_fast", idle=0.5))
+    add_router_variant(dest, "router_bad_policy", {"version": 1, "root": {"kind": "cascade", "margin": 0.1, "stages": [{"kind": "model"}]}})
     return dest
 
 
@@ -64,7 +103,8 @@ def triton(test_repository):
     """A real tritonserver on loopback serving the test repository; stopped at the end."""
     from orchestrator.server import TritonServer
 
-    server = TritonServer(test_repository)
+    models = [p.name for p in sorted(test_repository.iterdir()) if (p / "config.pbtxt").exists() and p.name not in NOT_LOADED_AT_START]
+    server = TritonServer(test_repository, models=models)
     server.start()
     yield server
     server.stop()

@@ -47,7 +47,11 @@ Every node may have ``name`` (unique; used in metrics, errors and routes; defaul
 path in the tree) and ``timeout_ms`` (the node fails when it takes longer).
 
 Top level: ``version`` (1), ``root`` (NODE), ``tokenizer`` and ``postprocess`` (model
-names, default ``tokenizer`` and ``postprocess``), ``max_sequence_length`` (default 128,
+names, default ``tokenizer`` and ``postprocess``), ``inline`` (``tokenizer``: a directory
+of tokenizer files, relative to the router's model directory, e.g. ``../tokenizer/1``,
+to tokenize in the router's process instead of a BLS call; ``postprocess: true`` to apply
+``orchestrator.models.postprocess.probabilities_and_verdicts``, the postprocess model's
+own function, in-process: each saves one BLS round trip per ``execute``), ``max_sequence_length`` (default 128,
 the demo tokenizer's ``model_max_length``), ``bls_max_batch_size`` (rows per BLS call,
 default 64: the downstream models' ``max_batch_size``), ``request_parameters``: a map
 from a request parameter's name to the values clients may send (``param`` conditions may
@@ -173,6 +177,8 @@ class Policy:
     max_sequence_length: int = 128
     bls_max_batch_size: int = 64
     request_parameters: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    inline_tokenizer: Optional[str] = None  # tokenizer files dir, relative to the router's model dir
+    inline_postprocess: bool = False
     source: Dict[str, Any] = field(default_factory=dict)  # the validated document, for `policy show`
 
     def nodes(self) -> List[Node]:
@@ -181,7 +187,8 @@ class Policy:
 
     def models(self) -> List[str]:
         """Names of every model the policy may call (BLS), tokenizer and postprocess included."""
-        names = [self.tokenizer, self.postprocess]
+        names = [] if self.inline_tokenizer else [self.tokenizer]
+        names += [] if self.inline_postprocess else [self.postprocess]
         names += [n.model for n in self.nodes() if isinstance(n, ModelNode)]
         return list(dict.fromkeys(names))
 
@@ -451,8 +458,9 @@ def parse_policy(document: Any) -> Policy:
     r = _Reader(
         document,
         "policy",
-        ("version", "root", "tokenizer", "postprocess", "max_sequence_length", "bls_max_batch_size", "request_parameters", "description"),
+        ("version", "root", "tokenizer", "postprocess", "max_sequence_length", "bls_max_batch_size", "request_parameters", "description", "inline"),
     )
+    inline = _Reader(r.get("inline", dict, {}) or {}, "policy.inline", ("tokenizer", "postprocess"))
     version = r.get("version", int, 1)
     if version != 1:
         raise PolicyError(f"policy.version: {version} is not supported (expected 1)")
@@ -477,6 +485,8 @@ def parse_policy(document: Any) -> Policy:
         max_sequence_length=max_len,
         bls_max_batch_size=r.number_in("bls_max_batch_size", 1, 1 << 20, 64, kind=int),
         request_parameters=params,
+        inline_tokenizer=inline.get("tokenizer", str),
+        inline_postprocess=inline.get("postprocess", bool, False),
         source=json.loads(json.dumps(document)),
     )
 
@@ -550,8 +560,10 @@ def _condition_text(c: Condition) -> str:
 
 def describe(policy: Policy) -> str:
     """The policy as an indented text tree (what ``orchestrator policy check`` prints)."""
+    tok = f"inline({policy.inline_tokenizer})" if policy.inline_tokenizer else policy.tokenizer
+    post = "inline" if policy.inline_postprocess else policy.postprocess
     lines = [
-        f"policy: tokenizer={policy.tokenizer} postprocess={policy.postprocess} "
+        f"policy: tokenizer={tok} postprocess={post} "
         f"max_sequence_length={policy.max_sequence_length} bls_max_batch_size={policy.bls_max_batch_size}"
     ]
     for name, values in policy.request_parameters.items():

@@ -375,8 +375,21 @@ class ModelManager:
 class Engine:
     """Runs a :class:`~orchestrator.policy.Policy` over the texts of one ``execute`` call."""
 
-    def __init__(self, policy: P.Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None):
+    def __init__(
+        self,
+        policy: P.Policy,
+        infer: InferFn,
+        metrics: Optional[Metrics] = None,
+        models: Optional[ModelManager] = None,
+        model_dir: Optional[Path] = None,
+    ):
         self.policy = policy
+        self.tokenizer = None
+        if policy.inline_tokenizer:
+            from transformers import AutoTokenizer
+
+            path = (Path(model_dir or ".") / policy.inline_tokenizer).resolve()
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         self.infer = infer
         self.metrics = metrics
         self.models = models
@@ -407,6 +420,11 @@ class Engine:
         """Tokenize (one batched BLS call, no truncation) the items that have no ids yet."""
         todo = [it for it in items if it.ids is None]
         if not todo:
+            return
+        if self.tokenizer is not None:  # in-process: the same files and call as the tokenizer model
+            encoded = self.tokenizer([it.text for it in todo], truncation=False, padding=False)["input_ids"]
+            for it, ids in zip(todo, encoded):
+                it.ids = np.asarray(ids, dtype=np.int64)
             return
 
         def inputs(part):
@@ -639,7 +657,15 @@ class Engine:
         for it in items:
             if answers[it.idx].verdict is not None:
                 verdicts[it.idx] = answers[it.idx].verdict
-        if post:
+        if post and self.policy.inline_postprocess:
+            from orchestrator.models.postprocess import probabilities_and_verdicts
+
+            idx = [it.idx for it in post]
+            p, v = probabilities_and_verdicts(
+                np.array([[answers[i].logit] for i in idx], dtype=np.float32), np.array([it.threshold for it in post], np.float32)
+            )
+            probs[idx], verdicts[idx] = p.reshape(-1), v.reshape(-1)
+        elif post:
             outs = await self._batched(
                 self.policy.postprocess,
                 list(range(len(post))),
@@ -733,7 +759,7 @@ class TritonPythonModel:
         self.name = args.get("model_name", config.get("name", "router"))
         self.metrics = Metrics(pb_utils, self.name)
         self.models = ModelManager(pb_utils, self.policy.on_demand(), self.metrics, self.logger)
-        self.engine = Engine(self.policy, self._infer, self.metrics, self.models)
+        self.engine = Engine(self.policy, self._infer, self.metrics, self.models, model_dir)
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
         self.logger.log_info(f"router '{self.name}': policy {path}\n{P.describe(self.policy)}")
         if self.models.enabled:

@@ -26,7 +26,17 @@ def root(node, **top):
     return {"version": 1, "root": node, **top}
 
 
+def _default_with(**top):
+    import yaml
+
+    document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    document.update(top)
+    return document
+
+
 POLICIES = {
+    "p_default": _default_with(),
+    "p_inline": _default_with(inline={"tokenizer": "../tokenizer/1", "postprocess": True}),
     "p_constant": root({"kind": "constant", "name": "c", "probability": 0.3}),
     "p_tokens": root(
         {
@@ -271,3 +281,14 @@ def test_failed_on_demand_load_falls_back_and_is_not_retried_at_once(mock):
         "orchestrator_model_loads_total", {"router": "p_ondemand_broken", "model": "classifier_broken", "outcome": "failure"}
     )
     assert failures == 1
+
+
+def test_inline_tokenizer_and_postprocess_give_the_same_answers_without_those_calls(mock):
+    texts = TEXTS + ["", " ".join(TEXTS)]
+    expected = ask(mock, "p_default", texts)
+    mock.reset_calls()
+    got = ask(mock, "p_inline", texts)
+    np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
+    assert got[1].tolist() == expected[1].tolist() and got[2] == expected[2]
+    called = {c.model for c in mock.calls}
+    assert "tokenizer" not in called and "postprocess" not in called and "classifier_fast" in called

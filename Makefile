@@ -31,3 +31,38 @@ serve: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
+
+# Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
+# raw ONNX model; writes docs/benchmarks.md and docs/bench/ (about 15 minutes on 2 cores).
+# A 2-minute smoke run: make bench BENCH_ARGS=--quick
+.PHONY: bench
+bench: $(STAMP)
+	$(PY) -m orchestrator.bench --out docs $(BENCH_ARGS)
+
+# --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
+# `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
+# where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into
+# model_repository (<model>/triton_env.tar.gz, the matching stub, configs/env.pbtxt: serve
+# with --model-config-name=env). `make stub PYTHON=3.12`: the embedded server's prebuilt stub
+# into stub_build/out/3.12/ (offline); `make stub PYTHON=3.12 TRITON=r24.10`: build it in the
+# NGC container (Docker). PYTHON here is a version (3.12 or python3.12); the project
+# virtualenv itself is always bootstrapped with python3.
+TARGET ?= cpu
+TRITON ?=
+ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
+
+.PHONY: env stub
+
+env:
+	$(MAKE) venv PYTHON=python3
+	$(PY) -m pip install --quiet -e ".[test,env]"
+	$(PY) -m orchestrator.envtools env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+
+stub:
+	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
+ifeq ($(strip $(TRITON)),)
+	$(MAKE) venv PYTHON=python3
+	$(PY) -m orchestrator.envtools stub --python $(ENV_PYTHON)
+else
+	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
+endif

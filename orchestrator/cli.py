@@ -45,6 +45,19 @@ def build_parser() -> argparse.ArgumentParser:
     pol = sub.add_parser("policy", help="check a routing policy file, or show the one a router runs")
     add_policy_arguments(pol)
     pol.set_defaults(func=policy_command)
+
+    from orchestrator.doctor import add_doctor_arguments, doctor_command
+    from orchestrator.envtools import add_env_arguments, add_stub_arguments, env_command, stub_command
+
+    env = sub.add_parser("env", help="build, verify and install the models' execution environment")
+    add_env_arguments(env)
+    env.set_defaults(func=env_command)
+    stub = sub.add_parser("stub", help="Python-backend stub for another Python version")
+    add_stub_arguments(stub)
+    stub.set_defaults(func=stub_command)
+    doc = sub.add_parser("doctor", help="check each Python model's env, stub and libpython")
+    add_doctor_arguments(doc)
+    doc.set_defaults(func=doctor_command)
     return parser
 
 

@@ -79,7 +79,8 @@ def make_test_repository(dest: Path) -> Path:
     """Copy ``model_repository`` to ``dest`` and add the test-only models: the
     :data:`ROUTER_VARIANTS`, the shipped A/B example (``router_ab``), on-demand routers and
     their spare classifier, and a router with an invalid policy."""
-    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__"))
+    # not the execution-environment artifacts `make env` may have installed (~120 MB a model)
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
     for name, changes in ROUTER_VARIANTS.items():
         document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
         set_node_fields(document, changes)

@@ -12,12 +12,11 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,train]"
 	touch $(STAMP)
 
-# Train both demo classifiers and the tokenizer from scratch (needs torch, CPU build).
+# Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
 model: $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,train]"
 	$(PY) -m orchestrator.train
 
 demo: $(STAMP)

@@ -58,6 +58,16 @@ def build_parser() -> argparse.ArgumentParser:
     doc = sub.add_parser("doctor", help="check each Python model's env, stub and libpython")
     add_doctor_arguments(doc)
     doc.set_defaults(func=doctor_command)
+
+    from orchestrator.export import add_export_arguments, export_command
+    from orchestrator.parity import add_parity_arguments, parity_command
+
+    exp = sub.add_parser("export", help="export a Hugging Face classifier (and an fp16 variant) into the model repository")
+    add_export_arguments(exp)
+    exp.set_defaults(func=export_command)
+    par = sub.add_parser("parity", help="compare candidate classifiers with a reference: logits, thresholds, flips, recommendation")
+    add_parity_arguments(par)
+    par.set_defaults(func=parity_command)
     return parser
 
 

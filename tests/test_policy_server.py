@@ -119,10 +119,10 @@ def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):
     for i in range(30):
         rid = f"user-{i}"
         out = call_with_id(triton, "router_ab", TEXTS[:2], rid)
-        want = "a:classifier" if split_fraction("ab", rid) < 0.9 else "b:classifier_fast"
+        want = "a:classifier" if split_fraction("ab", rid) < 0.9 else "b:classifier_fp16"
         assert routes(out) == [want, want]
         expected[rid] = want
-    assert set(expected.values()) == {"a:classifier", "b:classifier_fast"} or len(expected) == 30
+    assert "a:classifier" in expected.values()
     triton.unload_model("classifier")
     try:
         a_ids = [rid for rid, r in expected.items() if r == "a:classifier"][:3]
@@ -132,18 +132,18 @@ def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):
         triton.load_model("classifier")
 
 
-def call_with_id(server, model, texts, request_id):
+def call_with_id(server, model, texts, request_id, threshold=0.5):
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
-        thr = np.full((len(texts), 1), 0.5, dtype=np.float32)
+        thr = np.full((len(texts), 1), threshold, dtype=np.float32)
         ins = [httpclient.InferInput("TEXT", list(t.shape), "BYTES"), httpclient.InferInput("THRESHOLD", list(thr.shape), "FP32")]
         ins[0].set_data_from_numpy(t)
         ins[1].set_data_from_numpy(thr)
         r = client.infer(model, ins, request_id=request_id)
-        return {"ROUTE": r.as_numpy("ROUTE"), "PROBABILITIES": r.as_numpy("PROBABILITIES")}
+        return {"ROUTE": r.as_numpy("ROUTE"), "PROBABILITIES": r.as_numpy("PROBABILITIES"), "VERDICTS": r.as_numpy("VERDICTS")}
     finally:
         client.close()
 
@@ -169,3 +169,20 @@ def test_an_invalid_policy_stops_the_router_from_loading(test_repository):
         assert "invalid routing policy" in str(info.value)
         assert "router_bad_policy/policy.yaml: root.stages: needs at least 2 entries" in str(info.value)
         assert state(server, "postprocess") == "READY"
+
+
+def test_a_variant_answers_at_its_calibrated_threshold(triton):
+    """The A/B example's fp16 canary: at the reference threshold its verdicts equal the
+    fp32 classifier's (docs/parity: 0 flips on the held-out split)."""
+    import json
+
+    calibrated = json.loads((ROOT / "docs" / "parity" / "thresholds.json").read_text())
+    thr = calibrated["classifier"]
+    texts = data.held_out_texts(n=64, seed=2)
+    b_ids = [f"user-{i}" for i in range(400) if split_fraction("ab", f"user-{i}") >= 0.9][:4]
+    reference = call(triton, "router", texts, thresholds=thr, parameters={"route": "accurate"})
+    for k, rid in enumerate(b_ids):
+        part = slice(16 * k, 16 * (k + 1))
+        out = call_with_id(triton, "router_ab", texts[part], rid, threshold=thr)
+        assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["b:classifier_fp16"] * 16
+        assert out["VERDICTS"].reshape(-1).tolist() == reference["VERDICTS"].reshape(-1)[part].tolist()

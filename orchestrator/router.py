@@ -195,6 +195,10 @@ class Metrics:
         orchestrator_model_unloads_total{model}     idle unloads
         orchestrator_node_errors_total{node}        node failures (error or timeout)
         orchestrator_node_latency_seconds{node}     histogram of node run time, seconds
+
+    Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
+    updates are buffered in memory and sent by a background thread every
+    ``flush_interval_s`` (0.5 s), off the request path: ``/metrics`` lags by at most that.
     Without ``MetricFamily`` (old stubs) every call is a no-op.
     """
 
@@ -209,11 +213,14 @@ class Metrics:
         "orchestrator_node_errors_total": "Policy node failures (downstream error or timeout)",
     }
 
-    def __init__(self, pb, router_name: str):
+    def __init__(self, pb, router_name: str, flush_interval_s: float = 0.5):
         self.router = router_name
         self.families = {}
         self.metrics = {}
         self.lock = threading.Lock()
+        self.counts: Dict[tuple, float] = {}
+        self.observations: Dict[tuple, list] = {}
+        self.stop = threading.Event()
         family = getattr(pb, "MetricFamily", None)
         if family is None:
             return
@@ -225,31 +232,52 @@ class Metrics:
                 description="Run time of each policy node, seconds",
                 kind=family.HISTOGRAM,
             )
+        self.flusher = threading.Thread(target=self._flush_loop, args=(flush_interval_s,), name="orchestrator-metrics", daemon=True)
+        self.flusher.start()
 
-    def _metric(self, family: str, labels: Mapping[str, str]):
-        if family not in self.families:
-            return None
-        key = (family, tuple(sorted(labels.items())))
-        with self.lock:
-            m = self.metrics.get(key)
-            if m is None:
-                full = {"router": self.router, **labels}
-                if family.endswith("_seconds"):
-                    m = self.families[family].Metric(labels=full, buckets=LATENCY_BUCKETS)
-                else:
-                    m = self.families[family].Metric(labels=full)
-                self.metrics[key] = m
+    def _metric(self, key):
+        family, labels = key
+        m = self.metrics.get(key)
+        if m is None:
+            full = {"router": self.router, **dict(labels)}
+            if family.endswith("_seconds"):
+                m = self.families[family].Metric(labels=full, buckets=LATENCY_BUCKETS)
+            else:
+                m = self.families[family].Metric(labels=full)
+            self.metrics[key] = m
         return m
 
     def inc(self, family: str, value: float = 1.0, **labels) -> None:
-        m = self._metric(family, labels)
-        if m is not None and value:
-            m.increment(value)
+        if family in self.families and value:
+            key = (family, tuple(sorted(labels.items())))
+            with self.lock:
+                self.counts[key] = self.counts.get(key, 0.0) + value
 
     def observe(self, family: str, value: float, **labels) -> None:
-        m = self._metric(family, labels)
-        if m is not None:
-            m.observe(value)
+        if family in self.families:
+            key = (family, tuple(sorted(labels.items())))
+            with self.lock:
+                self.observations.setdefault(key, []).append(value)
+
+    def flush(self) -> None:
+        """Send the buffered updates to the server now."""
+        with self.lock:
+            counts, self.counts = self.counts, {}
+            observations, self.observations = self.observations, {}
+        for key, value in counts.items():
+            self._metric(key).increment(value)
+        for key, values in observations.items():
+            m = self._metric(key)
+            for v in values:
+                m.observe(v)
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self.stop.wait(interval):
+            self.flush()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.flush()
 
 
 # ----------------------------------------------------------------------------- on-demand models
@@ -770,6 +798,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.models.close()
+        self.metrics.close()
 
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str):
         pb = self.pb

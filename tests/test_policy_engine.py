@@ -129,6 +129,16 @@ def mock(tmp_path_factory):
 TEXTS = data.held_out_texts(n=10, seed=5)
 
 
+def eventually(read, expected, timeout=5.0):
+    """Poll ``read()`` until it equals ``expected`` (the router flushes metrics every 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while value != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        value = read()
+    return value
+
+
 def ask(mock, model, texts, threshold=0.5, parameters=None, request_id=""):
     t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
     out = mock.infer(model, {"TEXT": t, "THRESHOLD": np.full((len(texts), 1), threshold, np.float32)}, parameters=parameters, request_id=request_id)
@@ -250,13 +260,13 @@ def test_chunk_with_max_aggregation(mock):
     p, _, r = ask(mock, "p_chunk_max", [long_text, "short one"])
     assert r == ["chunked:classifier_fast", "classifier_fast"]
     assert p[0] == pytest.approx(aggregate(probs, lengths, "max"), abs=1e-5)
-    assert mock.metric("orchestrator_chunks_total", {"router": "p_chunk_max", "node": "root"}) == len(probs)
+    assert eventually(lambda: mock.metric("orchestrator_chunks_total", {"router": "p_chunk_max", "node": "root"}), len(probs)) == len(probs)
 
 
 def test_cascade_of_three_stages(mock):
     p, v, r = ask(mock, "p_cascade3", TEXTS[:2])
     assert r == ["last", "last"] and np.allclose(p, 0.42)  # margin 1.0 escalates to the end
-    assert mock.metric("orchestrator_escalations_total", {"router": "p_cascade3", "node": "root"}) == 4
+    assert eventually(lambda: mock.metric("orchestrator_escalations_total", {"router": "p_cascade3", "node": "root"}), 4) == 4
 
 
 def test_on_demand_model_is_loaded_once_and_unloaded_when_idle(mock):
@@ -265,22 +275,24 @@ def test_on_demand_model_is_loaded_once_and_unloaded_when_idle(mock):
     assert r == ["classifier_spare"] * 2 and mock.is_model_ready("classifier_spare")
     np.testing.assert_allclose(p, direct(mock, "classifier_fast", TEXTS[:2]), atol=1e-5)
     ask(mock, "p_ondemand", TEXTS[2:4])
-    assert mock.metric("orchestrator_model_loads_total", {"router": "p_ondemand", "model": "classifier_spare", "outcome": "success"}) == 1
+    loads = {"router": "p_ondemand", "model": "classifier_spare", "outcome": "success"}
+    assert eventually(lambda: mock.metric("orchestrator_model_loads_total", loads), 1) == 1
     deadline = time.monotonic() + 10
     while mock.is_model_ready("classifier_spare") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not mock.is_model_ready("classifier_spare")
-    assert mock.metric("orchestrator_model_unloads_total", {"router": "p_ondemand", "model": "classifier_spare"}) == 1
+    unloads = {"router": "p_ondemand", "model": "classifier_spare"}
+    assert eventually(lambda: mock.metric("orchestrator_model_unloads_total", unloads), 1) == 1
 
 
 def test_failed_on_demand_load_falls_back_and_is_not_retried_at_once(mock):
     for _ in range(3):
         _, _, r = ask(mock, "p_ondemand_broken", TEXTS[:1])
         assert r == ["fallback"]
-    failures = mock.metric(
-        "orchestrator_model_loads_total", {"router": "p_ondemand_broken", "model": "classifier_broken", "outcome": "failure"}
-    )
-    assert failures == 1
+    labels = {"router": "p_ondemand_broken", "model": "classifier_broken", "outcome": "failure"}
+    assert eventually(lambda: mock.metric("orchestrator_model_loads_total", labels), 1) == 1
+    time.sleep(0.6)  # one more flush: still one failure, no retry before retry_after_s
+    assert mock.metric("orchestrator_model_loads_total", labels) == 1
 
 
 def test_inline_tokenizer_and_postprocess_give_the_same_answers_without_those_calls(mock):

@@ -42,6 +42,12 @@ def metric(snapshot, name, **labels) -> float:
     return snapshot.get((name, frozenset(labels.items())), 0.0)
 
 
+def settled_metrics(server) -> dict:
+    """``metrics()`` once the router's buffered updates are out (flushed every 0.5 s)."""
+    time.sleep(1.2)
+    return metrics(server)
+
+
 def state(server, model) -> str:
     return {m["name"]: m.get("state", "") for m in server.repository_index()}.get(model, "")
 
@@ -63,12 +69,12 @@ def test_a_request_cannot_name_a_model_the_policy_does_not_expose(triton):
 
 def test_on_demand_model_loads_once_then_unloads_when_idle(triton):
     assert state(triton, "classifier_spare") != "READY"
-    before = metrics(triton)
+    before = settled_metrics(triton)
     with cf.ThreadPoolExecutor(6) as pool:
         results = list(pool.map(lambda t: call(triton, "router_ondemand", [t], parameters={"route": "spare"}), TEXTS[:6]))
     assert all(routes(r) == ["classifier_spare"] for r in results)
     assert state(triton, "classifier_spare") == "READY"
-    after = metrics(triton)
+    after = settled_metrics(triton)
     loads = dict(router="router_ondemand", model="classifier_spare", outcome="success")
     assert metric(after, "orchestrator_model_loads_total", **loads) - metric(before, "orchestrator_model_loads_total", **loads) == 1
     # same weights as classifier_fast: same answers
@@ -79,7 +85,7 @@ def test_on_demand_model_loads_once_then_unloads_when_idle(triton):
         time.sleep(0.5)
     assert state(triton, "classifier_spare") != "READY"
     unloads = dict(router="router_ondemand", model="classifier_spare")
-    assert metric(metrics(triton), "orchestrator_model_unloads_total", **unloads) == 1
+    assert metric(settled_metrics(triton), "orchestrator_model_unloads_total", **unloads) == 1
     # and it comes back on the next use
     assert routes(call(triton, "router_ondemand", TEXTS[:1], parameters={"route": "spare"})) == ["classifier_spare"]
 
@@ -88,17 +94,17 @@ def test_the_router_never_unloads_a_model_it_did_not_load(triton):
     assert routes(call(triton, "router_not_owner", TEXTS[:2], parameters={"route": "spare"})) == ["classifier_fast"] * 2
     time.sleep(2.5)  # idle timeout 0.5 s, checked every 0.2 s
     assert state(triton, "classifier_fast") == "READY"
-    snapshot = metrics(triton)
+    snapshot = settled_metrics(triton)
     assert metric(snapshot, "orchestrator_model_unloads_total", router="router_not_owner", model="classifier_fast") == 0
 
 
 def test_metrics_count_requests_texts_routes_and_node_latency(triton):
     texts = TEXTS[:8] + ["", "  "]
-    before = metrics(triton)
+    before = settled_metrics(triton)
     out = call(triton, "router", texts)
     with pytest.raises(InferenceServerException):
         call(triton, "router", TEXTS[:1], thresholds=float("nan"))
-    after = metrics(triton)
+    after = settled_metrics(triton)
 
     def delta(name, **labels):
         return metric(after, name, router="router", **labels) - metric(before, name, router="router", **labels)

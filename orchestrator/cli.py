@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     par = sub.add_parser("parity", help="compare candidate classifiers with a reference: logits, thresholds, flips, recommendation")
     add_parity_arguments(par)
     par.set_defaults(func=parity_command)
+
+    from orchestrator.bench import add_bench_arguments, bench_command
+
+    bench = sub.add_parser("bench", help="perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)")
+    add_bench_arguments(bench)
+    bench.set_defaults(func=bench_command)
     return parser
 
 

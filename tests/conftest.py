@@ -19,6 +19,8 @@ ROUTER_VARIANTS = {
     # never escalates
     "router_fast": {"cascade": {"margin": 0.0}},
 }
+# The shipped policy with the tokenizer and postprocess models called through BLS.
+BLS_VARIANT = "router_bls"
 
 
 def set_node_fields(node, changes):
@@ -85,6 +87,9 @@ def make_test_repository(dest: Path) -> Path:
         document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
         set_node_fields(document, changes)
         add_router_variant(dest, name, document)
+    document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    document.pop("inline")
+    add_router_variant(dest, BLS_VARIANT, document)
     add_router_variant(dest, "router_ab", yaml.safe_load((ROOT / "docs" / "policies" / "ab_fallback.yaml").read_text()))
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))

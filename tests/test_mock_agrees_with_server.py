@@ -60,12 +60,12 @@ def _server(triton, model, arrays):
 @pytest.fixture(scope="module")
 def mock(test_repository):
     with MockTriton(test_repository) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_accurate"):
+        for name in ("tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_accurate", "router_bls"):
             m.load(name)
         yield m
 
 
-@pytest.mark.parametrize("model", ["router", "router_accurate"])
+@pytest.mark.parametrize("model", ["router", "router_accurate", "router_bls"])
 @pytest.mark.parametrize("case,texts,threshold", OK_CASES, ids=[c[0] for c in OK_CASES])
 def test_outputs_agree(triton, mock, model, case, texts, threshold):
     arrays = _arrays(texts, threshold)
@@ -83,23 +83,29 @@ def test_errors_agree(triton, mock, case, texts, threshold, needle):
         _server(triton, "router", arrays)
     with pytest.raises(InferError) as fake:
         mock.infer("router", arrays)
+    with pytest.raises(InferError) as fake_bls:
+        mock.infer("router_bls", arrays)
+    assert fake_bls.value.message == fake.value.message
     assert needle in str(real.value) and needle in fake.value.message
     assert fake.value.message in str(real.value)
 
 
-def test_batched_requests_agree_and_bls_calls_are_batched(triton, mock):
-    """Several requests in one execute: one tokenizer call, one call per classifier."""
+@pytest.mark.parametrize("model", ["router", "router_bls"])
+def test_batched_requests_agree_and_bls_calls_are_batched(triton, mock, model):
+    """Several requests in one execute: one tokenizer call (none when inline), one call per
+    classifier, one postprocess call (none when inline)."""
     texts = data.held_out_texts(n=12, seed=11)
     requests = [_arrays(texts[i : i + 3], 0.5) for i in range(0, 12, 3)]
     mock.reset_calls()
-    results = mock.infer_batch("router", requests)
+    results = mock.infer_batch(model, requests)
     calls = {c.model: 0 for c in mock.calls}
     for c in mock.calls:
         calls[c.model] += 1
-    assert calls["router"] == 1 and calls["tokenizer"] == 1 and calls["classifier_fast"] == 1
-    assert calls.get("classifier", 0) <= 1 and calls["postprocess"] == 1
+    bls = 1 if model == "router_bls" else 0
+    assert calls[model] == 1 and calls["classifier_fast"] == 1 and calls.get("classifier", 0) <= 1
+    assert calls.get("tokenizer", 0) == bls and calls.get("postprocess", 0) == bls
     for arrays, fake in zip(requests, results):
-        real = _server(triton, "router", arrays)
+        real = _server(triton, model, arrays)
         np.testing.assert_allclose(fake["PROBABILITIES"], real["PROBABILITIES"], atol=1e-5)
         assert [r for r in fake["ROUTE"].reshape(-1)] == [r for r in real["ROUTE"].reshape(-1)]
 

@@ -70,7 +70,8 @@ def test_default_policy_reproduces_the_first_router():
     assert (fast.window, fast.stride, fast.aggregation) == (128, 96, "length_weighted_mean")
     assert fast.node.model == "classifier_fast" and accurate.node.model == "classifier"
     assert policy.request_parameters == {"route": ("fast", "accurate")}
-    assert policy.models() == ["tokenizer", "postprocess", "classifier_fast", "classifier"]
+    assert policy.models() == ["classifier_fast", "classifier"]  # tokenizer and postprocess inline
+    assert policy.inline_tokenizer == "../tokenizer/1" and policy.inline_postprocess
 
 
 def test_calibration_becomes_a_logit_shift():

@@ -31,12 +31,12 @@ def _default_with(**top):
 
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     document.update(top)
-    return document
+    return {k: v for k, v in document.items() if v is not None}
 
 
 POLICIES = {
-    "p_default": _default_with(),
-    "p_inline": _default_with(inline={"tokenizer": "../tokenizer/1", "postprocess": True}),
+    "p_default": _default_with(inline=None),  # tokenizer and postprocess through BLS
+    "p_inline": _default_with(),  # the shipped policy: inline
     "p_constant": root({"kind": "constant", "name": "c", "probability": 0.3}),
     "p_tokens": root(
         {

@@ -569,17 +569,9 @@ def _save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[s
 
 
 def _logits_module(model):
-    import torch
+    from orchestrator.train import _logits_module as wrap  # one wrapper for training and export
 
-    class LogitsOnly(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask).logits
-
-    return LogitsOnly(model).eval()
+    return wrap(model)
 
 
 def _torch_export(model, tokenizer, path: Path, max_length: int, opset: int) -> None:

@@ -221,14 +221,10 @@ def binary_scores(logits: np.ndarray) -> np.ndarray:
 
 
 def probabilities(scores: np.ndarray) -> np.ndarray:
-    """float32 sigmoid of float64 ``scores``, as ``orchestrator.models.postprocess.sigmoid``."""
-    x = np.asarray(scores, dtype=np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
-    return out.astype(np.float32)
+    """float32 sigmoid of float64 ``scores``: the postprocess model's own function."""
+    from orchestrator.scores import sigmoid
+
+    return sigmoid(scores).astype(np.float32)
 
 
 def _logit(t: float) -> Optional[float]:

@@ -45,6 +45,7 @@ from typing import Awaitable, Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 
 from orchestrator import policy as P
+from orchestrator.scores import probabilities_and_verdicts, sigmoid
 from orchestrator.validation import (
     InputError,
     check_thresholds,
@@ -114,11 +115,6 @@ def logit(p: float) -> float:
     """Inverse sigmoid, with p clipped to [1e-12, 1 - 1e-12] so it stays finite."""
     p = min(max(p, 1e-12), 1.0 - 1e-12)
     return math.log(p) - math.log1p(-p)
-
-
-def sigmoid(x) -> np.ndarray:
-    """Logistic function in float64."""
-    return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
 
 
 def split_fraction(node_name: str, request_id: str) -> float:
@@ -686,8 +682,6 @@ class Engine:
             if answers[it.idx].verdict is not None:
                 verdicts[it.idx] = answers[it.idx].verdict
         if post and self.policy.inline_postprocess:
-            from orchestrator.models.postprocess import probabilities_and_verdicts
-
             idx = [it.idx for it in post]
             p, v = probabilities_and_verdicts(
                 np.array([[answers[i].logit] for i in idx], dtype=np.float32), np.array([it.threshold for it in post], np.float32)

@@ -311,9 +311,3 @@ def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path
     again = tmp_path / "again.onnx"
     E.convert_to_fp16(REPO / "classifier" / "1" / "model.onnx", again)
     np.testing.assert_array_equal(committed_logits(again), committed_logits(REPO / "classifier_fp16" / "1" / "model.onnx"))
-
-
-@pytest.mark.skip(reason="orchestrator.train keeps no torch checkpoint of the demo classifier, so it cannot be "
-                         "re-exported; the checkpoint path is tested on a tiny checkpoint above")
-def test_committed_classifier_reexport_from_checkpoint():
-    pass

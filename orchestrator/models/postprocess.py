@@ -17,24 +17,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.models._triton import error_response
+from orchestrator.scores import probabilities_and_verdicts, sigmoid  # noqa: F401  (sigmoid: public here too)
 from orchestrator.validation import InputError, check_thresholds
-
-
-def sigmoid(logits: np.ndarray) -> np.ndarray:
-    """Numerically stable logistic function; float64 in, float64 out, same shape."""
-    x = np.asarray(logits, dtype=np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
-    return out
-
-
-def probabilities_and_verdicts(logits: np.ndarray, thresholds: np.ndarray):
-    """``(PROBABILITIES float32 [N, K], VERDICTS bool [N, K])`` for logits [N, K], thresholds [N]."""
-    probs = sigmoid(logits).astype(np.float32)
-    return probs, probs >= np.asarray(thresholds, dtype=np.float32).reshape(-1, 1)
 
 
 class TritonPythonModel:

@@ -160,7 +160,8 @@ def test_bench_plan_covers_grid_and_sweeps():
     plan = bench.bench_plan()
     grid = [s for s in plan if s.section == "grid"]
     assert {(s.model, s.concurrency) for s in grid} == {(m, c) for m in bench.GRID_MODELS for c in (1, 4, 16)}
-    assert [s.model for s in grid[:4]] == list(bench.GRID_MODELS)  # interleaved within a concurrency
+    n = len(bench.GRID_MODELS)
+    assert [s.model for s in grid[:n]] == list(bench.GRID_MODELS)  # interleaved within a concurrency
     assert {s.dataset for s in plan if s.section == "length"} == {"short", "medium", "long"}
     assert sorted(s.batch_size for s in plan if s.section == "batch") == [1, 4, 16]
 
@@ -256,7 +257,10 @@ def test_router_single_policy_sends_every_text_to_classifier(tmp_path):
     config = (repo / "router_single" / "config.pbtxt").read_text()
     name = config.split('key: "policy" value: { string_value: "')[1].split('"')[0]
     parsed = policy.load_policy(repo / "router_single" / name)
-    assert set(parsed.models()) == {"tokenizer", "classifier", "postprocess"}  # no classifier_fast
+    assert parsed.models() == ["classifier"]  # no classifier_fast; tokenizer and postprocess inline
+    bls = policy.load_policy(repo / "router_single_bls" / name)
+    assert set(bls.models()) == {"tokenizer", "classifier", "postprocess"}  # the same tree through BLS
+    assert bls.root == parsed.root
     single = yaml.safe_load((repo / "router_single" / name).read_text())
     base = yaml.safe_load((repo / "router" / name).read_text())
     assert single["root"] == bench.SINGLE_CLASSIFIER_ROOT

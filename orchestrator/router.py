@@ -429,16 +429,34 @@ class Engine:
         if self.metrics:
             self.metrics.inc(family, value, **labels)
 
-    async def _batched(self, model, rows, make_inputs, parameters, request_ids):
+    async def _batched(self, model, rows, make_inputs, parameters, items_of):
+        """Send ``rows`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``.
+
+        Each call carries the Triton request ids of its rows (``items_of(part)``), and, when
+        all its rows come from one request, that request's parameters too (ours win), so a
+        trace can follow a request downstream.
+        """
         size = self.policy.bls_max_batch_size
         parts = [rows[i : i + size] for i in range(0, len(rows), size)]
-        return await asyncio.gather(
-            *(self.infer(model, make_inputs(part), parameters, request_ids(part)) for part in parts)
-        )
+
+        def context(part):
+            items = items_of(part)
+            ids = ",".join(dict.fromkeys(it.request_id for it in items if it.request_id))
+            forwarded = {}
+            if len({it.req for it in items}) == 1:  # BLS parameters take str, int and bool only
+                forwarded = {k: v for k, v in items[0].params.items() if isinstance(v, (str, int, bool))}
+            forwarded.update(parameters or {})
+            return forwarded, ids
+
+        calls = []
+        for part in parts:
+            forwarded, ids = context(part)
+            calls.append(self.infer(model, make_inputs(part), forwarded, ids))
+        return await asyncio.gather(*calls)
 
     @staticmethod
-    def _ids_of(items: Sequence[Item]):
-        return lambda part: ",".join(dict.fromkeys(items[i].request_id for i in part if items[i].request_id))
+    def _rows_of(items: Sequence[Item]):
+        return lambda part: [items[i] for i in part]
 
     async def ensure_tokens(self, items: Sequence[Item]) -> None:
         """Tokenize (one batched BLS call, no truncation) the items that have no ids yet."""
@@ -456,7 +474,7 @@ class Engine:
             return {"TEXT": arr}
 
         outs = await self._batched(
-            self.policy.tokenizer, list(range(len(todo))), inputs, {"truncation": False}, self._ids_of(todo)
+            self.policy.tokenizer, list(range(len(todo))), inputs, {"truncation": False}, self._rows_of(todo)
         )
         k = 0
         for out in outs:
@@ -482,7 +500,7 @@ class Engine:
             return {"input_ids": ids, "attention_mask": mask}
 
         sorted_items = [items[i] for i in order]
-        outs = await self._batched(model, list(range(len(order))), inputs, None, self._ids_of(sorted_items))
+        outs = await self._batched(model, list(range(len(order))), inputs, None, self._rows_of(sorted_items))
         logits = np.empty(len(seqs), dtype=np.float32)
         logits[order] = np.concatenate([o["logits"].reshape(o["logits"].shape[0], -1)[:, 0] for o in outs])
         return logits
@@ -696,7 +714,7 @@ class Engine:
                     "THRESHOLD": np.array([[post[i].threshold] for i in part], dtype=np.float32),
                 },
                 None,
-                self._ids_of(post),
+                self._rows_of(post),
             )
             idx = [it.idx for it in post]
             probs[idx] = np.concatenate([o["PROBABILITIES"].reshape(-1) for o in outs])

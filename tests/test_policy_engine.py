@@ -304,3 +304,18 @@ def test_inline_tokenizer_and_postprocess_give_the_same_answers_without_those_ca
     assert got[1].tolist() == expected[1].tolist() and got[2] == expected[2]
     called = {c.model for c in mock.calls}
     assert "tokenizer" not in called and "postprocess" not in called and "classifier_fast" in called
+
+
+def test_request_ids_and_parameters_reach_the_downstream_calls(mock):
+    seen = []
+
+    def record(inputs, parameters):
+        seen.append(dict(parameters))
+        return None  # let it through
+
+    mock.set_failure("classifier", record)
+    try:
+        ask(mock, "p_param", TEXTS[:2], parameters={"tenant": "gold"}, request_id="trace-42")
+    finally:
+        mock.clear_faults()
+    assert seen and all(p.get("tenant") == "gold" for p in seen)

@@ -998,16 +998,20 @@ def evaluate_goals(ratios: Mapping[str, Optional[float]], goals: Sequence[Mappin
 # Machine description
 
 
-def machine_info() -> dict:
-    """Cores, CPU model (``/proc/cpuinfo``), memory (``/proc/meminfo``), kernel, Python, load."""
-    cpu = "unknown"
+def cpu_model() -> Optional[str]:
+    """The CPU's ``model name`` from ``/proc/cpuinfo``, or None where it cannot be read."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return None
+
+
+def machine_info() -> dict:
+    """Cores, CPU model (``/proc/cpuinfo``), memory (``/proc/meminfo``), kernel, Python, load."""
+    cpu = cpu_model() or "unknown"
     mem_gib = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

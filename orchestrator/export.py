@@ -568,37 +568,13 @@ def _save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[s
     return names
 
 
-def _logits_module(model):
-    from orchestrator.train import _logits_module as wrap  # one wrapper for training and export
-
-    return wrap(model)
-
-
 def _torch_export(model, tokenizer, path: Path, max_length: int, opset: int) -> None:
-    import onnx
-    import torch
+    from orchestrator.train import ExportValidationError, export_onnx  # the training export, one code path
 
-    ids, mask = _encode(tokenizer, SAMPLE_TEXTS[:2], max_length)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
-        tmp_path = Path(tmp) / "model.onnx"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                _logits_module(model), (torch.from_numpy(ids), torch.from_numpy(mask)), str(tmp_path),
-                input_names=["input_ids", "attention_mask"], output_names=["logits"],
-                dynamic_axes={
-                    "input_ids": {0: "batch", 1: "sequence"},
-                    "attention_mask": {0: "batch", 1: "sequence"},
-                    "logits": {0: "batch"},
-                },
-                opset_version=opset, do_constant_folding=True, dynamo=False,
-            )
-        extra = [p.name for p in Path(tmp).iterdir() if p.name != "model.onnx"]
-        if extra:  # > 2 GB models get external data; not supported by this layout
-            raise ExportError(f"the exporter wrote external data files {extra}; expected one file")
-        onnx.checker.check_model(onnx.load(str(tmp_path)))
-        os.replace(tmp_path, path)
+    try:
+        export_onnx(model, path, opset=opset, example=_encode(tokenizer, SAMPLE_TEXTS[:2], max_length))
+    except ExportValidationError as exc:
+        raise ExportError(str(exc)) from None
 
 
 def _staging(path: Path) -> Path:

@@ -654,14 +654,9 @@ def _sha256_file(path: Path) -> str:
 def _environment() -> dict:
     import importlib.metadata as md
 
-    cpu = None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    from orchestrator.bench import cpu_model
+
+    cpu = cpu_model()
     env = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,
            "cores": _num_cores(),
            "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}

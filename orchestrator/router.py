@@ -17,9 +17,12 @@ overlapping windows (ROUTE ``chunked:<model>``), and cascades from ``classifier_
 ``classifier`` for texts whose probability is within 0.15 of their threshold.
 
 Batching: the texts of all requests in one ``execute`` call go through the policy
-together: one tokenizer call (whole texts, no truncation), one call per model node, one
-postprocess call; calls are split at ``bls_max_batch_size`` rows and sent concurrently,
-with rows sorted by length so each call pads as little as possible.
+together: one tokenization (whole texts, no truncation), one BLS call per model node, one
+postprocess step; BLS calls are split at ``bls_max_batch_size`` rows and sent
+concurrently, with rows sorted by length so each call pads as little as possible. The
+shipped policy tokenizes and post-processes in this process (policy option ``inline``,
+the tokenizer model's own files and the postprocess model's own function); without it
+both are BLS calls to the ``tokenizer`` and ``postprocess`` models.
 
 Errors: bad input gives that request an INVALID_ARG error naming the input (or the request
 parameter). A failing downstream model gives an INTERNAL error naming the model, unless a
@@ -535,8 +538,7 @@ class Engine:
         if self.models:
             await self.models.acquire(node.model)
         try:
-            z = self.classify(node.model, items, node.max_length)
-            z = (await z).astype(np.float64) + node.logit_shift
+            z = (await self.classify(node.model, items, node.max_length)).astype(np.float64) + node.logit_shift
         finally:
             if self.models:
                 self.models.release(node.model)
@@ -696,11 +698,11 @@ class Engine:
         probs = np.array([answers[it.idx].probability for it in items], dtype=np.float64)
         verdicts = np.zeros(len(items), dtype=bool)
         post = [it for it in items if answers[it.idx].verdict is None]
+        idx = [it.idx for it in post]
         for it in items:
             if answers[it.idx].verdict is not None:
                 verdicts[it.idx] = answers[it.idx].verdict
         if post and self.policy.inline_postprocess:
-            idx = [it.idx for it in post]
             p, v = probabilities_and_verdicts(
                 np.array([[answers[i].logit] for i in idx], dtype=np.float32), np.array([it.threshold for it in post], np.float32)
             )
@@ -716,7 +718,6 @@ class Engine:
                 None,
                 self._rows_of(post),
             )
-            idx = [it.idx for it in post]
             probs[idx] = np.concatenate([o["PROBABILITIES"].reshape(-1) for o in outs])
             verdicts[idx] = np.concatenate([o["VERDICTS"].reshape(-1) for o in outs])
         results, start = [], 0

@@ -512,38 +512,44 @@ def _logits_module(model):
     return LogitsOnly(model).eval()
 
 
-def export_onnx(model, path: Path) -> None:
-    """Export ``model`` to ``path`` (one self-contained file, opset 17, dynamic batch/sequence).
+def export_onnx(model, path: Path, opset: int = OPSET, example=None) -> None:
+    """Export ``model`` to ``path`` (one self-contained file, dynamic batch/sequence).
 
     Inputs ``input_ids``, ``attention_mask``: int64 [batch, sequence]; output ``logits``:
-    float32 [batch, 1]. Written to a temporary file first, then moved into place.
+    float32 [batch, num_labels]. ``example``: ``(input_ids, attention_mask)`` int64 arrays
+    to trace with (default: two short rows). Written to a temporary file first, then moved
+    into place.
+
+    Raises:
+        ExportValidationError: the exporter wrote external data files (models over 2 GB).
     """
     import onnx
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    wrapped = _logits_module(model)
-    ids = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]], dtype=torch.long)
-    mask = (ids != 0).long()
+    if example is None:
+        ids = torch.tensor([[2, 10, 11, 12, 3, 0], [2, 13, 14, 15, 16, 3]], dtype=torch.long)
+        mask = (ids != 0).long()
+    else:
+        ids, mask = (torch.as_tensor(np.asarray(a, dtype=np.int64)) for a in example)
     with tempfile.TemporaryDirectory(dir=path.parent) as tmp:
         tmp_path = Path(tmp) / "model.onnx"
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(
-                wrapped, (ids, mask), str(tmp_path),
+                _logits_module(model), (ids, mask), str(tmp_path),
                 input_names=["input_ids", "attention_mask"], output_names=["logits"],
                 dynamic_axes={
                     "input_ids": {0: "batch", 1: "sequence"},
                     "attention_mask": {0: "batch", 1: "sequence"},
                     "logits": {0: "batch"},
                 },
-                opset_version=OPSET, do_constant_folding=True, dynamo=False,
+                opset_version=opset, do_constant_folding=True, dynamo=False,
             )
         extra = [p.name for p in Path(tmp).iterdir() if p.name != "model.onnx"]
-        if extra:
+        if extra:  # > 2 GB models get external data; not supported by this layout
             raise ExportValidationError(f"export wrote external data files {extra}; expected one file")
-        m = onnx.load(str(tmp_path))
-        onnx.checker.check_model(m)
+        onnx.checker.check_model(onnx.load(str(tmp_path)))
         os.replace(tmp_path, path)
 
 

@@ -34,6 +34,7 @@ one response.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import json
 import math
@@ -174,8 +175,30 @@ class Answer:
     verdict: Optional[bool] = None
 
 
-# infer(model_name, inputs, parameters, request_id) -> outputs; raises DownstreamError.
-InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str], Awaitable[Dict[str, np.ndarray]]]
+# infer(model_name, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
+# ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
+# may block the event loop (the adapter then uses the blocking BLS ``exec``).
+InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
+
+# True inside a branch that runs beside others (gather) or under a timeout (wait_for must be
+# able to give up on it): its downstream calls must not block the event loop.
+_CONCURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("orchestrator_concurrent", default=False)
+
+
+async def _as_concurrent(coro):
+    token = _CONCURRENT.set(True)  # reset: Python 3.12's wait_for awaits in the caller's task
+    try:
+        return await coro
+    finally:
+        _CONCURRENT.reset(token)
+
+
+async def gather(coros: Sequence[Awaitable]) -> list:
+    """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one."""
+    coros = list(coros)
+    if len(coros) == 1:
+        return [await coros[0]]
+    return await asyncio.gather(*(_as_concurrent(c) for c in coros))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -454,8 +477,8 @@ class Engine:
         calls = []
         for part in parts:
             forwarded, ids = context(part)
-            calls.append(self.infer(model, make_inputs(part), forwarded, ids))
-        return await asyncio.gather(*calls)
+            calls.append(self.infer(model, make_inputs(part), forwarded, ids, len(parts) == 1 and not _CONCURRENT.get()))
+        return await gather(calls)
 
     @staticmethod
     def _rows_of(items: Sequence[Item]):
@@ -518,7 +541,7 @@ class Engine:
             coro = getattr(self, f"_run_{node.kind}")(node, items)
             if node.timeout_ms:
                 try:
-                    return await asyncio.wait_for(coro, node.timeout_ms / 1000.0)
+                    return await asyncio.wait_for(_as_concurrent(coro), node.timeout_ms / 1000.0)
                 except asyncio.TimeoutError:
                     raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
             return await coro
@@ -589,7 +612,7 @@ class Engine:
         answers: Dict[int, Answer] = {}
         if node.score and not node.default:
             answers.update({it.idx: scores[it.idx] for it in rest})
-        for part in await asyncio.gather(*jobs):
+        for part in await gather(jobs):
             answers.update(part)
         return answers
 
@@ -653,12 +676,12 @@ class Engine:
                         break
             groups[choice[it.req]].append(it)
         answers: Dict[int, Answer] = {}
-        for part in await asyncio.gather(*(self.run_node(n, g) for (_, n), g in zip(node.branches, groups) if g)):
+        for part in await gather(self.run_node(n, g) for (_, n), g in zip(node.branches, groups) if g):
             answers.update(part)
         return answers
 
     async def _run_parallel(self, node: P.ParallelNode, items):
-        results = await asyncio.gather(*(self.run_node(n, items) for n in node.nodes))
+        results = await gather(self.run_node(n, items) for n in node.nodes)
         answers = {}
         for it in items:
             parts = [r[it.idx] for r in results]
@@ -783,7 +806,16 @@ def policy_path(model_dir: Path, params: Mapping[str, str]) -> Path:
 
 
 class TritonPythonModel:
-    """Triton Python-backend adapter around :class:`Engine` (BLS through ``async_exec``)."""
+    """Triton Python-backend adapter around :class:`Engine`.
+
+    ``execute`` is a plain function that runs the engine on this instance's own event loop
+    in the calling (stub main) thread. A downstream call that is the only one in flight
+    uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
+    ``parallel``/``split``/``switch`` branches) or under a ``timeout_ms`` use ``async_exec``.
+    Why: the stub runs an ``async def execute`` on a loop in another thread and
+    ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
+    matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
+    """
 
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
@@ -801,6 +833,7 @@ class TritonPythonModel:
         self.metrics = Metrics(pb_utils, self.name)
         self.models = ModelManager(pb_utils, self.policy.on_demand(), self.metrics, self.logger)
         self.engine = Engine(self.policy, self._infer, self.metrics, self.models, model_dir)
+        self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
         self.logger.log_info(f"router '{self.name}': policy {path}\n{P.describe(self.policy)}")
         if self.models.enabled:
@@ -812,8 +845,10 @@ class TritonPythonModel:
     def finalize(self):
         self.models.close()
         self.metrics.close()
+        self.loop.close()
 
-    async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str):
+    async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
+                     alone: bool = False):
         pb = self.pb
         request = pb.InferenceRequest(
             model_name=model,
@@ -822,7 +857,7 @@ class TritonPythonModel:
             request_id=request_id,
             parameters=parameters or {},
         )
-        response = await request.async_exec()
+        response = request.exec() if alone else await request.async_exec()
         if response.has_error():
             raise DownstreamError(f"model '{model}' failed: {response.error().message()}")
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
@@ -845,7 +880,11 @@ class TritonPythonModel:
         self.metrics.inc("orchestrator_requests_total", outcome="error")
         return error_response(message, code)
 
-    async def execute(self, requests):
+    def execute(self, requests):
+        """One response per request, in order (see the module docstring for errors)."""
+        return self.loop.run_until_complete(self._execute(requests))
+
+    async def _execute(self, requests):
         pb = self.pb
         responses = [None] * len(requests)
         works = {}

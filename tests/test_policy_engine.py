@@ -6,6 +6,7 @@ classifier models, the logistic function, and the node's documented rule.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import shutil
 import time
@@ -89,6 +90,7 @@ POLICIES = {
             ],
         }
     ),
+    "p_small_parts": root(FAST, bls_max_batch_size=4),
     "p_calibrated": root({**FAST, "calibration": {"reference_threshold": 0.5, "threshold": 0.4}}),
     "p_chunk_max": root({"kind": "chunk", "window": 24, "stride": 10, "aggregation": "max", "node": FAST}),
     "p_cascade3": root(
@@ -319,3 +321,49 @@ def test_request_ids_and_parameters_reach_the_downstream_calls(mock):
     finally:
         mock.clear_faults()
     assert seen and all(p.get("tenant") == "gold" for p in seen)
+
+
+def test_a_lone_downstream_call_blocks_and_concurrent_ones_use_async_exec(mock, monkeypatch):
+    """The router's BLS mode per call (router.TritonPythonModel): blocking ``exec`` when no
+    other call of the execute can be in flight, ``async_exec`` for parallel branches, batches
+    split at bls_max_batch_size and calls under a timeout."""
+    from orchestrator.testing import mock_triton
+
+    used = []
+    original_exec, original_async = mock_triton.InferenceRequest.exec, mock_triton.InferenceRequest.async_exec
+    in_async = contextvars.ContextVar("in_async", default=False)  # the mock's async_exec runs exec
+
+    def exec_(self, decoupled=False):
+        if not in_async.get():
+            used.append(("exec", self._model_name))
+        return original_exec(self, decoupled)
+
+    def async_exec(self, decoupled=False):
+        used.append(("async_exec", self._model_name))
+        token = in_async.set(True)
+        try:
+            return original_async(self, decoupled)
+        finally:
+            in_async.reset(token)
+
+    monkeypatch.setattr(mock_triton.InferenceRequest, "exec", exec_)
+    monkeypatch.setattr(mock_triton.InferenceRequest, "async_exec", async_exec)
+
+    def modes(model, texts):
+        used.clear()
+        ask(mock, model, texts)
+        return sorted(used)
+
+    def classifiers(model, texts):
+        return [u for u in modes(model, texts) if u[1].startswith("classifier")]
+
+    # cascade, chunk, tokenizer and postprocess calls one after another: all blocking
+    one_by_one = modes("p_default", TEXTS[:3])
+    assert one_by_one and {mode for mode, _ in one_by_one} == {"exec"}
+    assert {m for _, m in one_by_one} >= {"tokenizer", "classifier_fast", "postprocess"}
+    assert ("exec", "tokenizer") in modes("p_mean", TEXTS[:2])
+    assert classifiers("p_mean", TEXTS[:2]) == [("async_exec", "classifier"), ("async_exec", "classifier_fast")]
+    assert classifiers("p_timeout", TEXTS[:1]) == [("async_exec", "classifier")]
+    # more texts than bls_max_batch_size (4): concurrent parts
+    assert classifiers("p_small_parts", TEXTS[:6]) == [("async_exec", "classifier_fast")] * 2
+    assert classifiers("p_small_parts", TEXTS[:4]) == [("exec", "classifier_fast")]

@@ -76,6 +76,8 @@ __all__ = [
     "parse_perf_csv",
     "window_stats",
     "measure",
+    "combine_rounds",
+    "paired_ratios",
     "latency_summary",
     "ratio",
     "compute_ratios",
@@ -143,6 +145,10 @@ VARIANTS: Dict[str, dict] = {
 #: The four models compared at every concurrency, in plot/table order.
 GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls")
 CONCURRENCIES = (1, 4, 16)
+#: Rounds per grid concurrency (default 1): every model once per round, rounds one after
+#: another, so each round compares the models under the same background load. c=1 gets
+#: three because its latencies are a few ms and one disturbed window moves them by 20%.
+GRID_ROUNDS = {1: 3}
 #: Length sweep and batch sweep: models, and the concurrency they run at.
 LENGTH_MODELS = ("ensemble", "router")
 BATCH_MODELS = ("router",)
@@ -568,25 +574,29 @@ _NO_STABILITY = ("1000", "3")
 @dataclass(frozen=True)
 class Spec:
     """One perf_analyzer measurement: ``section`` (grid, length, batch), ``model``,
-    ``dataset`` (a key of the run's input sets), ``concurrency``, client ``batch_size``."""
+    ``dataset`` (a key of the run's input sets), ``concurrency``, client ``batch_size``,
+    ``round`` (0-based, for levels measured in several rounds: :data:`GRID_ROUNDS`)."""
 
     section: str
     model: str
     dataset: str
     concurrency: int
     batch_size: int = 1
+    round: int = 0
 
 
 def bench_plan(quick: bool = False) -> List[Spec]:
     """The measurements of one run, in order.
 
     Grid: :data:`GRID_MODELS` x :data:`CONCURRENCIES` on the held-out texts, models
-    interleaved within each concurrency so drifting background load hits them alike.
+    interleaved within each concurrency so drifting background load hits them alike, in
+    :data:`GRID_ROUNDS` rounds (merged afterwards by :func:`combine_rounds`).
     Length sweep: :data:`LENGTH_MODELS` on short/medium/long at :data:`SWEEP_CONCURRENCY`.
     Batch sweep: :data:`BATCH_MODELS` at client batch :data:`BATCH_SIZES`. ``quick`` runs
     the same plan (shorter windows, see :data:`QUICK_SETTINGS`).
     """
-    plan = [Spec("grid", m, "held_out", c) for c in CONCURRENCIES for m in GRID_MODELS]
+    plan = [Spec("grid", m, "held_out", c, 1, r) for c in CONCURRENCIES for r in range(GRID_ROUNDS.get(c, 1))
+            for m in GRID_MODELS]
     plan += [Spec("length", m, d, SWEEP_CONCURRENCY) for d in ("short", "medium", "long") for m in LENGTH_MODELS]
     plan += [Spec("batch", m, "held_out", SWEEP_CONCURRENCY, b) for m in BATCH_MODELS for b in BATCH_SIZES]
     return plan
@@ -766,6 +776,65 @@ def measure(binary: Path | str, spec: Spec, url: str, input_data: Path | str, wo
         attempts.pop(0)
     result["wall_s"] = round(time.monotonic() - t0, 2)
     return result
+
+
+_FIGURES = ("throughput", "p50_ms", "p90_ms", "p95_ms", "p99_ms")
+
+
+def combine_rounds(measurements: Sequence[Mapping]) -> List[dict]:
+    """Merge the rounds of each (section, model, dataset, concurrency, batch size) into one entry.
+
+    A level measured once is returned as it is. A level with several rounds becomes one
+    dict with the median over its successful rounds of ``throughput`` and each percentile,
+    ``stable`` (False if any round was unstable, None if not checked, else True), the
+    largest ``throughput_spread_pct`` and ``load_1min``, the summed ``wall_s``, the first
+    round's ``command`` and ``interval_ms``, ``error`` (None unless every round failed) and
+    ``rounds``: the rounds' own dicts in order. Order: first appearance of each level.
+    """
+    groups: Dict[tuple, List[Mapping]] = {}
+    for m in measurements:
+        key = (m.get("section"), m.get("model"), m.get("dataset"), m.get("concurrency"), m.get("batch_size"))
+        groups.setdefault(key, []).append(m)
+    out = []
+    for ms in groups.values():
+        if len(ms) == 1:
+            out.append(dict(ms[0]))
+            continue
+        ok = [m for m in ms if not m.get("error")]
+        merged = {k: ms[0].get(k) for k in ("section", "model", "dataset", "concurrency", "batch_size", "command", "interval_ms")}
+        merged["rounds"] = [dict(m) for m in ms]
+        merged["wall_s"] = round(sum(m.get("wall_s") or 0.0 for m in ms), 2)
+        loads = [m["load_1min"] for m in ms if m.get("load_1min") is not None]
+        merged["load_1min"] = max(loads) if loads else None
+        if not ok:
+            merged["error"] = ms[-1].get("error")
+            out.append(merged)
+            continue
+        merged["error"] = None
+        for k in _FIGURES:
+            vals = [m[k] for m in ok if m.get(k) is not None]
+            merged[k] = float(np.median(vals)) if vals else None
+        stables = [m.get("stable") for m in ok]
+        merged["stable"] = False if False in stables else (None if None in stables else True)
+        spreads = [m["throughput_spread_pct"] for m in ok if m.get("throughput_spread_pct") is not None]
+        merged["throughput_spread_pct"] = max(spreads) if spreads else None
+        out.append(merged)
+    return out
+
+
+def paired_ratios(measurements: Sequence[Mapping], model: str, base: str, metric: str, **where) -> List[float]:
+    """Per-round ``metric`` ratios of ``model`` over ``base`` at the level ``where`` (e.g.
+    section="grid", concurrency=1), pairing the rounds by number: each pair ran back to
+    back. Reads ``rounds`` of :func:`combine_rounds` entries (a single measurement is
+    round 0); rounds where either failed are skipped."""
+    def by_round(name):
+        m = next((x for x in measurements if x.get("model") == name and all(x.get(k) == v for k, v in where.items())), None)
+        if m is None:
+            return {}
+        return {x.get("round", 0): x.get(metric) for x in (m.get("rounds") or [m]) if not x.get("error")}
+
+    a, b = by_round(model), by_round(base)
+    return [v for r in sorted(set(a) & set(b)) if (v := ratio(a[r], b[r])) is not None]
 
 
 def expected_latency_ms(spec: Spec, measurements: Sequence[Mapping], warmup_ms: Mapping[Tuple[str, str], float]) -> Optional[float]:
@@ -948,7 +1017,8 @@ def _metric(measurements, metric: str, **where) -> Optional[float]:
 def compute_ratios(measurements: Sequence[Mapping], accuracy: Mapping[str, Mapping], raw: Mapping[str, Mapping]) -> dict:
     """The report's headline ratios, all from one run (None where a figure is missing).
 
-    Keys: ``router_single_p50_c1_vs_ensemble`` (p50 ratio at c=1),
+    Keys: ``router_single_p50_c1_vs_ensemble`` (p50 ratio at c=1: the median of the
+    per-round ratios, :func:`paired_ratios`; ``..._rounds`` lists them),
     ``router_single_throughput_c16_vs_ensemble``, ``router_throughput_c16_vs_ensemble_pad512``,
     ``router_throughput_c16_vs_ensemble``, ``ensemble_throughput_c16_vs_ensemble_pad512``,
     ``router_accuracy_points_vs_ensemble`` (percentage points, router - ensemble; a
@@ -961,13 +1031,18 @@ def compute_ratios(measurements: Sequence[Mapping], accuracy: Mapping[str, Mappi
     def val(model, metric, c):
         return _metric(g, metric, model=model, concurrency=c)
 
+    def paired(model, metric, c):  # median of the per-round ratios (each pair ran back to back)
+        rs = paired_ratios(g, model, "ensemble", metric, concurrency=c)
+        return float(np.median(rs)) if rs else None
+
     out = {
-        "router_single_p50_c1_vs_ensemble": ratio(val("router_single", "p50_ms", 1), val("ensemble", "p50_ms", 1)),
+        "router_single_p50_c1_vs_ensemble": paired("router_single", "p50_ms", 1),
+        "router_single_p50_c1_vs_ensemble_rounds": paired_ratios(g, "router_single", "ensemble", "p50_ms", concurrency=1),
         "router_single_throughput_c16_vs_ensemble": ratio(val("router_single", "throughput", 16), val("ensemble", "throughput", 16)),
         "router_throughput_c16_vs_ensemble_pad512": ratio(val("router", "throughput", 16), val("ensemble_pad512", "throughput", 16)),
         "router_throughput_c16_vs_ensemble": ratio(val("router", "throughput", 16), val("ensemble", "throughput", 16)),
         "ensemble_throughput_c16_vs_ensemble_pad512": ratio(val("ensemble", "throughput", 16), val("ensemble_pad512", "throughput", 16)),
-        "router_single_bls_p50_c1_vs_ensemble": ratio(val("router_single_bls", "p50_ms", 1), val("ensemble", "p50_ms", 1)),
+        "router_single_bls_p50_c1_vs_ensemble": paired("router_single_bls", "p50_ms", 1),
         "router_single_bls_throughput_c16_vs_ensemble": ratio(
             val("router_single_bls", "throughput", 16), val("ensemble", "throughput", 16)
         ),
@@ -1151,6 +1226,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
         v = g["value"]
         shown = "n/a" if v is None else (f"{v:+.2f} points" if "points" in g["key"] else f"{v:.2f}x")
         bound = f"{g['bound']:+.0f} points" if "points" in g["key"] else f"{g['bound']:.2f}x"
+        per_round = ratios.get(f"{g['key']}_rounds") or []
+        if v is not None and len(per_round) > 1:
+            shown += f" (median of {len(per_round)} rounds: " + ", ".join(f"{x:.2f}x" for x in per_round) + ")"
         add(f"| {g['goal']} | {shown} | {g['op']} {bound} | {_met(g['met'])} |")
     add("")
 
@@ -1176,10 +1254,33 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
             if m.get("error"):
                 add(f"| `{model}` | {c} | failed: {m['error'][:120]} | | | | | | failed | |")
                 continue
+            p50_ratio = ratio(m['p50_ms'], base and base['p50_ms'])
+            if m.get("rounds"):
+                rs = paired_ratios(grid, model, "ensemble", "p50_ms", concurrency=c)
+                p50_ratio = float(np.median(rs)) if rs else None
             add(f"| `{model}` | {c} | {_fmt(m['throughput'])} | {_fmt(m['p50_ms'], 2)} | {_fmt(m['p90_ms'], 2)} | "
                 f"{_fmt(m['p99_ms'], 2)} | {_x(ratio(m['throughput'], base and base['throughput']))} | "
-                f"{_x(ratio(m['p50_ms'], base and base['p50_ms']))} | {_stable(m)} | {_fmt(m.get('throughput_spread_pct'), 0, '%')} |")
+                f"{_x(p50_ratio)} | {_stable(m)} | {_fmt(m.get('throughput_spread_pct'), 0, '%')} |")
     add("")
+    multi = sorted({m["concurrency"] for m in grid if len(m.get("rounds") or []) > 1})
+    if multi:
+        n_rounds = max(len(m["rounds"]) for m in grid if m.get("rounds"))
+        add(f"Concurrency {', '.join(map(str, multi))}: measured in {n_rounds} rounds (every model once per round, "
+            "rounds back to back). The row shows the median of each figure over the rounds; *p50 / ensemble* is "
+            "the median of the per-round ratios (each pair of measurements ran minutes apart at most, so "
+            "drifting background load cancels); *stable* is *no* if any round was not; *window spread* is the "
+            "largest of the rounds'. Per-round p50 (ms):")
+        add("")
+        add("| model | concurrency | " + " | ".join(f"round {k + 1}" for k in range(n_rounds)) + " |")
+        add("|---|---:|" + "---:|" * n_rounds)
+        for c in multi:
+            for model in GRID_MODELS:
+                m = next((x for x in grid if x["model"] == model and x["concurrency"] == c and x.get("rounds")), None)
+                if m is None:
+                    continue
+                cells = [("failed" if x.get("error") else _fmt(x.get("p50_ms"), 2)) for x in m["rounds"]]
+                add(f"| `{model}` | {c} | " + " | ".join(cells + [""] * (n_rounds - len(cells))) + " |")
+        add("")
     add("*window spread*: how far apart the throughputs of the 3 reported windows are (100 x (max / min - 1), "
         "from perf_analyzer's profile export); a large spread means the level was disturbed.")
     add("")
@@ -1306,8 +1407,10 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
            "windows and marked `no` under *stable*."
            if s["check_stability"] else "exactly 3 windows, no stability check (`--stability-percentage 1000 --max-trials 3`).")
         + " Throughput and percentiles are perf_analyzer's (`-f` CSV) over the final windows; client-side latency.")
+    rounds = r.get("plan", {}).get("grid_rounds") or {}
+    rounds_text = "".join(f"; concurrency {c} in {n} such rounds" for c, n in sorted((int(c), n) for c, n in rounds.items()) if n > 1)
     add("- Order: the grid runs model after model within each concurrency level, so drifting background "
-        "load falls on all models alike; the sweeps follow. Before any measurement every model answered the "
+        f"load falls on all models alike{rounds_text}; the sweeps follow. Before any measurement every model answered the "
         "accuracy texts (warm-up).")
     add("- Example command (paths shortened): `" + _short_command(meas) + "`")
     add("- Data: `orchestrator.data.held_out_examples()` (the test split, never seen in training), shuffled "
@@ -1542,13 +1645,14 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
                 measurements.append(m)
                 if m.get("error"):
                     _log(f"[{i}/{len(plan)}] {spec.section} {spec.model} {spec.dataset} c={spec.concurrency} "
-                         f"b={spec.batch_size}: FAILED {m['error']}")
+                         f"b={spec.batch_size} round {spec.round + 1}: FAILED {m['error']}")
                 else:
                     _log(f"[{i}/{len(plan)}] {spec.section} {spec.model} {spec.dataset} c={spec.concurrency} "
-                         f"b={spec.batch_size}: {m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, "
+                         f"b={spec.batch_size} round {spec.round + 1}: {m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, "
                          f"p99 {m['p99_ms']:.2f} ms, stable {m['stable']}, windows of {m['interval_ms']} ms, {m['wall_s']:.0f} s")
 
             raw_round("server idle, after the load runs")
+    measurements = combine_rounds(measurements)
     raw = combine_raw_rounds(raw_rounds)
     ratios = compute_ratios(measurements, accuracy, raw)
     during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
@@ -1566,7 +1670,8 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
         "software": {"perf_analyzer": pa_version, "onnxruntime": ort.__version__},
         "raw_rounds": len(raw_rounds),
         "settings": asdict(settings),
-        "plan": {"grid_models": GRID_MODELS, "concurrencies": CONCURRENCIES, "length_models": LENGTH_MODELS,
+        "plan": {"grid_models": GRID_MODELS, "concurrencies": CONCURRENCIES, "grid_rounds": GRID_ROUNDS,
+                 "length_models": LENGTH_MODELS,
                  "batch_models": BATCH_MODELS, "batch_sizes": BATCH_SIZES, "sweep_concurrency": SWEEP_CONCURRENCY,
                  "length_bounds": LENGTH_BOUNDS, "variants": VARIANTS},
         "models": {"onnx": onnx_files, "training": _training_info(Path(repo))},

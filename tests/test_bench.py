@@ -162,6 +162,11 @@ def test_bench_plan_covers_grid_and_sweeps():
     assert {(s.model, s.concurrency) for s in grid} == {(m, c) for m in bench.GRID_MODELS for c in (1, 4, 16)}
     n = len(bench.GRID_MODELS)
     assert [s.model for s in grid[:n]] == list(bench.GRID_MODELS)  # interleaved within a concurrency
+    for c in (1, 4, 16):  # rounds: every model once per round, rounds back to back
+        level = [(s.round, s.model) for s in grid if s.concurrency == c]
+        rounds = bench.GRID_ROUNDS.get(c, 1)
+        assert level == [(r, m) for r in range(rounds) for m in bench.GRID_MODELS]
+    assert bench.GRID_ROUNDS[1] >= 3
     assert {s.dataset for s in plan if s.section == "length"} == {"short", "medium", "long"}
     assert sorted(s.batch_size for s in plan if s.section == "batch") == [1, 4, 16]
 
@@ -216,6 +221,37 @@ def test_compute_ratios_and_goals():
         "router_throughput_c16_vs_ensemble_pad512": None,
         "router_accuracy_points_vs_ensemble": False,
     }
+
+
+def _round(model, r, p50, thr=100.0, stable=True, error=None, c=1):
+    return {"section": "grid", "model": model, "dataset": "held_out", "concurrency": c, "batch_size": 1, "round": r,
+            "throughput": thr, "p50_ms": p50, "p90_ms": 2 * p50, "p95_ms": 3 * p50, "p99_ms": 4 * p50,
+            "stable": stable, "error": error, "throughput_spread_pct": 5.0 + r, "wall_s": 10.0, "load_1min": 1.0 + r,
+            "command": f"pa round {r}", "interval_ms": 3000}
+
+
+def test_combine_rounds_takes_medians_and_keeps_the_rounds():
+    meas = [_round("ensemble", 0, 3.0, 300), _round("router_single", 0, 3.3, 280),
+            _round("ensemble", 1, 2.0, 310), _round("router_single", 1, 2.4, 290, stable=False),
+            _round("ensemble", 2, 4.0, 290), _round("router_single", 2, 9.9, 100, error="boom"),
+            _round("ensemble", 0, 30.0, 500, c=16)]
+    out = bench.combine_rounds(meas)
+    assert [(m["model"], m["concurrency"]) for m in out] == [("ensemble", 1), ("router_single", 1), ("ensemble", 16)]
+    ens, single, c16 = out
+    assert ens["p50_ms"] == 3.0 and ens["throughput"] == 300 and ens["p99_ms"] == 12.0 and ens["stable"] is True
+    assert [m["round"] for m in ens["rounds"]] == [0, 1, 2] and ens["wall_s"] == 30.0 and ens["load_1min"] == 3.0
+    assert ens["throughput_spread_pct"] == 7.0 and ens["command"] == "pa round 0"
+    # the failed round is left out of the medians; one unstable round makes the level unstable
+    assert single["p50_ms"] == pytest.approx(2.85) and single["stable"] is False and single["error"] is None
+    assert "rounds" not in c16 and c16["p50_ms"] == 30.0
+    all_failed = bench.combine_rounds([_round("x", 0, 1.0, error="a"), _round("x", 1, 1.0, error="b")])[0]
+    assert all_failed["error"] == "b" and "p50_ms" not in all_failed
+    # paired ratios: per round, skipping rounds where either failed; the goal is their median
+    assert bench.paired_ratios(out, "router_single", "ensemble", "p50_ms", concurrency=1) == pytest.approx([1.1, 1.2])
+    assert bench.paired_ratios(out, "ensemble", "ensemble", "p50_ms", concurrency=16) == [1.0]
+    r = bench.compute_ratios(out, {}, {})
+    assert r["router_single_p50_c1_vs_ensemble"] == pytest.approx(1.15)
+    assert r["router_single_p50_c1_vs_ensemble_rounds"] == pytest.approx([1.1, 1.2])
 
 
 def test_accuracy_summary_counts_routes():
@@ -340,6 +376,21 @@ def test_render_report_has_goals_tables_machine_and_placeholder():
     block = text[text.index(bench.WHAT_WE_TRIED_START):text.index(bench.WHAT_WE_TRIED_END)]
     rows = [line for line in block.splitlines() if line.startswith("|")]
     assert len(rows) == 2  # header and separator only: no invented rows
+
+
+def test_render_report_shows_the_rounds_and_the_paired_ratio():
+    results = _results()
+    meas = [m for m in results["measurements"] if not (m["section"] == "grid" and m["concurrency"] == 1)]
+    rounds = [_round(m, r, p, 100.0) for r, ps in enumerate([(3.0, 3.3), (2.0, 2.4), (4.0, 4.0)])
+              for m, p in zip(("ensemble", "router_single"), ps)]
+    meas = bench.combine_rounds(rounds) + meas
+    ratios = bench.compute_ratios(meas, results["accuracy"], results["raw"])
+    results.update(measurements=meas, ratios=ratios, goals=bench.evaluate_goals(ratios), plan={"grid_rounds": {1: 3}})
+    text = bench.render_report(results)
+    assert "1.10x (median of 3 rounds: 1.10x, 1.20x, 1.00x) | <= 1.10x | **met** |" in text
+    assert "| `router_single` | 1 | 100.0 | 3.30 | 6.60 | 13.20 | 1.00x | 1.10x | yes | 7% |" in text
+    assert "| `router_single` | 1 | 3.30 | 2.40 | 4.00 |" in text
+    assert "concurrency 1 in 3 such rounds" in text
 
 
 def test_render_report_keeps_a_filled_what_we_tried_block():

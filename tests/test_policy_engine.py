@@ -265,6 +265,15 @@ def test_chunk_with_max_aggregation(mock):
     assert eventually(lambda: mock.metric("orchestrator_chunks_total", {"router": "p_chunk_max", "node": "root"}), len(probs)) == len(probs)
 
 
+def test_a_model_node_without_chunk_truncates_like_the_ensemble(mock):
+    long_text = " ".join(TEXTS)
+    tok = mock.infer("tokenizer", {"TEXT": np.array([[long_text.encode()]], dtype=np.object_)}, parameters={"truncation": False})
+    assert int(tok["attention_mask"][0].sum()) > 128  # long enough to be cut
+    p, _, r = ask(mock, "p_small_parts", [long_text])
+    assert r == ["classifier_fast"]
+    np.testing.assert_allclose(p, direct(mock, "classifier_fast", [long_text]), atol=1e-5)  # first 128 tokens
+
+
 def test_cascade_of_three_stages(mock):
     p, v, r = ask(mock, "p_cascade3", TEXTS[:2])
     assert r == ["last", "last"] and np.allclose(p, 0.42)  # margin 1.0 escalates to the end

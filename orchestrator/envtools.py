@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
+from orchestrator.files import copy_atomic
 from orchestrator.server import PACKAGE_PARENT, ServerError, find_embedded_server, server_environment
 
 __all__ = [
@@ -394,7 +395,7 @@ def prepare_stub(
     target_dir = Path(out_dir or STUB_OUT_DIR) / f"{version[0]}.{version[1]}"
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / STUB_NAME
-    _copy_atomic(source, target, mode=0o755)
+    copy_atomic(source, target, mode=0o755)
     info = inspect_stub(target)
     if info.python_version != version:
         raise EnvError(f"{target} links {info.libpython or 'no libpython'}, not libpython{version[0]}.{version[1]}")
@@ -756,22 +757,6 @@ def _install_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
     env.update(extra or {})
     return env
-
-
-def _copy_atomic(source: Path, target: Path, mode: int | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        if mode is not None:
-            os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
 
 
 def conda_executable() -> str | None:
@@ -1346,7 +1331,7 @@ def install_env(
             if old != binary or stub_source is None or not dispatch:
                 old.unlink()  # ours, for another Python version
         if stub_source is not None and dispatch:
-            _copy_atomic(stub_source, binary, mode=0o755)
+            copy_atomic(stub_source, binary, mode=0o755)
             script = _DISPATCHER.format(marker=DISPATCHER_MARKER, version=f"{env_py[0]}.{env_py[1]}", binary=binary.name)
             tmp = existing.with_name(f".{STUB_NAME}.{os.getpid()}.tmp")
             tmp.write_text(script)
@@ -1354,7 +1339,7 @@ def install_env(
             os.replace(tmp, existing)
             placed_stub = existing
         elif stub_source is not None:
-            _copy_atomic(stub_source, existing, mode=0o755)
+            copy_atomic(stub_source, existing, mode=0o755)
             placed_stub = existing
         elif existing.exists():
             if dispatcher_target(existing) is not None:

@@ -55,7 +55,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as _dt
-import hashlib
 import json
 import os
 import re
@@ -69,6 +68,8 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+
+from orchestrator.files import sha256_file
 
 __all__ = [
     "ExportError",
@@ -254,14 +255,6 @@ class _Steps:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
@@ -610,7 +603,7 @@ def _record(result: ExportResult, model_dir: Path, extra: dict) -> None:
         "max_length": result.max_length,
         "onnxruntime": onnxruntime.__version__,
         "files": {
-            str(p.relative_to(model_dir)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+            str(p.relative_to(model_dir)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted((model_dir / "1").glob("model.*")) if p.suffix in (".onnx", ".plan")
         },
     }
@@ -844,7 +837,7 @@ def fp16_from_onnx(
             name=out_name, repo=str(repo), source=f"{name}/1/model.onnx", num_labels=num_labels,
             max_length=max_length, opset=None, variants=[out_name], validation=val, tensorrt=trt,
         )
-        _record(result, out_dir, {"source": f"{name}/1/model.onnx", "source_sha256": _sha256(src),
+        _record(result, out_dir, {"source": f"{name}/1/model.onnx", "source_sha256": sha256_file(src),
                                   "source_bytes": src.stat().st_size, "variant": "fp16",
                                   "converter": "onnxruntime.transformers.float16.convert_float_to_float16"
                                                "(keep_io_types=True)",

@@ -74,6 +74,8 @@ from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.files import sha256_file
+
 __all__ = [
     "ParityError",
     "LabeledData",
@@ -643,14 +645,6 @@ def score_all(
 # --------------------------------------------------------------------------- report
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _environment() -> dict:
     import importlib.metadata as md
 
@@ -953,7 +947,7 @@ def run_parity(
     for m in models:
         p = _onnx_file(repo / m)
         model_files[m] = {"file": str(p), "bytes": p.stat().st_size if p.is_file() else None,
-                          "sha256": _sha256_file(p) if p.is_file() else None}
+                          "sha256": sha256_file(p) if p.is_file() else None}
     sizes = {m: v["bytes"] for m, v in model_files.items() if v["bytes"] is not None}
     rec = recommend(result, latency, sizes, max_flip_rate)
     thresholds = {reference: result["reference"]["threshold"]}

@@ -60,6 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
+from orchestrator.files import write_atomic
+
 __all__ = [
     "ServerError",
     "EmbeddedServer",
@@ -208,30 +210,6 @@ sys.path[:] = [p for p in sys.path if p not in _before] + _before
 '''
 
 
-def _write_if_changed(target: Path, data: bytes, mode: int) -> None:
-    """Write ``data`` to ``target`` atomically (temp file + rename) unless it is already there."""
-    try:
-        if target.stat().st_size == len(data) and target.read_bytes() == data:
-            if target.stat().st_mode & 0o777 != mode:
-                os.chmod(target, mode)
-            return
-    except FileNotFoundError:
-        pass
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.chmod(tmp, mode)
-        # Atomic on POSIX: a concurrent reader sees the old or the new file, never a part.
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
 def _symlink(target: Path, points_to: str) -> None:
     """Make ``target`` a symlink to ``points_to`` atomically (temp link + rename)."""
     try:
@@ -272,8 +250,8 @@ def prepare_backend_directory(
         source = embedded.backends / "python"
         for path in sorted(source.iterdir()):
             if path.is_file():  # not __pycache__
-                _write_if_changed(target / path.name, path.read_bytes(), 0o755 if path.suffix == ".so" else 0o644)
-        _write_if_changed(target / "triton_python_backend_stub", stub.read_bytes(), 0o755)
+                write_atomic(target / path.name, path.read_bytes(), 0o755 if path.suffix == ".so" else 0o644, if_changed=True)
+        write_atomic(target / "triton_python_backend_stub", stub.read_bytes(), 0o755, if_changed=True)
     except OSError as exc:
         raise ServerError(f"cannot prepare the Triton backend directory {target}: {exc}") from exc
     return target.parent
@@ -306,11 +284,11 @@ def prepare_stub_environment(cache_dir: str | os.PathLike | None = None) -> Path
             f"version = {'.'.join(map(str, sys.version_info[:3]))}\n"
             f"executable = {base}\n"
         )
-        _write_if_changed(root / "pyvenv.cfg", cfg.encode(), 0o644)
+        write_atomic(root / "pyvenv.cfg", cfg.encode(), 0o644, if_changed=True)
         for name in ("python3", f"python{major}.{minor}", "python"):
             _symlink(root / "bin" / name, str(base))
-        _write_if_changed(site_packages / "_orchestrator_stub_path.py", _STUB_PATH_MODULE.encode(), 0o644)
-        _write_if_changed(site_packages / "_orchestrator_stub_path.pth", b"import _orchestrator_stub_path\n", 0o644)
+        write_atomic(site_packages / "_orchestrator_stub_path.py", _STUB_PATH_MODULE.encode(), 0o644, if_changed=True)
+        write_atomic(site_packages / "_orchestrator_stub_path.pth", b"import _orchestrator_stub_path\n", 0o644, if_changed=True)
     except OSError as exc:
         raise ServerError(f"cannot prepare the stub environment {root}: {exc}") from exc
     return root

@@ -192,3 +192,42 @@ def test_a_variant_answers_at_its_calibrated_threshold(triton):
         out = call_with_id(triton, "router_ab", texts[part], rid, threshold=thr)
         assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["b:classifier_fp16"] * 16
         assert out["VERDICTS"].reshape(-1).tolist() == reference["VERDICTS"].reshape(-1)[part].tolist()
+
+
+def test_on_demand_in_model_control_mode_none(tmp_path):
+    """Without explicit model control the server loads every model at start and refuses
+    loads: the router uses on-demand models as always loaded, never unloads them, and a
+    missing one fails over to the fallback with the server's refusal in the log."""
+    import shutil
+
+    from orchestrator.server import TritonServer
+    from tests.conftest import REPO, add_router_variant
+
+    repo = tmp_path / "model_repository"
+    repo.mkdir()
+    for name in ("tokenizer", "classifier_fast"):
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    fast = {"kind": "model", "model": "classifier_fast", "on_demand": {"idle_timeout_s": 0.3, "retry_after_s": 30}}
+    absent = {"kind": "model", "model": "classifier_absent", "on_demand": {"idle_timeout_s": 0.3, "retry_after_s": 30}}
+    inline = {"tokenizer": "../tokenizer/1", "postprocess": True}
+    add_router_variant(repo, "router_present", {"version": 1, "inline": inline, "root": fast})
+    add_router_variant(repo, "router_absent", {"version": 1, "inline": inline, "root": {"kind": "fallback", "nodes": [
+        absent, {"kind": "model", "name": "spare", "model": "classifier_fast", "route": "fallback"}]}})
+    # extra_args come last on the command line, so this mode wins over the default explicit
+    with TritonServer(repo, models=[], extra_args=["--model-control-mode=none"]) as server:
+        assert {m["name"] for m in server.repository_index() if m.get("state") == "READY"} == {
+            "tokenizer", "classifier_fast", "router_present", "router_absent"}
+        present = call(server, "router_present", TEXTS[:3])
+        assert routes(present) == ["classifier_fast"] * 3
+        for _ in range(2):  # the second time the router already knows loading is unavailable
+            answer = call(server, "router_absent", TEXTS[:2])
+            assert routes(answer) == ["fallback"] * 2
+            np.testing.assert_allclose(answer["PROBABILITIES"], present["PROBABILITIES"][:2], atol=1e-6)
+        time.sleep(1.5)  # idle timeout 0.3 s: an explicit-mode router would have unloaded it
+        assert state(server, "classifier_fast") == "READY"
+        assert routes(call(server, "router_present", TEXTS[:1])) == ["classifier_fast"]
+        log = server.log_path.read_text()
+        assert log.count("on-demand loading is unavailable") == 1
+        assert "explicit model load / unload is not allowed" in log
+        snapshot = settled_metrics(server)
+        assert metric(snapshot, "orchestrator_model_unloads_total", router="router_present", model="classifier_fast") == 0

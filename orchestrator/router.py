@@ -845,6 +845,7 @@ class TritonPythonModel:
     def finalize(self):
         self.models.close()
         self.metrics.close()
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads
         self.loop.close()
 
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,

@@ -143,13 +143,14 @@ VARIANTS: Dict[str, dict] = {
     "router_bls": {"base": "router", "policy_extra": {"inline": NO_INLINE}},
 }
 
-#: The four models compared at every concurrency, in plot/table order.
+#: The models compared at every concurrency, in plot/table order.
 GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls")
 CONCURRENCIES = (1, 4, 16)
-#: Rounds per grid concurrency (default 1): every model once per round, rounds one after
-#: another, so each round compares the models under the same background load. c=1 gets
-#: three because its latencies are a few ms and one disturbed window moves them by 20%.
-GRID_ROUNDS = {1: 3}
+#: Rounds per grid concurrency in a full run (default 1; ``--quick``: 1 everywhere): every
+#: model once per round, rounds one after another, so each round compares the models under
+#: the same background load. c=1 gets five: its latencies are a few ms, and on 2 shared
+#: cores the ensemble's p50 moved from 2.5 to 4.0 ms between rounds of one run.
+GRID_ROUNDS = {1: 5}
 #: Length sweep and batch sweep: models, and the concurrency they run at.
 LENGTH_MODELS = ("ensemble", "router")
 BATCH_MODELS = ("router",)
@@ -573,9 +574,10 @@ def bench_plan(quick: bool = False) -> List[Spec]:
     :data:`GRID_ROUNDS` rounds (merged afterwards by :func:`combine_rounds`).
     Length sweep: :data:`LENGTH_MODELS` on short/medium/long at :data:`SWEEP_CONCURRENCY`.
     Batch sweep: :data:`BATCH_MODELS` at client batch :data:`BATCH_SIZES`. ``quick`` runs
-    the same plan (shorter windows, see :data:`QUICK_SETTINGS`).
+    the same plan in one round (and shorter windows, see :data:`QUICK_SETTINGS`).
     """
-    plan = [Spec("grid", m, "held_out", c, 1, r) for c in CONCURRENCIES for r in range(GRID_ROUNDS.get(c, 1))
+    rounds = {} if quick else GRID_ROUNDS
+    plan = [Spec("grid", m, "held_out", c, 1, r) for c in CONCURRENCIES for r in range(rounds.get(c, 1))
             for m in GRID_MODELS]
     plan += [Spec("length", m, d, SWEEP_CONCURRENCY) for d in ("short", "medium", "long") for m in LENGTH_MODELS]
     plan += [Spec("batch", m, "held_out", SWEEP_CONCURRENCY, b) for m in BATCH_MODELS for b in BATCH_SIZES]
@@ -1650,7 +1652,7 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
         "software": {"perf_analyzer": pa_version, "onnxruntime": ort.__version__},
         "raw_rounds": len(raw_rounds),
         "settings": asdict(settings),
-        "plan": {"grid_models": GRID_MODELS, "concurrencies": CONCURRENCIES, "grid_rounds": GRID_ROUNDS,
+        "plan": {"grid_models": GRID_MODELS, "concurrencies": CONCURRENCIES, "grid_rounds": {} if quick else GRID_ROUNDS,
                  "length_models": LENGTH_MODELS,
                  "batch_models": BATCH_MODELS, "batch_sizes": BATCH_SIZES, "sweep_concurrency": SWEEP_CONCURRENCY,
                  "length_bounds": LENGTH_BOUNDS, "variants": VARIANTS},

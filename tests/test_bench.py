@@ -167,6 +167,8 @@ def test_bench_plan_covers_grid_and_sweeps():
         rounds = bench.GRID_ROUNDS.get(c, 1)
         assert level == [(r, m) for r in range(rounds) for m in bench.GRID_MODELS]
     assert bench.GRID_ROUNDS[1] >= 3
+    quick = [s for s in bench.bench_plan(quick=True) if s.section == "grid"]
+    assert len(quick) == len(bench.GRID_MODELS) * 3 and {s.round for s in quick} == {0}
     assert {s.dataset for s in plan if s.section == "length"} == {"short", "medium", "long"}
     assert sorted(s.batch_size for s in plan if s.section == "batch") == [1, 4, 16]
 

@@ -79,6 +79,7 @@ __all__ = [
     "measure",
     "combine_rounds",
     "paired_ratios",
+    "paired_median",
     "latency_summary",
     "ratio",
     "compute_ratios",
@@ -819,6 +820,12 @@ def paired_ratios(measurements: Sequence[Mapping], model: str, base: str, metric
     return [v for r in sorted(set(a) & set(b)) if (v := ratio(a[r], b[r])) is not None]
 
 
+def paired_median(measurements: Sequence[Mapping], model: str, base: str, metric: str, **where) -> Optional[float]:
+    """The median of :func:`paired_ratios` (same arguments); None when there is no pair."""
+    rs = paired_ratios(measurements, model, base, metric, **where)
+    return float(np.median(rs)) if rs else None
+
+
 def expected_latency_ms(spec: Spec, measurements: Sequence[Mapping], warmup_ms: Mapping[Tuple[str, str], float]) -> Optional[float]:
     """Expected request latency (ms) of ``spec``, to size its windows.
 
@@ -1000,7 +1007,7 @@ def compute_ratios(measurements: Sequence[Mapping], accuracy: Mapping[str, Mappi
     """The report's headline ratios, all from one run (None where a figure is missing).
 
     Keys: ``router_single_p50_c1_vs_ensemble`` (p50 ratio at c=1: the median of the
-    per-round ratios, :func:`paired_ratios`; ``..._rounds`` lists them),
+    per-round ratios, :func:`paired_median`; ``..._rounds`` lists them),
     ``router_single_throughput_c16_vs_ensemble``, ``router_throughput_c16_vs_ensemble_pad512``,
     ``router_throughput_c16_vs_ensemble``, ``ensemble_throughput_c16_vs_ensemble_pad512``,
     ``router_accuracy_points_vs_ensemble`` (percentage points, router - ensemble; a
@@ -1013,18 +1020,14 @@ def compute_ratios(measurements: Sequence[Mapping], accuracy: Mapping[str, Mappi
     def val(model, metric, c):
         return _metric(g, metric, model=model, concurrency=c)
 
-    def paired(model, metric, c):  # median of the per-round ratios (each pair ran back to back)
-        rs = paired_ratios(g, model, "ensemble", metric, concurrency=c)
-        return float(np.median(rs)) if rs else None
-
     out = {
-        "router_single_p50_c1_vs_ensemble": paired("router_single", "p50_ms", 1),
+        "router_single_p50_c1_vs_ensemble": paired_median(g, "router_single", "ensemble", "p50_ms", concurrency=1),
         "router_single_p50_c1_vs_ensemble_rounds": paired_ratios(g, "router_single", "ensemble", "p50_ms", concurrency=1),
         "router_single_throughput_c16_vs_ensemble": ratio(val("router_single", "throughput", 16), val("ensemble", "throughput", 16)),
         "router_throughput_c16_vs_ensemble_pad512": ratio(val("router", "throughput", 16), val("ensemble_pad512", "throughput", 16)),
         "router_throughput_c16_vs_ensemble": ratio(val("router", "throughput", 16), val("ensemble", "throughput", 16)),
         "ensemble_throughput_c16_vs_ensemble_pad512": ratio(val("ensemble", "throughput", 16), val("ensemble_pad512", "throughput", 16)),
-        "router_single_bls_p50_c1_vs_ensemble": paired("router_single_bls", "p50_ms", 1),
+        "router_single_bls_p50_c1_vs_ensemble": paired_median(g, "router_single_bls", "ensemble", "p50_ms", concurrency=1),
         "router_single_bls_throughput_c16_vs_ensemble": ratio(
             val("router_single_bls", "throughput", 16), val("ensemble", "throughput", 16)
         ),
@@ -1236,10 +1239,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
             if m.get("error"):
                 add(f"| `{model}` | {c} | failed: {m['error'][:120]} | | | | | | failed | |")
                 continue
-            p50_ratio = ratio(m['p50_ms'], base and base['p50_ms'])
-            if m.get("rounds"):
-                rs = paired_ratios(grid, model, "ensemble", "p50_ms", concurrency=c)
-                p50_ratio = float(np.median(rs)) if rs else None
+            p50_ratio = (paired_median(grid, model, "ensemble", "p50_ms", concurrency=c) if m.get("rounds")
+                         else ratio(m['p50_ms'], base and base['p50_ms']))
             add(f"| `{model}` | {c} | {_fmt(m['throughput'])} | {_fmt(m['p50_ms'], 2)} | {_fmt(m['p90_ms'], 2)} | "
                 f"{_fmt(m['p99_ms'], 2)} | {_x(ratio(m['throughput'], base and base['throughput']))} | "
                 f"{_x(p50_ratio)} | {_stable(m)} | {_fmt(m.get('throughput_spread_pct'), 0, '%')} |")

@@ -22,58 +22,49 @@ def _classify(args) -> int:
     return 0
 
 
+def add_subcommand(sub, name: str, help: str, add_arguments, command) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` to ``sub`` (an ``add_subparsers()`` result): its options from
+    ``add_arguments(parser)``, run by ``command(args) -> int``. Returns its parser."""
+    parser = sub.add_parser(name, help=help)
+    add_arguments(parser)
+    parser.set_defaults(func=command)
+    return parser
+
+
 def build_parser() -> argparse.ArgumentParser:
     from orchestrator.server import add_serve_arguments, serve_command
 
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the embedded Triton server on the model repository")
-    add_serve_arguments(serve)
-    serve.set_defaults(func=serve_command)
+    add_subcommand(sub, "serve", "run the embedded Triton server on the model repository", add_serve_arguments, serve_command)
 
-    cls = sub.add_parser("classify", help="classify texts through a running server")
-    cls.add_argument("texts", nargs="+", help="texts to classify (one line of output each)")
-    cls.add_argument("--model", default="router", help="router (default) or ensemble")
-    cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
-    cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
-    cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
-    cls.set_defaults(func=_classify)
+    def add_classify_arguments(cls):
+        cls.add_argument("texts", nargs="+", help="texts to classify (one line of output each)")
+        cls.add_argument("--model", default="router", help="router (default) or ensemble")
+        cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
+        cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
+        cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
 
-    from orchestrator.policy_cli import add_policy_arguments, policy_command
-
-    pol = sub.add_parser("policy", help="check a routing policy file, or show the one a router runs")
-    add_policy_arguments(pol)
-    pol.set_defaults(func=policy_command)
-
-    from orchestrator.doctor import add_doctor_arguments, doctor_command
-    from orchestrator.envtools import add_env_arguments, add_stub_arguments, env_command, stub_command
-
-    env = sub.add_parser("env", help="build, verify and install the models' execution environment")
-    add_env_arguments(env)
-    env.set_defaults(func=env_command)
-    stub = sub.add_parser("stub", help="Python-backend stub for another Python version")
-    add_stub_arguments(stub)
-    stub.set_defaults(func=stub_command)
-    doc = sub.add_parser("doctor", help="check each Python model's env, stub and libpython")
-    add_doctor_arguments(doc)
-    doc.set_defaults(func=doctor_command)
-
-    from orchestrator.export import add_export_arguments, export_command
-    from orchestrator.parity import add_parity_arguments, parity_command
-
-    exp = sub.add_parser("export", help="export a Hugging Face classifier (and an fp16 variant) into the model repository")
-    add_export_arguments(exp)
-    exp.set_defaults(func=export_command)
-    par = sub.add_parser("parity", help="compare candidate classifiers with a reference: logits, thresholds, flips, recommendation")
-    add_parity_arguments(par)
-    par.set_defaults(func=parity_command)
+    add_subcommand(sub, "classify", "classify texts through a running server", add_classify_arguments, _classify)
 
     from orchestrator.bench import add_bench_arguments, bench_command
+    from orchestrator.doctor import add_doctor_arguments, doctor_command
+    from orchestrator.envtools import add_env_arguments, add_stub_arguments, env_command, stub_command
+    from orchestrator.export import add_export_arguments, export_command
+    from orchestrator.parity import add_parity_arguments, parity_command
+    from orchestrator.policy_cli import add_policy_arguments, policy_command
 
-    bench = sub.add_parser("bench", help="perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)")
-    add_bench_arguments(bench)
-    bench.set_defaults(func=bench_command)
+    add_subcommand(sub, "policy", "check a routing policy file, or show the one a router runs", add_policy_arguments, policy_command)
+    add_subcommand(sub, "env", "build, verify and install the models' execution environment", add_env_arguments, env_command)
+    add_subcommand(sub, "stub", "Python-backend stub for another Python version", add_stub_arguments, stub_command)
+    add_subcommand(sub, "doctor", "check each Python model's env, stub and libpython", add_doctor_arguments, doctor_command)
+    add_subcommand(sub, "export", "export a Hugging Face classifier (and an fp16 variant) into the model repository",
+                   add_export_arguments, export_command)
+    add_subcommand(sub, "parity", "compare candidate classifiers with a reference: logits, thresholds, flips, recommendation",
+                   add_parity_arguments, parity_command)
+    add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
+                   add_bench_arguments, bench_command)
     return parser
 
 

@@ -1501,13 +1501,11 @@ def stub_command(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m orchestrator.envtools env ...|stub ...`` (what the Makefile runs)."""
     parser = argparse.ArgumentParser(prog="python -m orchestrator.envtools", description=__doc__.split("\n\n")[0])
+    from orchestrator.cli import add_subcommand
+
     sub = parser.add_subparsers(dest="command", required=True)
-    env = sub.add_parser("env", help="execution environments")
-    add_env_arguments(env)
-    env.set_defaults(func=env_command)
-    stub = sub.add_parser("stub", help="Python-backend stubs")
-    add_stub_arguments(stub)
-    stub.set_defaults(func=stub_command)
+    add_subcommand(sub, "env", "execution environments", add_env_arguments, env_command)
+    add_subcommand(sub, "stub", "Python-backend stubs", add_stub_arguments, stub_command)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)
 

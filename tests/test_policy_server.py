@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import re
+import shutil
 import time
 import urllib.request
 from pathlib import Path
@@ -19,6 +20,7 @@ from orchestrator.cli import main
 from orchestrator.policy_cli import fetch_policy
 from orchestrator.router import split_fraction
 from orchestrator.server import ServerError
+from tests.conftest import REPO, add_router_variant
 from tests.test_pipeline import call, routes
 
 pytestmark = pytest.mark.server
@@ -198,10 +200,7 @@ def test_on_demand_in_model_control_mode_none(tmp_path):
     """Without explicit model control the server loads every model at start and refuses
     loads: the router uses on-demand models as always loaded, never unloads them, and a
     missing one fails over to the fallback with the server's refusal in the log."""
-    import shutil
-
     from orchestrator.server import TritonServer
-    from tests.conftest import REPO, add_router_variant
 
     repo = tmp_path / "model_repository"
     repo.mkdir()

@@ -63,28 +63,20 @@ def live_members(pgid: int) -> list[tuple[int, str, str]]:
     return [m for m in group_members(pgid) if m[2] != "Z"]
 
 
-def http_infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
-    import tritonclient.http as httpclient
+def infer(url: str, model: str, x: np.ndarray, protocol: str = "http") -> np.ndarray:
+    """INPUT0 -> OUTPUT0 (FP32) of ``model`` through tritonclient's ``protocol`` client."""
+    if protocol == "http":
+        import tritonclient.http as client_module
+    else:
+        import tritonclient.grpc as client_module
 
-    client = httpclient.InferenceServerClient(url)
+    client = client_module.InferenceServerClient(url)
     try:
-        inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+        inp = client_module.InferInput("INPUT0", list(x.shape), "FP32")
         inp.set_data_from_numpy(x)
         return client.infer(model, [inp]).as_numpy("OUTPUT0")
     finally:
         client.close()  # an open HTTP connection delays Triton's shutdown (EXIT_TIMEOUT_SECS)
-
-
-def grpc_infer(url: str, model: str, x: np.ndarray) -> np.ndarray:
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(url)
-    try:
-        inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
-        inp.set_data_from_numpy(x)
-        return client.infer(model, [inp]).as_numpy("OUTPUT0")
-    finally:
-        client.close()
 
 
 @pytest.fixture(scope="module")
@@ -254,11 +246,11 @@ def test_infers_over_http_and_grpc(server):
     assert server.http_url == f"127.0.0.1:{server.http_port}"
     assert len({server.http_port, server.grpc_port, server.metrics_port}) == 3
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    np.testing.assert_array_equal(http_infer(server.http_url, "identity", x), x)
-    np.testing.assert_array_equal(grpc_infer(server.grpc_url, "identity", x), x)
+    np.testing.assert_array_equal(infer(server.http_url, "identity", x), x)
+    np.testing.assert_array_equal(infer(server.grpc_url, "identity", x, "grpc"), x)
     # doubler's config.pbtxt says onnxruntime_onnx (absent from the wheel): it only loads
     # because --model-config-name=embedded picks configs/embedded.pbtxt.
-    np.testing.assert_array_equal(http_infer(server.http_url, "doubler", x), 2 * x)
+    np.testing.assert_array_equal(infer(server.http_url, "doubler", x), 2 * x)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(f"http://{server.metrics_url}/metrics", timeout=5) as resp:
         assert b"nv_inference_request_success" in resp.read()
@@ -278,10 +270,10 @@ def test_load_unload_and_repository_index(server):
     assert state("doubler") == "UNAVAILABLE"
     x = np.ones((1, 4), dtype=np.float32)
     with pytest.raises(InferenceServerException):
-        http_infer(server.http_url, "doubler", x)
+        infer(server.http_url, "doubler", x)
     server.load_model("doubler")
     assert state("doubler") == "READY"
-    np.testing.assert_array_equal(http_infer(server.http_url, "doubler", x), 2 * x)
+    np.testing.assert_array_equal(infer(server.http_url, "doubler", x), 2 * x)
     with pytest.raises(ServerError, match="no_such_model"):
         server.load_model("no_such_model")
 
@@ -346,7 +338,7 @@ def test_serve_stops_cleanly_on_signal(tmp_path, sig):
         assert str(log) in text and "models   identity from" in text
         assert live_members(pid)
         x = np.ones((3, 4), dtype=np.float32)
-        np.testing.assert_array_equal(http_infer(http, "identity", x), x)
+        np.testing.assert_array_equal(infer(http, "identity", x), x)
         proc.send_signal(sig)
         assert proc.wait(timeout=60) == 0, "".join(out)
         assert not live_members(pid)

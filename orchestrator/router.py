@@ -38,6 +38,7 @@ import contextvars
 import hashlib
 import json
 import math
+import os
 import random
 import threading
 import time
@@ -305,20 +306,90 @@ class Metrics:
 # ----------------------------------------------------------------------------- on-demand models
 
 
+@dataclass(frozen=True)
+class ServerOptions:
+    """What the hosting ``tritonserver``'s command line says about model control.
+
+    ``mode``: the ``--model-control-mode`` value (``none`` when the flag is absent, as in
+    Triton), or None when the command line could not be read. ``repositories``: the
+    ``--model-repository``/``--model-store`` paths, absolute, or None when unknown or when
+    any of them is not a local path (``s3://``, ``gs://``, ``as://``).
+
+    Why the router reads them: in Triton 2.51 (python_backend ``ProcessMessage``) a
+    ``pb_utils.load_model`` that fails frees the error text in shared memory before the
+    stub reads it; the stub then frees it again, the shared-memory allocator is corrupted
+    and the server aborts (``boost::interprocess::lock_exception``). A refused load in
+    ``--model-control-mode=none`` and a load of a model that is in no repository are
+    failures known in advance, so the router does not ask for them. docs/deployment.md
+    has the details and the reproduction.
+    """
+
+    mode: Optional[str] = None
+    repositories: Optional[tuple] = None
+
+    @classmethod
+    def parse(cls, argv: Sequence[str], cwd: Path) -> "ServerOptions":
+        """Options from ``tritonserver`` arguments (``--flag=value`` or ``--flag value``;
+        the last occurrence of ``--model-control-mode`` wins, as in Triton)."""
+        mode, repositories = "none", []
+        args = list(argv[1:])
+        for i, arg in enumerate(args):
+            flag, eq, value = arg.partition("=")
+            if not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+            if flag == "--model-control-mode":
+                mode = value.strip().lower()
+            elif flag in ("--model-repository", "--model-store"):
+                repositories.append(value)
+        local = None
+        if repositories and not any("://" in r for r in repositories):
+            local = tuple((cwd / r).resolve() for r in repositories)
+        return cls(mode, local)
+
+    @classmethod
+    def of_parent(cls) -> "ServerOptions":
+        """Options of this process's parent when it is ``tritonserver`` (Linux ``/proc``);
+        empty options (all unknown) otherwise, e.g. under the in-process mock."""
+        proc = Path("/proc") / str(os.getppid())
+        try:
+            argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
+            if not argv or not Path(argv[0]).name.startswith("tritonserver"):
+                return cls()
+            return cls.parse(argv, Path(os.readlink(proc / "cwd")))
+        except (OSError, UnicodeDecodeError):
+            return cls()
+
+    def missing(self, model: str) -> Optional[str]:
+        """Why loading ``model`` must fail, when the local repositories show it; else None."""
+        if self.repositories is None or any((r / model).is_dir() for r in self.repositories):
+            return None
+        return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
+
+
+
 class ModelManager:
     """Loads ``on_demand`` models on first use and unloads them after their idle timeout.
 
     Only models the policy marks ``on_demand`` are ever loaded or unloaded, and only models
     this router loaded itself are unloaded. Concurrent first uses share one load. A failed
     load fails the texts that needed it (a ``fallback`` node may answer them) and is not
-    retried before ``retry_after_s``. Needs ``--model-control-mode=explicit``; when the
-    server refuses explicit loads, the router logs it once and treats those models as
-    always loaded.
+    retried before ``retry_after_s``. Needs ``--model-control-mode=explicit``: under any
+    other mode (read from the server's command line, see :class:`ServerOptions`), or when
+    the server refuses a load, the router logs it once and treats those models as always
+    loaded. A model that is in none of the server's local repositories fails without a
+    load request.
     """
 
-    def __init__(self, pb, on_demand: Mapping[str, P.OnDemand], metrics: Metrics, logger):
+    def __init__(self, pb, on_demand: Mapping[str, P.OnDemand], metrics: Metrics, logger, server: Optional[ServerOptions] = None):
         self.pb, self.settings, self.metrics, self.logger = pb, dict(on_demand), metrics, logger
+        self.server = ServerOptions.of_parent() if server is None else server
         self.enabled = bool(self.settings)
+        if self.enabled and self.server.mode not in (None, "explicit"):
+            self.enabled = False
+            logger.log_warn(
+                f"router: on-demand loading is unavailable (the server runs with --model-control-mode={self.server.mode}; "
+                f"pb_utils.load_model needs explicit); treating {sorted(self.settings)} as always loaded"
+            )
         self.ours = set()
         self.last_used: Dict[str, float] = {}
         self.in_use: Dict[str, int] = {m: 0 for m in self.settings}
@@ -343,6 +414,11 @@ class ModelManager:
                     if failed and time.monotonic() - failed[0] < self.settings[model].retry_after_s:
                         wait = self.settings[model].retry_after_s - (time.monotonic() - failed[0])
                         raise DownstreamError(f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)")
+                    missing = self.server.missing(model)
+                    if missing:  # a load request that must fail can crash the server (ServerOptions)
+                        self.failed[model] = (time.monotonic(), missing)
+                        self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
+                        raise DownstreamError(f"model '{model}' failed to load: {missing}")
                     event = self.loading[model] = threading.Event()
                     break
             event.wait()

@@ -80,7 +80,8 @@ NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
 def make_test_repository(dest: Path) -> Path:
     """Copy ``model_repository`` to ``dest`` and add the test-only models: the
     :data:`ROUTER_VARIANTS`, the shipped A/B example (``router_ab``), on-demand routers and
-    their spare classifier, and a router with an invalid policy."""
+    their spare classifier, a router whose on-demand model is in no repository, and a
+    router with an invalid policy."""
     # not the execution-environment artifacts `make env` may have installed (~120 MB a model)
     shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
     for name, changes in ROUTER_VARIANTS.items():
@@ -95,6 +96,10 @@ def make_test_repository(dest: Path) -> Path:
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
     # on_demand on a model the server loaded itself: the router must never unload it
     add_router_variant(dest, "router_not_owner", _ondemand_policy("classifier_fast", idle=0.5))
+    # on_demand on a model in no repository, retried at once: no load request may be sent
+    absent = {"kind": "model", "model": "classifier_absent", "on_demand": {"idle_timeout_s": 60, "retry_after_s": 0}}
+    spare = {"kind": "model", "name": "spare", "model": "classifier_fast", "route": "fallback"}
+    add_router_variant(dest, "router_absent", {"version": 1, "root": {"kind": "fallback", "nodes": [absent, spare]}})
     add_router_variant(dest, "router_bad_policy", {"version": 1, "root": {"kind": "cascade", "margin": 0.1, "stages": [{"kind": "model"}]}})
     return dest
 

@@ -92,6 +92,20 @@ def test_on_demand_model_loads_once_then_unloads_when_idle(triton):
     assert routes(call(triton, "router_ondemand", TEXTS[:1], parameters={"route": "spare"})) == ["classifier_spare"]
 
 
+def test_an_on_demand_model_in_no_repository_fails_over_without_a_load_request(triton):
+    """A load request that fails can crash Triton 2.51 (see ServerOptions): a model that is
+    in no repository must fail over to the fallback without one, on every request."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: call(triton, "router_absent", [t]), TEXTS * 5))
+    assert all(routes(r) == ["fallback"] for r in results)
+    fast = call(triton, "router", TEXTS, parameters={"route": "fast"})["PROBABILITIES"].reshape(-1)
+    np.testing.assert_allclose([r["PROBABILITIES"][0, 0] for r in results], np.tile(fast, 5), atol=1e-5)
+    failures = metric(settled_metrics(triton), "orchestrator_model_loads_total", router="router_absent", model="classifier_absent", outcome="failure")
+    assert 1 <= failures <= len(results)
+    assert "failed to poll model 'classifier_absent'" not in triton.log_path.read_text()  # Triton never heard of it
+    assert triton.is_ready()
+
+
 def test_the_router_never_unloads_a_model_it_did_not_load(triton):
     assert routes(call(triton, "router_not_owner", TEXTS[:2], parameters={"route": "spare"})) == ["classifier_fast"] * 2
     time.sleep(2.5)  # idle timeout 0.5 s, checked every 0.2 s
@@ -198,8 +212,10 @@ def test_a_variant_answers_at_its_calibrated_threshold(triton):
 
 def test_on_demand_in_model_control_mode_none(tmp_path):
     """Without explicit model control the server loads every model at start and refuses
-    loads: the router uses on-demand models as always loaded, never unloads them, and a
-    missing one fails over to the fallback with the server's refusal in the log."""
+    loads: each router reads the mode from the server's command line, says once that it
+    uses its on-demand models as always loaded, never asks to load or unload one (a
+    refused load can crash Triton 2.51, see ServerOptions), and a missing one fails over
+    to the fallback."""
     from orchestrator.server import TritonServer
 
     repo = tmp_path / "model_repository"
@@ -218,7 +234,7 @@ def test_on_demand_in_model_control_mode_none(tmp_path):
             "tokenizer", "classifier_fast", "router_present", "router_absent"}
         present = call(server, "router_present", TEXTS[:3])
         assert routes(present) == ["classifier_fast"] * 3
-        for _ in range(2):  # the second time the router already knows loading is unavailable
+        for _ in range(2):
             answer = call(server, "router_absent", TEXTS[:2])
             assert routes(answer) == ["fallback"] * 2
             np.testing.assert_allclose(answer["PROBABILITIES"], present["PROBABILITIES"][:2], atol=1e-6)
@@ -226,7 +242,7 @@ def test_on_demand_in_model_control_mode_none(tmp_path):
         assert state(server, "classifier_fast") == "READY"
         assert routes(call(server, "router_present", TEXTS[:1])) == ["classifier_fast"]
         log = server.log_path.read_text()
-        assert log.count("on-demand loading is unavailable") == 1
-        assert "explicit model load / unload is not allowed" in log
+        assert log.count("on-demand loading is unavailable (the server runs with --model-control-mode=none") == 2
+        assert "explicit model load / unload is not allowed" not in log  # never asked
         snapshot = settled_metrics(server)
         assert metric(snapshot, "orchestrator_model_unloads_total", router="router_present", model="classifier_fast") == 0

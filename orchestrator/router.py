@@ -366,7 +366,6 @@ class ServerOptions:
         return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
 
 
-
 class ModelManager:
     """Loads ``on_demand`` models on first use and unloads them after their idle timeout.
 
@@ -385,11 +384,7 @@ class ModelManager:
         self.server = ServerOptions.of_parent() if server is None else server
         self.enabled = bool(self.settings)
         if self.enabled and self.server.mode not in (None, "explicit"):
-            self.enabled = False
-            logger.log_warn(
-                f"router: on-demand loading is unavailable (the server runs with --model-control-mode={self.server.mode}; "
-                f"pb_utils.load_model needs explicit); treating {sorted(self.settings)} as always loaded"
-            )
+            self._disable(f"the server runs with --model-control-mode={self.server.mode}; pb_utils.load_model needs explicit")
         self.ours = set()
         self.last_used: Dict[str, float] = {}
         self.in_use: Dict[str, int] = {m: 0 for m in self.settings}
@@ -401,6 +396,17 @@ class ModelManager:
         if self.enabled:
             self.reaper = threading.Thread(target=self._reap_loop, name="orchestrator-unloader", daemon=True)
             self.reaper.start()
+
+    def _disable(self, reason: str) -> None:
+        """Stop loading and unloading; on-demand models count as always loaded from now on."""
+        self.enabled = False
+        self.logger.log_warn(f"router: on-demand loading is unavailable ({reason}); treating {sorted(self.settings)} as always loaded")
+
+    def _load_failed(self, model: str, message: str) -> DownstreamError:
+        """Record a failed load (no retry before ``retry_after_s``); the error to raise. Hold ``guard``."""
+        self.failed[model] = (time.monotonic(), message)
+        self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
+        return DownstreamError(f"model '{model}' failed to load: {message}")
 
     def _load_blocking(self, model: str) -> None:
         """Load ``model`` unless ready; one thread loads, the others wait for it."""
@@ -416,9 +422,7 @@ class ModelManager:
                         raise DownstreamError(f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)")
                     missing = self.server.missing(model)
                     if missing:  # a load request that must fail can crash the server (ServerOptions)
-                        self.failed[model] = (time.monotonic(), missing)
-                        self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
-                        raise DownstreamError(f"model '{model}' failed to load: {missing}")
+                        raise self._load_failed(model, missing)
                     event = self.loading[model] = threading.Event()
                     break
             event.wait()
@@ -429,14 +433,9 @@ class ModelManager:
             with self.guard:
                 self.loading.pop(model).set()
                 if "explicit model load" in message or "not allowed" in message:
-                    self.enabled = False
-                    self.logger.log_warn(
-                        f"router: on-demand loading is unavailable ({message}); treating {sorted(self.settings)} as always loaded"
-                    )
+                    self._disable(message)
                     raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}")
-                self.failed[model] = (time.monotonic(), message)
-            self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
-            raise DownstreamError(f"model '{model}' failed to load: {message}") from None
+                raise self._load_failed(model, message) from None
         with self.guard:
             self.ours.add(model)
             self.failed.pop(model, None)

@@ -17,10 +17,10 @@ $(STAMP): pyproject.toml
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
 model: $(STAMP)
-	$(PY) -m orchestrator.train
+	$(PY) -m orchestrator.tooling.modeling.train
 
 demo: $(STAMP)
-	$(PY) -m orchestrator.demo
+	$(PY) -m orchestrator.tooling.demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -36,7 +36,7 @@ clean:
 # A 2-minute smoke run: make bench BENCH_ARGS=--quick
 .PHONY: bench
 bench: $(STAMP)
-	$(PY) -m orchestrator.bench --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench --out docs $(BENCH_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
@@ -55,13 +55,13 @@ ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
 env:
 	$(MAKE) venv PYTHON=python3
 	$(PY) -m pip install --quiet -e ".[test,env]"
-	$(PY) -m orchestrator.envtools env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+	$(PY) -m orchestrator.tooling.env.envtools env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
 
 stub:
 	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
 ifeq ($(strip $(TRITON)),)
 	$(MAKE) venv PYTHON=python3
-	$(PY) -m orchestrator.envtools stub --python $(ENV_PYTHON)
+	$(PY) -m orchestrator.tooling.env.envtools stub --python $(ENV_PYTHON)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif

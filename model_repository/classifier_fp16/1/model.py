@@ -1,3 +1,3 @@
-"""Triton Python-backend adapter; the implementation is orchestrator.models.onnx_classifier."""
+"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.onnx_classifier."""
 
-from orchestrator.models.onnx_classifier import TritonPythonModel  # noqa: F401
+from orchestrator.runtime.models.onnx_classifier import TritonPythonModel  # noqa: F401

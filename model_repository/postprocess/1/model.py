@@ -1,3 +1,3 @@
-"""Triton Python-backend adapter; the implementation is orchestrator.models.postprocess."""
+"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.postprocess."""
 
-from orchestrator.models.postprocess import TritonPythonModel  # noqa: F401
+from orchestrator.runtime.models.postprocess import TritonPythonModel  # noqa: F401

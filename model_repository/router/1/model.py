@@ -1,3 +1,3 @@
-"""Triton Python-backend adapter; the implementation is orchestrator.router."""
+"""Triton Python-backend adapter; the implementation is orchestrator.runtime.router."""
 
-from orchestrator.router import TritonPythonModel  # noqa: F401
+from orchestrator.runtime.router import TritonPythonModel  # noqa: F401

@@ -1,3 +1,3 @@
-"""Triton Python-backend adapter; the implementation is orchestrator.models.tokenizer."""
+"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.tokenizer."""
 
-from orchestrator.models.tokenizer import TritonPythonModel  # noqa: F401
+from orchestrator.runtime.models.tokenizer import TritonPythonModel  # noqa: F401

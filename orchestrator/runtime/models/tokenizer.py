@@ -1,0 +1,88 @@
+"""The ``tokenizer`` model: ``TEXT`` to ``input_ids`` and ``attention_mask``.
+
+Inputs and outputs (full shapes, batch first):
+    TEXT            TYPE_STRING [N, 1]  UTF-8 texts
+    input_ids       TYPE_INT64  [N, L]  token ids, right-padded with the pad id
+    attention_mask  TYPE_INT64  [N, L]  1 for real tokens, 0 for padding
+
+The tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, ...) are read from the
+model's version directory with ``transformers.AutoTokenizer``; lower-casing and the
+truncation length (``model_max_length``) come from those files.
+
+Config parameters (``config.pbtxt``):
+    padding     ``longest`` (default): pad to the longest text of the request;
+                ``max_length``: pad to ``max_length`` tokens (the seeds' fixed 512).
+    max_length  pad length for ``max_length`` padding (default 512).
+
+Request parameter (KServe v2 ``parameters``):
+    truncation  ``false`` turns truncation off so a caller (the router) sees whole texts;
+                default ``true``: truncate to ``model_max_length``.
+
+Errors (per request, INVALID_ARG): invalid UTF-8, empty batch, bad parameters.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+from orchestrator.runtime.models._triton import error_response, model_config, model_directory
+from orchestrator.runtime.validation import (
+    InputError,
+    config_parameters,
+    decode_texts,
+    parse_bool,
+    request_parameters,
+)
+
+PADDING_MODES = ("longest", "max_length")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = config_parameters(model_config(args))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(args)))
+        self.padding = params.get("padding", "longest")
+        if self.padding not in PADDING_MODES:
+            raise ValueError(f"tokenizer: parameter padding={self.padding!r}, expected one of {PADDING_MODES}")
+        self.max_length = int(params.get("max_length", "512"))
+        self.truncation_length = int(self.tokenizer.model_max_length)
+        if self.padding == "max_length" and self.max_length < self.truncation_length:
+            raise ValueError(
+                f"tokenizer: max_length={self.max_length} is shorter than model_max_length={self.truncation_length}"
+            )
+
+    def encode(self, texts, truncation=True):
+        """Tokenize ``texts`` into int64 arrays ``(input_ids, attention_mask)``, shape [N, L]."""
+        enc = self.tokenizer(
+            texts,
+            truncation=truncation,
+            max_length=self.truncation_length if truncation else None,
+            padding=False,
+        )
+        longest = max(len(ids) for ids in enc["input_ids"])
+        length = max(longest, self.max_length) if self.padding == "max_length" else longest
+        padded = self.tokenizer.pad(enc, padding="max_length", max_length=length, return_tensors="np")
+        return padded["input_ids"].astype(np.int64), padded["attention_mask"].astype(np.int64)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            try:
+                texts = decode_texts(pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy())
+                params = request_parameters(request.parameters())
+                truncation = parse_bool(params.get("truncation", True), "truncation")
+                input_ids, attention_mask = self.encode(texts, truncation)
+            except InputError as exc:
+                responses.append(error_response(f"tokenizer: {exc}"))
+                continue
+            responses.append(
+                pb_utils.InferenceResponse(
+                    output_tensors=[
+                        pb_utils.Tensor("input_ids", input_ids),
+                        pb_utils.Tensor("attention_mask", attention_mask),
+                    ]
+                )
+            )
+        return responses

@@ -1,0 +1,158 @@
+"""The whole pipeline in a real tritonserver: every model, every router branch, bad input."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from orchestrator.tooling.modeling import data
+from tests.helpers import call, routes
+from orchestrator.runtime.router import aggregate, sigmoid, token_windows
+
+pytestmark = pytest.mark.server
+
+MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "ensemble", "router"]
+
+
+@pytest.fixture(scope="module")
+def held_out():
+    return data.held_out_texts(n=60, seed=1)
+
+
+@pytest.fixture(scope="module")
+def long_negative_text():
+    negative = [e.text for e in data.held_out_examples(corpus="movie_reviews") if e.rating <= -1.0][:20]
+    return "\n\n".join(" ".join(negative[i : i + 5]) for i in range(0, 20, 5))
+
+
+def test_every_model_loads(triton):
+    index = {m["name"]: m.get("state") for m in triton.repository_index()}
+    for name in MODELS:
+        assert index.get(name) == "READY", f"{name}: {index.get(name)}"
+
+
+def test_router_equals_ensemble_on_the_classifier_path(triton, held_out):
+    ens = call(triton, "ensemble", held_out)
+    rtr = call(triton, "router_accurate", held_out)
+    r = routes(rtr)
+    on_path = [i for i, route in enumerate(r) if route == "classifier"]
+    assert len(on_path) >= 55, r  # held-out sentences are short: nearly all unchunked
+    np.testing.assert_allclose(rtr["PROBABILITIES"][on_path], ens["PROBABILITIES"][on_path], atol=1e-5)
+    assert np.array_equal(rtr["VERDICTS"][on_path], ens["VERDICTS"][on_path])
+    # the default router's escalated texts match too
+    dflt = call(triton, "router", held_out)
+    esc = [i for i, route in enumerate(routes(dflt)) if route == "classifier"]
+    assert esc, "expected some escalations among 60 held-out texts"
+    np.testing.assert_allclose(dflt["PROBABILITIES"][esc], ens["PROBABILITIES"][esc], atol=1e-5)
+
+
+def test_cascade_escalates_exactly_the_unsure_texts(triton, held_out):
+    thresholds = 0.5
+    fast = call(triton, "router_fast", held_out, thresholds)["PROBABILITIES"].reshape(-1)
+    out = call(triton, "router", held_out, thresholds)
+    unsure = np.abs(fast - thresholds) < 0.15
+    expected = ["classifier" if u else "classifier_fast" for u in unsure]
+    got = [r.replace("chunked:", "") for r in routes(out)]
+    assert got == expected
+    assert 0 < unsure.sum() < len(held_out)
+    confident = ~unsure
+    np.testing.assert_allclose(out["PROBABILITIES"].reshape(-1)[confident], fast[confident], atol=1e-6)
+
+
+def test_empty_and_whitespace_texts_answer_without_a_model(triton):
+    out = call(triton, "router", ["", "   \n\t ", "fine"], thresholds=0.0)
+    assert routes(out)[:2] == ["empty", "empty"]
+    assert out["PROBABILITIES"].reshape(-1)[:2].tolist() == [0.5, 0.5]
+    assert out["VERDICTS"].reshape(-1)[:2].tolist() == [False, False]  # even with threshold 0
+    assert routes(out)[2] != "empty"
+
+
+def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
+    out = call(triton, "router_fast", [long_negative_text])
+    assert routes(out) == ["chunked:classifier_fast"]
+    # independent computation: whole-text tokens, windows, classifier_fast per window
+    tok = call(triton, "tokenizer", [long_negative_text], thr_array=False, parameters={"truncation": False})
+    ids = tok["input_ids"][0][: int(tok["attention_mask"][0].sum())]
+    assert ids.shape[0] > 128
+    windows = token_windows(ids, 128, 96)
+    probs, lengths = [], []
+    for w in windows:
+        client = httpclient.InferenceServerClient(triton.http_url)
+        ins = [httpclient.InferInput(n, [1, len(w)], "INT64") for n in ("input_ids", "attention_mask")]
+        ins[0].set_data_from_numpy(w.reshape(1, -1))
+        ins[1].set_data_from_numpy(np.ones((1, len(w)), dtype=np.int64))
+        probs.append(float(sigmoid(client.infer("classifier_fast", ins).as_numpy("logits")[0, 0])))
+        lengths.append(len(w))
+        client.close()
+    expected = aggregate(probs, lengths, "length_weighted_mean")
+    assert float(out["PROBABILITIES"][0, 0]) == pytest.approx(expected, abs=1e-5)
+    # the default router classifies it as a person would: negative
+    assert call(triton, "router", [long_negative_text])["VERDICTS"].tolist() == [[False]]
+
+
+def test_tokenizer_truncates_unless_told_not_to(triton, long_negative_text):
+    trunc = call(triton, "tokenizer", [long_negative_text], thr_array=False)
+    full = call(triton, "tokenizer", [long_negative_text], thr_array=False, parameters={"truncation": False})
+    assert trunc["input_ids"].shape[1] == 128
+    assert full["input_ids"].shape[1] > 128
+
+
+BAD_INPUTS = [
+    ("missing TEXT", dict(texts=["x"], text_array=False), "TEXT"),
+    ("TEXT as FP32", dict(texts=["x"], text_array=np.ones((1, 1), dtype=np.float32)), "TEXT"),
+    ("empty batch", dict(texts=[], text_array=np.zeros((0, 1), dtype=np.object_), thr_array=np.zeros((0, 1), np.float32)), "THRESHOLD"),
+    ("invalid UTF-8", dict(texts=[b"fine", b"bad \xff\xfe"]), "TEXT[1]: invalid UTF-8"),
+    ("negative threshold", dict(texts=["x"], thresholds=-0.5), "THRESHOLD[0] = -0.5"),
+    ("NaN threshold", dict(texts=["x"], thresholds=float("nan")), "THRESHOLD[0] = nan"),
+    ("missing THRESHOLD", dict(texts=["x"], thr_array=False), "THRESHOLD"),
+]
+
+
+@pytest.mark.parametrize("model", ["router", "ensemble"])
+@pytest.mark.parametrize("case,kwargs,needle", BAD_INPUTS, ids=[c[0] for c in BAD_INPUTS])
+def test_bad_input_gets_a_clear_error_and_the_server_stays_ready(triton, model, case, kwargs, needle):
+    with pytest.raises(InferenceServerException) as info:
+        call(triton, model, **kwargs)
+    assert needle in str(info.value)
+    assert triton.is_ready()
+    assert call(triton, model, ["still answering"])["PROBABILITIES"].shape == (1, 1)
+
+
+def test_a_bad_request_batched_with_good_ones_fails_alone(triton, held_out):
+    good = [[t] for t in held_out[:12]]
+    jobs = [("good", g, 0.5) for g in good] + [("bad", ["x"], float("nan"))] * 3
+    with cf.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = [(kind, pool.submit(call, triton, "router", texts, thr)) for kind, texts, thr in jobs]
+        for kind, fut in futures:
+            if kind == "good":
+                assert fut.result()["PROBABILITIES"].shape == (1, 1)
+            else:
+                with pytest.raises(InferenceServerException, match="THRESHOLD"):
+                    fut.result()
+
+
+def test_downstream_failure_fails_only_the_requests_that_need_it(triton, held_out):
+    confident = held_out[1]
+    p_conf = float(call(triton, "router_fast", [confident])["PROBABILITIES"][0, 0])
+    conf_thr = 0.0 if p_conf >= 0.5 else 1.0  # |p - thr| >= 0.5 > margin: never escalates
+    unsure_text = held_out[0]
+    unsure_thr = float(call(triton, "router_fast", [unsure_text])["PROBABILITIES"][0, 0])  # |p - thr| = 0
+    triton.unload_model("classifier")
+    try:
+        jobs = [(confident, conf_thr), (unsure_text, unsure_thr)] * 4
+        with cf.ThreadPoolExecutor(len(jobs)) as pool:
+            futures = [pool.submit(call, triton, "router", [t], thr) for t, thr in jobs]
+        for k, fut in enumerate(futures):
+            if k % 2 == 0:
+                assert routes(fut.result()) == ["classifier_fast"]
+            else:
+                with pytest.raises(InferenceServerException, match="model 'classifier' failed"):
+                    fut.result()
+        assert triton.is_ready()
+    finally:
+        triton.load_model("classifier")
+    assert routes(call(triton, "router", [unsure_text], unsure_thr)) == ["classifier"]

@@ -1,0 +1,247 @@
+"""Routing policies in a real tritonserver: request-parameter routes, on-demand models,
+metrics on /metrics, the shipped A/B example, `policy show`, and invalid policies."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from orchestrator.tooling.modeling import data
+from orchestrator.tooling.cli import main
+from orchestrator.tooling.policy_cli import fetch_policy
+from orchestrator.runtime.router import split_fraction
+from orchestrator.tooling.server import ServerError
+from tests.helpers import REPO, ROOT, add_router_variant
+from tests.helpers import call, routes
+
+pytestmark = pytest.mark.server
+TEXTS = data.held_out_texts(n=16, seed=21)
+
+
+def metrics(server) -> dict:
+    """``{(name, frozenset(labels)): value}`` from the server's Prometheus endpoint."""
+    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(orchestrator_\w+)\{(.*)\} ([0-9.eE+-]+)$", line)
+        if m:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def metric(snapshot, name, **labels) -> float:
+    return snapshot.get((name, frozenset(labels.items())), 0.0)
+
+
+def settled_metrics(server) -> dict:
+    """``metrics()`` once the router's buffered updates are out (flushed every 0.5 s)."""
+    time.sleep(1.2)
+    return metrics(server)
+
+
+def state(server, model) -> str:
+    return {m["name"]: m.get("state", "") for m in server.repository_index()}.get(model, "")
+
+
+def test_request_parameters_choose_among_the_exposed_routes(triton):
+    ens = call(triton, "ensemble", TEXTS)
+    acc = call(triton, "router", TEXTS, parameters={"route": "accurate"})
+    fast = call(triton, "router", TEXTS, parameters={"route": "fast"})
+    assert routes(acc) == ["classifier"] * len(TEXTS)
+    assert routes(fast) == ["classifier_fast"] * len(TEXTS)
+    np.testing.assert_allclose(acc["PROBABILITIES"], ens["PROBABILITIES"], atol=1e-5)
+
+
+def test_a_request_cannot_name_a_model_the_policy_does_not_expose(triton):
+    with pytest.raises(InferenceServerException, match="parameter route='classifier_spare': not a route this policy exposes"):
+        call(triton, "router", TEXTS[:1], parameters={"route": "classifier_spare"})
+    assert state(triton, "classifier_spare") != "READY"
+
+
+def test_on_demand_model_loads_once_then_unloads_when_idle(triton):
+    assert state(triton, "classifier_spare") != "READY"
+    before = settled_metrics(triton)
+    with cf.ThreadPoolExecutor(6) as pool:
+        results = list(pool.map(lambda t: call(triton, "router_ondemand", [t], parameters={"route": "spare"}), TEXTS[:6]))
+    assert all(routes(r) == ["classifier_spare"] for r in results)
+    assert state(triton, "classifier_spare") == "READY"
+    after = settled_metrics(triton)
+    loads = dict(router="router_ondemand", model="classifier_spare", outcome="success")
+    assert metric(after, "orchestrator_model_loads_total", **loads) - metric(before, "orchestrator_model_loads_total", **loads) == 1
+    # same weights as classifier_fast: same answers
+    fast = call(triton, "router", TEXTS[:6], parameters={"route": "fast"})["PROBABILITIES"].reshape(-1)
+    np.testing.assert_allclose([r["PROBABILITIES"][0, 0] for r in results], fast, atol=1e-5)
+    deadline = time.monotonic() + 30
+    while state(triton, "classifier_spare") == "READY" and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state(triton, "classifier_spare") != "READY"
+    unloads = dict(router="router_ondemand", model="classifier_spare")
+    assert metric(settled_metrics(triton), "orchestrator_model_unloads_total", **unloads) == 1
+    # and it comes back on the next use
+    assert routes(call(triton, "router_ondemand", TEXTS[:1], parameters={"route": "spare"})) == ["classifier_spare"]
+
+
+def test_an_on_demand_model_in_no_repository_fails_over_without_a_load_request(triton):
+    """A load request that fails can crash Triton 2.51 (see ServerOptions): a model that is
+    in no repository must fail over to the fallback without one, on every request."""
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda t: call(triton, "router_absent", [t]), TEXTS * 5))
+    assert all(routes(r) == ["fallback"] for r in results)
+    fast = call(triton, "router", TEXTS, parameters={"route": "fast"})["PROBABILITIES"].reshape(-1)
+    np.testing.assert_allclose([r["PROBABILITIES"][0, 0] for r in results], np.tile(fast, 5), atol=1e-5)
+    failures = metric(settled_metrics(triton), "orchestrator_model_loads_total", router="router_absent", model="classifier_absent", outcome="failure")
+    assert 1 <= failures <= len(results)
+    assert "failed to poll model 'classifier_absent'" not in triton.log_path.read_text()  # Triton never heard of it
+    assert triton.is_ready()
+
+
+def test_the_router_never_unloads_a_model_it_did_not_load(triton):
+    assert routes(call(triton, "router_not_owner", TEXTS[:2], parameters={"route": "spare"})) == ["classifier_fast"] * 2
+    time.sleep(2.5)  # idle timeout 0.5 s, checked every 0.2 s
+    assert state(triton, "classifier_fast") == "READY"
+    snapshot = settled_metrics(triton)
+    assert metric(snapshot, "orchestrator_model_unloads_total", router="router_not_owner", model="classifier_fast") == 0
+
+
+def test_metrics_count_requests_texts_routes_and_node_latency(triton):
+    texts = TEXTS[:8] + ["", "  "]
+    before = settled_metrics(triton)
+    out = call(triton, "router", texts)
+    with pytest.raises(InferenceServerException):
+        call(triton, "router", TEXTS[:1], thresholds=float("nan"))
+    after = settled_metrics(triton)
+
+    def delta(name, **labels):
+        return metric(after, name, router="router", **labels) - metric(before, name, router="router", **labels)
+
+    for route in set(routes(out)):
+        assert delta("orchestrator_texts_total", route=route) == routes(out).count(route)
+    assert delta("orchestrator_requests_total", outcome="success") == 1
+    assert delta("orchestrator_requests_total", outcome="error") == 1
+    escalated = routes(out).count("classifier")
+    assert delta("orchestrator_escalations_total", node="cascade") == escalated
+    text = urllib.request.urlopen(f"http://{triton.metrics_url}/metrics", timeout=10).read().decode()
+    count = re.search(r'orchestrator_node_latency_seconds_count\{[^}]*node="cascade"[^}]*router="router"[^}]*\} (\d+)', text)
+    assert count and int(count.group(1)) >= 1
+
+
+def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):
+    expected = {}
+    for i in range(30):
+        rid = f"user-{i}"
+        out = call_with_id(triton, "router_ab", TEXTS[:2], rid)
+        want = "a:classifier" if split_fraction("ab", rid) < 0.9 else "b:classifier_fp16"
+        assert routes(out) == [want, want]
+        expected[rid] = want
+    assert "a:classifier" in expected.values()
+    triton.unload_model("classifier")
+    try:
+        a_ids = [rid for rid, r in expected.items() if r == "a:classifier"][:3]
+        for rid in a_ids:
+            assert routes(call_with_id(triton, "router_ab", TEXTS[:1], rid)) == ["a:fallback:classifier_fast"]
+    finally:
+        triton.load_model("classifier")
+
+
+def call_with_id(server, model, texts, request_id, threshold=0.5):
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
+        thr = np.full((len(texts), 1), threshold, dtype=np.float32)
+        ins = [httpclient.InferInput("TEXT", list(t.shape), "BYTES"), httpclient.InferInput("THRESHOLD", list(thr.shape), "FP32")]
+        ins[0].set_data_from_numpy(t)
+        ins[1].set_data_from_numpy(thr)
+        r = client.infer(model, ins, request_id=request_id)
+        return {"ROUTE": r.as_numpy("ROUTE"), "PROBABILITIES": r.as_numpy("PROBABILITIES"), "VERDICTS": r.as_numpy("VERDICTS")}
+    finally:
+        client.close()
+
+
+def test_policy_show_prints_what_the_running_router_uses(triton, capsys):
+    shipped = yaml.safe_load((ROOT / "model_repository" / "router" / "policy.yaml").read_text())
+    assert fetch_policy(triton.http_url, "router") == shipped
+    assert fetch_policy(triton.grpc_url, "router_ab", protocol="grpc")["root"]["steps"][1]["node"]["name"] == "ab"
+    assert main(["policy", "show", "--url", triton.http_url]) == 0
+    out = capsys.readouterr().out
+    assert "[cascade] cascade margin=0.15" in out and "request parameter route: fast, accurate" in out
+    # ordinary requests do not carry the POLICY output
+    assert "POLICY" not in call(triton, "router", TEXTS[:1])
+
+
+def test_an_invalid_policy_stops_the_router_from_loading(test_repository):
+    # Its own server: with --strict-readiness a failed load leaves the server not-ready.
+    from orchestrator.tooling.server import TritonServer
+
+    with TritonServer(test_repository, models=["postprocess"]) as server:
+        with pytest.raises(ServerError) as info:
+            server.load_model("router_bad_policy")
+        assert "invalid routing policy" in str(info.value)
+        assert "router_bad_policy/policy.yaml: root.stages: needs at least 2 entries" in str(info.value)
+        assert state(server, "postprocess") == "READY"
+
+
+def test_a_variant_answers_at_its_calibrated_threshold(triton):
+    """The A/B example's fp16 canary: at the reference threshold its verdicts equal the
+    fp32 classifier's (docs/parity: 0 flips on the held-out split)."""
+    import json
+
+    calibrated = json.loads((ROOT / "docs" / "parity" / "thresholds.json").read_text())
+    thr = calibrated["classifier"]
+    texts = data.held_out_texts(n=64, seed=2)
+    b_ids = [f"user-{i}" for i in range(400) if split_fraction("ab", f"user-{i}") >= 0.9][:4]
+    reference = call(triton, "router", texts, thresholds=thr, parameters={"route": "accurate"})
+    for k, rid in enumerate(b_ids):
+        part = slice(16 * k, 16 * (k + 1))
+        out = call_with_id(triton, "router_ab", texts[part], rid, threshold=thr)
+        assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["b:classifier_fp16"] * 16
+        assert out["VERDICTS"].reshape(-1).tolist() == reference["VERDICTS"].reshape(-1)[part].tolist()
+
+
+def test_on_demand_in_model_control_mode_none(tmp_path):
+    """Without explicit model control the server loads every model at start and refuses
+    loads: each router reads the mode from the server's command line, says once that it
+    uses its on-demand models as always loaded, never asks to load or unload one (a
+    refused load can crash Triton 2.51, see ServerOptions), and a missing one fails over
+    to the fallback."""
+    from orchestrator.tooling.server import TritonServer
+
+    repo = tmp_path / "model_repository"
+    repo.mkdir()
+    for name in ("tokenizer", "classifier_fast"):
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    fast = {"kind": "model", "model": "classifier_fast", "on_demand": {"idle_timeout_s": 0.3, "retry_after_s": 30}}
+    absent = {"kind": "model", "model": "classifier_absent", "on_demand": {"idle_timeout_s": 0.3, "retry_after_s": 30}}
+    inline = {"tokenizer": "../tokenizer/1", "postprocess": True}
+    add_router_variant(repo, "router_present", {"version": 1, "inline": inline, "root": fast})
+    add_router_variant(repo, "router_absent", {"version": 1, "inline": inline, "root": {"kind": "fallback", "nodes": [
+        absent, {"kind": "model", "name": "spare", "model": "classifier_fast", "route": "fallback"}]}})
+    # extra_args come last on the command line, so this mode wins over the default explicit
+    with TritonServer(repo, models=[], extra_args=["--model-control-mode=none"]) as server:
+        assert {m["name"] for m in server.repository_index() if m.get("state") == "READY"} == {
+            "tokenizer", "classifier_fast", "router_present", "router_absent"}
+        present = call(server, "router_present", TEXTS[:3])
+        assert routes(present) == ["classifier_fast"] * 3
+        for _ in range(2):
+            answer = call(server, "router_absent", TEXTS[:2])
+            assert routes(answer) == ["fallback"] * 2
+            np.testing.assert_allclose(answer["PROBABILITIES"], present["PROBABILITIES"][:2], atol=1e-6)
+        time.sleep(1.5)  # idle timeout 0.3 s: an explicit-mode router would have unloaded it
+        assert state(server, "classifier_fast") == "READY"
+        assert routes(call(server, "router_present", TEXTS[:1])) == ["classifier_fast"]
+        log = server.log_path.read_text()
+        assert log.count("on-demand loading is unavailable (the server runs with --model-control-mode=none") == 2
+        assert "explicit model load / unload is not allowed" not in log  # never asked
+        snapshot = settled_metrics(server)
+        assert metric(snapshot, "orchestrator_model_unloads_total", router="router_present", model="classifier_fast") == 0

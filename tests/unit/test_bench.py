@@ -1,0 +1,423 @@
+"""Tests of orchestrator.tooling.bench: input data, perf_analyzer CSV/export parsing, ratios, goals,
+the benchmark repository, the report, and one real perf_analyzer run against the embedded
+server (skipped, with the reason, only when perf_analyzer cannot be installed)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from orchestrator.tooling import bench
+from orchestrator.tooling.bench import BenchError, PASettings, Spec
+
+
+# Recorded from a real run here: perf_analyzer 2.41.0 -f against `ensemble` (gRPC, c=1),
+# then with --verbose-csv (adds Avg latency, request/response, response wait) at c=2, b=4.
+RECORDED_CSV = """\
+Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency
+1,188.322,6,0,2,65,3888,1767,3,4403,8176,9570,16064
+"""
+RECORDED_VERBOSE_CSV = """\
+Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency,Avg latency,request/response,response wait
+2,228.803,7,15176,2,75,18050,1518,3,32498,59407,63998,80109,34833,10,34791
+"""
+
+
+# ---------------------------------------------------------------------------------------
+# input data
+
+
+def test_input_data_json_one_entry_per_text_with_batch1_shapes():
+    texts = ["A gorgeous, witty film.", "Pas mal du tout — ünïcode ✓", 'quotes " and \\ backslash']
+    doc = bench.input_data_json(texts, threshold=0.5)
+    assert len(doc["data"]) == 3
+    for entry, text in zip(doc["data"], texts):
+        assert entry == {"TEXT": {"content": [text], "shape": [1]}, "THRESHOLD": {"content": [0.5], "shape": [1]}}
+
+
+def test_write_input_data_round_trips_utf8(tmp_path):
+    texts = ["naïve ☕ review", "second"]
+    path = bench.write_input_data(tmp_path / "in.json", texts, threshold=0.25)
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    assert [e["TEXT"]["content"][0] for e in doc["data"]] == texts
+    assert {e["THRESHOLD"]["content"][0] for e in doc["data"]} == {0.25}
+
+
+@pytest.mark.parametrize("texts, threshold", [([], 0.5), (["x"], 1.5), (["x"], -0.1)])
+def test_input_data_json_rejects_bad_input(texts, threshold):
+    with pytest.raises(ValueError):
+        bench.input_data_json(texts, threshold)
+
+
+def test_length_sets_select_by_tokens_and_join_long_texts():
+    texts = [f"t{i}" for i in range(10)]
+    lengths = [10, 60, 12, 100, 100, 8, 50, 140, 20, 90]
+    bounds = {"short": (1, 16), "medium": (48, 128), "long": (200, 300)}
+    sets = bench.length_sets(texts, lengths, n=2, bounds=bounds)
+    assert sets["short"] == ["t0", "t2"]  # first n within bounds, in order
+    assert sets["medium"] == ["t1", "t3"]
+    # joins consecutive texts until >= 200 tokens (2 shared special tokens per join)
+    assert sets["long"] == ["t0 t1 t2 t3 t4", "t5 t6 t7 t8"]
+    for joined in sets["long"]:
+        parts = joined.split()
+        total = sum(lengths[int(p[1:])] for p in parts) - 2 * (len(parts) - 1)
+        assert 200 <= total <= 300
+
+
+def test_length_sets_drop_joins_over_the_upper_bound_and_refuse_empty_sets():
+    bounds = {"short": (1, 100), "medium": (1, 500), "long": (100, 200)}
+    texts = ["t0", "t1", "t2", "t3", "t4"]
+    sets = bench.length_sets(texts, [60, 60, 150, 60, 60], n=5, bounds=bounds,
+                             join_length=lambda t: 300 if "t2" in t else 118)  # the tokenizer's count decides
+    assert sets["long"] == ["t0 t1", "t3 t4"]
+    with pytest.raises(ValueError, match="long"):
+        bench.length_sets(["a", "b", "c"], [10, 400, 10], n=5, bounds=bounds)
+
+
+# ---------------------------------------------------------------------------------------
+# perf_analyzer output
+
+
+def test_parse_perf_csv_recorded_sample_in_ms():
+    (row,) = bench.parse_perf_csv(RECORDED_CSV)
+    assert row["concurrency"] == 1
+    assert row["throughput"] == pytest.approx(188.322)
+    assert (row["p50_ms"], row["p90_ms"], row["p95_ms"], row["p99_ms"]) == pytest.approx((4.403, 8.176, 9.570, 16.064))
+    assert row["avg_ms"] is None
+    assert row["components_us"]["Server Compute Infer"] == 3888
+
+
+def test_parse_perf_csv_verbose_and_trailing_sections():
+    text = RECORDED_VERBOSE_CSV + "\nServer metrics\nGPU,Utilization\n"
+    (row,) = bench.parse_perf_csv(text)
+    assert row["avg_ms"] == pytest.approx(34.833)
+    assert row["throughput"] == pytest.approx(228.803)
+
+
+@pytest.mark.parametrize("text", ["", "Concurrency,Inferences/Second\n1,3\n", RECORDED_CSV.splitlines()[0] + "\n"])
+def test_parse_perf_csv_errors(text):
+    with pytest.raises(BenchError):
+        bench.parse_perf_csv(text)
+
+
+def test_window_stats_counts_completions_per_window():
+    s = 1_000_000_000  # ns
+    export = {"experiments": [{
+        "experiment": {"mode": "concurrency", "value": 1},
+        "window_boundaries": [0, s, 2 * s],
+        "requests": [
+            {"timestamp": 0, "response_timestamps": [10_000_000]},            # 10 ms, window 0
+            {"timestamp": 10_000_000, "response_timestamps": [30_000_000]},   # 20 ms, window 0
+            {"timestamp": s - 5_000_000, "response_timestamps": [s + 5_000_000]},  # window 1
+            {"timestamp": s + 10_000_000, "response_timestamps": []},          # never answered
+        ],
+    }]}
+    w = bench.window_stats(export, batch_size=4)
+    assert w["windows"] == 2
+    assert w["window_throughput"] == pytest.approx([8.0, 4.0])
+    assert w["window_p50_ms"] == pytest.approx([15.0, 10.0])
+    assert w["throughput_spread_pct"] == pytest.approx(100.0)
+    with pytest.raises(BenchError):
+        bench.window_stats({"experiments": []})
+
+
+def test_perf_analyzer_command_has_the_benchmark_flags():
+    spec = Spec("grid", "router", "held_out", 16, 4)
+    cmd = bench.perf_analyzer_command("/x/perf_analyzer", spec, "127.0.0.1:9", "in.json", "o.csv", "o.json",
+                                      PASettings(measurement_interval_ms=3000, stability_percentage=20, max_trials=5))
+    joined = " ".join(cmd)
+    for part in ("-m router", "-u 127.0.0.1:9", "-i grpc", "--input-data in.json", "-b 4", "--concurrency-range 16",
+                 "--measurement-interval 3000", "--stability-percentage 20", "--max-trials 5", "-f o.csv",
+                 "--profile-export-file o.json"):
+        assert part in joined
+    cmd = bench.perf_analyzer_command("pa", spec, "u", "i", "c", "e", PASettings(), stability=("1000", "3"), interval_ms=777)
+    assert "--stability-percentage 1000 --max-trials 3" in " ".join(cmd) and "--measurement-interval 777" in " ".join(cmd)
+
+
+def test_window_length_grows_with_latency_within_bounds():
+    s = PASettings(measurement_interval_ms=3000, latencies_per_window=10, max_interval_ms=10000)
+    assert s.interval_for(None) == 3000
+    assert s.interval_for(100.0) == 3000
+    assert s.interval_for(500.0) == 5000
+    assert s.interval_for(5000.0) == 10000
+
+
+def test_expected_latency_from_littles_law_then_warmup():
+    spec = Spec("grid", "m", "d", 16)
+    done = [{"model": "m", "dataset": "d", "batch_size": 1, "concurrency": 1, "throughput": 100.0, "p50_ms": 9.0, "error": None}]
+    assert bench.expected_latency_ms(spec, done, {}) == pytest.approx(160.0)
+    assert bench.expected_latency_ms(spec, [], {("m", "d"): 5.0}) == pytest.approx(80.0)
+    assert bench.expected_latency_ms(spec, [], {}) is None
+
+
+def test_bench_plan_covers_grid_and_sweeps():
+    plan = bench.bench_plan()
+    grid = [s for s in plan if s.section == "grid"]
+    assert {(s.model, s.concurrency) for s in grid} == {(m, c) for m in bench.GRID_MODELS for c in (1, 4, 16)}
+    n = len(bench.GRID_MODELS)
+    assert [s.model for s in grid[:n]] == list(bench.GRID_MODELS)  # interleaved within a concurrency
+    for c in (1, 4, 16):  # rounds: every model once per round, rounds back to back
+        level = [(s.round, s.model) for s in grid if s.concurrency == c]
+        rounds = bench.GRID_ROUNDS.get(c, 1)
+        assert level == [(r, m) for r in range(rounds) for m in bench.GRID_MODELS]
+    assert bench.GRID_ROUNDS[1] >= 3
+    quick = [s for s in bench.bench_plan(quick=True) if s.section == "grid"]
+    assert len(quick) == len(bench.GRID_MODELS) * 3 and {s.round for s in quick} == {0}
+    assert {s.dataset for s in plan if s.section == "length"} == {"short", "medium", "long"}
+    assert sorted(s.batch_size for s in plan if s.section == "batch") == [1, 4, 16]
+
+
+# ---------------------------------------------------------------------------------------
+# ratios and goals
+
+
+def _grid(values):
+    """values: {(model, c): (throughput, p50_ms)} -> grid measurements."""
+    return [
+        {"section": "grid", "model": m, "dataset": "held_out", "concurrency": c, "batch_size": 1,
+         "throughput": t, "p50_ms": p, "error": None}
+        for (m, c), (t, p) in values.items()
+    ]
+
+
+def test_ratio():
+    assert bench.ratio(3.0, 2.0) == 1.5
+    for a, b in ((None, 1.0), (1.0, None), (1.0, 0.0), (float("nan"), 1.0), (1.0, -2.0)):
+        assert bench.ratio(a, b) is None
+
+
+def test_compute_ratios_and_goals():
+    meas = _grid({
+        ("ensemble", 1): (200.0, 5.0), ("router_single", 1): (180.0, 5.4), ("router", 1): (150.0, 6.0),
+        ("ensemble_pad512", 1): (10.0, 90.0),
+        ("ensemble", 16): (400.0, 40.0), ("router_single", 16): (390.0, 41.0), ("router", 16): (100.0, 160.0),
+        ("ensemble_pad512", 16): (20.0, 800.0),
+    })
+    meas.append({"section": "grid", "model": "router", "concurrency": 16, "error": "boom"})  # ignored
+    acc = {"ensemble": {"accuracy_pct": 80.0}, "router": {"accuracy_pct": 79.5}}
+    raw = {"classifier": {"p50_ms": 2.0}, "classifier_pad512": {"p50_ms": 45.0}, "classifier_fast": {"p50_ms": 0.5}}
+    r = bench.compute_ratios(meas, acc, raw)
+    assert r["router_single_p50_c1_vs_ensemble"] == pytest.approx(1.08)
+    assert r["router_single_throughput_c16_vs_ensemble"] == pytest.approx(0.975)
+    assert r["router_throughput_c16_vs_ensemble_pad512"] == pytest.approx(5.0)
+    assert r["router_throughput_c16_vs_ensemble"] == pytest.approx(0.25)
+    assert r["ensemble_throughput_c16_vs_ensemble_pad512"] == pytest.approx(20.0)
+    assert r["router_accuracy_points_vs_ensemble"] == pytest.approx(-0.5)
+    assert r["ensemble_p50_c1_vs_raw"] == pytest.approx(2.5)
+    assert r["ensemble_pad512_p50_c1_vs_raw"] == pytest.approx(2.0)
+    assert r["router_p50_c1_vs_raw"] == pytest.approx(12.0)
+    goals = {g["key"]: g for g in bench.evaluate_goals(r)}
+    assert all(g["met"] for g in goals.values())
+    r2 = dict(r, router_single_p50_c1_vs_ensemble=1.2, router_accuracy_points_vs_ensemble=-1.5,
+              router_throughput_c16_vs_ensemble_pad512=None)
+    goals = {g["key"]: g["met"] for g in bench.evaluate_goals(r2)}
+    assert goals == {
+        "router_single_p50_c1_vs_ensemble": False,
+        "router_single_throughput_c16_vs_ensemble": True,
+        "router_throughput_c16_vs_ensemble_pad512": None,
+        "router_accuracy_points_vs_ensemble": False,
+    }
+
+
+def _round(model, r, p50, thr=100.0, stable=True, error=None, c=1):
+    return {"section": "grid", "model": model, "dataset": "held_out", "concurrency": c, "batch_size": 1, "round": r,
+            "throughput": thr, "p50_ms": p50, "p90_ms": 2 * p50, "p95_ms": 3 * p50, "p99_ms": 4 * p50,
+            "stable": stable, "error": error, "throughput_spread_pct": 5.0 + r, "wall_s": 10.0, "load_1min": 1.0 + r,
+            "command": f"pa round {r}", "interval_ms": 3000}
+
+
+def test_combine_rounds_takes_medians_and_keeps_the_rounds():
+    meas = [_round("ensemble", 0, 3.0, 300), _round("router_single", 0, 3.3, 280),
+            _round("ensemble", 1, 2.0, 310), _round("router_single", 1, 2.4, 290, stable=False),
+            _round("ensemble", 2, 4.0, 290), _round("router_single", 2, 9.9, 100, error="boom"),
+            _round("ensemble", 0, 30.0, 500, c=16)]
+    out = bench.combine_rounds(meas)
+    assert [(m["model"], m["concurrency"]) for m in out] == [("ensemble", 1), ("router_single", 1), ("ensemble", 16)]
+    ens, single, c16 = out
+    assert ens["p50_ms"] == 3.0 and ens["throughput"] == 300 and ens["p99_ms"] == 12.0 and ens["stable"] is True
+    assert [m["round"] for m in ens["rounds"]] == [0, 1, 2] and ens["wall_s"] == 30.0 and ens["load_1min"] == 3.0
+    assert ens["throughput_spread_pct"] == 7.0 and ens["command"] == "pa round 0"
+    # the failed round is left out of the medians; one unstable round makes the level unstable
+    assert single["p50_ms"] == pytest.approx(2.85) and single["stable"] is False and single["error"] is None
+    assert "rounds" not in c16 and c16["p50_ms"] == 30.0
+    all_failed = bench.combine_rounds([_round("x", 0, 1.0, error="a"), _round("x", 1, 1.0, error="b")])[0]
+    assert all_failed["error"] == "b" and "p50_ms" not in all_failed
+    # paired ratios: per round, skipping rounds where either failed; the goal is their median
+    assert bench.paired_ratios(out, "router_single", "ensemble", "p50_ms", concurrency=1) == pytest.approx([1.1, 1.2])
+    assert bench.paired_ratios(out, "ensemble", "ensemble", "p50_ms", concurrency=16) == [1.0]
+    r = bench.compute_ratios(out, {}, {})
+    assert r["router_single_p50_c1_vs_ensemble"] == pytest.approx(1.15)
+    assert r["router_single_p50_c1_vs_ensemble_rounds"] == pytest.approx([1.1, 1.2])
+
+
+def test_accuracy_summary_counts_routes():
+    s = bench.accuracy_summary([1, 0, 1, 0], [True, False, False, False], ["a", "b", "a", "a"])
+    assert s == {"n": 4, "correct": 3, "accuracy_pct": 75.0, "routes": {"a": 3, "b": 1}}
+
+
+def test_latency_summary():
+    s = bench.latency_summary([1.0, 2.0, 3.0, 4.0], rows=8)
+    assert s["p50_ms"] == pytest.approx(2.5)
+    assert s["throughput"] == pytest.approx(8 / 0.010)  # rows per second of summed call time
+
+
+# ---------------------------------------------------------------------------------------
+# the benchmark repository
+
+
+def test_make_bench_repository_adds_the_variants(tmp_path):
+    repo = bench.make_bench_repository(tmp_path / "repo")
+    tok = (repo / "tokenizer_pad512" / "config.pbtxt").read_text()
+    assert 'name: "tokenizer_pad512"' in tok
+    assert 'key: "padding" value: { string_value: "max_length" }' in tok
+    assert 'key: "max_length" value: { string_value: "512" }' in tok
+    assert (repo / "tokenizer_pad512" / "1" / "vocab.txt").is_file()
+    ens = (repo / "ensemble_pad512" / "config.pbtxt").read_text()
+    assert 'name: "ensemble_pad512"' in ens and 'model_name: "tokenizer_pad512"' in ens
+    assert 'model_name: "tokenizer"' not in ens
+    single = repo / "router_single"
+    assert 'name: "router_single"' in (single / "config.pbtxt").read_text()
+    # the originals are untouched
+    assert 'string_value: "longest"' in (repo / "tokenizer" / "config.pbtxt").read_text()
+    assert 'model_name: "tokenizer"' in (repo / "ensemble" / "config.pbtxt").read_text()
+    assert not list(repo.rglob("__pycache__"))
+
+
+def test_router_single_policy_sends_every_text_to_classifier(tmp_path):
+    policy = pytest.importorskip("orchestrator.runtime.policy")
+    repo = bench.make_bench_repository(tmp_path / "repo")
+    config = (repo / "router_single" / "config.pbtxt").read_text()
+    name = config.split('key: "policy" value: { string_value: "')[1].split('"')[0]
+    parsed = policy.load_policy(repo / "router_single" / name)
+    assert parsed.models() == ["classifier"]  # no classifier_fast; tokenizer and postprocess inline
+    bls = policy.load_policy(repo / "router_single_bls" / name)
+    assert set(bls.models()) == {"tokenizer", "classifier", "postprocess"}  # the same tree through BLS
+    assert bls.root == parsed.root
+    single = yaml.safe_load((repo / "router_single" / name).read_text())
+    base = yaml.safe_load((repo / "router" / name).read_text())
+    assert single["root"] == bench.SINGLE_CLASSIFIER_ROOT
+    # the default policy's other settings are kept
+    assert {k: v for k, v in single.items() if k not in ("root", "description")} == \
+        {k: v for k, v in base.items() if k not in ("root", "description")}
+
+
+def test_policy_root_variant_needs_a_policy_parameter(tmp_path):
+    with pytest.raises(BenchError, match="variant r2 .*'policy' parameter"):
+        bench.make_bench_repository(tmp_path / "a", variants={"r2": {"base": "tokenizer", "policy_root": {}}})
+    with pytest.raises(BenchError, match="variant r3 .*invalid policy"):
+        bench.make_bench_repository(tmp_path / "b", variants={"r3": {"base": "router", "policy_root": {"kind": "nope"}}})
+
+
+def test_variant_errors_name_the_variant(tmp_path):
+    with pytest.raises(BenchError, match="variant t2 .*'nope'"):
+        bench.make_bench_repository(tmp_path / "a", variants={"t2": {"base": "tokenizer", "parameters": {"nope": "1"}}})
+    with pytest.raises(BenchError, match="variant x .*missing"):
+        bench.make_bench_repository(tmp_path / "b", variants={"x": {"base": "missing"}})
+    with pytest.raises(BenchError, match="variant e2 .*model_name"):
+        bench.make_bench_repository(tmp_path / "c", variants={"e2": {"base": "ensemble", "replace_models": {"nope": "x"}}})
+    with pytest.raises(BenchError, match="already exists"):
+        bench.make_bench_repository(tmp_path / "c")
+
+
+def test_set_config_parameter():
+    cfg = 'parameters { key: "a" value: { string_value: "1" } }\nparameters { key: "ab" value: { string_value: "2" } }\n'
+    out = bench.set_config_parameter(cfg, "a", "9")
+    assert 'key: "a" value: { string_value: "9" }' in out and 'key: "ab" value: { string_value: "2" }' in out
+
+
+# ---------------------------------------------------------------------------------------
+# the report
+
+
+def _results():
+    meas = _grid({(m, c): (100.0 * (i + 1), 10.0 / (i + 1)) for i, m in enumerate(bench.GRID_MODELS) for c in (1, 4, 16)})
+    for m in meas:
+        m.update(p90_ms=m["p50_ms"] * 2, p95_ms=m["p50_ms"] * 3, p99_ms=m["p50_ms"] * 4, stable=True, command="pa -m x")
+    for d in ("short", "medium", "long"):
+        for model in bench.LENGTH_MODELS:
+            meas.append({"section": "length", "model": model, "dataset": d, "concurrency": 4, "batch_size": 1,
+                         "throughput": 50.0, "p50_ms": 5.0, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0, "stable": False, "error": None})
+    for b in bench.BATCH_SIZES:
+        meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": b,
+                     "throughput": 40.0 * b, "p50_ms": 5.0 * b, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0 * b, "stable": None, "error": None})
+    meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": 64,
+                 "error": "Thread [0] had error: boom"})
+    acc = {"ensemble": {"n": 10, "accuracy_pct": 80.0}, "router": {"n": 10, "accuracy_pct": 79.0, "routes": {"classifier_fast": 7, "classifier": 3}},
+           "ensemble_pad512_agreement": {"n": 4, "same_verdicts": 4, "max_abs_probability_diff": 1e-7}}
+    raw = {"classifier": {"p50_ms": 2.0, "p99_ms": 3.0, "calls": 10}, "classifier_fast": {"p50_ms": 1.0, "p99_ms": 1.5, "calls": 10}}
+    ratios = bench.compute_ratios(meas, acc, raw)
+    stats = {"n": 10, "tokens_min": 3, "tokens_p50": 20.0, "tokens_p90": 30.0, "tokens_max": 50, "over_limit": 0}
+    return {
+        "command": "python -m orchestrator.tooling.bench --out docs", "quick": False, "created_utc": "2026-01-01 00:00:00", "wall_s": 600.0,
+        "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 8.0, "kernel": "k", "os": "o", "python": "3.11"},
+        "load": {"before": [0.1, 0.2, 0.3], "after": [1.0, 1.0, 1.0]}, "git": "abc",
+        "triton": {"version": "2.51.0"}, "software": {"perf_analyzer": "Perf Analyzer Version 2.41.0", "onnxruntime": "1"},
+        "settings": bench.asdict(bench.FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
+        "datasets": {"held_out": stats, "short": stats, "medium": stats, "long": stats},
+        "measurements": meas, "accuracy": acc, "raw": raw, "ratios": ratios, "goals": bench.evaluate_goals(ratios),
+    }
+
+
+def test_render_report_has_goals_tables_machine_and_placeholder():
+    results = _results()
+    text = bench.render_report(results)
+    assert "python -m orchestrator.tooling.bench --out docs" in text and "Test CPU, 2 cores" in text and "2.51.0" in text
+    assert results["ratios"]["router_single_p50_c1_vs_ensemble"] == pytest.approx(2 / 3)
+    assert "| router (single-classifier) p50 latency at c=1 within 1.10x of ensemble | 0.67x | <= 1.10x | **met** |" in text
+    assert "| default router accuracy within 1 point of the accurate classifier (ensemble) | -1.00 points | >= -1 points | **met** |" in text
+    assert "failed: Thread [0] had error: boom" in text
+    assert "no (3-window fallback)" in text
+    assert "classifier_fast: 7" in text
+    assert bench.WHAT_WE_TRIED_START in text and bench.WHAT_WE_TRIED_END in text
+    block = text[text.index(bench.WHAT_WE_TRIED_START):text.index(bench.WHAT_WE_TRIED_END)]
+    rows = [line for line in block.splitlines() if line.startswith("|")]
+    assert len(rows) == 2  # header and separator only: no invented rows
+
+
+def test_render_report_shows_the_rounds_and_the_paired_ratio():
+    results = _results()
+    meas = [m for m in results["measurements"] if not (m["section"] == "grid" and m["concurrency"] == 1)]
+    rounds = [_round(m, r, p, 100.0) for r, ps in enumerate([(3.0, 3.3), (2.0, 2.4), (4.0, 4.0)])
+              for m, p in zip(("ensemble", "router_single"), ps)]
+    meas = bench.combine_rounds(rounds) + meas
+    ratios = bench.compute_ratios(meas, results["accuracy"], results["raw"])
+    results.update(measurements=meas, ratios=ratios, goals=bench.evaluate_goals(ratios), plan={"grid_rounds": {1: 3}})
+    text = bench.render_report(results)
+    assert "1.10x (median of 3 rounds: 1.10x, 1.20x, 1.00x) | <= 1.10x | **met** |" in text
+    assert "| `router_single` | 1 | 100.0 | 3.30 | 6.60 | 13.20 | 1.00x | 1.10x | yes | 7% |" in text
+    assert "| `router_single` | 1 | 3.30 | 2.40 | 4.00 |" in text
+    assert "concurrency 1 in 3 such rounds" in text
+
+
+def test_render_report_keeps_a_filled_what_we_tried_block():
+    first = bench.render_report(_results())
+    filled = first.replace("|---|---|---|---|---|---|", "|---|---|---|---|---|---|\n| batching BLS calls | 1.05x | 0.97x | 4.1x | -0.2 | yes |")
+    again = bench.render_report(_results(), existing=filled)
+    assert "| batching BLS calls | 1.05x | 0.97x | 4.1x | -0.2 | yes |" in again
+
+
+def test_write_outputs_writes_report_json_and_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    report = bench.write_outputs(_results(), tmp_path)
+    assert report == tmp_path / "benchmarks.md"
+    assert json.loads((tmp_path / "bench" / "results.json").read_text())["machine"]["cpu_model"] == "Test CPU"
+    for name in ("latency", "throughput", "length", "batch"):
+        assert (tmp_path / "bench" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_from_results_rerenders(tmp_path):
+    pytest.importorskip("matplotlib")
+    src = tmp_path / "results.json"
+    src.write_text(json.dumps(_results()))
+    assert bench.main(["--from-results", str(src), "--out", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "benchmarks.md").is_file()
+    assert bench.main(["--from-results", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")]) == 1
+
+
+# ---------------------------------------------------------------------------------------
+# a real perf_analyzer run against the embedded server

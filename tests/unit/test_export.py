@@ -1,0 +1,313 @@
+"""orchestrator.tooling.modeling.export: checkpoint -> ONNX fp32 + fp16 + configs + tokenizer, offline.
+
+A tiny checkpoint is built here (random ``BertForSequenceClassification`` weights from a
+``BertConfig`` and a WordPiece tokenizer trained with ``tokenizers`` on a few sentences,
+``save_pretrained`` into tmp) and exported into a tmp copy of ``model_repository``.
+The committed ``classifier_fp16`` is checked against the committed ``classifier``.
+
+Not tested: re-exporting the committed ``classifier`` from its torch checkpoint, because
+``orchestrator.tooling.modeling.train`` keeps no checkpoint (it exports the best epoch's weights straight to
+ONNX); the export path itself is covered by the tiny checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.tooling.modeling import export as E
+from tests.helpers import REPO
+
+try:  # the `train` extra; `make test` alone installs neither
+    import onnx
+    import torch
+except ImportError:
+    onnx = torch = None
+
+needs_train = pytest.mark.skipif(torch is None or onnx is None,
+                                 reason="needs torch and onnx: pip install -e '.[train]'")
+
+SENTENCES = [
+    "a good movie with great acting",
+    "a bad movie with a terrible plot",
+    "great fun for the whole family",
+    "not worth the ticket",
+    "the acting was fine but the story was boring",
+    "I loved it and would watch it again",
+]
+NEW_TEXTS = ["good fun", "TERRIBLE, boring plot!", "unseen words: zebra quantum", "movie " * 200]
+
+
+def make_checkpoint(path: Path, num_labels: int, max_positions: int = 64) -> Path:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tok.train_from_iterator(SENTENCES * 3, trainers.WordPieceTrainer(vocab_size=150, special_tokens=specials,
+                                                                     show_progress=False))
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]",
+                                                       special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = BertTokenizerFast(tokenizer_object=tok, do_lower_case=True, model_max_length=48,
+                             model_input_names=["input_ids", "attention_mask"])
+    torch.manual_seed(num_labels)
+    cfg = BertConfig(vocab_size=len(fast.get_vocab()), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=64, max_position_embeddings=max_positions, num_labels=num_labels,
+                     pad_token_id=0)
+    model = BertForSequenceClassification(cfg)
+    with torch.no_grad():  # logits of a few units, so fp16 rounding shows
+        model.classifier.weight.mul_(40.0)
+    model.save_pretrained(path)
+    fast.save_pretrained(path)
+    return path
+
+
+def copy_repository(dest: Path) -> Path:
+    """model_repository without its large model files (the export writes its own)."""
+    shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", "*.plan"))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("export")
+    ckpt = make_checkpoint(base / "ckpt", num_labels=1)
+    repo = copy_repository(base / "model_repository")
+    result = E.export_checkpoint(str(ckpt), repo, "classifier", fp16=True, quiet=True, tensorrt=False)
+    return ckpt, repo, result
+
+
+def torch_logits(ckpt: Path, texts, max_length: int):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    model = AutoModelForSequenceClassification.from_pretrained(str(ckpt), attn_implementation="eager").eval()
+    enc = tok(texts, truncation=True, max_length=max_length, padding="longest", return_tensors="pt")
+    with torch.inference_mode():
+        return model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits.numpy()
+
+
+def served_logits(repo: Path, model: str, texts):
+    """What the served pipeline computes: the repository's tokenizer files, then the model."""
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(repo / "tokenizer" / "1"))
+    enc = tok(texts, truncation=True, padding="longest", return_tensors="np")
+    sess = ort.InferenceSession(str(repo / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    return sess.run(["logits"], {"input_ids": enc["input_ids"].astype(np.int64),
+                                 "attention_mask": enc["attention_mask"].astype(np.int64)})[0]
+
+
+def io_types(path: Path):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return ({i.name: (i.type, i.shape) for i in sess.get_inputs()},
+            {o.name: (o.type, o.shape) for o in sess.get_outputs()})
+
+
+@needs_train
+def test_round_trip_fp32_and_fp16(exported):
+    ckpt, repo, result = exported
+    assert result.num_labels == 1 and result.max_length == 48  # the tokenizer's model_max_length
+    ref = torch_logits(ckpt, NEW_TEXTS, 48)
+    fp32 = served_logits(repo, "classifier", NEW_TEXTS)
+    fp16 = served_logits(repo, "classifier_fp16", NEW_TEXTS)
+    assert fp32.shape == fp16.shape == (len(NEW_TEXTS), 1)
+    assert np.abs(fp32 - ref).max() < E.FP32_TOLERANCE
+    assert np.abs(fp16 - ref).max() <= E.FP16_TOLERANCE
+    assert np.abs(ref).max() > 0.5  # the check is not trivially passed by near-zero logits
+    v = result.validation
+    assert v["fp32"]["max_abs_diff_vs_torch"] < 1e-4 and v["fp16"]["max_abs_diff_vs_torch"] <= 0.05
+
+
+@needs_train
+def test_fp16_keeps_io_dtypes_and_halves_the_weights(exported):
+    _, repo, _ = exported
+    ins16, outs16 = io_types(repo / "classifier_fp16" / "1" / "model.onnx")
+    ins32, outs32 = io_types(repo / "classifier" / "1" / "model.onnx")
+    assert ins16 == ins32 and outs16 == outs32
+    assert {n: t for n, (t, _) in ins16.items()} == {"input_ids": "tensor(int64)", "attention_mask": "tensor(int64)"}
+    assert outs16["logits"][0] == "tensor(float)" and outs16["logits"][1][1] == 1
+    assert all(isinstance(d, str) for _, shape in ins16.values() for d in shape)  # dynamic batch and sequence
+    m = onnx.load(str(repo / "classifier_fp16" / "1" / "model.onnx"))
+    kinds = {onnx.TensorProto.DataType.Name(t.data_type) for t in m.graph.initializer if len(t.dims)}
+    assert "FLOAT16" in kinds and "FLOAT" not in kinds
+
+
+@needs_train
+def test_configs_match_the_committed_layout(exported):
+    _, repo, _ = exported
+    for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
+        committed = (REPO / "classifier" / rel).read_text()
+        for name in ("classifier", "classifier_fp16"):
+            text = (repo / name / rel).read_text()
+            body = [ln for ln in text.splitlines() if not ln.startswith("# exported by")]
+            expected = committed.replace('name: "classifier"', f'name: "{name}"').splitlines()
+            assert body == expected, f"{name}/{rel}"
+    assert (repo / "classifier_fp16" / "1" / "model.py").read_text() == (REPO / "classifier" / "1" / "model.py").read_text()
+    assert not (repo / "classifier" / "configs" / "tensorrt.pbtxt").exists()  # no trtexec here
+    rec = json.loads((repo / "classifier_fp16" / "export.json").read_text())
+    assert rec["variant"] == "fp16" and rec["num_labels"] == 1 and rec["files"]["1/model.onnx"]["bytes"] > 0
+
+
+@needs_train
+def test_tokenizer_files_replaced_and_equivalent(exported):
+    from transformers import AutoTokenizer
+
+    ckpt, repo, _ = exported
+    tok_dir = repo / "tokenizer" / "1"
+    assert (tok_dir / "model.py").read_text() == (REPO / "tokenizer" / "1" / "model.py").read_text()
+    assert not (tok_dir / "vocab.txt").exists() or len((tok_dir / "vocab.txt").read_text().split()) < 200
+    saved = AutoTokenizer.from_pretrained(str(tok_dir))
+    src = AutoTokenizer.from_pretrained(str(ckpt))
+    assert saved.model_max_length == 48
+    for t in NEW_TEXTS:
+        assert saved(t, truncation=True)["input_ids"] == src(t, truncation=True)["input_ids"]
+
+
+@needs_train
+def test_multiclass_export_records_num_labels(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "ckpt3", num_labels=3)
+    repo = copy_repository(tmp_path / "model_repository")
+    old_tokenizer = (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes()
+    res = E.export_checkpoint(str(ckpt), repo, "topic", max_length=32, tokenizer=False, quiet=True, tensorrt=False)
+    assert res.num_labels == 3 and res.variants == ["topic"]
+    assert (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes() == old_tokenizer  # --no-tokenizer
+    for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
+        text = (repo / "topic" / rel).read_text()
+        assert re.search(r'name: "logits" data_type: TYPE_FP32 dims: \[ 3 \]', text), text
+        assert 'name: "topic"' in text
+    _, outs = io_types(repo / "topic" / "1" / "model.onnx")
+    assert outs["logits"][1][1] == 3
+    # re-export into the same directory updates the existing configs in place
+    (repo / "topic" / "config.pbtxt").write_text((repo / "topic" / "config.pbtxt").read_text().replace(
+        "count: 1 kind: KIND_GPU", "count: 2 kind: KIND_GPU"))
+    E.export_checkpoint(str(make_checkpoint(tmp_path / "ckpt1", 1)), repo, "topic", max_length=32,
+                        tokenizer=False, quiet=True, tensorrt=False)
+    text = (repo / "topic" / "config.pbtxt").read_text()
+    assert "dims: [ 1 ]" in text and "count: 2 kind: KIND_GPU" in text and text.count("# exported by") == 1
+
+
+@needs_train
+def test_mismatch_fails_loudly(exported, tmp_path):
+    from transformers import AutoTokenizer
+
+    ckpt, repo, _ = exported
+    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    path = repo / "classifier" / "1" / "model.onnx"
+    sess = E._ort_session(path)
+    off = lambda ids, mask: E._ort_logits(sess, ids, mask) + 1e-3  # noqa: E731
+    with pytest.raises(E.ExportValidationError, match=r"fp32 export .* disagrees beyond 0.0001.*vs_torch = 0.001"):
+        E._check_variant("fp32", path, off, tok, list(E.SAMPLE_TEXTS), 48, E.FP32_TOLERANCE, "torch")
+    fresh = copy_repository(tmp_path / "r")
+    before = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*"))
+    with pytest.raises(E.ExportValidationError, match=r"fp16 export of .*classifier_fp16/1/model.onnx disagrees"):
+        E.export_checkpoint(str(ckpt), fresh, "classifier", fp16=True,  # a bound no fp16 model meets
+                            fp16_tolerance=1e-9, quiet=True, tensorrt=False)
+    # nothing was written: the models are validated under hidden names and moved in only when all pass
+    assert sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*")) == before
+
+
+def test_bad_sources(tmp_path):
+    with pytest.raises(E.SourceError, match="Hugging Face hub"):
+        E.resolve_source("orchestrator-tests/no-such-model-xyz")
+    with pytest.raises(E.SourceError, match="without config.json"):
+        E.resolve_source(str(tmp_path))
+    with pytest.raises(E.SourceError, match="not a Hugging Face hub id"):
+        E.resolve_source(str(tmp_path / "missing" / "deeper" / "path"))
+    parser = E.add_export_arguments(argparse.ArgumentParser())
+    assert E.export_command(parser.parse_args(["--repo", str(tmp_path), "--quiet"])) == 2
+    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--repo", str(tmp_path), "--quiet"])) == 1
+
+
+@needs_train
+def test_tensorrt_plan_with_a_fake_trtexec(exported, tmp_path, monkeypatch):
+    """With ``trtexec`` on PATH: plan + configs/tensorrt.pbtxt (a stand-in trtexec records its args)."""
+    ckpt, _, _ = exported
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "trtexec.log"
+    script = bin_dir / "trtexec"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do case "$a" in --saveEngine=*) echo plan > "${a#--saveEngine=}";; '
+                      f'esac; done\necho "$@" >> {log}\n')
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    repo = copy_repository(tmp_path / "model_repository")
+    res = E.export_checkpoint(str(ckpt), repo, "classifier", fp16=True, tokenizer=False, quiet=True)
+    assert set(res.tensorrt) == {"classifier", "classifier_fp16"}
+    for name in ("classifier", "classifier_fp16"):
+        assert (repo / name / "1" / "model.plan").is_file()
+        cfg = (repo / name / "configs" / "tensorrt.pbtxt").read_text()
+        assert 'platform: "tensorrt_plan"' in cfg and f'name: "{name}"' in cfg and "dims: [ 1 ]" in cfg
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and "--maxShapes=input_ids:64x48,attention_mask:64x48" in calls[0]
+    assert not calls[0].endswith("--fp16") and calls[1].endswith("--fp16")
+    # without trtexec the stale plan and its config go away
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    E.export_checkpoint(str(ckpt), repo, "classifier", tokenizer=False, quiet=True)
+    assert not (repo / "classifier" / "1" / "model.plan").exists()
+    assert not (repo / "classifier" / "configs" / "tensorrt.pbtxt").exists()
+
+
+@needs_train
+def test_fp16_from_onnx(exported, tmp_path):
+    _, repo, _ = exported
+    work = tmp_path / "model_repository"
+    shutil.copytree(repo, work)
+    shutil.rmtree(work / "classifier_fp16")
+    res = E.fp16_from_onnx(work, "classifier", quiet=True, tensorrt=False)
+    assert res.variants == ["classifier_fp16"] and res.validation["fp16"]["reference"] == "onnx_fp32"
+    rec = json.loads((work / "classifier_fp16" / "export.json").read_text())
+    assert rec["source_sha256"] == hashlib.sha256(Path(work / "classifier" / "1" / "model.onnx").read_bytes()).hexdigest()
+    # the conversion is deterministic: same bytes as the fp16 model of the checkpoint export
+    assert (work / "classifier_fp16" / "1" / "model.onnx").read_bytes() == \
+        (repo / "classifier_fp16" / "1" / "model.onnx").read_bytes()
+
+
+# --------------------------------------------------------------------------- committed demo models
+
+
+def test_committed_fp16_is_converted_from_the_committed_classifier(tmp_path):
+    src = REPO / "classifier" / "1" / "model.onnx"
+    dst = REPO / "classifier_fp16" / "1" / "model.onnx"
+    rec = json.loads((REPO / "classifier_fp16" / "export.json").read_text())
+    assert rec["source_sha256"] == hashlib.sha256(Path(src).read_bytes()).hexdigest(), (
+        "classifier changed since classifier_fp16 was made: run `orchestrator export --fp16-from-onnx classifier`")
+    assert rec["files"]["1/model.onnx"]["sha256"] == hashlib.sha256(Path(dst).read_bytes()).hexdigest()
+    assert 0.45 < dst.stat().st_size / src.stat().st_size < 0.55
+    ins16, outs16 = io_types(dst)
+    assert (ins16, outs16) == io_types(src)
+    assert np.abs(committed_logits(dst) - committed_logits(src)).max() <= E.FP16_TOLERANCE
+    for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
+        body = [ln for ln in (REPO / "classifier_fp16" / rel).read_text().splitlines() if not ln.startswith("# exported")]
+        assert body == (REPO / "classifier" / rel).read_text().replace(
+            'name: "classifier"', 'name: "classifier_fp16"').splitlines()
+
+
+def committed_logits(path: Path) -> np.ndarray:
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(REPO / "tokenizer" / "1"))
+    enc = tok(list(E.SAMPLE_TEXTS), truncation=True, padding="longest", return_tensors="np")
+    feed = {k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")}
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["logits"], feed)[0]
+
+
+@needs_train
+def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path):
+    again = tmp_path / "again.onnx"
+    E.convert_to_fp16(REPO / "classifier" / "1" / "model.onnx", again)
+    np.testing.assert_array_equal(committed_logits(again), committed_logits(REPO / "classifier_fp16" / "1" / "model.onnx"))

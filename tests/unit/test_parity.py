@@ -1,0 +1,289 @@
+"""orchestrator.tooling.modeling.parity: the report's numbers against independent computations.
+
+- a hand-made fixture (``fixtures/parity/hand_made.json``) whose thresholds, confusion
+  matrices and flips were worked out by hand;
+- random logits with many ties, against brute-force loops in plain Python;
+- the whole command in-process on the committed ``classifier`` / ``classifier_fp16`` and
+  ``fixtures/parity/labeled.tsv``, against logits computed here with onnxruntime;
+- a real server (``server`` mark): ``classifier_fp16`` loads in the embedded Triton server and
+  its logits there match ``classifier``'s and the in-process ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orchestrator.tooling.modeling import parity as P
+from tests.helpers import FIXTURES, REPO
+
+FIX = FIXTURES / "parity"
+FP16_TOLERANCE = 0.05  # orchestrator.tooling.modeling.export.FP16_TOLERANCE
+
+
+def sig(x: float) -> float:
+    return float(np.float32(1.0 / (1.0 + math.exp(-x))))
+
+
+# --------------------------------------------------------------------------- hand-made fixture
+
+
+def test_hand_made_fixture():
+    """Derivation (labels 1110100100, reference logits descending 3 .. -3):
+
+    reference: top-k precision for k = 1..10 is 1, 1, 1, 3/4, 4/5, 4/6, 4/7, 5/8, 5/9, 5/10.
+    The threshold falls as k grows, so the smallest threshold with precision >= 0.75 is
+    that of the largest qualifying k, 5: sigmoid(0.5); tp 4 fp 1 fn 1 tn 4.
+    candidate: d = [-.1, .1, -.1, .2, -.1, .6, .1, -.1, 0, -.1]: mean |d| 0.15, max 0.6,
+    min -0.1. At sigmoid(0.5) the candidate accepts texts 0-3 and 5 (0.6) but not 4 (0.4):
+    one flip each way. Best: top-4 (threshold sigmoid(1.2)) and top-6 (sigmoid(0.4)) both
+    give 1 flip, top-5 gives 2; sigmoid(0.4) is closer to sigmoid(0.5).
+    """
+    fx = json.loads((FIX / "hand_made.json").read_text())
+    e = fx["expected"]
+    y = np.array(fx["labels"])
+    ref = np.array(fx["reference"], dtype=np.float32)[:, None]
+    cand = np.array(fx["candidate"], dtype=np.float32)[:, None]
+    r = P.compare(ref, {"cand": cand}, y, fx["target_precision"], "ref")
+
+    assert r["reference"]["threshold"] == sig(e["reference_threshold_logit"])
+    assert r["reference"]["threshold_logit"] == pytest.approx(e["reference_threshold_logit"], abs=1e-6)
+    assert {k: r["reference"]["vs_labels"][k] for k in "tp fp fn tn".split()} == e["reference_vs_labels"]
+    assert r["reference"]["vs_labels"]["precision"] == pytest.approx(0.8)
+    c = r["candidates"]["cand"]
+    assert c["logits"]["mean_abs_diff"] == pytest.approx(e["mean_abs_diff"], abs=1e-6)
+    assert c["logits"]["max_diff"] == pytest.approx(e["max_diff"], abs=1e-6)
+    assert c["logits"]["min_diff"] == pytest.approx(e["min_diff"], abs=1e-6)
+    assert c["at_reference_threshold"]["vs_reference"] == e["at_reference_threshold"]
+    lab = c["at_reference_threshold"]["vs_labels"]
+    assert {k: lab[k] for k in "tp fp fn tn".split()} == e["candidate_vs_labels_at_reference_threshold"]
+    assert lab["accuracy"] == pytest.approx(0.6) and lab["precision"] == pytest.approx(0.6)
+    b = c["best_threshold"]
+    assert b["threshold"] == sig(e["best_threshold_logit"])
+    assert b["vs_reference"]["flips"] == e["best_flips"]
+    assert {k: b["vs_labels"][k] for k in "tp fp fn tn".split()} == e["candidate_vs_labels_at_best_threshold"]
+    assert c["operating_threshold"] == b["threshold"]
+
+
+# --------------------------------------------------------------------------- brute force
+
+
+def brute_reference_threshold(probs, labels, target):
+    best = None
+    for t in sorted(set(float(p) for p in probs)):
+        tp = fp = 0
+        for p, y in zip(probs, labels):
+            if p >= t:
+                tp += y == 1
+                fp += y == 0
+        if tp + fp and tp / (tp + fp) >= target:
+            best = t
+            break
+    return best
+
+
+def brute_flips(probs, ref_verdicts, t):
+    return sum(1 for p, r in zip(probs, ref_verdicts) if (p >= t) != r)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_thresholds_and_confusion_against_loops(seed):
+    rng = np.random.RandomState(seed)
+    n = 300
+    y = rng.randint(0, 2, n)
+    ref = np.round(rng.normal(0, 1.5, n) + 3.0 * (y - 0.5), 1).astype(np.float32)  # ties on purpose
+    cand = np.round(ref + rng.normal(0, 0.15, n), 1).astype(np.float32)
+    target = [0.7, 0.8, 0.9, 0.95][seed]
+    r = P.compare(ref[:, None], {"c": cand[:, None]}, y, target, "r")
+
+    rp = [float(p) for p in P.probabilities(ref.astype(np.float64))]
+    cp = [float(p) for p in P.probabilities(cand.astype(np.float64))]
+    t_ref = brute_reference_threshold(rp, y, target)
+    assert r["reference"]["threshold"] == t_ref
+    rv = [p >= t_ref for p in rp]
+    cv = [p >= t_ref for p in cp]
+    # confusion against the reference, by loops
+    counts = {"ref_pos_cand_pos": 0, "ref_pos_cand_neg": 0, "ref_neg_cand_pos": 0, "ref_neg_cand_neg": 0}
+    for a, b in zip(rv, cv):
+        counts[f"ref_{'pos' if a else 'neg'}_cand_{'pos' if b else 'neg'}"] += 1
+    counts["flips"] = counts["ref_pos_cand_neg"] + counts["ref_neg_cand_pos"]
+    c = r["candidates"]["c"]
+    assert c["at_reference_threshold"]["vs_reference"] == counts
+    # metrics against labels, by loops
+    tp = sum(1 for v, t in zip(cv, y) if v and t == 1)
+    fp = sum(1 for v, t in zip(cv, y) if v and t == 0)
+    fn = sum(1 for v, t in zip(cv, y) if not v and t == 1)
+    m = c["at_reference_threshold"]["vs_labels"]
+    assert (m["tp"], m["fp"], m["fn"]) == (tp, fp, fn)
+    assert m["precision"] == pytest.approx(tp / (tp + fp))
+    assert m["recall"] == pytest.approx(tp / (tp + fn))
+    assert m["accuracy"] == pytest.approx(sum(1 for v, t in zip(cv, y) if v == (t == 1)) / n)
+    # logit deviations
+    d = [float(b) - float(a) for a, b in zip(ref, cand)]
+    assert c["logits"]["mean_abs_diff"] == pytest.approx(sum(abs(x) for x in d) / n)
+    assert c["logits"]["max_diff"] == pytest.approx(max(d))
+    assert c["logits"]["min_diff"] == pytest.approx(min(d))
+    # best threshold: the minimum over every possible verdict set (all values and a grid)
+    if counts["flips"]:
+        grid = sorted(set(cp) | {0.0, 1.0} | {i / 1000 for i in range(1001)})
+        min_flips = min(brute_flips(cp, rv, t) for t in grid + [float(np.nextafter(np.float32(max(cp)), 2))])
+        b = c["best_threshold"]
+        assert b["vs_reference"]["flips"] == min_flips == brute_flips(cp, rv, b["threshold"])
+        # tie rule: no threshold of the candidate set with as few flips is closer to t_ref
+        cset = set(cp) | {t_ref}
+        closest = min((abs(t - t_ref), t) for t in cset if brute_flips(cp, rv, t) == min_flips)[1]
+        assert b["threshold"] == closest
+    else:
+        assert c["best_threshold"] is None and c["operating_threshold"] == t_ref
+
+
+def test_identical_candidate_has_no_flips_and_keeps_the_threshold():
+    y = np.array([1, 0, 1, 1, 0, 0, 1, 0])
+    lg = np.array([[2.0], [-1.0], [0.3], [1.0], [0.2], [-2.0], [-0.1], [0.1]], dtype=np.float32)
+    r = P.compare(lg, {"same": lg.copy()}, y, 0.9, "ref")
+    c = r["candidates"]["same"]
+    assert c["at_reference_threshold"]["vs_reference"]["flips"] == 0
+    assert c["best_threshold"] is None and c["operating_threshold"] == r["reference"]["threshold"]
+    assert c["logits"]["max_abs_diff"] == 0.0
+
+
+def test_unreachable_target_and_shapes_raise():
+    y = np.array([0, 1, 0, 0])
+    lg = np.array([[3.0], [2.0], [1.0], [0.0]], dtype=np.float32)  # the top text is negative
+    with pytest.raises(P.ParityError, match="no threshold reaches precision 0.9"):
+        P.compare(lg, {}, y, 0.9)
+    with pytest.raises(P.ParityError, match="binary"):
+        P.binary_scores(np.zeros((4, 3)))
+    with pytest.raises(P.ParityError, match="shapes differ"):
+        P.logit_deviation(lg, lg[:2])
+
+
+def test_two_logit_models_use_the_log_odds():
+    lg = np.array([[0.5, 2.0], [1.0, -1.0]], dtype=np.float32)
+    np.testing.assert_allclose(P.binary_scores(lg), [1.5, -2.0])
+    assert P.probabilities(np.array([0.0]))[0] == np.float32(0.5)
+
+
+def test_recommend_rule():
+    base = {"texts": 1000, "target_precision": 0.9, "reference": {"name": "ref"}}
+
+    def cand(flips):
+        vs = {"flips": flips}
+        return {"at_reference_threshold": {"vs_reference": vs, "vs_labels": {"precision": 0.9}},
+                "best_threshold": None, "operating_threshold": 0.7}
+
+    res = dict(base, candidates={"fast_ok": cand(3), "faster_bad": cand(6), "same_small": cand(0)})
+    lat = {"ref": {"median_ms": 100.0}, "fast_ok": {"median_ms": 90.0}, "faster_bad": {"median_ms": 50.0},
+           "same_small": {"median_ms": 98.0}}
+    sizes = {"ref": 100, "fast_ok": 100, "faster_bad": 50, "same_small": 50}
+    rec = P.recommend(res, lat, sizes, max_flip_rate=0.005)
+    assert rec["candidates"]["faster_bad"]["flips_ok"] is False  # 6 > 5
+    assert rec["candidates"]["fast_ok"]["faster"] and rec["candidates"]["same_small"]["same_speed_smaller"]
+    assert rec["ship"] == "fast_ok"  # the fastest qualifying one
+    lat["fast_ok"]["median_ms"] = 120.0  # slower now
+    assert P.recommend(res, lat, sizes)["ship"] == "same_small"
+    sizes["same_small"] = 95
+    rec = P.recommend(res, lat, sizes)
+    assert rec["ship"] == "ref" and rec["reason"].startswith("Ship `ref`")
+
+
+def test_paired_ratio():
+    ref = {"median_ms": 100.0, "per_batch_ms": [100.0, 200.0, 50.0]}
+    cand = {"median_ms": 90.0, "per_batch_ms": [90.0, 220.0, 45.0]}  # ratios 0.9, 1.1, 0.9
+    assert P.paired_ratio(cand, ref) == pytest.approx(0.9)
+    assert P.paired_ratio({"median_ms": 50.0}, ref) == pytest.approx(0.5)  # no per-batch times
+
+
+# --------------------------------------------------------------------------- data files
+
+
+def test_read_labeled_tsv_and_jsonl(tmp_path):
+    d = P.read_labeled(FIX / "labeled.tsv")
+    assert len(d.texts) == 40 and int(d.labels.sum()) == 21
+    assert d.texts[20] == "A joy to watch, with real heart.\tAnd a tab inside the text."
+    j = P.write_labeled(tmp_path / "x.jsonl", d, [{"i": i} for i in range(40)])
+    d2 = P.read_labeled(j)
+    assert d2.texts == d.texts and np.array_equal(d2.labels, d.labels) and d2.digest() == d.digest()
+    t = P.write_labeled(tmp_path / "x.tsv", d)
+    assert P.read_labeled(t).texts == d.texts
+    (tmp_path / "bad.tsv").write_text("1\tok\n2\tbad label\n")
+    with pytest.raises(P.ParityError, match="bad.tsv:2: label '2'"):
+        P.read_labeled(tmp_path / "bad.tsv")
+    (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(P.ParityError, match="bad.jsonl:1"):
+        P.read_labeled(tmp_path / "bad.jsonl")
+
+
+# --------------------------------------------------------------------------- the command, in-process
+
+
+def independent_logits(model: str, texts, batch_size=64):
+    """Tokenizer files + onnxruntime, batches of 64 padded to their longest text."""
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(REPO / "tokenizer" / "1"))
+    sess = ort.InferenceSession(str(REPO / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    out = []
+    for s in range(0, len(texts), batch_size):
+        enc = tok(texts[s : s + batch_size], truncation=True, padding="longest", return_tensors="np")
+        out.append(sess.run(["logits"], {"input_ids": enc["input_ids"].astype(np.int64),
+                                         "attention_mask": enc["attention_mask"].astype(np.int64)})[0])
+    return np.concatenate(out)
+
+
+@pytest.fixture(scope="module")
+def fixture_data():
+    return P.read_labeled(FIX / "labeled.tsv")
+
+
+def test_parity_command_in_process(tmp_path, fixture_data, capsys):
+    parser = P.add_parity_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--reference", "classifier", "--candidates", "classifier_fp16",
+                              "--data", str(FIX / "labeled.tsv"), "--repo", str(REPO), "--out", str(tmp_path),
+                              "--batch-size", "16", "--quiet"])
+    assert P.parity_command(args) == 0
+    assert "reference classifier: threshold" in capsys.readouterr().out
+    rep = json.loads((tmp_path / "report.json").read_text())
+    for name in ("report.md", "logits.png", "thresholds.json"):
+        assert (tmp_path / name).stat().st_size > 0
+    assert (tmp_path / "logits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # independent: logits straight from onnxruntime (batches of 16), then the hand rules
+    texts, y = fixture_data.texts, fixture_data.labels
+    ref = independent_logits("classifier", texts, 16)
+    cand = independent_logits("classifier_fp16", texts, 16)
+    rp = [float(p) for p in P.probabilities(ref[:, 0].astype(np.float64))]
+    cp = [float(p) for p in P.probabilities(cand[:, 0].astype(np.float64))]
+    t_ref = brute_reference_threshold(rp, y, 0.9)
+    res = rep["result"]
+    assert res["reference"]["threshold"] == pytest.approx(t_ref, abs=1e-6)
+    flips = brute_flips(cp, [p >= t_ref for p in rp], t_ref)
+    c = res["candidates"]["classifier_fp16"]
+    assert c["at_reference_threshold"]["vs_reference"]["flips"] == flips
+    d = cand[:, 0].astype(np.float64) - ref[:, 0]
+    assert c["logits"]["max_abs_diff"] == pytest.approx(np.abs(d).max(), abs=1e-6)
+    assert c["logits"]["max_abs_diff"] <= FP16_TOLERANCE
+    thr = json.loads((tmp_path / "thresholds.json").read_text())
+    assert thr == {"classifier": res["reference"]["threshold"], "classifier_fp16": c["operating_threshold"]}
+    assert rep["data"]["texts"] == 40 and rep["batch_size"] == 16 and len(rep["batches"]) == 3
+    assert set(rep["latency"]) == {"classifier", "classifier_fp16"}
+    assert rep["recommendation"]["ship"] in ("classifier", "classifier_fp16")
+    md = (tmp_path / "report.md").read_text()
+    assert "## Recommendation" in md and f"{res['reference']['threshold']:.6f}" in md
+
+
+def test_parity_command_argument_errors(tmp_path, capsys):
+    parser = P.add_parity_arguments(argparse.ArgumentParser())
+    assert P.parity_command(parser.parse_args(["--repo", str(REPO)])) == 2
+    args = parser.parse_args(["--data", str(FIX / "labeled.tsv"), "--repo", str(REPO), "--candidates", "nope",
+                              "--out", str(tmp_path), "--quiet"])
+    assert P.parity_command(args) == 1
+    assert "model 'nope'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- real server

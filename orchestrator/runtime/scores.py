@@ -1,9 +1,17 @@
-"""Scores to probabilities and verdicts: the one definition the postprocess model, the
-router's in-process postprocess and ``orchestrator parity`` share (no Triton imports)."""
+"""Scores to probabilities and verdicts: the one definition of the logistic function, its
+inverse and the verdict rule, shared by the postprocess model, the router (inline
+postprocess, calibration shifts, aggregated chunk probabilities) and ``orchestrator
+parity``. No Triton imports."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+#: Probabilities are clipped to [LOGIT_EPS, 1 - LOGIT_EPS] before :func:`logit`, so a
+#: probability of exactly 0 or 1 (a constant node, a max over windows) has a finite logit.
+LOGIT_EPS = 1e-12
 
 
 def sigmoid(logits) -> np.ndarray:
@@ -17,9 +25,18 @@ def sigmoid(logits) -> np.ndarray:
     return out
 
 
+def logit(p: float) -> float:
+    """Inverse of :func:`sigmoid` for one probability ``p``: ``log(p / (1 - p))``, with ``p``
+    clipped to ``[LOGIT_EPS, 1 - LOGIT_EPS]`` so the result is always finite (about +-27.6
+    at the clip)."""
+    p = min(max(float(p), LOGIT_EPS), 1.0 - LOGIT_EPS)
+    return math.log(p) - math.log1p(-p)
+
+
 def probabilities_and_verdicts(logits: np.ndarray, thresholds: np.ndarray):
     """``(PROBABILITIES float32 [N, K], VERDICTS bool [N, K])`` for logits [N, K] and
     thresholds [N]: sigmoid per logit (the classifiers were trained with binary
-    cross-entropy on one logit, ``orchestrator.tooling.modeling.train``), verdict = probability >= threshold."""
+    cross-entropy on one logit, ``orchestrator.tooling.modeling.train``), verdict =
+    probability >= threshold."""
     probs = sigmoid(logits).astype(np.float32)
     return probs, probs >= np.asarray(thresholds, dtype=np.float32).reshape(-1, 1)

@@ -13,9 +13,9 @@ from typing import Any, List, Mapping
 
 import numpy as np
 
+from orchestrator.runtime.errors import InputError
 
-class InputError(ValueError):
-    """A request's input is malformed; the message names the input and the fault."""
+__all__ = ["InputError", "decode_texts", "check_thresholds", "request_parameters", "parse_bool", "config_parameters"]
 
 
 def decode_texts(array: np.ndarray, name: str = "TEXT") -> List[str]:

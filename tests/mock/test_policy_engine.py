@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from orchestrator.tooling.modeling import data
-from orchestrator.runtime.router import aggregate, sigmoid, split_fraction, token_windows
+from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.runtime.scores import sigmoid
 from orchestrator.testing.mock_triton import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant
 

@@ -11,7 +11,8 @@ from tritonclient.utils import InferenceServerException
 
 from orchestrator.tooling.modeling import data
 from tests.helpers import call, routes
-from orchestrator.runtime.router import aggregate, sigmoid, token_windows
+from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.scores import sigmoid
 
 pytestmark = pytest.mark.server
 

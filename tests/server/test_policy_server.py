@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.policy_cli import fetch_policy
-from orchestrator.runtime.router import split_fraction
+from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.tooling.server import ServerError
 from tests.helpers import REPO, ROOT, add_router_variant
 from tests.helpers import call, routes

@@ -8,6 +8,8 @@ import pytest
 import yaml
 
 from orchestrator.runtime import policy as P
+from orchestrator.runtime.nodes.cascade import CascadeNode
+from orchestrator.runtime.nodes.sequence import SequenceNode
 from orchestrator.tooling.cli import main
 from tests.helpers import ROOT
 
@@ -59,13 +61,13 @@ def test_invalid_policies_name_the_bad_key(document, message):
 def test_default_policy_reproduces_the_first_router():
     policy = P.load_policy(DEFAULT)
     main_ = policy.root
-    assert isinstance(main_, P.SequenceNode)
+    assert isinstance(main_, SequenceNode)
     guard, choose = main_.steps
     empty = guard.cases[0]
     assert empty.when.empty is True and empty.then.probability == 0.5 and empty.then.verdict is False
     assert empty.then.route == "empty"
     cascade = choose.default
-    assert isinstance(cascade, P.CascadeNode) and cascade.margin == 0.15
+    assert isinstance(cascade, CascadeNode) and cascade.margin == 0.15
     fast, accurate = cascade.stages
     assert (fast.window, fast.stride, fast.aggregation) == (128, 96, "length_weighted_mean")
     assert fast.node.model == "classifier_fast" and accurate.node.model == "classifier"

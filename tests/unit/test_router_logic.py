@@ -5,7 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.runtime.router import aggregate, logit, parse_request, sigmoid, split_fraction, token_windows, truncate
+from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.nodes.model import truncate
+from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.runtime.request import parse_request
+from orchestrator.runtime.scores import logit, sigmoid
 from orchestrator.runtime.validation import InputError
 
 

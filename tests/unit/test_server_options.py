@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.router import DownstreamError, Metrics, ModelManager, ServerOptions
-from orchestrator.runtime.policy import OnDemand
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.ondemand import ModelManager, ServerOptions
+from orchestrator.runtime.nodes.model import OnDemand
 
 
 class FakePb:
@@ -86,7 +88,7 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
         pytest.skip("needs Linux /proc, which Triton's own platform has")
     server = tmp_path / "tritonserver"
     os.symlink(sys.executable, server)
-    child = "from orchestrator.runtime.router import ServerOptions; print(ServerOptions.of_parent())"
+    child = "from orchestrator.runtime.ondemand import ServerOptions; print(ServerOptions.of_parent())"
     parent = textwrap.dedent(f"""
         import subprocess, sys
         sys.exit(subprocess.run([{sys.executable!r}, "-c", {child!r}]).returncode)

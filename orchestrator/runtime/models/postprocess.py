@@ -17,7 +17,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.models._triton import error_response
-from orchestrator.runtime.scores import probabilities_and_verdicts, sigmoid  # noqa: F401  (sigmoid: public here too)
+from orchestrator.runtime.scores import probabilities_and_verdicts
 from orchestrator.runtime.validation import InputError, check_thresholds
 
 

@@ -1,0 +1,244 @@
+"""The policy engine: runs a policy over the texts of one ``execute`` call.
+
+Texts become :class:`~orchestrator.runtime.nodes.base.Item` objects that enter the policy's
+root node; each node's handler is found in :data:`orchestrator.runtime.nodes.KINDS`. The
+engine owns what handlers share: tokenization (in-process or one batched BLS call to the
+tokenizer model), classification (rows sorted by length, padded per call, split at
+``bls_max_batch_size`` rows, sent concurrently), postprocess (in-process or BLS), metrics
+and node timeouts. Downstream calls go through the ``infer`` function it is given, so tests
+drive it with a fake one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from pathlib import Path
+from typing import Awaitable, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.runtime import nodes as N
+from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.nodes.base import Answers, Item, Node
+from orchestrator.runtime.nodes.model import truncate
+from orchestrator.runtime.ondemand import ModelManager
+from orchestrator.runtime.policy import Policy
+from orchestrator.runtime.request import Result, Work
+from orchestrator.runtime.scores import probabilities_and_verdicts
+
+# infer(model_name, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
+# ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
+# may block the event loop (the router then uses the blocking BLS ``exec``).
+InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
+
+
+class Engine:
+    """Runs a :class:`~orchestrator.runtime.policy.Policy` over the texts of one ``execute`` call.
+
+    Args:
+        policy: the validated policy.
+        infer: the downstream call (see :data:`InferFn`); raises DownstreamError.
+        metrics: where counters and node latencies go (None: nowhere).
+        models: the on-demand model manager (None: every model counts as loaded).
+        model_dir: the router's model directory (inline tokenizer paths are relative to it).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        infer: InferFn,
+        metrics: Optional[Metrics] = None,
+        models: Optional[ModelManager] = None,
+        model_dir: Optional[Path] = None,
+    ):
+        self.policy = policy
+        self.tokenizer = None
+        if policy.inline_tokenizer:
+            from transformers import AutoTokenizer
+
+            path = (Path(model_dir or ".") / policy.inline_tokenizer).resolve()
+            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.infer = infer
+        self.metrics = metrics
+        self.models = models
+        self.counter = 0
+        self.rng = random.Random()
+        self.needs_tokens = any(
+            n.kind in ("model", "chunk") or (n.kind == "switch" and any(c.when.needs_tokens for c in n.cases))
+            for n in policy.nodes()
+        )
+
+    # -- what node handlers use (nodes.base.Engine)
+
+    def count(self, family: str, value: float = 1.0, **labels: str) -> None:
+        """Add ``value`` to counter ``family`` with ``labels`` (see ``metrics.Metrics``)."""
+        if self.metrics:
+            self.metrics.inc(family, value, **labels)
+
+    def window(self, parent: Item, ids: np.ndarray) -> Item:
+        """A new item for one window (token ids ``ids``) of ``parent``'s text."""
+        self.counter += 1
+        return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, ids)
+
+    def random(self) -> float:
+        """A uniform draw in [0, 1) (split nodes, requests without an id)."""
+        return self.rng.random()
+
+    async def run_node(self, node: Node, items: List[Item]) -> Answers:
+        """Run ``node``'s handler on ``items``; counts errors and latency, applies its timeout.
+
+        Raises:
+            DownstreamError: the node failed or timed out.
+        """
+        if not items:
+            return {}
+        start = time.perf_counter()
+        try:
+            coro = N.KINDS[node.kind].run(self, node, items)
+            if node.timeout_ms:
+                try:
+                    return await asyncio.wait_for(as_concurrent(coro), node.timeout_ms / 1000.0)
+                except asyncio.TimeoutError:
+                    raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
+            return await coro
+        except DownstreamError:
+            self.count("orchestrator_node_errors_total", node=node.name)
+            raise
+        finally:
+            if self.metrics:
+                self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+
+    async def ensure_tokens(self, items: Sequence[Item]) -> None:
+        """Tokenize (in-process, or one batched BLS call without truncation) the items
+        that have no ids yet."""
+        todo = [it for it in items if it.ids is None]
+        if not todo:
+            return
+        if self.tokenizer is not None:  # in-process: the same files and call as the tokenizer model
+            encoded = self.tokenizer([it.text for it in todo], truncation=False, padding=False)["input_ids"]
+            for it, ids in zip(todo, encoded):
+                it.ids = np.asarray(ids, dtype=np.int64)
+            return
+
+        def inputs(part):
+            return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
+
+        outs = await self._batched(self.policy.tokenizer, todo, inputs, {"truncation": False})
+        k = 0
+        for out in outs:
+            ids, lengths = out["input_ids"], out["attention_mask"].sum(axis=1)
+            for row in range(ids.shape[0]):
+                todo[k].ids = ids[row, : int(lengths[row])]
+                k += 1
+
+    async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray:
+        """Logits (float32 [len(items)]) of ``model``; rows sorted by length, padded per call.
+
+        Raises:
+            DownstreamError: the model failed, or (on demand) could not be loaded.
+        """
+        seqs = [truncate(it.ids, max_length) for it in items]
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+        ordered = [items[i] for i in order]
+
+        def inputs(part):
+            width = max(seqs[order[i]].shape[0] for i in part)
+            ids = np.zeros((len(part), width), dtype=np.int64)
+            mask = np.zeros((len(part), width), dtype=np.int64)
+            for row, i in enumerate(part):
+                s = seqs[order[i]]
+                ids[row, : s.shape[0]] = s
+                mask[row, : s.shape[0]] = 1
+            return {"input_ids": ids, "attention_mask": mask}
+
+        if self.models:
+            await self.models.acquire(model)
+        try:
+            outs = await self._batched(model, ordered, inputs, None)
+        finally:
+            if self.models:
+                self.models.release(model)
+        logits = np.empty(len(seqs), dtype=np.float32)
+        logits[order] = np.concatenate([o["logits"].reshape(o["logits"].shape[0], -1)[:, 0] for o in outs])
+        return logits
+
+    # -- internals
+
+    async def _batched(self, model: str, items: Sequence[Item], make_inputs, parameters: Optional[dict]) -> list:
+        """Send ``items`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``
+        rows; ``make_inputs(row indices)`` builds one call's tensors.
+
+        Each call carries the Triton request ids of its rows, and, when all its rows come
+        from one request, that request's parameters too (ours win), so a trace can follow a
+        request downstream.
+        """
+        size = self.policy.bls_max_batch_size
+        parts = [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
+        alone = len(parts) == 1 and not in_concurrent_branch()
+        calls = []
+        for part in parts:
+            rows = [items[i] for i in part]
+            ids = ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
+            forwarded = {}
+            if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
+                forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
+            forwarded.update(parameters or {})
+            calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone))
+        return await gather(calls)
+
+    async def _postprocess(self, items: List[Item], answers: Answers, probs: np.ndarray, verdicts: np.ndarray) -> None:
+        """Fill ``probs``/``verdicts`` (indexed by item) from the answers' logits, for items
+        whose answer has no fixed verdict: in-process or through the postprocess model."""
+        for it in items:
+            if answers[it.idx].verdict is not None:
+                verdicts[it.idx] = answers[it.idx].verdict
+        post = [it for it in items if answers[it.idx].verdict is None]
+        if not post:
+            return
+        idx = [it.idx for it in post]
+        logits = np.array([[answers[i].logit] for i in idx], dtype=np.float32)
+        thresholds = np.array([[it.threshold] for it in post], dtype=np.float32)
+        if self.policy.inline_postprocess:
+            p, v = probabilities_and_verdicts(logits, thresholds.reshape(-1))
+            probs[idx], verdicts[idx] = p.reshape(-1), v.reshape(-1)
+            return
+        outs = await self._batched(
+            self.policy.postprocess, post, lambda part: {"logits": logits[part], "THRESHOLD": thresholds[part]}, None
+        )
+        probs[idx] = np.concatenate([o["PROBABILITIES"].reshape(-1) for o in outs])
+        verdicts[idx] = np.concatenate([o["VERDICTS"].reshape(-1) for o in outs])
+
+    # -- one execute call
+
+    async def run(self, works: List[Work]) -> List[Result]:
+        """Answer every request in ``works`` (one :class:`Result` each, in order).
+
+        Raises:
+            DownstreamError: a node failed and no fallback answered.
+        """
+        items: List[Item] = []
+        for k, w in enumerate(works):
+            for text, thr in zip(w.texts, w.thresholds):
+                items.append(Item(len(items), k, text, float(thr), w.parameters, w.request_id))
+        if self.needs_tokens:
+            await self.ensure_tokens([it for it in items if it.text.strip()])
+        answers = await self.run_node(self.policy.root, items)
+        missing = [it.idx for it in items if it.idx not in answers]
+        if missing:
+            raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
+        probs = np.array([answers[it.idx].probability for it in items], dtype=np.float64)
+        verdicts = np.zeros(len(items), dtype=bool)
+        await self._postprocess(items, answers, probs, verdicts)
+        results, start = [], 0
+        for w in works:
+            end = start + len(w.texts)
+            routes = [answers[i].route for i in range(start, end)]
+            for r in routes:
+                self.count("orchestrator_texts_total", route=r)
+            results.append(Result(probs[start:end].astype(np.float32).reshape(-1, 1), verdicts[start:end].reshape(-1, 1), routes))
+            start = end
+        return results

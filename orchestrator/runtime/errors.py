@@ -1,0 +1,34 @@
+"""The runtime's errors: what a request, a policy file or a downstream model did wrong.
+
+Each message names the culprit (the input and element, the policy key's location, the
+model or node) so that it can be returned to the client or logged as it is.
+"""
+
+from __future__ import annotations
+
+
+class InputError(ValueError):
+    """A request's input is malformed; the message names the input and the fault.
+
+    The Python-backend models turn it into a per-request ``INVALID_ARG`` error response.
+    """
+
+
+class PolicyError(ValueError):
+    """An invalid routing policy; the message starts with the location of the bad key
+    (``root.steps[1].stages[0].model``), prefixed by the file name when read from a file."""
+
+
+class DownstreamError(RuntimeError):
+    """A BLS call failed, a node timed out or a model is unavailable; the message names
+    the model or node. The router turns it into an ``INTERNAL`` error response unless a
+    ``fallback`` node answers instead.
+
+    ``retryable`` is False when retrying the same call cannot help (the model's circuit
+    is open, the model is in no repository, its stub is not healthy): the router then
+    does not retry the requests one by one.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = True):
+        super().__init__(message)
+        self.retryable = retryable

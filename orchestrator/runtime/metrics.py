@@ -1,0 +1,107 @@
+"""Prometheus metrics on Triton's ``/metrics`` endpoint through ``pb_utils.MetricFamily``."""
+
+from __future__ import annotations
+
+import threading
+from typing import Dict
+
+# Latency histogram buckets in seconds: 1 ms to 10 s, roughly x2.5 apart.
+LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+class Metrics:
+    """Prometheus metrics on Triton's ``/metrics`` through ``pb_utils.MetricFamily``.
+
+    Every family has the label ``router`` (the model name). Names and meaning:
+        orchestrator_requests_total{outcome}        requests answered (success | error)
+        orchestrator_texts_total{route}             texts answered, per ROUTE value
+        orchestrator_escalations_total{node}        texts a cascade sent to a later stage
+        orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
+        orchestrator_chunks_total{node}             windows those texts became
+        orchestrator_model_loads_total{model,outcome}   on-demand loads (success | failure)
+        orchestrator_model_unloads_total{model}     idle unloads
+        orchestrator_node_errors_total{node}        node failures (error or timeout)
+        orchestrator_node_latency_seconds{node}     histogram of node run time, seconds
+
+    Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
+    updates are buffered in memory and sent by a background thread every
+    ``flush_interval_s`` (0.5 s), off the request path: ``/metrics`` lags by at most that.
+    Without ``MetricFamily`` (old stubs) every call is a no-op.
+    """
+
+    COUNTERS = {
+        "orchestrator_requests_total": "Requests answered by the router, by outcome",
+        "orchestrator_texts_total": "Texts answered by the router, by route",
+        "orchestrator_escalations_total": "Texts a cascade node sent on to a later stage",
+        "orchestrator_chunked_texts_total": "Texts a chunk node split into windows",
+        "orchestrator_chunks_total": "Windows made by a chunk node",
+        "orchestrator_model_loads_total": "On-demand model loads by the router, by outcome",
+        "orchestrator_model_unloads_total": "Idle on-demand models unloaded by the router",
+        "orchestrator_node_errors_total": "Policy node failures (downstream error or timeout)",
+    }
+
+    def __init__(self, pb, router_name: str, flush_interval_s: float = 0.5):
+        self.router = router_name
+        self.families = {}
+        self.metrics = {}
+        self.lock = threading.Lock()
+        self.counts: Dict[tuple, float] = {}
+        self.observations: Dict[tuple, list] = {}
+        self.stop = threading.Event()
+        family = getattr(pb, "MetricFamily", None)
+        if family is None:
+            return
+        for name, doc in self.COUNTERS.items():
+            self.families[name] = family(name=name, description=doc, kind=family.COUNTER)
+        if hasattr(family, "HISTOGRAM"):
+            self.families["orchestrator_node_latency_seconds"] = family(
+                name="orchestrator_node_latency_seconds",
+                description="Run time of each policy node, seconds",
+                kind=family.HISTOGRAM,
+            )
+        self.flusher = threading.Thread(target=self._flush_loop, args=(flush_interval_s,), name="orchestrator-metrics", daemon=True)
+        self.flusher.start()
+
+    def _metric(self, key):
+        family, labels = key
+        m = self.metrics.get(key)
+        if m is None:
+            full = {"router": self.router, **dict(labels)}
+            if family.endswith("_seconds"):
+                m = self.families[family].Metric(labels=full, buckets=LATENCY_BUCKETS)
+            else:
+                m = self.families[family].Metric(labels=full)
+            self.metrics[key] = m
+        return m
+
+    def inc(self, family: str, value: float = 1.0, **labels) -> None:
+        if family in self.families and value:
+            key = (family, tuple(sorted(labels.items())))
+            with self.lock:
+                self.counts[key] = self.counts.get(key, 0.0) + value
+
+    def observe(self, family: str, value: float, **labels) -> None:
+        if family in self.families:
+            key = (family, tuple(sorted(labels.items())))
+            with self.lock:
+                self.observations.setdefault(key, []).append(value)
+
+    def flush(self) -> None:
+        """Send the buffered updates to the server now."""
+        with self.lock:
+            counts, self.counts = self.counts, {}
+            observations, self.observations = self.observations, {}
+        for key, value in counts.items():
+            self._metric(key).increment(value)
+        for key, values in observations.items():
+            m = self._metric(key)
+            for v in values:
+                m.observe(v)
+
+    def _flush_loop(self, interval: float) -> None:
+        while not self.stop.wait(interval):
+            self.flush()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.flush()

@@ -1,0 +1,56 @@
+"""``cascade``: a first stage for all texts, later stages only for unsure ones."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+
+
+@dataclass
+class CascadeNode(Node):
+    """Every text goes to the first stage; texts whose probability is strictly within
+    ``margin`` of their threshold go on to the next stage, and so on.
+
+    Policy keys: ``stages`` (2+ nodes), ``margin`` (required; a probability distance in
+    [0, 1]: 0 never escalates, 1 escalates every text a stage does not fix a verdict for).
+    """
+
+    stages: List[Node] = field(default_factory=list)
+    margin: float = 0.15
+
+
+def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
+    return CascadeNode(**common, stages=ctx.nodes(r, "stages", 2), margin=r.number_in("margin", 0.0, 1.0, required=True))
+
+
+def unsure(node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]:
+    """The items whose answer has no fixed verdict and lies within the margin."""
+    return [it for it in items if answers[it.idx].verdict is None and abs(answers[it.idx].probability - it.threshold) < node.margin]
+
+
+async def run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
+    answers = await engine.run_node(node.stages[0], items)
+    for stage in node.stages[1:]:
+        escalate = unsure(node, [it for it in items if it.idx in answers], answers)
+        if not escalate:
+            break
+        engine.count("orchestrator_escalations_total", len(escalate), node=node.name)
+        answers.update(await engine.run_node(stage, escalate))
+    return answers
+
+
+def children(node: CascadeNode) -> List[Tuple[str, Node]]:
+    return [("first: " if i == 0 else "then: ", n) for i, n in enumerate(node.stages)]
+
+
+KIND = NodeKind(
+    name="cascade",
+    node_type=CascadeNode,
+    keys=("stages", "margin"),
+    parse=parse,
+    run=run,
+    describe=lambda node: f"cascade margin={node.margin:g}",
+    children=children,
+)

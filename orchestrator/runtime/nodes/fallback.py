@@ -1,0 +1,52 @@
+"""``fallback``: try nodes in order when one fails."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Tuple
+
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+
+
+@dataclass
+class FallbackNode(Node):
+    """Try ``nodes`` in order; the next one answers when one fails, times out or its
+    model is not ready (any ``DownstreamError``).
+
+    Policy keys: ``nodes`` (2+).
+    """
+
+    nodes: List[Node] = field(default_factory=list)
+
+
+def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
+    return FallbackNode(**common, nodes=ctx.nodes(r, "nodes", 2))
+
+
+async def run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
+    errors = []
+    for child in node.nodes:
+        try:
+            return await engine.run_node(child, items)
+        except DownstreamError as exc:
+            errors.append(exc)
+    raise DownstreamError(
+        f"all options of fallback '{node.name}' failed: " + "; ".join(map(str, errors)),
+        retryable=any(e.retryable for e in errors),
+    )
+
+
+def children(node: FallbackNode) -> List[Tuple[str, Node]]:
+    return [("try: " if i == 0 else "else: ", n) for i, n in enumerate(node.nodes)]
+
+
+KIND = NodeKind(
+    name="fallback",
+    node_type=FallbackNode,
+    keys=("nodes",),
+    parse=parse,
+    run=run,
+    describe=lambda node: "fallback",
+    children=children,
+)

@@ -1,0 +1,114 @@
+"""``model``: classify with one model through BLS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.scores import logit, sigmoid
+
+
+@dataclass
+class OnDemand:
+    """Load a model with ``pb_utils.load_model`` on first use, unload it when idle.
+
+    Attributes:
+        idle_timeout_s: seconds without use before the router unloads a model it loaded
+            (default 300).
+        retry_after_s: seconds after a failed load before the next load is tried
+            (default 30).
+    """
+
+    idle_timeout_s: float = 300.0
+    retry_after_s: float = 30.0
+
+
+@dataclass
+class ModelNode(Node):
+    """Classify every text with one model.
+
+    Policy keys: ``model`` (name, required), ``route`` (the ``ROUTE`` value, default the
+    model name), ``max_length`` (tokens; longer inputs are truncated as the ensemble's
+    tokenizer does; default the policy's ``max_sequence_length``), ``on_demand``
+    (``{idle_timeout_s, retry_after_s}``, see :class:`OnDemand`; ``true`` for the
+    defaults), ``calibration`` (``{reference_threshold, threshold}``: this variant's
+    threshold that reproduces the reference model's verdicts at the reference threshold,
+    e.g. from ``orchestrator parity``).
+
+    Attributes:
+        model: the model's name in the repository.
+        route: the ``ROUTE`` value of its answers.
+        max_length: tokens per input row, special tokens included.
+        on_demand: on-demand loading settings, or None (always loaded).
+        logit_shift: added to the model's logits: ``logit(reference_threshold) -
+            logit(threshold)`` from ``calibration`` (0 without), so comparing with the
+            client's threshold gives the reference model's verdicts.
+    """
+
+    model: str = ""
+    route: str = ""
+    max_length: int = 0
+    on_demand: Optional[OnDemand] = None
+    logit_shift: float = 0.0
+
+
+def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
+    """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
+    truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
+    if ids.shape[0] <= max_length:
+        return ids
+    return np.concatenate([ids[: max_length - 1], ids[-1:]])
+
+
+def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
+    on_demand = None
+    if "on_demand" in r.data:
+        raw = r.data["on_demand"]
+        od = Reader({} if raw is True else raw, f"{r.where}.on_demand", ("idle_timeout_s", "retry_after_s"))
+        on_demand = OnDemand(
+            idle_timeout_s=od.number_in("idle_timeout_s", 0.0, 86400.0, 300.0),
+            retry_after_s=od.number_in("retry_after_s", 0.0, 86400.0, 30.0),
+        )
+    shift = 0.0
+    if "calibration" in r.data:
+        cal = Reader(r.data["calibration"], f"{r.where}.calibration", ("reference_threshold", "threshold"))
+        ref = cal.number_in("reference_threshold", 1e-6, 1 - 1e-6, required=True)
+        own = cal.number_in("threshold", 1e-6, 1 - 1e-6, required=True)
+        shift = logit(ref) - logit(own)
+    model = r.get("model", str, required=True)
+    return ModelNode(
+        **common,
+        model=model,
+        route=r.get("route", str, model),
+        max_length=r.number_in("max_length", 3, 1 << 20, ctx.max_sequence_length, kind=int),
+        on_demand=on_demand,
+        logit_shift=shift,
+    )
+
+
+async def run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
+    await engine.ensure_tokens(items)
+    z = (await engine.classify(node.model, items, node.max_length)).astype(np.float64) + node.logit_shift
+    return {it.idx: Answer(float(p), float(zz), node.route) for it, p, zz in zip(items, sigmoid(z), z)}
+
+
+def describe(node: ModelNode) -> str:
+    extra = f" route={node.route}" if node.route != node.model else ""
+    if node.on_demand:
+        extra += f" on_demand(idle={node.on_demand.idle_timeout_s:g}s, retry={node.on_demand.retry_after_s:g}s)"
+    if node.logit_shift:
+        extra += f" logit_shift={node.logit_shift:+.4f}"
+    return f"model {node.model}{extra} max_length={node.max_length}"
+
+
+KIND = NodeKind(
+    name="model",
+    node_type=ModelNode,
+    keys=("model", "route", "max_length", "on_demand", "calibration"),
+    parse=parse,
+    run=run,
+    describe=describe,
+)

@@ -1,0 +1,83 @@
+"""``split``: a weighted A/B or canary split per request."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Sequence, Tuple
+
+from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.concurrency import gather
+
+
+@dataclass
+class SplitNode(Node):
+    """Send each request's texts to one branch, chosen by weight: deterministic per
+    request id (:func:`split_fraction`) when the request has one, random otherwise.
+
+    Policy keys: ``branches``: 2+ ``{weight, node}``; weights are positive numbers,
+    normalized by their sum (90 and 10 give a 90 %/10 % split).
+    """
+
+    branches: List[Tuple[float, Node]] = field(default_factory=list)
+
+
+def split_fraction(node_name: str, request_id: str) -> float:
+    """A request's deterministic position in [0, 1) for a ``split`` node: the first 8 bytes
+    of SHA-256(node name, NUL, request id) as a big-endian fraction, so the same id always
+    takes the same branch on every replica."""
+    digest = hashlib.sha256(f"{node_name}\0{request_id}".encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def branch_of(weights: Sequence[float], x: float) -> int:
+    """The branch whose cumulative weight share first exceeds ``x`` in [0, 1)."""
+    total, acc = sum(weights), 0.0
+    for k, w in enumerate(weights):
+        acc += w / total
+        if x < acc:
+            return k
+    return len(weights) - 1
+
+
+def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
+    branches = []
+    for i, b in enumerate(r.list_of("branches", 2)):
+        br = Reader(b, f"{r.where}.branches[{i}]", ("weight", "node"))
+        weight = br.number_in("weight", 0.0, 1e9, required=True)
+        if weight <= 0:
+            raise PolicyError(f"{br.where}.weight: must be > 0")
+        branches.append((weight, ctx.parse_node(br.get("node", dict, required=True), f"{br.where}.node")))
+    return SplitNode(**common, branches=branches)
+
+
+async def run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
+    weights = [w for w, _ in node.branches]
+    choice: Dict[int, int] = {}
+    groups: List[List[Item]] = [[] for _ in node.branches]
+    for it in items:
+        if it.req not in choice:
+            x = split_fraction(node.name, it.request_id) if it.request_id else engine.random()
+            choice[it.req] = branch_of(weights, x)
+        groups[choice[it.req]].append(it)
+    answers: Answers = {}
+    for part in await gather(engine.run_node(n, g) for (_, n), g in zip(node.branches, groups) if g):
+        answers.update(part)
+    return answers
+
+
+def children(node: SplitNode) -> List[Tuple[str, Node]]:
+    total = sum(w for w, _ in node.branches)
+    return [(f"{100 * w / total:.1f}%: ", n) for w, n in node.branches]
+
+
+KIND = NodeKind(
+    name="split",
+    node_type=SplitNode,
+    keys=("branches",),
+    parse=parse,
+    run=run,
+    describe=lambda node: "split",
+    children=children,
+)

@@ -47,6 +47,19 @@ ROUTER_VARIANTS = {
 }
 # The shipped policy with the tokenizer and postprocess models called through BLS.
 BLS_VARIANT = "router_bls"
+# The shipped policy without its fallbacks: a broken model fails the texts that need it.
+STRICT_VARIANT = "router_strict"
+
+
+def without_fallbacks(node):
+    """A policy node tree with every ``fallback`` node replaced by its first option."""
+    if isinstance(node, dict):
+        if node.get("kind") == "fallback":
+            return without_fallbacks(node["nodes"][0])
+        return {k: without_fallbacks(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [without_fallbacks(v) for v in node]
+    return node
 
 
 def set_node_fields(node, changes):
@@ -117,6 +130,7 @@ def make_test_repository(dest: Path) -> Path:
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     document.pop("inline")
     add_router_variant(dest, BLS_VARIANT, document)
+    add_router_variant(dest, STRICT_VARIANT, without_fallbacks(yaml.safe_load((REPO / "router" / "policy.yaml").read_text())))
     add_router_variant(dest, "router_ab", yaml.safe_load((ROOT / "docs" / "policies" / "ab_fallback.yaml").read_text()))
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))

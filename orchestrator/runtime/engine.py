@@ -15,15 +15,16 @@ import asyncio
 import random
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Sequence
+from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.base import Answers, Item, Node
+from orchestrator.runtime.nodes.chunk import window_count
 from orchestrator.runtime.nodes.model import truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
@@ -71,6 +72,7 @@ class Engine:
             n.kind in ("model", "chunk") or (n.kind == "switch" and any(c.when.needs_tokens for c in n.cases))
             for n in policy.nodes()
         )
+        self.chunkings = sorted({(n.window, n.stride) for n in policy.nodes() if n.kind == "chunk"})
 
     # -- what node handlers use (nodes.base.Engine)
 
@@ -214,31 +216,55 @@ class Engine:
 
     # -- one execute call
 
-    async def run(self, works: List[Work]) -> List[Result]:
-        """Answer every request in ``works`` (one :class:`Result` each, in order).
+    def _window_error(self, work: Work, items: Sequence[Item]) -> Optional[InputError]:
+        """An InputError when a text of ``work`` would make more windows than
+        ``limits.max_windows_per_text`` in any chunk node of the policy."""
+        cap = self.policy.limits.max_windows_per_text
+        for i, it in enumerate(items):
+            if it.ids is None:
+                continue
+            tokens = int(it.ids.shape[0])
+            windows = max((window_count(tokens, w, s) for w, s in self.chunkings), default=1)
+            if windows > cap:
+                return LimitError(
+                    f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
+                    "(policy limits.max_windows_per_text)",
+                    "max_windows_per_text",
+                )
+        return None
+
+    async def run(self, works: List[Work]) -> List[Union[Result, InputError]]:
+        """Answer every request in ``works``: one :class:`Result` each, in order, or the
+        InputError of a request that has a text over ``limits.max_windows_per_text``.
 
         Raises:
             DownstreamError: a node failed and no fallback answered.
         """
-        items: List[Item] = []
+        per_work: List[List[Item]] = []
         for k, w in enumerate(works):
-            for text, thr in zip(w.texts, w.thresholds):
-                items.append(Item(len(items), k, text, float(thr), w.parameters, w.request_id))
+            start = sum(len(p) for p in per_work)
+            per_work.append([Item(start + j, k, text, float(thr), w.parameters, w.request_id) for j, (text, thr) in enumerate(zip(w.texts, w.thresholds))])
         if self.needs_tokens:
-            await self.ensure_tokens([it for it in items if it.text.strip()])
+            await self.ensure_tokens([it for items in per_work for it in items if it.text.strip()])
+        refused = {k: e for k, items in enumerate(per_work) if self.chunkings and (e := self._window_error(works[k], items))}
+        items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
         answers = await self.run_node(self.policy.root, items)
         missing = [it.idx for it in items if it.idx not in answers]
         if missing:
             raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
-        probs = np.array([answers[it.idx].probability for it in items], dtype=np.float64)
-        verdicts = np.zeros(len(items), dtype=bool)
+        probs = np.zeros(sum(len(p) for p in per_work), dtype=np.float64)
+        verdicts = np.zeros(probs.shape[0], dtype=bool)
+        for it in items:
+            probs[it.idx] = answers[it.idx].probability
         await self._postprocess(items, answers, probs, verdicts)
-        results, start = [], 0
-        for w in works:
-            end = start + len(w.texts)
-            routes = [answers[i].route for i in range(start, end)]
+        results: List[Union[Result, InputError]] = []
+        for k, its in enumerate(per_work):
+            if k in refused:
+                results.append(refused[k])
+                continue
+            idx = [it.idx for it in its]
+            routes = [answers[i].route for i in idx]
             for r in routes:
                 self.count("orchestrator_texts_total", route=r)
-            results.append(Result(probs[start:end].astype(np.float32).reshape(-1, 1), verdicts[start:end].reshape(-1, 1), routes))
-            start = end
+            results.append(Result(probs[idx].astype(np.float32).reshape(-1, 1), verdicts[idx].reshape(-1, 1), routes))
         return results

@@ -14,6 +14,15 @@ class InputError(ValueError):
     """
 
 
+class LimitError(InputError):
+    """A request over one of the policy's input ``limits``; ``limit`` names it
+    (``max_text_bytes``, ``max_request_bytes`` or ``max_windows_per_text``)."""
+
+    def __init__(self, message: str, limit: str):
+        super().__init__(message)
+        self.limit = limit
+
+
 class PolicyError(ValueError):
     """An invalid routing policy; the message starts with the location of the bad key
     (``root.steps[1].stages[0].model``), prefixed by the file name when read from a file."""

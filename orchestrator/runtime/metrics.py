@@ -22,6 +22,12 @@ class Metrics:
         orchestrator_model_unloads_total{model}     idle unloads
         orchestrator_node_errors_total{node}        node failures (error or timeout)
         orchestrator_node_latency_seconds{node}     histogram of node run time, seconds
+        orchestrator_circuit_state{model}           gauge: 0 closed, 1 open, 2 half-open
+        orchestrator_circuit_transitions_total{model,state}  circuit state changes, by new state
+        orchestrator_model_reloads_total{model,outcome}  reloads of models whose stub died
+        orchestrator_rejected_requests_total{limit} requests refused by an input limit
+                                                    (max_text_bytes | max_request_bytes |
+                                                    max_windows_per_text)
 
     Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
     updates are buffered in memory and sent by a background thread every
@@ -38,6 +44,12 @@ class Metrics:
         "orchestrator_model_loads_total": "On-demand model loads by the router, by outcome",
         "orchestrator_model_unloads_total": "Idle on-demand models unloaded by the router",
         "orchestrator_node_errors_total": "Policy node failures (downstream error or timeout)",
+        "orchestrator_circuit_transitions_total": "Circuit breaker state changes per downstream model, by new state",
+        "orchestrator_model_reloads_total": "Reloads of downstream models whose stub process died, by outcome",
+        "orchestrator_rejected_requests_total": "Requests refused by an input limit, by limit",
+    }
+    GAUGES = {
+        "orchestrator_circuit_state": "Circuit breaker state per downstream model: 0 closed, 1 open, 2 half-open",
     }
 
     def __init__(self, pb, router_name: str, flush_interval_s: float = 0.5):
@@ -47,12 +59,15 @@ class Metrics:
         self.lock = threading.Lock()
         self.counts: Dict[tuple, float] = {}
         self.observations: Dict[tuple, list] = {}
+        self.gauges: Dict[tuple, float] = {}
         self.stop = threading.Event()
         family = getattr(pb, "MetricFamily", None)
         if family is None:
             return
         for name, doc in self.COUNTERS.items():
             self.families[name] = family(name=name, description=doc, kind=family.COUNTER)
+        for name, doc in self.GAUGES.items():
+            self.families[name] = family(name=name, description=doc, kind=family.GAUGE)
         if hasattr(family, "HISTOGRAM"):
             self.families["orchestrator_node_latency_seconds"] = family(
                 name="orchestrator_node_latency_seconds",
@@ -75,24 +90,36 @@ class Metrics:
         return m
 
     def inc(self, family: str, value: float = 1.0, **labels) -> None:
+        """Add ``value`` to counter ``family`` (sent at the next flush)."""
         if family in self.families and value:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.counts[key] = self.counts.get(key, 0.0) + value
 
     def observe(self, family: str, value: float, **labels) -> None:
+        """Add one observation (seconds) to histogram ``family`` (sent at the next flush)."""
         if family in self.families:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.observations.setdefault(key, []).append(value)
+
+    def set(self, family: str, value: float, **labels) -> None:
+        """Set gauge ``family`` to ``value`` (sent at the next flush; the last value wins)."""
+        if family in self.families:
+            key = (family, tuple(sorted(labels.items())))
+            with self.lock:
+                self.gauges[key] = value
 
     def flush(self) -> None:
         """Send the buffered updates to the server now."""
         with self.lock:
             counts, self.counts = self.counts, {}
             observations, self.observations = self.observations, {}
+            gauges, self.gauges = self.gauges, {}
         for key, value in counts.items():
             self._metric(key).increment(value)
+        for key, value in gauges.items():
+            self._metric(key).set(value)
         for key, values in observations.items():
             m = self._metric(key)
             for v in values:

@@ -1,4 +1,5 @@
-"""On-demand models: the router loads them on first use and unloads them when idle.
+"""Model control from inside the router: on-demand models loaded on first use and unloaded
+when idle, and models whose stub process died reloaded (repaired).
 
 What the hosting server allows is read from its command line (:class:`ServerOptions`),
 because a model-control request that must fail can abort Triton 2.51 (see there).
@@ -80,7 +81,8 @@ class ServerOptions:
 
 
 class ModelManager:
-    """Loads ``on_demand`` models on first use and unloads them after their idle timeout.
+    """Loads ``on_demand`` models on first use, unloads them after their idle timeout, and
+    reloads models whose stub process died (:meth:`repair`).
 
     Only models the policy marks ``on_demand`` are ever loaded or unloaded, and only models
     this router loaded itself are unloaded. Concurrent first uses share one load. A failed
@@ -90,13 +92,36 @@ class ModelManager:
     the server refuses a load, the router logs it once and treats those models as always
     loaded. A model that is in none of the server's local repositories fails without a
     load request.
+
+    Args:
+        pb: ``triton_python_backend_utils``.
+        on_demand: model name -> its on-demand settings.
+        metrics: where load, unload and reload counts go.
+        logger: ``pb_utils.Logger``.
+        server: the hosting server's options (default: read from the parent process).
+        repair_interval_s: at most one :meth:`repair` per model in this many seconds.
+        on_repaired: ``(model)`` after a successful repair.
     """
 
-    def __init__(self, pb, on_demand: Mapping[str, OnDemand], metrics: Metrics, logger, server: Optional[ServerOptions] = None):
+    def __init__(
+        self,
+        pb,
+        on_demand: Mapping[str, OnDemand],
+        metrics: Metrics,
+        logger,
+        server: Optional[ServerOptions] = None,
+        repair_interval_s: float = 30.0,
+        on_repaired=None,
+    ):
         self.pb, self.settings, self.metrics, self.logger = pb, dict(on_demand), metrics, logger
         self.server = ServerOptions.of_parent() if server is None else server
+        # Load requests are possible under explicit control (or when the mode is unknown).
+        self.control = self.server.mode in (None, "explicit")
+        self.repair_interval_s = repair_interval_s
+        self.on_repaired = on_repaired
+        self.repaired: Dict[str, float] = {}  # model -> monotonic time of its last repair
         self.enabled = bool(self.settings)
-        if self.enabled and self.server.mode not in (None, "explicit"):
+        if self.enabled and not self.control:
             self._disable(f"the server runs with --model-control-mode={self.server.mode}; pb_utils.load_model needs explicit")
         self.ours = set()
         self.last_used: Dict[str, float] = {}
@@ -113,6 +138,7 @@ class ModelManager:
     def _disable(self, reason: str) -> None:
         """Stop loading and unloading; on-demand models count as always loaded from now on."""
         self.enabled = False
+        self.control = False
         self.logger.log_warn(f"router: on-demand loading is unavailable ({reason}); treating {sorted(self.settings)} as always loaded")
 
     def _load_failed(self, model: str, message: str) -> DownstreamError:
@@ -202,6 +228,52 @@ class ModelManager:
         period = max(0.2, min(s.idle_timeout_s for s in self.settings.values()) / 4)
         while not self.stop.wait(min(period, 5.0)):
             self.reap()
+
+    def repair(self, model: str) -> bool:
+        """Reload ``model`` (its stub process died) in a background thread.
+
+        Triton 2.51 neither restarts a dead Python-backend stub nor marks its model not
+        ready; a load request for the loaded model starts new instances (measured here:
+        about 2 s; docs/reliability.md). The load is sent only under explicit model
+        control, for a model found in the server's repositories (a load that must fail can
+        abort Triton 2.51, see :class:`ServerOptions`), at most once per
+        ``repair_interval_s`` per model, and never while a load of it is under way.
+
+        Returns:
+            True when a reload was started.
+        """
+        now = time.monotonic()
+        with self.guard:
+            last = self.repaired.get(model)
+            if not self.control or model in self.loading or (last is not None and now - last < self.repair_interval_s):
+                return False
+            missing = self.server.missing(model)
+            if missing:
+                self.logger.log_warn(f"router: not reloading '{model}': {missing}")
+                return False
+            self.repaired[model] = now
+            event = self.loading[model] = threading.Event()
+        self.logger.log_warn(f"router: the stub process of '{model}' is not healthy; reloading the model")
+        threading.Thread(target=self._repair, args=(model, event), name="orchestrator-repair", daemon=True).start()
+        return True
+
+    def _repair(self, model: str, event: threading.Event) -> None:
+        start = time.monotonic()
+        try:
+            self.pb.load_model(model_name=model)
+            outcome = "success"
+        except Exception as exc:  # the stub raises TritonModelException
+            outcome = "failure"
+            self.logger.log_error(f"router: reloading '{model}' failed: {exc}")
+        finally:
+            with self.guard:
+                self.loading.pop(model, None)
+                event.set()
+        self.metrics.inc("orchestrator_model_reloads_total", model=model, outcome=outcome)
+        if outcome == "success":
+            self.logger.log_info(f"router: reloaded '{model}' in {time.monotonic() - start:.1f} s")
+            if self.on_repaired:
+                self.on_repaired(model)
 
     def close(self) -> None:
         self.stop.set()

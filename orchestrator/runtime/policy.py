@@ -25,6 +25,14 @@ Top-level keys:
     request_parameters    request parameter name -> the values clients may send; ``param``
                           conditions may only use these, and a request with another value
                           is refused, so clients choose among routes and never name a model
+    ignored_parameters    request parameters accepted and ignored (``fnmatch`` patterns, e.g.
+                          headers forwarded by ``--http-header-forward-pattern``); any
+                          other parameter that is not declared is refused
+    limits                input sizes (``request.Limits``): ``max_text_bytes`` (65536),
+                          ``max_request_bytes`` (4194304), ``max_windows_per_text`` (256)
+    circuit_breaker       per downstream model (``health.BreakerSettings``):
+                          ``consecutive_failures`` (3), ``open_s`` (5), ``reload_unhealthy``
+                          (true), ``reload_interval_s`` (30)
 
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
@@ -39,14 +47,16 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.health import BreakerSettings
 from orchestrator.runtime.nodes.base import Node, ParseContext, Reader
 from orchestrator.runtime.nodes.model import ModelNode, OnDemand
+from orchestrator.runtime.request import Limits
 
 __all__ = ["Policy", "PolicyError", "OnDemand", "parse_policy", "read_document", "load_policy", "describe"]
 
 TOP_LEVEL_KEYS = (
     "version", "root", "tokenizer", "postprocess", "max_sequence_length", "bls_max_batch_size",
-    "request_parameters", "description", "inline",
+    "request_parameters", "description", "inline", "ignored_parameters", "limits", "circuit_breaker",
 )
 
 
@@ -63,6 +73,9 @@ class Policy:
         inline_tokenizer: tokenizer files directory, relative to the router's model
             directory, or None (BLS tokenizer).
         inline_postprocess: apply the postprocess function in-process.
+        ignored_parameters: ``fnmatch`` patterns of request parameters accepted and ignored.
+        limits: input size limits.
+        breaker: circuit breaker settings.
         source: the validated document, for ``policy show``.
     """
 
@@ -74,6 +87,9 @@ class Policy:
     request_parameters: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
     inline_tokenizer: Optional[str] = None
     inline_postprocess: bool = False
+    ignored_parameters: Tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
     source: Dict[str, Any] = field(default_factory=dict)
 
     def nodes(self) -> List[Node]:
@@ -103,6 +119,36 @@ def _request_parameters(r: Reader) -> Dict[str, Tuple[str, ...]]:
             raise PolicyError(f"policy.request_parameters.{name}: expected a non-empty list of strings")
         params[str(name)] = tuple(values)
     return params
+
+
+def _limits(r: Reader) -> Limits:
+    d = Limits()
+    lr = Reader(r.get("limits", dict, {}) or {}, "policy.limits", ("max_text_bytes", "max_request_bytes", "max_windows_per_text"))
+    return Limits(
+        max_text_bytes=lr.number_in("max_text_bytes", 1, 1 << 31, d.max_text_bytes, kind=int),
+        max_request_bytes=lr.number_in("max_request_bytes", 1, 1 << 31, d.max_request_bytes, kind=int),
+        max_windows_per_text=lr.number_in("max_windows_per_text", 1, 1 << 20, d.max_windows_per_text, kind=int),
+    )
+
+
+def _breaker(r: Reader) -> BreakerSettings:
+    d = BreakerSettings()
+    keys = ("consecutive_failures", "open_s", "reload_unhealthy", "reload_interval_s")
+    br = Reader(r.get("circuit_breaker", dict, {}) or {}, "policy.circuit_breaker", keys)
+    return BreakerSettings(
+        consecutive_failures=br.number_in("consecutive_failures", 1, 1000, d.consecutive_failures, kind=int),
+        open_s=br.number_in("open_s", 0.0, 3600.0, d.open_s),
+        reload_unhealthy=br.get("reload_unhealthy", bool, d.reload_unhealthy),
+        reload_interval_s=br.number_in("reload_interval_s", 0.0, 86400.0, d.reload_interval_s),
+    )
+
+
+def _ignored_parameters(r: Reader) -> Tuple[str, ...]:
+    patterns = r.get("ignored_parameters", list, [])
+    for i, p in enumerate(patterns):
+        if not isinstance(p, str) or not p:
+            raise PolicyError(f"policy.ignored_parameters[{i}]: expected a non-empty string, got {p!r}")
+    return tuple(patterns)
 
 
 def _check_declining(root: Node) -> None:
@@ -140,6 +186,9 @@ def parse_policy(document: Any) -> Policy:
         request_parameters=params,
         inline_tokenizer=inline.get("tokenizer", str),
         inline_postprocess=inline.get("postprocess", bool, False),
+        ignored_parameters=_ignored_parameters(r),
+        limits=_limits(r),
+        breaker=_breaker(r),
         source=json.loads(json.dumps(document)),
     )
 
@@ -188,6 +237,17 @@ def describe(policy: Policy) -> str:
     ]
     for name, values in policy.request_parameters.items():
         lines.append(f"request parameter {name}: {', '.join(values)}")
+    if policy.ignored_parameters:
+        lines.append(f"ignored parameters: {', '.join(policy.ignored_parameters)}")
+    lim, cb = policy.limits, policy.breaker
+    lines.append(
+        f"limits: {lim.max_text_bytes} bytes per text, {lim.max_request_bytes} bytes per request, "
+        f"{lim.max_windows_per_text} windows per text"
+    )
+    lines.append(
+        f"circuit breaker: open after {cb.consecutive_failures} failures in a row, probe after {cb.open_s:g} s, "
+        + (f"reload a model whose stub died (at most every {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
+    )
 
     def emit(node: Node, prefix: str, label: str) -> None:
         lines.append(f"{prefix}{label}[{node.name}] {N.describe(node)}")

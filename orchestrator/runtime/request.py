@@ -9,17 +9,19 @@ Request parameters (KServe v2 ``parameters``): the ones the policy declares in
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
-from orchestrator.runtime.errors import InputError
+from orchestrator.runtime.errors import InputError, LimitError
 from orchestrator.runtime.validation import check_thresholds, decode_texts, parse_bool
 
 # Request parameter that asks for the optional POLICY output (``orchestrator policy show``).
 DESCRIBE_PARAMETER = "describe_policy"
+POLICY_OUTPUT = "POLICY"
 
 
 @dataclass
@@ -50,35 +52,119 @@ class Result:
     routes: List[str]
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Input sizes the router accepts (the policy's ``limits`` block).
+
+    A request over a limit gets INVALID_ARG naming the text, its size and the limit; the
+    byte limits are checked before anything is decoded or tokenized, so rejected input
+    costs no tokenizer or model time and leaves no memory behind.
+
+    Attributes:
+        max_text_bytes: UTF-8 bytes per text (default 65536 = 64 KiB, about 10,000 English
+            words; the demo corpus's longest text has 855 bytes).
+        max_request_bytes: UTF-8 bytes of all texts of one request (default 4 MiB = 64
+            texts, the router's ``max_batch_size``, of 64 KiB).
+        max_windows_per_text: windows a ``chunk`` node may make of one text (default 256:
+            about 24,600 tokens at window 128, stride 96), which bounds a text's model time.
+    """
+
+    max_text_bytes: int = 65536
+    max_request_bytes: int = 4 * 1024 * 1024
+    max_windows_per_text: int = 256
+
+
+def check_sizes(texts_array: np.ndarray, limits: Limits, name: str = "TEXT") -> None:
+    """Refuse texts over the byte limits before decoding them.
+
+    Raises:
+        InputError: a text over ``max_text_bytes`` (the first one, by index) or all texts
+            together over ``max_request_bytes``.
+    """
+    total = 0
+    for i, item in enumerate(np.asarray(texts_array).reshape(-1)):
+        size = len(item) if isinstance(item, (bytes, bytearray, np.bytes_)) else len(str(item).encode("utf-8"))
+        if size > limits.max_text_bytes:
+            raise LimitError(
+                f"{name}[{i}]: {size} bytes, over the limit of {limits.max_text_bytes} bytes per text (policy limits.max_text_bytes)",
+                "max_text_bytes",
+            )
+        total += size
+    if total > limits.max_request_bytes:
+        raise LimitError(
+            f"{name}: {total} bytes in all texts, over the limit of {limits.max_request_bytes} bytes per request "
+            "(policy limits.max_request_bytes)",
+            "max_request_bytes",
+        )
+
+
+def check_parameters(parameters: Mapping[str, object], exposed: Mapping[str, Sequence[str]], ignored: Sequence[str]) -> dict:
+    """The request parameters the policy declares, validated; ``describe_policy`` and
+    parameters matching an ``ignored`` pattern are dropped.
+
+    Triton's own request parameters (``priority``, ``timeout``, ``sequence_id`` ...) never
+    reach a model's ``parameters()``: Triton consumes them.
+
+    Raises:
+        InputError: a parameter the policy neither declares nor ignores, or a declared one
+            with a value the policy does not offer.
+    """
+    accepted = {}
+    for name, value in parameters.items():
+        if name in exposed:
+            if str(value) not in exposed[name]:
+                raise InputError(
+                    f"parameter {name}={value!r}: not a route this policy exposes (choose one of: {', '.join(exposed[name])})"
+                )
+            accepted[name] = value
+        elif name != DESCRIBE_PARAMETER and not any(fnmatch.fnmatchcase(name, p) for p in ignored):
+            known = ", ".join(sorted(set(exposed) | {DESCRIBE_PARAMETER}))
+            raise InputError(f"parameter {name!r}: not a parameter of this router (it accepts: {known})")
+    return accepted
+
+
 def parse_request(
     texts_array: Optional[np.ndarray],
     thresholds_array: Optional[np.ndarray],
     parameters: Optional[Mapping[str, object]] = None,
     exposed: Optional[Mapping[str, Sequence[str]]] = None,
     request_id: str = "",
+    limits: Optional[Limits] = None,
+    ignored: Sequence[str] = (),
+    explicit_outputs: Optional[Set[str]] = None,
 ) -> Work:
-    """Validate one request's ``TEXT``, ``THRESHOLD`` and the request parameters the policy
-    exposes.
+    """Validate one request: ``TEXT`` (sizes first), ``THRESHOLD``, request parameters and
+    the outputs it asked for.
+
+    Args:
+        texts_array: TEXT, object [N, 1] of UTF-8 bytes (None: missing).
+        thresholds_array: THRESHOLD, float32 [N, 1] (None: missing).
+        parameters: the request's parameters.
+        exposed: parameter name -> the values the policy offers (``request_parameters``).
+        request_id: Triton's request id.
+        limits: input size limits (default :class:`Limits`).
+        ignored: ``fnmatch`` patterns of parameters to accept and ignore.
+        explicit_outputs: the outputs the client named, when it named a subset (None: all).
 
     Raises:
-        InputError: a missing input, an empty batch, invalid UTF-8, a threshold that is not
-            one finite probability per text, or an exposed request parameter with a value
-            the policy does not offer.
+        InputError: a missing input, an empty batch, a text or request over a size limit,
+            invalid UTF-8, a threshold that is not one finite probability per text, an
+            unknown parameter or a value the policy does not offer, or the ``POLICY``
+            output asked for without ``describe_policy``.
     """
     if texts_array is None:
         raise InputError("TEXT: required input is missing")
     if thresholds_array is None:
         raise InputError("THRESHOLD: required input is missing")
+    check_sizes(texts_array, limits or Limits())
     texts = decode_texts(texts_array, "TEXT")
     thresholds = check_thresholds(thresholds_array, len(texts), "THRESHOLD")
     parameters = dict(parameters or {})
-    for name, allowed in (exposed or {}).items():
-        if name in parameters and str(parameters[name]) not in allowed:
-            raise InputError(
-                f"parameter {name}={parameters[name]!r}: not a route this policy exposes (choose one of: {', '.join(allowed)})"
-            )
-    describe = parse_bool(parameters.pop(DESCRIBE_PARAMETER, False), DESCRIBE_PARAMETER)
-    return Work(texts=texts, thresholds=thresholds, parameters=parameters, request_id=request_id, describe=describe)
+    accepted = check_parameters(parameters, exposed or {}, ignored)
+    describe = parse_bool(parameters.get(DESCRIBE_PARAMETER, False), DESCRIBE_PARAMETER)
+    if explicit_outputs is not None and POLICY_OUTPUT in explicit_outputs and not describe:
+        raise InputError(f"{POLICY_OUTPUT}: this output is only produced for requests with the parameter {DESCRIBE_PARAMETER}=true")
+    return Work(texts=texts, thresholds=thresholds, parameters=accepted, request_id=request_id, describe=describe)
 
 
 def policy_path(model_dir: Path, params: Mapping[str, str]) -> Path:

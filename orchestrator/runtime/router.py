@@ -9,27 +9,28 @@ Same inputs and outputs as ``ensemble`` plus ``ROUTE``, so a client switches by 
     POLICY         TYPE_STRING [N, 1]  optional: the policy as JSON, only for requests with
                                        the parameter ``describe_policy: true``
 
-What happens to each text is decided by the routing policy (``orchestrator.runtime.policy``; node kinds in
-``orchestrator.runtime.nodes``), a
-YAML file in the model directory named by the config parameter ``policy``. The default
-policy (``model_repository/router/policy.yaml``) answers empty texts without a model
-(probability 0.5, verdict false, ROUTE ``empty``), chunks texts over 128 tokens into
-overlapping windows (ROUTE ``chunked:<model>``), and cascades from ``classifier_fast`` to
-``classifier`` for texts whose probability is within 0.15 of their threshold.
+What happens to each text is decided by the routing policy (``orchestrator.runtime.policy``;
+node kinds in ``orchestrator.runtime.nodes``), a YAML file in the model directory named by
+the config parameter ``policy``. The shipped policy (``model_repository/router/policy.yaml``)
+answers empty texts without a model (probability 0.5, verdict false, ROUTE ``empty``),
+chunks texts over 128 tokens into overlapping windows (ROUTE ``chunked:<model>``), cascades
+from ``classifier_fast`` to ``classifier`` for texts whose probability is within 0.15 of
+their threshold, and degrades when a model is broken (ROUTE ``classifier`` for texts that
+needed ``classifier_fast``, ``classifier_fast:degraded`` for texts that needed
+``classifier``).
 
 Batching: the texts of all requests in one ``execute`` call go through the policy
 together: one tokenization (whole texts, no truncation), one BLS call per model node, one
 postprocess step; BLS calls are split at ``bls_max_batch_size`` rows and sent
-concurrently, with rows sorted by length so each call pads as little as possible. The
-shipped policy tokenizes and post-processes in this process (policy option ``inline``,
-the tokenizer model's own files and the postprocess model's own function); without it
-both are BLS calls to the ``tokenizer`` and ``postprocess`` models.
+concurrently, with rows sorted by length so each call pads as little as possible.
 
-Errors: bad input gives that request an INVALID_ARG error naming the input (or the request
-parameter). A failing downstream model gives an INTERNAL error naming the model, unless a
-``fallback`` node answers instead; when several requests were batched together, each is
-retried alone so only the requests that fail get the error. Every request gets exactly
-one response.
+Errors: bad input (including a text over the policy's ``limits``) gives that request an
+INVALID_ARG error naming the input (or the request parameter). A failing downstream model
+gives an INTERNAL error naming the model, unless a ``fallback`` node answers instead. When
+requests batched together fail, each is retried alone, all concurrently, so only the
+requests that need the failing model get the error; a model whose circuit is open
+(``health.CircuitBreaker``) is not called again by those retries. Every request gets
+exactly one response.
 """
 
 from __future__ import annotations
@@ -38,30 +39,33 @@ import asyncio
 import json
 import traceback
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Union
 
 import numpy as np
 
+from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError, InputError, PolicyError
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
+from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.policy import load_policy
-from orchestrator.runtime.request import Result, parse_request, policy_path
+from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 
 class TritonPythonModel:
-    """Triton Python-backend adapter around :class:`Engine`.
+    """Triton Python-backend adapter around :class:`~orchestrator.runtime.engine.Engine`.
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
     in the calling (stub main) thread. A downstream call that is the only one in flight
     uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
-    ``parallel``/``split``/``switch`` branches) or under a ``timeout_ms`` use ``async_exec``.
-    Why: the stub runs an ``async def execute`` on a loop in another thread and
-    ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
+    ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
+    ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
+    and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
+    Every downstream call goes through the circuit breaker of its model.
     """
 
     def initialize(self, args):
@@ -77,8 +81,18 @@ class TritonPythonModel:
         except PolicyError as exc:
             raise ValueError(f"router: invalid routing policy: {exc}") from None
         self.name = args.get("model_name", config.get("name", "router"))
+        self.outputs = {o["name"] for o in config.get("output", [])}
         self.metrics = Metrics(pb_utils, self.name)
-        self.models = ModelManager(pb_utils, self.policy.on_demand(), self.metrics, self.logger)
+        settings = self.policy.breaker
+        self.breaker = CircuitBreaker(
+            settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready
+        )
+        self.models = ModelManager(
+            pb_utils, self.policy.on_demand(), self.metrics, self.logger,
+            repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
+        )
+        for model in self.policy.models():
+            self.metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
         self.engine = Engine(self.policy, self._infer, self.metrics, self.models, model_dir)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
@@ -95,8 +109,26 @@ class TritonPythonModel:
         self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads
         self.loop.close()
 
+    # -- downstream calls
+
+    def _circuit_changed(self, model: str, old: str, new: str, reason: str) -> None:
+        self.metrics.set("orchestrator_circuit_state", STATE_VALUES[new], model=model)
+        self.metrics.inc("orchestrator_circuit_transitions_total", model=model, state=new)
+        log = self.logger.log_info if new == "closed" else self.logger.log_warn
+        log(f"router '{self.name}': circuit of '{model}' {old} -> {new} ({reason})")
+
+    def _ready(self, model: str) -> bool:
+        return bool(self.pb.is_model_ready(model))
+
+    def _unhealthy(self, model: str) -> None:
+        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and model != self.name:
+            self.models.repair(model)
+
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
                      alone: bool = False):
+        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+
+    async def _bls(self, model, inputs, parameters, request_id, alone):
         pb = self.pb
         request = pb.InferenceRequest(
             model_name=model,
@@ -110,7 +142,11 @@ class TritonPythonModel:
             raise DownstreamError(f"model '{model}' failed: {response.error().message()}")
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
-    def _response(self, result: Result, describe: bool = False):
+    # -- responses
+
+    def _response(self, result: Union[Result, InputError], describe: bool = False):
+        if isinstance(result, InputError):
+            return self._refuse(result)
         pb = self.pb
         routes = np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)
         tensors = [
@@ -119,7 +155,7 @@ class TritonPythonModel:
             pb.Tensor("ROUTE", routes),
         ]
         if describe:  # the optional POLICY output: the policy document as JSON, one per row
-            tensors.append(pb.Tensor("POLICY", np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
+            tensors.append(pb.Tensor(POLICY_OUTPUT, np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
         return pb.InferenceResponse(output_tensors=tensors)
 
     def _error(self, message: str, code: str):
@@ -128,45 +164,64 @@ class TritonPythonModel:
         self.metrics.inc("orchestrator_requests_total", outcome="error")
         return error_response(message, code)
 
+    def _refuse(self, exc: InputError):
+        if isinstance(exc, LimitError):
+            self.metrics.inc("orchestrator_rejected_requests_total", limit=exc.limit)
+        return self._error(f"router: {exc}", "INVALID_ARG")
+
+    # -- execute
+
     def execute(self, requests):
         """One response per request, in order (see the module docstring for errors)."""
         return self.loop.run_until_complete(self._execute(requests))
 
-    async def _execute(self, requests):
+    def _parse(self, request) -> Work:
         pb = self.pb
-        responses = [None] * len(requests)
-        works = {}
+        text = pb.get_input_tensor_by_name(request, "TEXT")
+        thr = pb.get_input_tensor_by_name(request, "THRESHOLD")
+        requested = set(request.requested_output_names())
+        return parse_request(
+            None if text is None else text.as_numpy(),
+            None if thr is None else thr.as_numpy(),
+            request_parameters(request.parameters()),
+            self.policy.request_parameters,
+            request.request_id(),
+            limits=self.policy.limits,
+            ignored=self.policy.ignored_parameters,
+            explicit_outputs=None if requested >= self.outputs else requested,
+        )
+
+    async def _execute(self, requests):
+        responses: List = [None] * len(requests)
+        works: Dict[int, Work] = {}
         for k, request in enumerate(requests):
             try:
-                text = pb.get_input_tensor_by_name(request, "TEXT")
-                thr = pb.get_input_tensor_by_name(request, "THRESHOLD")
-                works[k] = parse_request(
-                    None if text is None else text.as_numpy(),
-                    None if thr is None else thr.as_numpy(),
-                    request_parameters(request.parameters()),
-                    self.policy.request_parameters,
-                    request.request_id(),
-                )
+                works[k] = self._parse(request)
             except InputError as exc:
-                responses[k] = self._error(f"router: {exc}", "INVALID_ARG")
+                responses[k] = self._refuse(exc)
+        keys = list(works)
         try:
-            keys = list(works)
             for k, result in zip(keys, await self.engine.run([works[k] for k in keys])):
                 responses[k] = self._response(result, works[k].describe)
         except DownstreamError as batch_error:
-            # Retry each request alone so only the requests that fail get the error.
-            for k in works:
-                if len(works) == 1:
-                    responses[k] = self._error(f"router: {batch_error}", "INTERNAL")
-                    continue
-                try:
-                    responses[k] = self._response((await self.engine.run([works[k]]))[0], works[k].describe)
-                except DownstreamError as exc:
-                    responses[k] = self._error(f"router: {exc}", "INTERNAL")
+            if len(keys) == 1:
+                responses[keys[0]] = self._error(f"router: {batch_error}", "INTERNAL")
+            else:  # each request alone, concurrently: only those that need the failing model fail
+                for k, response in zip(keys, await gather(self._alone(works[k]) for k in keys)):
+                    responses[k] = response
         except Exception as exc:  # a bug must fail these requests, not the model instance
             self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
-            for k in works:
+            for k in keys:
                 responses[k] = self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")
-        ok = sum(1 for k in works if responses[k] is not None and not responses[k].has_error())
+        ok = sum(1 for k in keys if responses[k] is not None and not responses[k].has_error())
         self.metrics.inc("orchestrator_requests_total", ok, outcome="success")
         return responses
+
+    async def _alone(self, work: Work):
+        try:
+            return self._response((await self.engine.run([work]))[0], work.describe)
+        except DownstreamError as exc:
+            return self._error(f"router: {exc}", "INTERNAL")
+        except Exception as exc:
+            self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
+            return self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")

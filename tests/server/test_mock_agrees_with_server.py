@@ -60,7 +60,7 @@ def _server(triton, model, arrays):
 @pytest.fixture(scope="module")
 def mock(test_repository):
     with MockTriton(test_repository) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_accurate", "router_bls"):
+        for name in ("tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_accurate", "router_bls", "router_strict"):
             m.load(name)
         yield m
 
@@ -111,13 +111,18 @@ def test_batched_requests_agree_and_bls_calls_are_batched(triton, mock, model):
 
 
 def test_downstream_failure_is_isolated_in_the_mock(mock):
-    """The mock's fault injection: a failing classifier fails only requests that reach it."""
+    """The mock's fault injection: a failing classifier fails only requests that reach it
+    (router_strict, no fallbacks); the shipped router answers them from classifier."""
     empty_only = _arrays(["", " "], 0.5)
     needs_model = _arrays(["a fine film"], 0.5)
+    healthy = mock.infer("router", {**needs_model}, parameters={"route": "accurate"})
     mock.set_failure("classifier_fast", "injected failure")
     try:
-        results = mock.infer_batch("router", [empty_only, needs_model])
+        strict = mock.infer_batch("router_strict", [empty_only, needs_model])
+        shipped = mock.infer_batch("router", [empty_only, needs_model])
     finally:
         mock.clear_faults()
-    assert [r.decode() for r in results[0]["ROUTE"].reshape(-1)] == ["empty", "empty"]
-    assert isinstance(results[1], InferError) and "model 'classifier_fast' failed" in results[1].message
+    assert [r.decode() for r in strict[0]["ROUTE"].reshape(-1)] == ["empty", "empty"]
+    assert isinstance(strict[1], InferError) and "model 'classifier_fast' failed" in strict[1].message
+    assert [r.decode() for r in shipped[1]["ROUTE"].reshape(-1)] == ["classifier"]
+    np.testing.assert_allclose(shipped[1]["PROBABILITIES"], healthy["PROBABILITIES"], atol=1e-6)

@@ -137,6 +137,8 @@ def test_a_bad_request_batched_with_good_ones_fails_alone(triton, held_out):
 
 
 def test_downstream_failure_fails_only_the_requests_that_need_it(triton, held_out):
+    """router_strict (the shipped policy without its fallbacks): with classifier unloaded,
+    requests batched together with ones that need it still get their answers."""
     confident = held_out[1]
     p_conf = float(call(triton, "router_fast", [confident])["PROBABILITIES"][0, 0])
     conf_thr = 0.0 if p_conf >= 0.5 else 1.0  # |p - thr| >= 0.5 > margin: never escalates
@@ -146,14 +148,32 @@ def test_downstream_failure_fails_only_the_requests_that_need_it(triton, held_ou
     try:
         jobs = [(confident, conf_thr), (unsure_text, unsure_thr)] * 4
         with cf.ThreadPoolExecutor(len(jobs)) as pool:
-            futures = [pool.submit(call, triton, "router", [t], thr) for t, thr in jobs]
+            futures = [pool.submit(call, triton, "router_strict", [t], thr) for t, thr in jobs]
         for k, fut in enumerate(futures):
             if k % 2 == 0:
                 assert routes(fut.result()) == ["classifier_fast"]
             else:
-                with pytest.raises(InferenceServerException, match="model 'classifier' failed"):
+                with pytest.raises(InferenceServerException, match="model 'classifier'"):
                     fut.result()
         assert triton.is_ready()
     finally:
         triton.load_model("classifier")
-    assert routes(call(triton, "router", [unsure_text], unsure_thr)) == ["classifier"]
+    # the open circuit sees the model ready again at once (no 5 s cool-down to wait out)
+    assert routes(call(triton, "router_strict", [unsure_text], unsure_thr)) == ["classifier"]
+
+
+def test_shipped_policy_degrades_while_classifier_is_unloaded(triton, held_out):
+    """Texts that needed classifier get classifier_fast's answer, ROUTE classifier_fast:degraded."""
+    texts = held_out[:8]
+    fast = call(triton, "router", texts, parameters={"route": "fast"})["PROBABILITIES"].reshape(-1)
+    thr = fast.copy()  # |p - thr| = 0: every text is unsure and would escalate
+    triton.unload_model("classifier")
+    try:
+        out = call(triton, "router", texts, thr_array=thr.reshape(-1, 1).astype(np.float32))
+        assert routes(out) == ["classifier_fast:degraded"] * len(texts)
+        np.testing.assert_allclose(out["PROBABILITIES"].reshape(-1), fast, atol=1e-6)
+        acc = call(triton, "router", texts, parameters={"route": "accurate"})
+        assert routes(acc) == ["classifier_fast:degraded"] * len(texts)
+    finally:
+        triton.load_model("classifier")
+    assert routes(call(triton, "router", texts, thr_array=thr.reshape(-1, 1).astype(np.float32))) == ["classifier"] * len(texts)

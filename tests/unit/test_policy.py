@@ -9,6 +9,7 @@ import yaml
 
 from orchestrator.runtime import policy as P
 from orchestrator.runtime.nodes.cascade import CascadeNode
+from orchestrator.runtime.nodes.fallback import FallbackNode
 from orchestrator.runtime.nodes.sequence import SequenceNode
 from orchestrator.tooling.cli import main
 from tests.helpers import ROOT
@@ -66,14 +67,26 @@ def test_default_policy_reproduces_the_first_router():
     empty = guard.cases[0]
     assert empty.when.empty is True and empty.then.probability == 0.5 and empty.then.verdict is False
     assert empty.then.route == "empty"
-    cascade = choose.default
+    degrade = choose.default
+    assert isinstance(degrade, FallbackNode)
+    cascade, spare = degrade.nodes
     assert isinstance(cascade, CascadeNode) and cascade.margin == 0.15
-    fast, accurate = cascade.stages
-    assert (fast.window, fast.stride, fast.aggregation) == (128, 96, "length_weighted_mean")
+    fast, accurate_or_fast = cascade.stages
+    accurate, fast_degraded = accurate_or_fast.nodes
+    for chunk in (fast, accurate, fast_degraded, spare):
+        assert (chunk.window, chunk.stride, chunk.aggregation) == (128, 96, "length_weighted_mean")
     assert fast.node.model == "classifier_fast" and accurate.node.model == "classifier"
+    # degraded answers: classifier for texts that needed classifier_fast, and the other way
+    assert (spare.node.model, spare.node.route) == ("classifier", "classifier")
+    assert (fast_degraded.node.model, fast_degraded.node.route) == ("classifier_fast", "classifier_fast:degraded")
+    for case, (model, spare_model) in zip(choose.cases, [("classifier_fast", "classifier"), ("classifier", "classifier_fast")]):
+        first, second = case.then.nodes
+        assert (first.node.model, second.node.model) == (model, spare_model)
+        assert (first.window, first.stride, second.window, second.stride) == (128, 96, 128, 96)
     assert policy.request_parameters == {"route": ("fast", "accurate")}
     assert policy.models() == ["classifier_fast", "classifier"]  # tokenizer and postprocess inline
     assert policy.inline_tokenizer == "../tokenizer/1" and policy.inline_postprocess
+    assert (policy.limits.max_text_bytes, policy.limits.max_windows_per_text) == (65536, 256)
 
 
 def test_calibration_becomes_a_logit_shift():

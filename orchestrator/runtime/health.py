@@ -1,0 +1,229 @@
+"""Downstream model health: a circuit breaker per model, in front of every BLS call.
+
+The pattern Triton users know from Envoy/Istio outlier detection: after
+``consecutive_failures`` failed calls in a row to one model, the model's circuit OPENS and
+calls to it fail at once (a ``fallback`` node answers instead) for ``open_s`` seconds; then
+the circuit is HALF-OPEN and a single probe call decides: success closes it, failure opens
+it again. A failure that says the model cannot serve at all opens the circuit at once:
+its stub process is not healthy (Triton 2.51 keeps such a model READY and fails every call
+to it after about 1 s, see docs/reliability.md), or the model is not ready, unloaded or
+unknown. Errors a retry cannot cure are raised as ``DownstreamError(retryable=False)``.
+
+When a circuit opens because the model's stub is not healthy, ``on_unhealthy`` is called
+with the model's name (the router reloads the model there, see ``ondemand.ModelManager``);
+a successful reload ends the cool-down. A circuit opened because the model was not ready
+(unloaded) asks ``ready_check`` (``pb_utils.is_model_ready``, at most every 0.5 s) while
+open, so it probes as soon as an operator loads the model again.
+
+State is per router instance (per replica): nothing is shared between processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+from orchestrator.runtime.errors import DownstreamError
+
+CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+#: The ``orchestrator_circuit_state`` gauge's value for each state.
+STATE_VALUES = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+
+# Error texts (Triton 2.51 core and python_backend) that mean the model cannot serve.
+_STUB_DEAD = ("is not healthy", "Failed to obtain the health mutex")
+_NOT_READY = ("is not ready", "not at ready state", "unavailable", "not found", "unknown model", "is not loaded")
+_UNAVAILABLE = _STUB_DEAD + _NOT_READY
+#: Seconds between two ``ready_check`` calls for one open circuit.
+READY_CHECK_INTERVAL_S = 0.5
+
+
+def stub_is_dead(message: str) -> bool:
+    """True when a BLS error says the model's stub process died or hangs (python_backend's
+    ``Stub process '<instance>' is not healthy.``)."""
+    return any(s in message for s in _STUB_DEAD)
+
+
+def is_unavailable(message: str) -> bool:
+    """True when a BLS error says the model cannot serve any request now (dead stub, not
+    ready, unloaded, unknown), so retrying the same call at once cannot help."""
+    return any(s in message for s in _UNAVAILABLE)
+
+
+@dataclass(frozen=True)
+class BreakerSettings:
+    """The policy's ``circuit_breaker`` block.
+
+    Attributes:
+        consecutive_failures: failed calls in a row that open a model's circuit (default 3;
+            an "unavailable" failure opens it at once).
+        open_s: seconds a circuit stays open before one probe call is let through
+            (default 5).
+        reload_unhealthy: reload a model whose stub is not healthy (needs
+            ``--model-control-mode=explicit``; default true).
+        reload_interval_s: at most one such reload per model in this many seconds
+            (default 30).
+    """
+
+    consecutive_failures: int = 3
+    open_s: float = 5.0
+    reload_unhealthy: bool = True
+    reload_interval_s: float = 30.0
+
+
+@dataclass
+class _Circuit:
+    state: str = CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    last_error: str = ""
+    probing: bool = False
+    checked_at: float = float("-inf")
+
+
+class CircuitBreaker:
+    """Circuit state per downstream model.
+
+    Args:
+        settings: thresholds and cool-down.
+        on_change: ``(model, old_state, new_state, reason)`` after every state change
+            (logging and metrics).
+        on_unhealthy: ``(model)`` when a circuit opens because the model's stub is dead.
+        ready_check: ``(model) -> bool``, whether the server reports the model ready.
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        settings: BreakerSettings,
+        on_change: Optional[Callable[[str, str, str, str], None]] = None,
+        on_unhealthy: Optional[Callable[[str], None]] = None,
+        ready_check: Optional[Callable[[str], bool]] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settings = settings
+        self.on_change = on_change
+        self.on_unhealthy = on_unhealthy
+        self.ready_check = ready_check
+        self.clock = clock
+        self.circuits: Dict[str, _Circuit] = {}
+        self.lock = threading.Lock()
+
+    def state(self, model: str) -> str:
+        """The model's circuit state now (an open circuit whose cool-down is over reads
+        ``half_open``)."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is None:
+                return CLOSED
+            if c.state == OPEN and self.clock() - c.opened_at >= self.settings.open_s:
+                return HALF_OPEN
+            return c.state
+
+    def before_call(self, model: str) -> None:
+        """Let a call to ``model`` through, or fail it fast.
+
+        Raises:
+            DownstreamError: (not retryable) the circuit is open, or half-open with its
+                probe call in flight.
+        """
+        change = None
+        with self.lock:
+            c = self.circuits.setdefault(model, _Circuit())
+            if c.state == CLOSED:
+                return
+            now = self.clock()
+            left = self.settings.open_s - (now - c.opened_at)
+            if c.state == OPEN and left > 0 and self._back(model, c, now):
+                left = 0.0
+            if c.state == OPEN and left <= 0:
+                change = (c.state, HALF_OPEN)
+                c.state = HALF_OPEN
+            if c.state == HALF_OPEN and not c.probing:
+                c.probing = True
+            else:
+                wait = f"next probe in {left:.1f} s" if c.state == OPEN else "a probe call is in flight"
+                raise DownstreamError(
+                    f"model '{model}' is unavailable (circuit open, {wait}; last error: {c.last_error})", retryable=False
+                )
+        if change:
+            self._changed(model, *change, "cool-down over, probing")
+
+    def _back(self, model: str, c: _Circuit, now: float) -> bool:
+        """True when a circuit opened for a not-ready model finds it ready again."""
+        if self.ready_check is None or stub_is_dead(c.last_error) or not any(s in c.last_error for s in _NOT_READY):
+            return False
+        if now - c.checked_at < READY_CHECK_INTERVAL_S:
+            return False
+        c.checked_at = now
+        try:
+            return bool(self.ready_check(model))
+        except Exception:  # a failing check must not fail the call path
+            return False
+
+    def on_success(self, model: str) -> None:
+        """Record a successful call: the circuit closes."""
+        change = None
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is None:
+                return
+            c.failures, c.probing = 0, False
+            if c.state != CLOSED:
+                change = (c.state, CLOSED)
+                c.state = CLOSED
+        if change:
+            self._changed(model, *change, "a call succeeded")
+
+    def on_failure(self, model: str, message: str) -> None:
+        """Record a failed call (``message``: the error text)."""
+        opened = None
+        with self.lock:
+            c = self.circuits.setdefault(model, _Circuit())
+            c.failures += 1
+            c.last_error = message
+            c.probing = False
+            if c.state == HALF_OPEN or is_unavailable(message) or c.failures >= self.settings.consecutive_failures:
+                if c.state != OPEN:
+                    opened = c.state
+                c.state, c.opened_at = OPEN, self.clock()
+        if opened is not None:
+            self._changed(model, opened, OPEN, message)
+        if opened is not None and stub_is_dead(message) and self.on_unhealthy:
+            self.on_unhealthy(model)
+
+    def half_open(self, model: str) -> None:
+        """End the cool-down now (the model was repaired): the next call probes it."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is not None and c.state == OPEN:
+                c.opened_at = self.clock() - self.settings.open_s
+
+    def _changed(self, model: str, old: str, new: str, reason: str) -> None:
+        if self.on_change:
+            self.on_change(model, old, new, reason)
+
+    async def call(self, model: str, coro_factory: Callable[[], "asyncio.Future"]):
+        """Run one downstream call under the breaker: ``coro_factory()`` is awaited only
+        when the circuit lets it through; a DownstreamError or a cancellation (a node's
+        ``timeout_ms``) counts as a failure.
+
+        Raises:
+            DownstreamError: failed fast (circuit open) or the call failed; an error that
+                says the model is unavailable comes back with ``retryable=False``.
+        """
+        self.before_call(model)
+        try:
+            result = await coro_factory()
+        except DownstreamError as exc:
+            self.on_failure(model, str(exc))
+            if is_unavailable(str(exc)):
+                exc.retryable = False
+            raise
+        except asyncio.CancelledError:
+            self.on_failure(model, "the call was cancelled (node timeout)")
+            raise
+        self.on_success(model)
+        return result

@@ -38,6 +38,14 @@ clean:
 bench: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench --out docs $(BENCH_ARGS)
 
+# Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
+# clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
+# texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 4 minutes on 2 cores).
+# Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
+.PHONY: soak
+soak: $(STAMP)
+	$(PY) -m orchestrator.tooling.soak --out docs $(SOAK_ARGS)
+
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into

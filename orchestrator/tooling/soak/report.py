@@ -316,10 +316,11 @@ def markdown(summary: Mapping) -> str:
     if summary["wrong_examples"]:
         lines += ["## Wrong answers (first ones)", ""] + [f"- `{w['request_id']}` ({w['phase']}): {'; '.join(w['problems'])}"
                                                            for w in summary["wrong_examples"]] + [""]
-    lines += ["## Timeline", "", _row("t (s)", "event"), _row("---:", "---")]
+    lines += ["## Timeline", "", "Seconds since the healthy phase began; the wall clock (local time) matches the server log.", "",
+              _row("t (s)", "wall clock", "event"), _row("---:", "---", "---")]
     for e in summary["events"]:
-        detail = {k: v for k, v in e.items() if k not in ("t_s", "event")}
-        lines.append(_row(f"{e['t_s']:.2f}", e["event"] + (f" {detail}" if detail else "")))
+        detail = {k: v for k, v in e.items() if k not in ("t_s", "wall", "event")}
+        lines.append(_row(f"{e['t_s']:.2f}", e.get("wall", "-"), e["event"] + (f" {detail}" if detail else "")))
     if summary["skipped"]:
         lines += ["", f"Skipped (time bound reached): {', '.join(summary['skipped'])}."]
     lines += ["", f"Result: {'FAILED: ' + ', '.join(summary['failed']) if summary['failed'] else 'passed'}.", ""]

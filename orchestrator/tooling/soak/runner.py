@@ -22,6 +22,7 @@ skipped) or after ``max_requests`` requests.
 
 from __future__ import annotations
 
+import datetime
 import random
 import shutil
 import threading
@@ -142,7 +143,9 @@ class Soak:
 
     def event(self, what: str, **detail) -> None:
         t = time.monotonic() - self.t0
-        self.events.append({"t_s": round(t, 3), "event": what, **detail})
+        # wall clock too: to find the moment in the server log
+        wall = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+        self.events.append({"t_s": round(t, 3), "wall": wall, "event": what, **detail})
         self.log(f"[soak {t:7.2f} s] {what}" + (f" {detail}" if detail else ""))
 
     def enter(self, phase: str) -> None:
@@ -204,14 +207,35 @@ class Soak:
 
     # ------------------------------------------------------------------ faults
 
+    def control(self, action: str, model: str) -> None:
+        """``load`` or ``unload`` ``model`` through gRPC's repository API; an unload waits
+        until the model is no longer ready (at most 60 s).
+
+        Not through HTTP: Triton 2.51 runs an HTTP load/unload on the HTTP worker thread
+        that received it until the load ends, and an HTTP inference request that the same
+        worker thread picks up meanwhile waits for it (measured here: a request sent
+        with a router reload waited the whole 6-8 s of the load; none did with the load
+        sent over gRPC). That would be a stall of the operator's making, not the router's.
+        """
+        import tritonclient.grpc as grpcclient
+
+        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        try:
+            getattr(client, f"{action}_model")(model)
+            deadline = time.monotonic() + 60.0
+            while action == "unload" and client.is_model_ready(model) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            client.close()
+
     def unload_classifier(self) -> None:
         self.enter("classifier_unloaded")
         t = time.monotonic()
-        self.server.unload_model(ACCURATE)
+        self.control("unload", ACCURATE)
         self.event("classifier unloaded", took_s=round(time.monotonic() - t, 3))
         ok = self._sleep(self.config.unloaded_s)
         t = time.monotonic()
-        self.server.load_model(ACCURATE)  # even past the deadline: leave it loaded
+        self.control("load", ACCURATE)  # even past the deadline: leave it loaded
         self.event("classifier loaded", took_s=round(time.monotonic() - t, 3))
         if ok:
             self._sleep(self.config.settle_s)
@@ -244,7 +268,7 @@ class Soak:
         self.enter("router_reload")
         before = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         t = time.monotonic()
-        self.server.load_model("router")
+        self.control("load", "router")
         after = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         self.event("router reloaded", took_s=round(time.monotonic() - t, 3), stub_pid_before=before, stub_pid_after=after)
         self._sleep(self.config.settle_s)
@@ -259,23 +283,20 @@ class Soak:
         sentence = self.pool.texts[self.pool.indices("short")[0]].encode("utf-8") + b" "
         big = (sentence * (cfg.oversized_bytes // len(sentence) + 1))[: cfg.oversized_bytes]
         probe_client = Client("http", self.server.http_url, cfg.client_timeout_s)
-        clients = {p: Client(p, self.server.http_url if p == "http" else self.server.grpc_url, cfg.client_timeout_s)
-                   for p in ("http", "grpc")}
         try:
             for i in range(cfg.oversized_count):
                 if time.monotonic() >= self.deadline:
                     self.skipped.append(f"oversized requests {i + 1}..{cfg.oversized_count}")
                     break
-                self.oversized.append(self._one_oversized(i, big, clients["http" if i % 2 == 0 else "grpc"], probe_client))
+                self.oversized.append(self._one_oversized(i, big, "http" if i % 2 == 0 else "grpc", probe_client))
         finally:
-            for c in (probe_client, *clients.values()):
-                c.close()
+            probe_client.close()
         time.sleep(0.5)  # let the stub free what it frees
         self.rss.update({"after_bytes": procs.rss_bytes(pid), "pid_after": procs.find_stub(self.server.pid, ROUTER_INSTANCE)})
         self.event("oversized done", **{k: v for k, v in self.rss.items()})
 
-    def _one_oversized(self, i: int, big: bytes, client: Client, probe_client: Client) -> dict:
-        out: dict = {"protocol": client.protocol, "bytes": len(big)}
+    def _one_oversized(self, i: int, big: bytes, protocol: str, probe_client: Client) -> dict:
+        out: dict = {"protocol": protocol, "bytes": len(big)}
         done = threading.Event()
 
         def on_result(result, t):
@@ -288,11 +309,14 @@ class Soak:
             out.update(outcome="lost", message=reason)
 
         def run():
+            # a client of its own: tritonclient.http (gevent) must stay in the thread that made it
+            url = self.server.http_url if protocol == "http" else self.server.grpc_url
+            client = Client(protocol, url, self.config.client_timeout_s)
             try:
                 out["sent"] = time.monotonic()
-                client.send(f"soak-oversized-{i}", make_inputs(client.protocol, [big], [0.5]), None,
-                            on_result, on_error, on_lost)
+                client.send(f"soak-oversized-{i}", make_inputs(protocol, [big], [0.5]), None, on_result, on_error, on_lost)
             finally:
+                client.close()
                 done.set()
 
         thread = threading.Thread(target=run, name=f"soak-oversized-{i}", daemon=True)

@@ -83,7 +83,7 @@ def build_pool(n_short: int, n_long: int, seed: int = 0, data_dir=None) -> TextP
     longs, pos = [], 0
     for _ in range(n_long):
         parts: List[str] = []
-        while sum(len(p) + 1 for p in parts) < LONG_MIN_CHARS:
+        while len(" ".join(parts)) < LONG_MIN_CHARS:
             parts.append(rest[pos % len(rest)])
             pos += 1
         longs.append(" ".join(parts))

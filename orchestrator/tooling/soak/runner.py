@@ -9,7 +9,8 @@ Schedule (phases in order; a request belongs to the phase in which it was sent):
 3. ``stub_killed``: the ``classifier_fast`` stub (a child of the server this run started,
    found by its instance-name argument) gets SIGKILL; the phase lasts until
    ``classifier_fast`` answers a request sent after the kill (or ``recovery_timeout_s``),
-   then ``settle_s`` seconds. No operator action: the router's own recovery is measured.
+   then ``after_kill_s`` seconds (short, so the phase is mostly the time the stub was
+   dead). No operator action: the router's own recovery is measured.
 4. ``router_reload``: the loaded ``router`` is loaded again (repository API), then
    ``settle_s`` seconds.
 5. ``oversized``: ``oversized_count`` requests with one text of ``oversized_bytes`` bytes,
@@ -76,9 +77,10 @@ class SoakConfig:
 
     http_threads: int = 4
     grpc_threads: int = 4
-    healthy_s: float = 30.0
-    unloaded_s: float = 20.0
-    settle_s: float = 10.0
+    healthy_s: float = 60.0
+    unloaded_s: float = 30.0
+    settle_s: float = 20.0
+    after_kill_s: float = 2.0
     recovery_timeout_s: float = 60.0
     oversized_count: int = 20
     oversized_bytes: int = 8 * 1024 * 1024
@@ -91,7 +93,7 @@ class SoakConfig:
     mix: Mix = field(default_factory=Mix)
 
 
-#: ``orchestrator soak`` / ``make soak``: about 3 minutes on 2 cores.
+#: ``orchestrator soak`` / ``make soak``: about 3 minutes of traffic on 2 cores.
 FULL = SoakConfig()
 #: The version in ``make test`` (tests/server/test_soak.py): well under a minute of traffic.
 SHORT = SoakConfig(
@@ -262,7 +264,7 @@ class Soak:
             self.event("classifier_fast not answering", waited_s=round(time.monotonic() - kill, 3))
         else:
             self.event("classifier_fast answers again", after_s=round(back.done - kill, 3))
-        self._sleep(self.config.settle_s)
+        self._sleep(self.config.after_kill_s)
 
     def reload_router(self) -> None:
         self.enter("router_reload")

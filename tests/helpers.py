@@ -12,7 +12,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import math
 import hashlib
 import shutil
 import struct
@@ -144,6 +146,71 @@ def make_test_repository(dest: Path) -> Path:
     return dest
 
 
+# ----------------------------------------------------------------------------- a fake BLS function
+
+# Fake downstream models for the engine's unit tests, arithmetic on the text:
+# - ``tokenizer``: ``[101] + one id per word + [102]``; ``good`` is 2000, ``bad`` 3000,
+#   other words ``1000 + len(word)``; the ``truncation`` parameter must be false.
+# - classifier ``m``: logit = ``GAIN[m] * (#good - #bad) + BIAS[m]`` over the row's ids.
+# - ``postprocess``: sigmoid and ``>= THRESHOLD``.
+GAIN = {"fast": 1.0, "accurate": 2.0, "third": 0.5}
+BIAS = {"fast": 0.1, "accurate": -0.2, "third": 0.3}
+
+
+def word_id(word: str) -> int:
+    return {"good": 2000, "bad": 3000}.get(word, 1000 + len(word))
+
+
+def ids_of(text: str) -> list:
+    return [101] + [word_id(w) for w in text.split()] + [102]
+
+
+def expected_logit(model: str, ids) -> float:
+    ids = list(ids)
+    return GAIN[model] * (ids.count(2000) - ids.count(3000)) + BIAS[model]
+
+
+def sig(z: float) -> float:
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+class FakeBLS:
+    """The ``infer`` function the engine calls; records every call."""
+
+    def __init__(self, fail=(), delay=None):
+        self.calls = []
+        self.fail = set(fail)
+        self.delay = delay or {}
+
+    async def __call__(self, model, inputs, parameters, request_id, alone):
+        self.calls.append({"model": model, "rows": next(iter(inputs.values())).shape[0], "parameters": dict(parameters or {}),
+                           "request_id": request_id, "alone": alone, "inputs": inputs})
+        if model in self.delay:
+            await asyncio.sleep(self.delay[model])
+        if model in self.fail:
+            from orchestrator.runtime.errors import DownstreamError
+
+            raise DownstreamError(f"model '{model}' failed: injected")
+        if model == "tokenizer":
+            seqs = [ids_of(t.decode()) for t in inputs["TEXT"].reshape(-1)]
+            width = max(len(s) for s in seqs)
+            ids = np.zeros((len(seqs), width), np.int64)
+            mask = np.zeros((len(seqs), width), np.int64)
+            for r, s in enumerate(seqs):
+                ids[r, : len(s)], mask[r, : len(s)] = s, 1
+            assert parameters.get("truncation") is False
+            return {"input_ids": ids, "attention_mask": mask}
+        if model == "postprocess":
+            p = 1.0 / (1.0 + np.exp(-inputs["logits"].astype(np.float64)))
+            return {"PROBABILITIES": p.astype(np.float32), "VERDICTS": p.astype(np.float32) >= inputs["THRESHOLD"]}
+        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        logits = [expected_logit(model, row[m.astype(bool)]) for row, m in zip(ids, mask)]
+        return {"logits": np.array(logits, np.float32).reshape(-1, 1)}
+
+    def models_called(self):
+        return [c["model"] for c in self.calls]
+
+
 # ----------------------------------------------------------------------------- requests
 
 
@@ -172,6 +239,44 @@ def call(server, model, texts, thresholds=0.5, parameters=None, text_array=None,
 
 def routes(out):
     return [r.decode() for r in out["ROUTE"].reshape(-1)]
+
+
+# ----------------------------------------------------------------------------- server processes
+
+
+def child_processes(pid: int) -> list:
+    """``(pid, argv)`` of every process whose parent is ``pid`` (from /proc)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+                out.append((int(entry.name), argv))
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
+def stub_pid(server, instance: str) -> int:
+    """The pid of the Python-backend stub process of model instance ``instance`` (e.g.
+    ``classifier_fast_0_0``): a child of the server process the test started, whose
+    arguments name that instance. Raises LookupError when there is none."""
+    found = [pid for pid, argv in child_processes(server.pid) if instance in argv and "triton_python_backend_stub" in argv[0]]
+    alive = [p for p in found if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
+    if len(alive) != 1:
+        raise LookupError(f"{len(alive)} live stub processes for {instance} under server pid {server.pid}")
+    return alive[0]
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` in bytes (VmRSS in /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(f"no VmRSS for pid {pid}")
 
 
 # ----------------------------------------------------------------------------- execution environments

@@ -244,5 +244,9 @@ def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
     assert rc == 1
     assert "probe [numpy]: numpy 2.1.0" in " ".join(out.split())
     assert "1 of 1 Python models have problems" in out
+    # --models: a comma-separated list (blanks ignored); an unknown name is a problem of its own.
+    assert doctor.doctor_command(parser.parse_args(["--repo", str(repo), "--config-name", "", "--models", " probe, ,nope"])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 of 2 Python models have problems" in out and "nope has no config" in out
     assert doctor.doctor_command(parser.parse_args(["--repo", str(tmp_path / "nope")])) == 1
     assert "is not a directory" in capsys.readouterr().err

@@ -21,6 +21,7 @@ from orchestrator.tooling.env.common import (
     STUB_BUILD_SCRIPT,
     STUB_OUT_DIR,
     parse_version,
+    version_text,
 )
 from orchestrator.tooling.env.install import InstalledModel, install_env
 from orchestrator.tooling.env.stubs import dispatcher_target, prepare_stub
@@ -143,7 +144,7 @@ def stub_command(args: argparse.Namespace) -> int:
     try:
         version = parse_version(args.python)
         if args.triton and args.triton != "embedded":
-            cmd = ["bash", str(STUB_BUILD_SCRIPT), f"{version[0]}.{version[1]}", triton]
+            cmd = ["bash", str(STUB_BUILD_SCRIPT), version_text(version), triton]
             if args.out:
                 cmd.append(str(args.out))
             return subprocess.call(cmd)

@@ -147,21 +147,21 @@ def prepare_stub(
     if triton != EMBEDDED_TRITON_RELEASE:
         raise EnvError(
             f"the embedded server is Triton 2.51 ({EMBEDDED_TRITON_RELEASE}); its prebuilt stubs do not fit "
-            f"{triton}. Build one in the NGC container: make stub PYTHON={version[0]}.{version[1]} TRITON={triton}"
+            f"{triton}. Build one in the NGC container: make stub PYTHON={version_text(version)} TRITON={triton}"
         )
     source = embedded_stub(version)
-    target_dir = Path(out_dir or STUB_OUT_DIR) / f"{version[0]}.{version[1]}"
+    target_dir = Path(out_dir or STUB_OUT_DIR) / version_text(version)
     target_dir.mkdir(parents=True, exist_ok=True)
     target = target_dir / STUB_NAME
     copy_atomic(source, target, mode=0o755)
     info = inspect_stub(target)
     if info.python_version != version:
-        raise EnvError(f"{target} links {info.libpython or 'no libpython'}, not libpython{version[0]}.{version[1]}")
+        raise EnvError(f"{target} links {info.libpython or 'no libpython'}, not libpython{version_text(version)}")
     # The libpython comes from the env's lib/ at run time; here, from an interpreter of that
     # version if this machine has one (pyenv), so ldd shows a real resolution.
     lib_path = list(ld_library_path) if ld_library_path is not None else embedded_library_path()
     try:
-        interpreter = find_python(f"{version[0]}.{version[1]}")
+        interpreter = find_python(version_text(version))
     except EnvError:
         interpreter = None
     if interpreter is not None and interpreter.libdir is not None:
@@ -172,7 +172,7 @@ def prepare_stub(
     manifest = {
         "source": f"nvidia-pytriton wheel: {source}",
         "triton_release": triton,
-        "python": f"{version[0]}.{version[1]}",
+        "python": version_text(version),
         "libpython": info.libpython,
         "ldd_libpython": libs.get(info.libpython or "", None),
         "numpy2_support": info.numpy2,

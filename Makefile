@@ -55,13 +55,13 @@ ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
 env:
 	$(MAKE) venv PYTHON=python3
 	$(PY) -m pip install --quiet -e ".[test,env]"
-	$(PY) -m orchestrator.tooling.env.envtools env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+	$(PY) -m orchestrator.tooling.env env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
 
 stub:
 	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
 ifeq ($(strip $(TRITON)),)
 	$(MAKE) venv PYTHON=python3
-	$(PY) -m orchestrator.tooling.env.envtools stub --python $(ENV_PYTHON)
+	$(PY) -m orchestrator.tooling.env stub --python $(ENV_PYTHON)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif

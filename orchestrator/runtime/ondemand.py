@@ -6,12 +6,9 @@ what the hosting server allows is read from its command line (``control.ServerOp
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional
 
 from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
 from orchestrator.runtime.errors import DownstreamError
@@ -113,7 +110,7 @@ class ModelManager:
                 self.loading.pop(model).set()
                 if "explicit model load" in message or "not allowed" in message:
                     self._disable(message)
-                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}")
+                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}") from None
                 raise self._load_failed(model, message) from None
         with self.guard:
             self.ours.add(model)
@@ -139,6 +136,7 @@ class ModelManager:
             raise
 
     def release(self, model: str) -> None:
+        """Mark one use of ``model`` finished (its idle time starts when none is left)."""
         if model in self.settings:
             with self.guard:
                 self.in_use[model] -= 1
@@ -226,4 +224,5 @@ class ModelManager:
                 self.on_repaired(model)
 
     def close(self) -> None:
+        """Stop the unloader and any delayed repair."""
         self.stop.set()

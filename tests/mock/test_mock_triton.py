@@ -1,4 +1,4 @@
-"""Tests of orchestrator.testing.mock_triton with the tiny repository in tests/fixtures/mock/repo."""
+"""Tests of orchestrator.testing.mock with the tiny repository in tests/fixtures/mock/repo."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.testing import mock_triton
-from orchestrator.testing.mock_triton import InferError, LoadError, MockTriton
+from orchestrator.testing.mock import InferError, LoadError, MockTriton, install
 from tests.helpers import FIXTURES
 
 REPO = FIXTURES / "mock" / "repo"
@@ -34,15 +33,15 @@ def mock():
 
 @pytest.fixture
 def pb():
-    return mock_triton.install()
+    return install()
 
 
 # -- install / module surface ----------------------------------------------------------
 
 
 def test_install_is_idempotent_and_exposes_the_real_surface():
-    module = mock_triton.install()
-    assert mock_triton.install() is module
+    module = install()
+    assert install() is module
     assert sys.modules["triton_python_backend_utils"] is module
     for name in (
         "Tensor", "InferenceRequest", "InferenceResponse", "TritonError",

@@ -150,16 +150,27 @@ def test_config_name_must_match_the_directory(tmp_path):
             server.load("add_one")
 
 
-def test_ensemble_dtype_mismatch_is_refused_at_load(tmp_path):
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ('input [ { name: "INPUT0" data_type: TYPE_FP32', 'input [ { name: "INPUT0" data_type: TYPE_INT32',
+         "ensemble tensor 'INPUT0' is TYPE_INT32 but 'add_one' input 'INPUT0' is TYPE_FP32"),
+        ('input_map { key: "INPUT0" value: "INPUT0" }', 'input_map { key: "X" value: "INPUT0" }',
+         "in ensemble step for 'add_one', 'X' is not an input of that model"),
+        ('output_map { key: "OUTPUT0" value: "added" }', 'output_map { key: "Y" value: "added" }',
+         "in ensemble step for 'add_one', 'Y' is not an output of that model"),
+    ],
+    ids=["dtype", "unknown input", "unknown output"],
+)
+def test_ensemble_steps_are_checked_at_load(tmp_path, old, new, expected):
     repo = _repo_copy(tmp_path, "add_one", "double", "pipeline")
     config = repo / "pipeline" / "config.pbtxt"
-    config.write_text(config.read_text().replace(
-        'input [ { name: "INPUT0" data_type: TYPE_FP32', 'input [ { name: "INPUT0" data_type: TYPE_INT32'
-    ))
+    assert old in config.read_text()
+    config.write_text(config.read_text().replace(old, new))
     with MockTriton(repo) as server:
-        with pytest.raises(LoadError, match="ensemble tensor 'INPUT0' is TYPE_INT32 but 'add_one' "
-                                            "input 'INPUT0' is TYPE_FP32"):
+        with pytest.raises(LoadError) as info:
             server.load("pipeline")
+        assert expected in str(info.value)
         assert not server.is_model_ready("pipeline")
 
 

@@ -32,15 +32,20 @@ def _steps(model: LoadedModel) -> List[Step]:
     ]
 
 
+def _io_config(name: str, step: Step, ios: Dict[str, dict], io_name: str, kind: str) -> dict:
+    cfg = ios.get(io_name)
+    if cfg is None:
+        raise LoadError(
+            f"failed to load '{name}': in ensemble step for '{step.model_name}', "
+            f"'{io_name}' is not an {kind} of that model"
+        )
+    return cfg
+
+
 def _check_step(name: str, step: Step, sub: LoadedModel, produced: Dict[str, str]) -> None:
     """Check one step's maps against its model; record the dtypes it produces."""
     for model_input, tensor in step.input_map.items():
-        cfg = sub.inputs.get(model_input)
-        if cfg is None:
-            raise LoadError(
-                f"failed to load '{name}': in ensemble step for '{step.model_name}', "
-                f"'{model_input}' is not an input of that model"
-            )
+        cfg = _io_config(name, step, sub.inputs, model_input, "input")
         if cfg["data_type"] != produced[tensor]:
             raise LoadError(
                 f"failed to load '{name}': ensemble tensor '{tensor}' is "
@@ -48,13 +53,7 @@ def _check_step(name: str, step: Step, sub: LoadedModel, produced: Dict[str, str
                 f"is {cfg['data_type']}"
             )
     for model_output, tensor in step.output_map.items():
-        cfg = sub.outputs.get(model_output)
-        if cfg is None:
-            raise LoadError(
-                f"failed to load '{name}': in ensemble step for '{step.model_name}', "
-                f"'{model_output}' is not an output of that model"
-            )
-        produced[tensor] = cfg["data_type"]
+        produced[tensor] = _io_config(name, step, sub.outputs, model_output, "output")["data_type"]
 
 
 def load_ensemble(model: LoadedModel, load: Callable[[str], LoadedModel]) -> LoadedModel:

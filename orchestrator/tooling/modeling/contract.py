@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
+
+import numpy as np
 
 from orchestrator.tooling.errors import ToolingError
 
@@ -30,6 +32,7 @@ __all__ = [
     "num_cores",
     "ort_session",
     "check_onnx_contract",
+    "encode",
 ]
 
 INPUT_NAMES = ("input_ids", "attention_mask")
@@ -99,3 +102,13 @@ def check_onnx_contract(path: Path | str, num_labels: Optional[int] = None, sess
     if num_labels is not None and lg.shape[1] != num_labels:
         raise ExportValidationError(f"{path}: logits has {lg.shape[1]} labels, expected {num_labels}")
     return int(lg.shape[1])
+
+
+def encode(tokenizer, texts: Sequence[str], max_length: int, pad_to: Optional[int] = None):
+    """int64 ``(input_ids, attention_mask)`` [n, L] as the ``tokenizer`` model makes them:
+    each text truncated to ``max_length`` tokens, then right-padded to the longest text of
+    ``texts`` (or to ``pad_to`` tokens, when that is longer)."""
+    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=False)
+    longest = max(len(ids) for ids in enc["input_ids"])
+    padded = tokenizer.pad(enc, padding="max_length", max_length=max(longest, pad_to or 0), return_tensors="np")
+    return padded["input_ids"].astype(np.int64), padded["attention_mask"].astype(np.int64)

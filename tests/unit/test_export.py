@@ -319,3 +319,46 @@ def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path
     again = tmp_path / "again.onnx"
     E.convert_to_fp16(REPO / "classifier" / "1" / "model.onnx", again)
     np.testing.assert_array_equal(committed_logits(again), committed_logits(REPO / "classifier_fp16" / "1" / "model.onnx"))
+
+
+def test_one_validation_error_for_train_and_export_under_the_tooling_base():
+    """Catching export's ExportValidationError catches train's (one class), and every error of
+    the modeling and bench tooling is a ToolingError."""
+    from orchestrator.tooling import bench
+    from orchestrator.tooling.errors import ToolingError
+    from orchestrator.tooling.modeling import data as D
+    from orchestrator.tooling.modeling import parity as P
+    from orchestrator.tooling.modeling import train as T
+
+    assert T.ExportValidationError is E.ExportValidationError
+    assert issubclass(E.ExportValidationError, E.ExportError) and issubclass(E.SourceError, E.ExportError)
+    for cls in (E.ExportError, E.SourceError, E.ExportValidationError, T.ArtifactSizeError, T.BaselineNotBeatenError,
+                P.ParityError, bench.BenchError, D.DataUnavailableError, D.DataFormatError):
+        assert issubclass(cls, ToolingError), cls
+    assert issubclass(D.DataFormatError, ValueError)  # as before, for callers that catch ValueError
+    with pytest.raises(E.ExportValidationError, match=r"inputs \['input_ids'\], outputs \['y'\]"):
+        E.check_onnx_contract("m.onnx", session=_FakeSession([("input_ids", "tensor(int64)", ["b", "s"])],
+                                                             [("y", "tensor(float)", ["b", 1])]))
+    good_inputs = [(n, "tensor(int64)", ["b", "s"]) for n in ("input_ids", "attention_mask")]
+    assert E.check_onnx_contract("m.onnx", session=_FakeSession(good_inputs, [("logits", "tensor(float)", ["b", 2])])) == 2
+    with pytest.raises(E.ExportValidationError, match="logits has 2 labels, expected 1"):
+        E.check_onnx_contract("m.onnx", 1, session=_FakeSession(good_inputs, [("logits", "tensor(float)", ["b", 2])]))
+    with pytest.raises(E.ExportValidationError, match="input input_ids is tensor.int64. .8, 's'.; expected int64"):
+        E.check_onnx_contract("m.onnx", session=_FakeSession([("input_ids", "tensor(int64)", [8, "s"])] + good_inputs[1:],
+                                                             [("logits", "tensor(float)", ["b", 1])]))
+
+
+class _FakeSession:
+    """What check_onnx_contract reads of an onnxruntime session: get_inputs/get_outputs."""
+
+    def __init__(self, inputs, outputs):
+        from types import SimpleNamespace
+
+        self._in = [SimpleNamespace(name=n, type=t, shape=s) for n, t, s in inputs]
+        self._out = [SimpleNamespace(name=n, type=t, shape=s) for n, t, s in outputs]
+
+    def get_inputs(self):
+        return self._in
+
+    def get_outputs(self):
+        return self._out

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from orchestrator.tooling import repository
+
 ROOT = Path(__file__).resolve().parent.parent
 REPO = ROOT / "model_repository"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -64,21 +66,21 @@ def set_node_fields(node, changes):
 
 
 def add_router_variant(repo: Path, name: str, policy_document) -> Path:
-    """Add model ``name``: the router's code and config with its own policy document."""
+    """Add model ``name``: the router's code and config (renamed, through the repository
+    module) with its own policy document."""
     dest = repo / name
     (dest / "1").mkdir(parents=True)
     shutil.copy(REPO / "router" / "1" / "model.py", dest / "1" / "model.py")
-    config = (REPO / "router" / "config.pbtxt").read_text().replace('name: "router"', f'name: "{name}"')
-    (dest / "config.pbtxt").write_text(config)
+    config = repository.read_config(REPO / "router" / "config.pbtxt")
+    config.name = name
+    repository.write_config(dest / "config.pbtxt", config, [f"Test-only router variant {name} (tests/helpers.py)."])
     (dest / "policy.yaml").write_text(yaml.safe_dump(policy_document, sort_keys=False))
     return dest
 
 
 def copy_model(repo: Path, source: str, name: str) -> Path:
     """Copy model directory ``source`` to ``name`` within ``repo``, renaming it in its configs."""
-    shutil.copytree(repo / source, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for cfg in (repo / name).rglob("*.pbtxt"):
-        cfg.write_text(cfg.read_text().replace(f'name: "{source}"', f'name: "{name}"'))
+    repository.copy_model(repo / source, repo / name)
     return repo / name
 
 

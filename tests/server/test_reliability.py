@@ -64,7 +64,9 @@ def test_a_killed_classifier_stub_degrades_then_heals(server, texts):
     first_answer_s = time.monotonic() - killed
     assert routes(out) == ["classifier"] * len(texts)
     np.testing.assert_allclose(out["PROBABILITIES"].reshape(-1), healthy_acc, atol=1e-5)
-    assert first_answer_s < 2.0, first_answer_s
+    # about 1.2 s here (1 s for Triton to see the stub dead); a bound that separates an
+    # answer from the fallback from waiting for a repair, not a speed goal (docs/reliability.md)
+    assert first_answer_s < 5.0, first_answer_s
     acc = call(server, "router", texts, parameters={"route": "accurate"})
     assert routes(acc) == ["classifier"] * len(texts)
 

@@ -227,3 +227,13 @@ class NodeKind:
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
     declines: Callable[[Any], bool] = _never_declines
+
+
+#: kind name -> its definition; filled by ``orchestrator.runtime.nodes`` (its ``KINDS``).
+REGISTRY: Dict[str, NodeKind] = {}
+
+
+def may_decline(node: Node) -> bool:
+    """True when ``node`` can leave texts unanswered (a switch without default or score,
+    or a sequence of such steps)."""
+    return REGISTRY[node.kind].declines(node)

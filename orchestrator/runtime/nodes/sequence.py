@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader, may_decline
 
 
 @dataclass
@@ -21,8 +21,6 @@ class SequenceNode(Node):
 
 
 def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
-    from orchestrator.runtime.nodes import may_decline
-
     steps = ctx.nodes(r, "steps", 1)
     for i, step in enumerate(steps[:-1]):
         if not may_decline(step):
@@ -46,8 +44,6 @@ def _children(node: SequenceNode) -> List[Tuple[str, Node]]:
 
 
 def _declines(node: SequenceNode) -> bool:
-    from orchestrator.runtime.nodes import may_decline
-
     return all(may_decline(s) for s in node.steps)
 
 

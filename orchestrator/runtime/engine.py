@@ -243,7 +243,8 @@ class Engine:
         per_work: List[List[Item]] = []
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
-            per_work.append([Item(start + j, k, text, float(thr), w.parameters, w.request_id) for j, (text, thr) in enumerate(zip(w.texts, w.thresholds))])
+            pairs = enumerate(zip(w.texts, w.thresholds))
+            per_work.append([Item(start + j, k, text, float(thr), w.parameters, w.request_id) for j, (text, thr) in pairs])
         if self.needs_tokens:
             await self.ensure_tokens([it for items in per_work for it in items if it.text.strip()])
         refused = {k: e for k, items in enumerate(per_work) if self.chunkings and (e := self._window_error(works[k], items))}

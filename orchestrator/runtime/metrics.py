@@ -130,5 +130,6 @@ class Metrics:
             self.flush()
 
     def close(self) -> None:
+        """Stop the flusher and send what is buffered."""
         self.stop.set()
         self.flush()

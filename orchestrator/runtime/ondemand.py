@@ -1,83 +1,19 @@
-"""Model control from inside the router: on-demand models loaded on first use and unloaded
-when idle, and models whose stub process died reloaded (repaired).
-
-What the hosting server allows is read from its command line (:class:`ServerOptions`),
-because a model-control request that must fail can abort Triton 2.51 (see there).
+"""On-demand models loaded on first use and unloaded when idle, and models whose stub
+process died reloaded (repaired); requests go through ``control.RepositoryControl``, and
+what the hosting server allows is read from its command line (``control.ServerOptions``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional
 
+from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """What the hosting ``tritonserver``'s command line says about model control.
-
-    ``mode``: the ``--model-control-mode`` value (``none`` when the flag is absent, as in
-    Triton), or None when the command line could not be read. ``repositories``: the
-    ``--model-repository``/``--model-store`` paths, absolute, or None when unknown or when
-    any of them is not a local path (``s3://``, ``gs://``, ``as://``).
-
-    Why the router reads them: in Triton 2.51 (python_backend ``ProcessMessage``) a
-    ``pb_utils.load_model`` that fails frees the error text in shared memory before the
-    stub reads it; the stub then frees it again, the shared-memory allocator is corrupted
-    and the server aborts (``boost::interprocess::lock_exception``). A refused load in
-    ``--model-control-mode=none`` and a load of a model that is in no repository are
-    failures known in advance, so the router does not ask for them. docs/deployment.md
-    has the details and the reproduction.
-    """
-
-    mode: Optional[str] = None
-    repositories: Optional[tuple] = None
-
-    @classmethod
-    def parse(cls, argv: Sequence[str], cwd: Path) -> "ServerOptions":
-        """Options from ``tritonserver`` arguments (``--flag=value`` or ``--flag value``;
-        the last occurrence of ``--model-control-mode`` wins, as in Triton)."""
-        mode, repositories = "none", []
-        args = list(argv[1:])
-        for i, arg in enumerate(args):
-            flag, eq, value = arg.partition("=")
-            if not eq:
-                value = args[i + 1] if i + 1 < len(args) else ""
-            if flag == "--model-control-mode":
-                mode = value.strip().lower()
-            elif flag in ("--model-repository", "--model-store"):
-                repositories.append(value)
-        local = None
-        if repositories and not any("://" in r for r in repositories):
-            local = tuple((cwd / r).resolve() for r in repositories)
-        return cls(mode, local)
-
-    @classmethod
-    def of_parent(cls) -> "ServerOptions":
-        """Options of this process's parent when it is ``tritonserver`` (Linux ``/proc``);
-        empty options (all unknown) otherwise, e.g. under the in-process mock."""
-        proc = Path("/proc") / str(os.getppid())
-        try:
-            argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
-            if not argv or not Path(argv[0]).name.startswith("tritonserver"):
-                return cls()
-            return cls.parse(argv, Path(os.readlink(proc / "cwd")))
-        except (OSError, UnicodeDecodeError):
-            return cls()
-
-    def missing(self, model: str) -> Optional[str]:
-        """Why loading ``model`` must fail, when the local repositories show it; else None."""
-        if self.repositories is None or any((r / model).is_dir() for r in self.repositories):
-            return None
-        return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
 
 
 class ModelManager:
@@ -115,6 +51,7 @@ class ModelManager:
     ):
         self.pb, self.settings, self.metrics, self.logger = pb, dict(on_demand), metrics, logger
         self.server = ServerOptions.of_parent() if server is None else server
+        self.control_api = RepositoryControl(pb, self.server)
         # Load requests are possible under explicit control (or when the mode is unknown).
         self.control = self.server.mode in (None, "explicit")
         self.repair_interval_s = repair_interval_s
@@ -166,14 +103,14 @@ class ModelManager:
                     break
             event.wait()
         try:
-            self.pb.load_model(model_name=model)
-        except Exception as exc:  # the stub raises TritonModelException
+            self.control_api.load(model)
+        except ControlError as exc:
             message = str(exc)
             with self.guard:
                 self.loading.pop(model).set()
                 if "explicit model load" in message or "not allowed" in message:
                     self._disable(message)
-                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}")
+                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}") from None
                 raise self._load_failed(model, message) from None
         with self.guard:
             self.ours.add(model)
@@ -199,6 +136,7 @@ class ModelManager:
             raise
 
     def release(self, model: str) -> None:
+        """Mark one use of ``model`` finished (its idle time starts when none is left)."""
         if model in self.settings:
             with self.guard:
                 self.in_use[model] -= 1
@@ -217,7 +155,7 @@ class ModelManager:
                 self.ours.discard(m)
         for m in idle:
             try:
-                self.pb.unload_model(model_name=m)
+                self.control_api.unload(m)
                 self.metrics.inc("orchestrator_model_unloads_total", model=m)
                 self.logger.log_info(f"router: unloaded idle on-demand model '{m}'")
             except Exception as exc:
@@ -229,15 +167,20 @@ class ModelManager:
         while not self.stop.wait(min(period, 5.0)):
             self.reap()
 
-    def repair(self, model: str) -> bool:
+    def repair(self, model: str, delay_s: float = 0.25) -> bool:
         """Reload ``model`` (its stub process died) in a background thread.
 
         Triton 2.51 neither restarts a dead Python-backend stub nor marks its model not
         ready; a load request for the loaded model starts new instances (measured here:
-        about 2 s; docs/reliability.md). The load is sent only under explicit model
+        about 2 s; docs/reliability.md), sent through the server's HTTP API so the router
+        keeps answering meanwhile (``control``). The load is sent only under explicit model
         control, for a model found in the server's repositories (a load that must fail can
         abort Triton 2.51, see :class:`ServerOptions`), at most once per
-        ``repair_interval_s`` per model, and never while a load of it is under way.
+        ``repair_interval_s`` per model, and never while a load of it is under way. It
+        starts ``delay_s`` after the call, so the answers of the ``execute`` that found the
+        stub dead (from a fallback) leave first: in Triton 2.51 the router's BLS calls wait
+        while a model whose stub died is reloaded (measured here: 2 to 3 s;
+        docs/reliability.md).
 
         Returns:
             True when a reload was started.
@@ -254,15 +197,20 @@ class ModelManager:
             self.repaired[model] = now
             event = self.loading[model] = threading.Event()
         self.logger.log_warn(f"router: the stub process of '{model}' is not healthy; reloading the model")
-        threading.Thread(target=self._repair, args=(model, event), name="orchestrator-repair", daemon=True).start()
+        threading.Thread(target=self._repair, args=(model, event, delay_s), name="orchestrator-repair", daemon=True).start()
         return True
 
-    def _repair(self, model: str, event: threading.Event) -> None:
+    def _repair(self, model: str, event: threading.Event, delay_s: float) -> None:
+        if self.stop.wait(delay_s):
+            with self.guard:
+                self.loading.pop(model, None)
+                event.set()
+            return
         start = time.monotonic()
         try:
-            self.pb.load_model(model_name=model)
+            self.control_api.load(model)
             outcome = "success"
-        except Exception as exc:  # the stub raises TritonModelException
+        except ControlError as exc:
             outcome = "failure"
             self.logger.log_error(f"router: reloading '{model}' failed: {exc}")
         finally:
@@ -276,4 +224,5 @@ class ModelManager:
                 self.on_repaired(model)
 
     def close(self) -> None:
+        """Stop the unloader and any delayed repair."""
         self.stop.set()

@@ -69,6 +69,8 @@ class TritonPythonModel:
     """
 
     def initialize(self, args):
+        """Read the policy (``ValueError`` if invalid: the model fails to load) and set up
+        metrics, circuit breakers, model control and the engine."""
         import triton_python_backend_utils as pb_utils
 
         self.pb = pb_utils
@@ -104,6 +106,7 @@ class TritonPythonModel:
             )
 
     def finalize(self):
+        """Stop the background threads and close the event loop."""
         self.models.close()
         self.metrics.close()
         self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads

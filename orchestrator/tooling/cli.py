@@ -1,10 +1,15 @@
 """The ``orchestrator`` command line."""
 
+# Only the console script imports this module; the command modules share helpers through
+# orchestrator.tooling.cliutil, so none of them imports cli (no import circle).
+
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import List, Optional
+
+from orchestrator.tooling.cliutil import add_subcommand
 
 
 def _classify(args) -> int:
@@ -22,17 +27,8 @@ def _classify(args) -> int:
     return 0
 
 
-def add_subcommand(sub, name: str, help: str, add_arguments, command) -> argparse.ArgumentParser:
-    """Add subcommand ``name`` to ``sub`` (an ``add_subparsers()`` result): its options from
-    ``add_arguments(parser)``, run by ``command(args) -> int``. Returns its parser."""
-    parser = sub.add_parser(name, help=help)
-    add_arguments(parser)
-    parser.set_defaults(func=command)
-    return parser
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from orchestrator.tooling.server import add_serve_arguments, serve_command
+    from orchestrator.tooling.serve import add_serve_arguments, serve_command
 
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -50,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from orchestrator.tooling.bench import add_bench_arguments, bench_command
     from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
-    from orchestrator.tooling.env.envtools import add_env_arguments, add_stub_arguments, env_command, stub_command
+    from orchestrator.tooling.env.commands import add_env_arguments, add_stub_arguments, env_command, stub_command
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command
     from orchestrator.tooling.modeling.parity import add_parity_arguments, parity_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command

@@ -27,7 +27,9 @@ class Prediction:
     route: Optional[str]
 
 
-def _module(protocol: str):
+def client_module(protocol: str):
+    """``tritonclient.http`` or ``tritonclient.grpc`` for ``protocol`` (``http``/``grpc``).
+    Raises ValueError for another protocol."""
     if protocol == "http":
         import tritonclient.http as module
     elif protocol == "grpc":
@@ -35,6 +37,17 @@ def _module(protocol: str):
     else:
         raise ValueError(f"protocol must be 'http' or 'grpc', got {protocol!r}")
     return module
+
+
+def text_inputs(tc, texts: Sequence[str], threshold: float = 0.5) -> list:
+    """The ``TEXT`` (BYTES [N, 1], UTF-8) and ``THRESHOLD`` (FP32 [N, 1], ``threshold`` per
+    text) inputs of ``router``/``ensemble`` for client module ``tc`` (:func:`client_module`)."""
+    data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+    thresholds = np.full((len(texts), 1), threshold, dtype=np.float32)
+    inputs = [tc.InferInput("TEXT", list(data.shape), "BYTES"), tc.InferInput("THRESHOLD", list(thresholds.shape), "FP32")]
+    inputs[0].set_data_from_numpy(data)
+    inputs[1].set_data_from_numpy(thresholds)
+    return inputs
 
 
 def classify(
@@ -61,13 +74,9 @@ def classify(
         tritonclient.utils.InferenceServerException: the server answered with an error
             (its message names the input at fault) or could not be reached.
     """
-    tc = _module(protocol)
+    tc = client_module(protocol)
     url = url or DEFAULT_URLS[protocol]
-    data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
-    thresholds = np.full((len(texts), 1), threshold, dtype=np.float32)
-    inputs = [tc.InferInput("TEXT", list(data.shape), "BYTES"), tc.InferInput("THRESHOLD", list(thresholds.shape), "FP32")]
-    inputs[0].set_data_from_numpy(data)
-    inputs[1].set_data_from_numpy(thresholds)
+    inputs = text_inputs(tc, texts, threshold)
     if protocol == "http":
         client = tc.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
     else:

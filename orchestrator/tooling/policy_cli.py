@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
-
 from orchestrator.runtime import policy as P
 
 
@@ -21,14 +19,12 @@ def fetch_policy(url: str, model: str = "router", protocol: str = "http") -> dic
             refuses the request.
         RuntimeError: the model has no ``POLICY`` output (not an orchestrator router).
     """
-    from orchestrator.tooling.client import _module
+    from orchestrator.tooling.client import client_module, text_inputs
 
-    tc = _module(protocol)
+    tc = client_module(protocol)
     client = tc.InferenceServerClient(url)
     try:
-        inputs = [tc.InferInput("TEXT", [1, 1], "BYTES"), tc.InferInput("THRESHOLD", [1, 1], "FP32")]
-        inputs[0].set_data_from_numpy(np.array([[b""]], dtype=np.object_))
-        inputs[1].set_data_from_numpy(np.full((1, 1), 0.5, dtype=np.float32))
+        inputs = text_inputs(tc, [""])
         outputs = [tc.InferRequestedOutput("POLICY")]
         result = client.infer(model, inputs, outputs=outputs, parameters={"describe_policy": True})
     finally:

@@ -12,13 +12,19 @@ real-server tests load every shipped configuration in a Triton 2.51 server.
 
 Writing goes through ``text_format.MessageToString``: comments are not kept, so a written
 file starts with the header lines the caller gives.
+
+Besides reading and writing: :func:`copy_model` (a model directory under another name),
+:func:`rename_steps` (an ensemble's step models), and :func:`check_repository` (the
+cross-file rules Triton only reports at load time: names, ``model.py`` files, ensemble
+steps against the models they call).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
-from typing import Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Mapping, Optional, Union
 
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -41,6 +47,10 @@ __all__ = [
     "is_python_model",
     "get_parameter",
     "set_parameter",
+    "model_config_paths",
+    "rename_steps",
+    "copy_model",
+    "check_repository",
 ]
 
 
@@ -130,3 +140,110 @@ def get_parameter(config: ModelConfig, key: str) -> Optional[str]:
 def set_parameter(config: ModelConfig, key: str, value: str) -> None:
     """Set parameter ``key`` to the string ``value`` (added when missing)."""
     config.parameters[key].string_value = value
+
+
+def model_config_paths(model_dir: PathLike) -> List[Path]:
+    """Every configuration file of a model directory: ``config.pbtxt`` (when present), then
+    ``configs/*.pbtxt`` sorted by name."""
+    model_dir = Path(model_dir)
+    default = model_dir / "config.pbtxt"
+    return ([default] if default.is_file() else []) + sorted((model_dir / "configs").glob("*.pbtxt"))
+
+
+def rename_steps(config: ModelConfig, models: Mapping[str, str]) -> int:
+    """Replace the ``model_name`` of the ensemble steps of ``config`` per ``models`` (old ->
+    new), in place; returns how many steps changed (0 for a config that is not an ensemble)."""
+    changed = 0
+    for step in config.ensemble_scheduling.step:
+        if step.model_name in models:
+            step.model_name = models[step.model_name]
+            changed += 1
+    return changed
+
+
+def copy_model(source: PathLike, dest: PathLike, header: Optional[Iterable[str]] = None) -> List[Path]:
+    """Copy the model directory ``source`` to ``dest`` (without ``__pycache__``) and name the
+    copy ``dest``'s directory name in every configuration file that sets a ``name`` (Triton
+    requires the name to equal the directory's). Each rewritten file starts with ``header``
+    (default: one line saying what it was copied from). Returns the configuration files.
+
+    Raises:
+        ConfigError: a configuration file of ``source`` is invalid.
+        OSError: ``dest`` exists or cannot be written.
+    """
+    source, dest = Path(source), Path(dest)
+    configs = {path.relative_to(source): read_config(path) for path in model_config_paths(source)}
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    written = []
+    for rel, config in configs.items():
+        if config.name:
+            config.name = dest.name
+        lines = list(header) if header is not None else [f"Copy of {source.name}/{rel.as_posix()} as model {dest.name}."]
+        written.append(write_config(dest / rel, config, lines))
+    return written
+
+
+def _tensor_names(config: ModelConfig) -> tuple:
+    return {t.name for t in config.input}, {t.name for t in config.output}
+
+
+def check_repository(model_repository: PathLike) -> Dict[Path, ModelConfig]:
+    """Parse every configuration file of a repository and check the rules Triton checks
+    only when it loads a model; returns ``{path: config}``.
+
+    Rules: a config that sets ``name`` names its directory; a Python-backend model has
+    ``<version>/model.py`` (or its ``default_model_filename``) in every version directory
+    and at least one version; an ensemble's steps call models of this repository, map only
+    inputs and outputs that every configuration file of the called model declares, read
+    only the ensemble's inputs or the steps' outputs, and produce every ensemble output.
+
+    Raises:
+        ConfigError: a file does not parse (file and line:column), or the list of broken
+            rules, one per line, each naming its file.
+    """
+    repo = Path(model_repository)
+    models = {child.name: model_config_paths(child) for child in sorted(repo.iterdir())
+              if child.is_dir() and not child.name.startswith(".")}
+    models = {name: paths for name, paths in models.items() if paths}
+    configs = {path: read_config(path) for paths in models.values() for path in paths}
+    problems = []
+    for path, config in configs.items():
+        model_dir = path.parent if path.name == "config.pbtxt" else path.parent.parent
+        if config.name and config.name != model_dir.name:
+            problems.append(f"{path}: name {config.name!r} is not the directory's name {model_dir.name!r}")
+        if is_python_model(config):
+            filename = config.default_model_filename or "model.py"
+            versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
+            if not versions:
+                problems.append(f"{path}: Python model without a version directory (1/{filename})")
+            problems += [f"{path}: Python model without {v.name}/{filename}" for v in versions
+                         if not (v / filename).is_file()]
+        if config.platform == "ensemble":
+            problems += _ensemble_problems(path, config, models, configs)
+    if problems:
+        raise ConfigError("\n".join(problems))
+    return configs
+
+
+def _ensemble_problems(path: Path, config: ModelConfig, models: Mapping[str, List[Path]],
+                       configs: Mapping[Path, ModelConfig]) -> List[str]:
+    inputs, outputs = _tensor_names(config)
+    steps = config.ensemble_scheduling.step
+    # a dataflow graph: a step may read what a later-listed step writes
+    available = set(inputs).union(*(set(s.output_map.values()) for s in steps))
+    problems = []
+    for n, step in enumerate(steps, 1):
+        where = f"{path}: step {n} ({step.model_name})"
+        if step.model_name not in models:
+            problems.append(f"{where}: no model {step.model_name!r} in {path.parent.parent}")
+            continue
+        for called in models[step.model_name]:
+            step_inputs, step_outputs = _tensor_names(configs[called])
+            problems += [f"{where}: input_map key {k!r} is not an input of {called}"
+                         for k in step.input_map if k not in step_inputs]
+            problems += [f"{where}: output_map key {k!r} is not an output of {called}"
+                         for k in step.output_map if k not in step_outputs]
+        problems += [f"{where}: reads {v!r}, neither an ensemble input nor a step's output"
+                     for v in step.input_map.values() if v not in available]
+    problems += [f"{path}: output {o!r} is produced by no step" for o in sorted(outputs - available)]
+    return problems

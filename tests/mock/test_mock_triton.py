@@ -1,9 +1,11 @@
-"""Tests of orchestrator.testing.mock_triton with the tiny repository in tests/fixtures/mock/repo."""
+"""Tests of orchestrator.testing.mock with the tiny repository in tests/fixtures/mock/repo."""
 
 from __future__ import annotations
 
 import gc
 import json
+import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -11,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.testing import mock_triton
-from orchestrator.testing.mock_triton import InferError, LoadError, MockTriton
+from orchestrator.testing.mock import InferError, LoadError, MockTriton, install
 from tests.helpers import FIXTURES
 
 REPO = FIXTURES / "mock" / "repo"
@@ -34,15 +35,15 @@ def mock():
 
 @pytest.fixture
 def pb():
-    return mock_triton.install()
+    return install()
 
 
 # -- install / module surface ----------------------------------------------------------
 
 
 def test_install_is_idempotent_and_exposes_the_real_surface():
-    module = mock_triton.install()
-    assert mock_triton.install() is module
+    module = install()
+    assert install() is module
     assert sys.modules["triton_python_backend_utils"] is module
     for name in (
         "Tensor", "InferenceRequest", "InferenceResponse", "TritonError",
@@ -104,7 +105,88 @@ def test_async_exec_needs_a_running_loop(mock, pb):
         request.async_exec()
 
 
+def test_package_exports_are_the_installed_stand_ins():
+    import orchestrator.testing.mock as package
+
+    module = install()
+    for name in package.__all__:
+        assert getattr(package, name) is not None, name
+    for name in ("Tensor", "InferenceRequest", "InferenceResponse", "TritonError",
+                 "TritonModelException", "Logger", "MetricFamily"):
+        assert getattr(module, name) is getattr(package, name), name
+    call = package.Call("add_one", (2, 1))
+    assert call == ("add_one", (2, 1)) and call.requests == 2
+
+
 # -- loading ----------------------------------------------------------------------------
+
+
+def _repo_copy(tmp_path, *models):
+    repo = tmp_path / "repo"
+    for name in models:
+        shutil.copytree(REPO / name, repo / name)
+    return repo
+
+
+def test_invalid_config_is_a_load_error_naming_file_and_line(tmp_path):
+    repo = _repo_copy(tmp_path, "add_one")
+    config = repo / "add_one" / "config.pbtxt"
+    config.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_sise: 8"))
+    with MockTriton(repo) as server:
+        with pytest.raises(LoadError) as info:
+            server.load("add_one")
+        message = str(info.value)
+        assert message.startswith("failed to load 'add_one': cannot parse ")
+        assert f"{config}:3:" in message and "max_batch_sise" in message  # file:line from the parser
+        assert {m["name"]: m["state"] for m in server.repository_index()} == {"add_one": "UNAVAILABLE"}
+
+
+def test_config_name_must_match_the_directory(tmp_path):
+    repo = _repo_copy(tmp_path, "add_one")
+    config = repo / "add_one" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "add_one"', 'name: "other"'))
+    with MockTriton(repo) as server:
+        with pytest.raises(LoadError, match="unexpected directory name 'add_one' for model 'other'"):
+            server.load("add_one")
+
+
+@pytest.mark.parametrize(
+    "old, new, expected",
+    [
+        ('input [ { name: "INPUT0" data_type: TYPE_FP32', 'input [ { name: "INPUT0" data_type: TYPE_INT32',
+         "ensemble tensor 'INPUT0' is TYPE_INT32 but 'add_one' input 'INPUT0' is TYPE_FP32"),
+        ('input_map { key: "INPUT0" value: "INPUT0" }', 'input_map { key: "X" value: "INPUT0" }',
+         "in ensemble step for 'add_one', 'X' is not an input of that model"),
+        ('output_map { key: "OUTPUT0" value: "added" }', 'output_map { key: "Y" value: "added" }',
+         "in ensemble step for 'add_one', 'Y' is not an output of that model"),
+    ],
+    ids=["dtype", "unknown input", "unknown output"],
+)
+def test_ensemble_steps_are_checked_at_load(tmp_path, old, new, expected):
+    repo = _repo_copy(tmp_path, "add_one", "double", "pipeline")
+    config = repo / "pipeline" / "config.pbtxt"
+    assert old in config.read_text()
+    config.write_text(config.read_text().replace(old, new))
+    with MockTriton(repo) as server:
+        with pytest.raises(LoadError) as info:
+            server.load("pipeline")
+        assert expected in str(info.value)
+        assert not server.is_model_ready("pipeline")
+
+
+def test_load_with_config_override_reloads(mock):
+    mock.load("add_one")
+    first = mock.instance("add_one")
+    override = mock.model_config("add_one")
+    override["max_batch_size"] = 2
+    mock.load("add_one", config=json.dumps(override))
+    assert mock.instance("add_one") is not first  # reloaded: finalize, then a new instance
+    assert ("add_one", "INFO", "add_one finalized") in mock.logs
+    assert mock.model_config("add_one")["max_batch_size"] == 2
+    with pytest.raises(InferError, match="batch-size must be <= 2"):
+        mock.infer("add_one", {"INPUT0": f32(3, 4)})
+    with pytest.raises(LoadError, match="invalid config override"):
+        mock.load("add_one", config="{not json")
 
 
 def test_initialize_gets_triton_args(mock):
@@ -527,6 +609,15 @@ def test_metrics_follow_triton_rules(mock, pb):
     mock.unload("add_one")
     gc.collect()
     assert "add_one_requests_total" not in mock.metrics()
+
+
+def test_logger_writes_to_logging_per_model(mock, pb, caplog):
+    with caplog.at_level(logging.DEBUG, logger="orchestrator.testing.mock"):
+        mock.load("add_one")
+        pb.Logger.log_verbose("outside any model")
+    by_logger = {(r.name, r.levelno, r.getMessage()) for r in caplog.records}
+    assert ("orchestrator.testing.mock.add_one", logging.INFO, "add_one initialized") in by_logger
+    assert ("orchestrator.testing.mock.stub", logging.DEBUG, "outside any model") in by_logger
 
 
 def test_logger_records(mock, pb):

@@ -18,7 +18,7 @@ from orchestrator.tooling.modeling import data
 from orchestrator.runtime.nodes.chunk import aggregate, token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import sigmoid
-from orchestrator.testing.mock_triton import InferError, MockTriton
+from orchestrator.testing.mock import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant
 
 FAST = {"kind": "model", "model": "classifier_fast"}
@@ -338,10 +338,10 @@ def test_a_lone_downstream_call_blocks_and_concurrent_ones_use_async_exec(mock, 
     """The router's BLS mode per call (router.TritonPythonModel): blocking ``exec`` when no
     other call of the execute can be in flight, ``async_exec`` for parallel branches, batches
     split at bls_max_batch_size and calls under a timeout."""
-    from orchestrator.testing import mock_triton
+    from orchestrator.testing.mock import InferenceRequest
 
     used = []
-    original_exec, original_async = mock_triton.InferenceRequest.exec, mock_triton.InferenceRequest.async_exec
+    original_exec, original_async = InferenceRequest.exec, InferenceRequest.async_exec
     in_async = contextvars.ContextVar("in_async", default=False)  # the mock's async_exec runs exec
 
     def exec_(self, decoupled=False):
@@ -357,8 +357,8 @@ def test_a_lone_downstream_call_blocks_and_concurrent_ones_use_async_exec(mock, 
         finally:
             in_async.reset(token)
 
-    monkeypatch.setattr(mock_triton.InferenceRequest, "exec", exec_)
-    monkeypatch.setattr(mock_triton.InferenceRequest, "async_exec", async_exec)
+    monkeypatch.setattr(InferenceRequest, "exec", exec_)
+    monkeypatch.setattr(InferenceRequest, "async_exec", async_exec)
 
     def modes(model, texts):
         used.clear()

@@ -12,8 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.tooling.env import envtools
-from tests.helpers import ENV_PY, SERVER_PY, probe_repo
+from orchestrator.tooling.env import install
+from tests.envhelpers import ENV_PY, SERVER_PY, probe_repo
 
 
 def test_model_runs_in_env_of_another_python_version(packed_env, packed_env_numpy2, tmp_path):
@@ -23,8 +23,8 @@ def test_model_runs_in_env_of_another_python_version(packed_env, packed_env_nump
     from orchestrator.tooling.server import TritonServer
 
     repo = probe_repo(probe_repo(tmp_path / "repo"), "probe_numpy2")
-    envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
-    envtools.install_env(repo, ["probe_numpy2"], tarball=packed_env_numpy2.path, base_config_name=None)
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
+    install.install_env(repo, ["probe_numpy2"], tarball=packed_env_numpy2.path, base_config_name=None)
     x = np.array([[1.0, 2.0], [3.0, 4.5]], dtype=np.float32)
 
     def infer(client, model, outputs=("Y", "VERSION", "DETAILS")):

@@ -13,7 +13,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from orchestrator.tooling.modeling import data
-from orchestrator.testing.mock_triton import InferError, MockTriton
+from orchestrator.testing.mock import InferError, MockTriton
 
 pytestmark = pytest.mark.server
 

@@ -1,4 +1,5 @@
-"""Tests of orchestrator.tooling.server: the embedded Triton 2.51 server from nvidia-pytriton.
+"""Tests of orchestrator.tooling.server, .embedded and .serve: the embedded Triton 2.51 server
+from nvidia-pytriton.
 
 Tests marked ``server`` start a real ``tritonserver`` on loopback with the tiny model
 repositories under tests/fixtures/ (``models/``: identity, doubler; ``broken_models/``:
@@ -23,15 +24,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.tooling import server as srvmod
-from orchestrator.tooling.server import ServerError, TritonServer
+from orchestrator.tooling import embedded, serve
+from orchestrator.tooling.server import ServerError, TritonServer, extract_error_lines
 from tests.helpers import FIXTURES, ROOT
 
 MODELS = FIXTURES / "server" / "models"
 BROKEN = FIXTURES / "server" / "broken_models"
 
 try:
-    EMBEDDED = srvmod.find_embedded_server()
+    EMBEDDED = embedded.find_embedded_server()
     NO_SERVER = ""
 except ServerError as exc:  # the wheel is a project dependency; skip rather than fail
     EMBEDDED = None
@@ -105,7 +106,7 @@ def test_prepare_backend_directory_is_idempotent_and_concurrency_safe(tmp_path):
 
     def prepare():
         try:
-            results.append(srvmod.prepare_backend_directory(tmp_path))
+            results.append(embedded.prepare_backend_directory(tmp_path))
         except Exception as exc:  # noqa: BLE001
             errors.append(exc)
 
@@ -123,23 +124,23 @@ def test_prepare_backend_directory_is_idempotent_and_concurrency_safe(tmp_path):
     assert (python / "triton_python_backend_utils.py").read_bytes() == utils.read_bytes()
     assert not [p for p in python.iterdir() if p.name.endswith(".tmp")]
     before = {p.name: p.stat().st_mtime_ns for p in python.iterdir()}
-    srvmod.prepare_backend_directory(tmp_path)
+    embedded.prepare_backend_directory(tmp_path)
     assert {p.name: p.stat().st_mtime_ns for p in python.iterdir()} == before
     # A stub for another Python version replaces the file in place (atomically).
     other = (3, 12) if sys.version_info[:2] != (3, 12) else (3, 11)
-    srvmod.prepare_backend_directory(tmp_path, python_version=other)
+    embedded.prepare_backend_directory(tmp_path, python_version=other)
     assert stub.read_bytes() == EMBEDDED.stub(other).read_bytes()
 
 
 def test_prepare_stub_environment(tmp_path):
-    root = srvmod.prepare_stub_environment(tmp_path)
+    root = embedded.prepare_stub_environment(tmp_path)
     assert root == tmp_path / "stub_env" / f"py{sys.version_info[0]}.{sys.version_info[1]}"
     assert os.path.realpath(root / "bin" / "python3") == os.path.realpath(sys._base_executable)
     cfg = (root / "pyvenv.cfg").read_text()
     assert f"home = {Path(sys._base_executable).parent}" in cfg
     site_packages = root / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
     assert (site_packages / "_orchestrator_stub_path.pth").read_text() == "import _orchestrator_stub_path\n"
-    assert srvmod.prepare_stub_environment(tmp_path) == root  # idempotent
+    assert embedded.prepare_stub_environment(tmp_path) == root  # idempotent
     # The .pth module puts PYTHONPATH entries first, as PYTHONPATH does (run isolated: -I).
     code = f"import sys; sys.path.insert(0, {str(site_packages)!r}); import _orchestrator_stub_path; print(sys.path[0])"
     out = subprocess.run(
@@ -179,7 +180,7 @@ def test_command_line_and_environment(tmp_path):
     assert not any(a.startswith("--model-config-name") for a in cmd)
     assert cmd[-1] == "--exit-timeout-secs=1"  # extra args come last and win
 
-    env = srvmod.server_environment(
+    env = embedded.server_environment(
         EMBEDDED, {"FOO": "bar", "HF_HUB_OFFLINE": "0"}, base={"LD_LIBRARY_PATH": "/x", "PATH": "/bin"}, stub_env="/s"
     )
     ld = env["LD_LIBRARY_PATH"].split(os.pathsep)
@@ -210,7 +211,7 @@ def test_extract_error_lines():
             "error: creating server: Invalid argument - load failed for model 'm'",
         ]
     )
-    assert srvmod.extract_error_lines(log) == [
+    assert extract_error_lines(log) == [
         "failed to load 'm' version 1: Internal: RuntimeError: boom",
         "ValueError: bad value",
         "error: creating server: Invalid argument - load failed for model 'm'",
@@ -218,9 +219,9 @@ def test_extract_error_lines():
 
 
 def test_serve_command_reports_server_error(tmp_path, capsys):
-    parser = srvmod.add_serve_arguments(argparse.ArgumentParser())
+    parser = serve.add_serve_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--repo", str(tmp_path / "missing")])
-    assert srvmod.serve_command(args) == 1
+    assert serve.serve_command(args) == 1
     assert "is not a directory" in capsys.readouterr().err
 
 
@@ -322,7 +323,7 @@ def test_broken_model_error_names_model_and_exception(tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_serve_stops_cleanly_on_signal(tmp_path, sig):
     log = tmp_path / "serve.log"
-    cmd = [sys.executable, "-m", "orchestrator.tooling.server", "--repo", str(MODELS), "--model", "identity", "--log-file", str(log)]
+    cmd = [sys.executable, "-m", "orchestrator.tooling.serve", "--repo", str(MODELS), "--model", "identity", "--log-file", str(log)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()

@@ -5,15 +5,14 @@ server (skipped, with the reason, only when perf_analyzer cannot be installed)."
 from __future__ import annotations
 
 import json
-import math
-from pathlib import Path
+from dataclasses import asdict
 
-import numpy as np
 import pytest
 import yaml
 
 from orchestrator.tooling import bench
 from orchestrator.tooling.bench import BenchError, PASettings, Spec
+from orchestrator.tooling.repository import check_repository, get_parameter, read_config
 
 
 # Recorded from a real run here: perf_analyzer 2.41.0 -f against `ensemble` (gRPC, c=1),
@@ -272,27 +271,34 @@ def test_latency_summary():
 
 def test_make_bench_repository_adds_the_variants(tmp_path):
     repo = bench.make_bench_repository(tmp_path / "repo")
-    tok = (repo / "tokenizer_pad512" / "config.pbtxt").read_text()
-    assert 'name: "tokenizer_pad512"' in tok
-    assert 'key: "padding" value: { string_value: "max_length" }' in tok
-    assert 'key: "max_length" value: { string_value: "512" }' in tok
+    tok = read_config(repo / "tokenizer_pad512" / "config.pbtxt")
+    assert tok.name == "tokenizer_pad512"
+    assert get_parameter(tok, "padding") == "max_length" and get_parameter(tok, "max_length") == "512"
+    # everything else is the base's
+    base = read_config(repo / "tokenizer" / "config.pbtxt")
+    for key in ("padding", "max_length"):
+        tok.parameters[key].string_value = base.parameters[key].string_value
+    tok.name = "tokenizer"
+    assert tok == base
     assert (repo / "tokenizer_pad512" / "1" / "vocab.txt").is_file()
-    ens = (repo / "ensemble_pad512" / "config.pbtxt").read_text()
-    assert 'name: "ensemble_pad512"' in ens and 'model_name: "tokenizer_pad512"' in ens
-    assert 'model_name: "tokenizer"' not in ens
+    ens = read_config(repo / "ensemble_pad512" / "config.pbtxt")
+    assert ens.name == "ensemble_pad512"
+    assert [s.model_name for s in ens.ensemble_scheduling.step] == ["tokenizer_pad512", "classifier", "postprocess"]
     single = repo / "router_single"
-    assert 'name: "router_single"' in (single / "config.pbtxt").read_text()
+    assert read_config(single / "config.pbtxt").name == "router_single"
     # the originals are untouched
-    assert 'string_value: "longest"' in (repo / "tokenizer" / "config.pbtxt").read_text()
-    assert 'model_name: "tokenizer"' in (repo / "ensemble" / "config.pbtxt").read_text()
+    assert get_parameter(read_config(repo / "tokenizer" / "config.pbtxt"), "padding") == "longest"
+    assert read_config(repo / "ensemble" / "config.pbtxt").ensemble_scheduling.step[0].model_name == "tokenizer"
     assert not list(repo.rglob("__pycache__"))
+    # the copy is a valid repository: names, model.py files, ensemble steps against their models
+    configs = check_repository(repo)
+    assert repo / "ensemble_pad512" / "config.pbtxt" in configs
 
 
 def test_router_single_policy_sends_every_text_to_classifier(tmp_path):
     policy = pytest.importorskip("orchestrator.runtime.policy")
     repo = bench.make_bench_repository(tmp_path / "repo")
-    config = (repo / "router_single" / "config.pbtxt").read_text()
-    name = config.split('key: "policy" value: { string_value: "')[1].split('"')[0]
+    name = get_parameter(read_config(repo / "router_single" / "config.pbtxt"), "policy")
     parsed = policy.load_policy(repo / "router_single" / name)
     assert parsed.models() == ["classifier"]  # no classifier_fast; tokenizer and postprocess inline
     bls = policy.load_policy(repo / "router_single_bls" / name)
@@ -318,16 +324,25 @@ def test_variant_errors_name_the_variant(tmp_path):
         bench.make_bench_repository(tmp_path / "a", variants={"t2": {"base": "tokenizer", "parameters": {"nope": "1"}}})
     with pytest.raises(BenchError, match="variant x .*missing"):
         bench.make_bench_repository(tmp_path / "b", variants={"x": {"base": "missing"}})
-    with pytest.raises(BenchError, match="variant e2 .*model_name"):
+    with pytest.raises(BenchError, match="variant e2 .*model_name 'nope'"):
         bench.make_bench_repository(tmp_path / "c", variants={"e2": {"base": "ensemble", "replace_models": {"nope": "x"}}})
     with pytest.raises(BenchError, match="already exists"):
         bench.make_bench_repository(tmp_path / "c")
 
 
-def test_set_config_parameter():
-    cfg = 'parameters { key: "a" value: { string_value: "1" } }\nparameters { key: "ab" value: { string_value: "2" } }\n'
-    out = bench.set_config_parameter(cfg, "a", "9")
-    assert 'key: "a" value: { string_value: "9" }' in out and 'key: "ab" value: { string_value: "2" }' in out
+def test_variant_parameters_change_only_their_key(tmp_path):
+    """A variant's parameter replaces that key's value only (not a key it prefixes)."""
+    source = tmp_path / "src"
+    (source / "m" / "1").mkdir(parents=True)
+    (source / "m" / "1" / "model.py").write_text("")
+    (source / "m" / "config.pbtxt").write_text(
+        'name: "m"\nbackend: "python"\n'
+        'parameters { key: "a" value: { string_value: "1" } }\nparameters { key: "ab" value: { string_value: "2" } }\n')
+    repo = bench.make_bench_repository(tmp_path / "repo", source, {"m2": {"base": "m", "parameters": {"a": "9"}}})
+    config = read_config(repo / "m2" / "config.pbtxt")
+    assert config.name == "m2"
+    assert {k: v.string_value for k, v in config.parameters.items()} == {"a": "9", "ab": "2"}
+    assert get_parameter(read_config(repo / "m" / "config.pbtxt"), "a") == "1"
 
 
 # ---------------------------------------------------------------------------------------
@@ -357,7 +372,7 @@ def _results():
         "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 8.0, "kernel": "k", "os": "o", "python": "3.11"},
         "load": {"before": [0.1, 0.2, 0.3], "after": [1.0, 1.0, 1.0]}, "git": "abc",
         "triton": {"version": "2.51.0"}, "software": {"perf_analyzer": "Perf Analyzer Version 2.41.0", "onnxruntime": "1"},
-        "settings": bench.asdict(bench.FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
+        "settings": asdict(bench.FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
         "datasets": {"held_out": stats, "short": stats, "medium": stats, "long": stats},
         "measurements": meas, "accuracy": acc, "raw": raw, "ratios": ratios, "goals": bench.evaluate_goals(ratios),
     }

@@ -1,7 +1,7 @@
 """`orchestrator doctor` on the healthy repository and on broken setups built in tmp dirs.
 
 Each broken setup is one small Python model whose EXECUTION_ENV_PATH points at an env laid
-out like a packed one (tests/helpers.fake_env): the doctor reads files and
+out like a packed one (tests/envhelpers.fake_env): the doctor reads files and
 runs ldd, it never starts a server, so these take milliseconds. Stubs are the embedded
 server's real prebuilt ones (nvidia-pytriton wheel).
 """
@@ -9,23 +9,22 @@ server's real prebuilt ones (nvidia-pytriton wheel).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-from tests import helpers as envhelpers
-
-from orchestrator.tooling.env import doctor
-
-from orchestrator.tooling.env import envtools
+from orchestrator.tooling.env import doctor, install, interpreters, stubs
+from orchestrator.tooling.env.common import EnvError
+from tests import envhelpers
 from tests.helpers import FIXTURES, ROOT
 
 FIXTURE_MODEL = FIXTURES / "env" / "models" / "probe"
-SERVER_PY = f"{sys.version_info[0]}.{sys.version_info[1]}"
-OTHER_PY = "3.12" if SERVER_PY != "3.12" else "3.11"
+SERVER_PY, OTHER_PY = envhelpers.SERVER_PY, envhelpers.ENV_PY
 OTHER = tuple(int(x) for x in OTHER_PY.split("."))
 
 
@@ -37,8 +36,8 @@ def problems(report: doctor.ModelReport) -> dict[str, str]:
 def other_libpython():
     """The shared libpython of OTHER_PY (pyenv), or skip: some cases need a loadable one."""
     try:
-        info = envtools.find_python(OTHER_PY)
-    except envtools.EnvError as exc:
+        info = interpreters.find_python(OTHER_PY)
+    except EnvError as exc:
         pytest.skip(f"no Python {OTHER_PY} here: {exc}")
     if info.libpython is None:
         pytest.skip(f"{info.executable} has no shared libpython")
@@ -68,7 +67,7 @@ def model_with_env(tmp: Path, env_value: str | None, *, stub: tuple | None = OTH
         text += f'parameters {{ key: "EXECUTION_ENV_PATH" value: {{ string_value: "{env_value}" }} }}\n'
     (model / "config.pbtxt").write_text(text)
     if stub is not None:
-        shutil.copy(envtools.embedded_stub(stub), model / "triton_python_backend_stub")
+        shutil.copy(stubs.embedded_stub(stub), model / "triton_python_backend_stub")
     return repo
 
 
@@ -101,12 +100,26 @@ def test_healthy_packed_env_with_matching_stub(tmp_path, packed_fake_env, other_
 
 
 def test_missing_libpython(tmp_path):
-    envhelpers.fake_env(tmp_path / "repo" / "probe" / "env", OTHER_PY)  # no lib/libpython
+    env = envhelpers.fake_env(tmp_path / "repo" / "probe" / "env", OTHER_PY)  # no lib/libpython
     repo = model_with_env(tmp_path, "$$TRITON_MODEL_DIRECTORY/env")
     report = diagnose_one(repo)
     message = problems(report)["libpython"]
     assert message.startswith("missing libpython: the stub needs libpython") and "copy the base interpreter's" in message
     assert report.libpython.endswith("=> not found")
+    # What it means at run time: with the launcher's library path the loader cannot start the stub.
+    soname = stubs.inspect_stub(repo / "probe" / "triton_python_backend_stub").libpython
+    ld_path = os.pathsep.join([str(env / "lib"), *stubs.embedded_library_path()])
+    proc = subprocess.run([str(repo / "probe" / "triton_python_backend_stub")], capture_output=True, text=True, env={"LD_LIBRARY_PATH": ld_path})
+    assert proc.returncode == 127 and f"{soname}: cannot open shared object file" in proc.stderr
+
+
+def test_config_that_does_not_parse(tmp_path):
+    repo = model_with_env(tmp_path, None, stub=None)
+    config = repo / "probe" / "config.pbtxt"
+    config.write_text(config.read_text() + "no_such_field: 1\n")
+    (report,), skipped = doctor.diagnose(repo, None)
+    assert not skipped and not report.healthy
+    assert f"{config}:" in problems(report)["config"] and "no_such_field" in problems(report)["config"]
 
 
 def test_version_mismatch_between_env_and_stub(tmp_path):
@@ -213,13 +226,13 @@ def test_dispatcher_picks_the_stub_per_config(tmp_path, packed_fake_env):
     """After `env install` the model directory's stub is a dispatcher: the env config runs
     the OTHER_PY binary, the default config the server's stub; both healthy."""
     repo = model_with_env(tmp_path, None, stub=None)
-    envtools.install_env(repo, ["probe"], tarball=packed_fake_env, base_config_name=None)
+    install.install_env(repo, ["probe"], tarball=packed_fake_env, base_config_name=None)
     with_env = diagnose_one(repo, "env")
     assert with_env.healthy, with_env.findings
     assert with_env.stub.endswith(f"triton_python_backend_stub.py{OTHER_PY}")
     default = diagnose_one(repo, None)
     assert default.healthy, default.findings
-    assert default.stub == str(envtools.embedded_stub(sys.version_info[:2]))
+    assert default.stub == str(stubs.embedded_stub(sys.version_info[:2]))
 
 
 def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
@@ -231,5 +244,9 @@ def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
     assert rc == 1
     assert "probe [numpy]: numpy 2.1.0" in " ".join(out.split())
     assert "1 of 1 Python models have problems" in out
+    # --models: a comma-separated list (blanks ignored); an unknown name is a problem of its own.
+    assert doctor.doctor_command(parser.parse_args(["--repo", str(repo), "--config-name", "", "--models", " probe, ,nope"])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 of 2 Python models have problems" in out and "nope has no config" in out
     assert doctor.doctor_command(parser.parse_args(["--repo", str(tmp_path / "nope")])) == 1
     assert "is not a directory" in capsys.readouterr().err

@@ -1,85 +1,23 @@
-"""The policy engine driven by a fake BLS function: every node kind, no server, no ONNX.
-
-The fake downstream models are arithmetic on the text, so every expected answer is
-computed here independently of the engine:
-- ``tokenizer``: ``[101] + one id per word + [102]``; ``good`` is 2000, ``bad`` 3000,
-  other words ``1000 + len(word)``; the ``truncation`` parameter is honoured.
-- classifier ``m``: logit = ``GAIN[m] * (#good - #bad) + BIAS[m]`` over the row's ids.
-- ``postprocess``: sigmoid and ``>= THRESHOLD``.
-"""
+"""The policy engine driven by a fake BLS function (``tests.helpers.FakeBLS``): every node
+kind, no server, no ONNX. The fake models are arithmetic on the text, so every expected
+answer is computed here independently of the engine (``ids_of``, ``expected_logit``)."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 
 import numpy as np
 import pytest
 
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import DownstreamError, LimitError
 from orchestrator.runtime.nodes import KINDS
 from orchestrator.runtime.nodes.chunk import aggregate, token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.policy import parse_policy
 from orchestrator.runtime.request import Work
 from orchestrator.runtime.scores import logit
-
-GAIN = {"fast": 1.0, "accurate": 2.0, "third": 0.5}
-BIAS = {"fast": 0.1, "accurate": -0.2, "third": 0.3}
-
-
-def word_id(word: str) -> int:
-    return {"good": 2000, "bad": 3000}.get(word, 1000 + len(word))
-
-
-def ids_of(text: str) -> list:
-    return [101] + [word_id(w) for w in text.split()] + [102]
-
-
-def expected_logit(model: str, ids) -> float:
-    ids = list(ids)
-    return GAIN[model] * (ids.count(2000) - ids.count(3000)) + BIAS[model]
-
-
-def sig(z: float) -> float:
-    return 1.0 / (1.0 + math.exp(-z))
-
-
-class FakeBLS:
-    """The ``infer`` function the engine calls; records every call."""
-
-    def __init__(self, fail=(), delay=None):
-        self.calls = []
-        self.fail = set(fail)
-        self.delay = delay or {}
-
-    async def __call__(self, model, inputs, parameters, request_id, alone):
-        self.calls.append({"model": model, "rows": next(iter(inputs.values())).shape[0], "parameters": dict(parameters or {}),
-                           "request_id": request_id, "alone": alone, "inputs": inputs})
-        if model in self.delay:
-            await asyncio.sleep(self.delay[model])
-        if model in self.fail:
-            raise DownstreamError(f"model '{model}' failed: injected")
-        if model == "tokenizer":
-            seqs = [ids_of(t.decode()) for t in inputs["TEXT"].reshape(-1)]
-            width = max(len(s) for s in seqs)
-            ids = np.zeros((len(seqs), width), np.int64)
-            mask = np.zeros((len(seqs), width), np.int64)
-            for r, s in enumerate(seqs):
-                ids[r, : len(s)], mask[r, : len(s)] = s, 1
-            assert parameters.get("truncation") is False
-            return {"input_ids": ids, "attention_mask": mask}
-        if model == "postprocess":
-            p = 1.0 / (1.0 + np.exp(-inputs["logits"].astype(np.float64)))
-            return {"PROBABILITIES": p.astype(np.float32), "VERDICTS": p.astype(np.float32) >= inputs["THRESHOLD"]}
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
-        logits = [expected_logit(model, row[m.astype(bool)]) for row, m in zip(ids, mask)]
-        return {"logits": np.array(logits, np.float32).reshape(-1, 1)}
-
-    def models_called(self):
-        return [c["model"] for c in self.calls]
-
+from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 def run(policy_doc, texts, thresholds=0.5, params=None, request_id="", fake=None, inline_post=True):
     doc = {"version": 1, "inline": {"postprocess": inline_post}, **policy_doc}
@@ -225,3 +163,16 @@ def test_bls_postprocess_equals_inline_and_calls_are_split_at_bls_max_batch_size
     np.testing.assert_allclose(bls.probabilities, inline.probabilities, rtol=1e-6)
     assert (bls.verdicts == inline.verdicts).all()
     assert [c["rows"] for c in fake.calls] == [4, 4, 2] * 3  # tokenizer, classifier, postprocess
+
+
+def test_a_text_over_the_window_limit_refuses_only_its_request():
+    doc = {"version": 1, "inline": {"postprocess": True}, "limits": {"max_windows_per_text": 3},
+           "root": {"kind": "chunk", "window": 8, "stride": 4, "node": model("fast")}}
+    long = " ".join(["good"] * 30)  # 32 tokens: 7 windows of 8 at stride 4
+    engine = Engine(parse_policy(doc), FakeBLS())
+    thr = np.full(1, 0.5, np.float32)
+    ok, refused = asyncio.run(engine.run([Work(["good film"], thr, {}), Work([long], thr, {})]))
+    assert ok.routes == ["fast"]
+    assert isinstance(refused, LimitError) and refused.limit == "max_windows_per_text"
+    assert str(refused) == ("TEXT[0]: 32 tokens make 7 windows, over the limit of 3 windows per text "
+                            "(policy limits.max_windows_per_text)")

@@ -17,15 +17,14 @@ import shutil
 import subprocess
 import sys
 import tarfile
-from pathlib import Path
 
-import numpy as np
 import pytest
 
-from orchestrator.tooling.env import envtools
-from orchestrator.tooling.env.envtools import EnvError
-from tests.helpers import ENV_PY, ROOT, SERVER_PY, probe_repo
-
+from orchestrator.tooling import repository
+from orchestrator.tooling.env import build, commands, common, inspection, install, interpreters, stubs, verify
+from orchestrator.tooling.env.common import EnvError
+from tests.envhelpers import ENV_PY, SERVER_PY, probe_repo
+from tests.helpers import ROOT
 
 
 # ----------------------------------------------------------------------------------------
@@ -34,13 +33,13 @@ from tests.helpers import ENV_PY, ROOT, SERVER_PY, probe_repo
 
 def test_find_python_names_where_it_looked():
     with pytest.raises(EnvError, match=r"no Python 3\.99 found: looked in .*versions/3\.99\.\*/bin"):
-        envtools.find_python("3.99")
+        interpreters.find_python("3.99")
     with pytest.raises(EnvError, match="not a Python version"):
-        envtools.find_python("latest")
+        interpreters.find_python("latest")
 
 
 def test_build_env_venv_fallback(packed_env, env_python):
-    assert packed_env.tool == ("conda-pack" if envtools.conda_executable() else "venv-pack")
+    assert packed_env.tool == ("conda-pack" if build.conda_executable() else "venv-pack")
     assert packed_env.python.startswith(ENV_PY + ".")
     assert packed_env.packages["numpy"] == "1.26.4"
     assert packed_env.packages["envprobe"] == "0.1.0"
@@ -52,19 +51,19 @@ def test_build_env_venv_fallback(packed_env, env_python):
     # venv-pack fallback: the base interpreter's libpython copied into lib/ (the stub needs it).
     assert f"lib/{env_python.soname}" in names
     assert "bin/activate" in names
-    info = envtools.inspect_env(packed_env.path)
+    info = inspection.inspect_env(packed_env.path)
     assert info.python_version == env_python.version[:2] and info.flavour == "venv" and info.gzip
 
 
 def test_build_env_without_conda_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(envtools, "conda_executable", lambda: None)
+    monkeypatch.setattr(build, "conda_executable", lambda: None)
     with pytest.raises(EnvError, match="conda is not installed on this machine"):
-        envtools.build_env(SERVER_PY, tool="conda", output=tmp_path / "x.tar.gz", quiet=True)
+        build.build_env(SERVER_PY, tool="conda", output=tmp_path / "x.tar.gz", quiet=True)
 
 
 def test_failed_step_names_command_and_output(tmp_path, env_python):
     with pytest.raises(EnvError) as info:
-        envtools.build_env(
+        build.build_env(
             ENV_PY,
             requirements=["no-such-package-anywhere==9.9"],
             pip_args=["--no-index", "--find-links", str(tmp_path)],
@@ -78,7 +77,7 @@ def test_failed_step_names_command_and_output(tmp_path, env_python):
 
 
 def test_verify_runs_the_env_interpreter(packed_env):
-    report = envtools.verify_env(packed_env.path, imports=["numpy", "envprobe", "triton_python_backend_utils"])
+    report = verify.verify_env(packed_env.path, imports=["numpy", "envprobe", "triton_python_backend_utils"])
     assert report.python.startswith(ENV_PY + ".")
     assert "/verify-env-" in report.executable  # the unpacked env's python3, found through bin/activate
     assert report.numpy == "1.26.4"
@@ -90,20 +89,20 @@ def test_verify_runs_the_env_interpreter(packed_env):
 
 def test_verify_rejects_numpy2_with_this_stub(packed_env_numpy2):
     with pytest.raises(EnvError) as info:
-        envtools.verify_env(packed_env_numpy2.path, imports=["numpy"])
+        verify.verify_env(packed_env_numpy2.path, imports=["numpy"])
     message = str(info.value)
     assert "numpy 2.0.2" in message and "pybind11 < 2.12" in message and "0 bytes" in message
     assert "numpy<2" in message
 
 
 def test_verify_rejects_a_stub_of_another_version(packed_env):
-    server_stub = envtools.embedded_stub(sys.version_info[:2])
-    report = envtools.verify_env(packed_env.path, stub=server_stub, imports=["numpy"], raise_on_problems=False)
+    server_stub = stubs.embedded_stub(sys.version_info[:2])
+    report = verify.verify_env(packed_env.path, stub=server_stub, imports=["numpy"], raise_on_problems=False)
     assert any(f"links libpython{SERVER_PY}" in p and f"make stub PYTHON={ENV_PY}" in p for p in report.problems)
 
 
 def test_verify_reports_failing_imports(packed_env):
-    report = envtools.verify_env(packed_env.path, imports=["numpy", "transformers"], raise_on_problems=False)
+    report = verify.verify_env(packed_env.path, imports=["numpy", "transformers"], raise_on_problems=False)
     assert report.imports["numpy"] is None
     assert "ModuleNotFoundError" in report.imports["transformers"]
     assert any("`import transformers` fails" in p for p in report.problems)
@@ -115,37 +114,50 @@ def test_verify_reports_failing_imports(packed_env):
 
 def test_install_env_writes_variant_tarball_and_dispatcher(packed_env, tmp_path):
     repo = probe_repo(tmp_path / "repo")
-    (results,) = envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
+    (results,) = install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
     model = repo / "probe"
-    config = (model / "configs" / "env.pbtxt").read_text()
-    assert (model / "config.pbtxt").read_text() in config  # the effective config, unchanged
-    assert config.rstrip().endswith(
-        'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/triton_env.tar.gz" } }'
-    )
-    assert envtools.execution_env_path(config) == envtools.ENV_PATH_VALUE
+    # The effective config, read through model_config.proto, plus EXECUTION_ENV_PATH.
+    written = repository.read_config(model / "configs" / "env.pbtxt")
+    expected = repository.read_config(model / "config.pbtxt")
+    assert repository.get_parameter(expected, "EXECUTION_ENV_PATH") is None
+    repository.set_parameter(expected, "EXECUTION_ENV_PATH", "$$TRITON_MODEL_DIRECTORY/triton_env.tar.gz")
+    assert written == expected and common.ENV_PATH_VALUE == "$$TRITON_MODEL_DIRECTORY/triton_env.tar.gz"
+    header = (model / "configs" / "env.pbtxt").read_text().splitlines()[:2]
+    assert header[0].startswith("# Generated by `orchestrator env install` from config.pbtxt")
+    assert f"(env Python {ENV_PY}). Used with --model-config-name=env." in header[1]
     assert os.path.samefile(model / "triton_env.tar.gz", packed_env.path) and results.how == "hardlink"
     # The env's Python differs from the server's: stub binary + dispatcher.
     binary = model / f"triton_python_backend_stub.py{ENV_PY}"
-    assert envtools.inspect_stub(binary).python_version == tuple(map(int, ENV_PY.split(".")))
-    assert envtools.dispatcher_target(model / "triton_python_backend_stub") == (tuple(map(int, ENV_PY.split("."))), binary)
+    assert stubs.inspect_stub(binary).python_version == tuple(map(int, ENV_PY.split(".")))
+    assert stubs.dispatcher_target(model / "triton_python_backend_stub") == (tuple(map(int, ENV_PY.split("."))), binary)
     # Triton probes the stub without arguments and expects exit status 1 (stub_launcher.cc).
     assert subprocess.run([str(model / "triton_python_backend_stub")]).returncode == 1
     # --plain-stub places the binary itself (python_backend's documented layout).
-    envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None, dispatch=False)
-    assert envtools.inspect_stub(model / "triton_python_backend_stub").python_version is not None
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None, dispatch=False)
+    assert stubs.inspect_stub(model / "triton_python_backend_stub").python_version is not None
     assert not binary.exists()
     # Idempotent; a server of the env's own Python needs no stub: ours are removed.
-    envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
-    envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
-    assert envtools.dispatcher_target(model / "triton_python_backend_stub") is not None and binary.exists()
-    envtools.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None, server_python=ENV_PY)
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
+    assert stubs.dispatcher_target(model / "triton_python_backend_stub") is not None and binary.exists()
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None, server_python=ENV_PY)
     assert not (model / "triton_python_backend_stub").exists() and not binary.exists()
+    # An EXECUTION_ENV_PATH of the base config is replaced; its other parameters are kept.
+    base = model / "config.pbtxt"
+    base.write_text(
+        base.read_text()
+        + 'parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "/elsewhere.tar.gz" } }\n'
+        + 'parameters { key: "KEEP" value: { string_value: "1" } }\n'
+    )
+    install.install_env(repo, ["probe"], tarball=packed_env.path, base_config_name=None)
+    parameters = repository.read_config(model / "configs" / "env.pbtxt").parameters
+    assert {k: v.string_value for k, v in parameters.items()} == {"EXECUTION_ENV_PATH": common.ENV_PATH_VALUE, "KEEP": "1"}
 
 
 def test_install_env_default_models_are_the_python_ones(packed_env, tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__", "*.tar.gz", "triton_python_backend_stub*"))
-    results = envtools.install_env(repo, tarball=packed_env.path)
+    results = install.install_env(repo, tarball=packed_env.path)
     expected = sorted(
         d.name
         for d in repo.iterdir()
@@ -157,29 +169,29 @@ def test_install_env_default_models_are_the_python_ones(packed_env, tmp_path):
     # Classifiers: the Python fallback (configs/embedded.pbtxt) is what gets the env.
     assert 'backend: "python"' in (repo / "classifier" / "configs" / "env.pbtxt").read_text()
     with pytest.raises(EnvError, match="not a Python-backend model"):
-        envtools.install_env(repo, ["ensemble"], tarball=packed_env.path)
+        install.install_env(repo, ["ensemble"], tarball=packed_env.path)
     with pytest.raises(EnvError, match="no env tarball"):
-        envtools.install_env(repo, tarball=tmp_path / "missing.tar.gz")
+        install.install_env(repo, tarball=tmp_path / "missing.tar.gz")
 
 
 # ----------------------------------------------------------------------------------------
 # conda (runs where conda exists)
 
 
-@pytest.mark.skipif(envtools.conda_executable() is None, reason="conda is not installed on this machine (no conda on PATH)")
+@pytest.mark.skipif(build.conda_executable() is None, reason="conda is not installed on this machine (no conda on PATH)")
 def test_conda_pack_env(tmp_path):
     pytest.importorskip("conda_pack", reason="conda-pack is not installed (pip install -e '.[env]')")
-    built = envtools.build_env(
+    built = build.build_env(
         SERVER_PY,
         tool="conda",
         requirements=["numpy==1.26.4"],
         install_project=False,
         imports=["numpy", "triton_python_backend_utils"],
-        output=tmp_path / envtools.ENV_TARBALL_NAME,
+        output=tmp_path / common.ENV_TARBALL_NAME,
         quiet=True,
     )
     assert built.tool == "conda-pack" and built.python.startswith(SERVER_PY + ".")
-    info = envtools.inspect_env(built.path)
+    info = inspection.inspect_env(built.path)
     assert info.flavour == "conda" and info.has_activate and info.numpy_version == "1.26.4"
 
 
@@ -188,38 +200,38 @@ def test_conda_pack_env(tmp_path):
 
 
 def test_prepare_stub_from_the_wheel(tmp_path):
-    path = envtools.prepare_stub(ENV_PY, tmp_path)
+    path = stubs.prepare_stub(ENV_PY, tmp_path)
     assert path == tmp_path / ENV_PY / "triton_python_backend_stub" and os.access(path, os.X_OK)
     manifest = json.loads((path.parent / "stub.json").read_text())
     assert manifest["python"] == ENV_PY and manifest["triton_release"] == "r24.10"
     assert manifest["libpython"].startswith("libpython") and manifest["numpy2_support"] is False
     try:
-        envtools.find_python(ENV_PY)
+        interpreters.find_python(ENV_PY)
     except EnvError:
         pass
     else:  # ldd resolved it with that interpreter's lib dir
         assert manifest["ldd_libpython"].endswith(manifest["libpython"])
     with pytest.raises(EnvError, match=f"make stub PYTHON={ENV_PY} TRITON=r25.01"):
-        envtools.prepare_stub(ENV_PY, tmp_path, triton="r25.01")
+        stubs.prepare_stub(ENV_PY, tmp_path, triton="r25.01")
 
 
 def test_stub_command_output(tmp_path, capsys):
     import argparse
 
-    parser = envtools.add_stub_arguments(argparse.ArgumentParser())
-    assert envtools.stub_command(parser.parse_args(["--python", "3.10", "--out", str(tmp_path)])) == 0
+    parser = commands.add_stub_arguments(argparse.ArgumentParser())
+    assert commands.stub_command(parser.parse_args(["--python", "3.10", "--out", str(tmp_path)])) == 0
     out = capsys.readouterr().out
     assert "libpython3.10.so.1.0" in out and (tmp_path / "3.10" / "triton_python_backend_stub").is_file()
-    assert envtools.stub_command(parser.parse_args(["--python", "3.7", "--out", str(tmp_path)])) == 1
+    assert commands.stub_command(parser.parse_args(["--python", "3.7", "--out", str(tmp_path)])) == 1
     assert "no Python-backend stub for Python 3.7" in capsys.readouterr().err
 
 
 def test_triton_release_mapping():
-    assert envtools.triton_release_for_version("2.51.0") == "r24.10"  # the embedded server
-    assert envtools.triton_release_for_version("2.54.0") == "r25.01"
-    assert envtools.triton_release_for_version("2.18.0") == "r22.01"
+    assert stubs.triton_release_for_version("2.51.0") == "r24.10"  # the embedded server
+    assert stubs.triton_release_for_version("2.54.0") == "r25.01"
+    assert stubs.triton_release_for_version("2.18.0") == "r22.01"
     with pytest.raises(EnvError):
-        envtools.triton_release_for_version("2.17.0")
+        stubs.triton_release_for_version("2.17.0")
 
 
 BUILD_SH = ROOT / "stub_build" / "build.sh"
@@ -256,7 +268,7 @@ def test_dockerfile_names_the_release_image(release):
     assert _dockerfile_base_image(args) == expected
     assert args["TRITON_BRANCH"] == release and args["PYTHON_VERSION"] == "3.12"
     # Without build args the Dockerfile builds for the embedded server's release.
-    assert _dockerfile_base_image({}) == f"nvcr.io/nvidia/tritonserver:{envtools.EMBEDDED_TRITON_RELEASE[1:]}-py3"
+    assert _dockerfile_base_image({}) == f"nvcr.io/nvidia/tritonserver:{common.EMBEDDED_TRITON_RELEASE[1:]}-py3"
 
 
 def test_build_script_without_docker_engine(tmp_path):
@@ -293,10 +305,14 @@ def _make_n(*args) -> str:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_targets():
     out = _make_n("env", "PYTHON=3.12", "TARGET=gpu")
-    assert "orchestrator.tooling.env.envtools env build --python 3.12 --target gpu --install model_repository" in out
+    assert "-m orchestrator.tooling.env env build --python 3.12 --target gpu --install model_repository" in out
     assert "make venv PYTHON=python3" in out or "venv PYTHON=python3" in out  # the venv is not built with "3.12"
     assert "bash stub_build/build.sh 3.12 r24.10" in _make_n("stub", "PYTHON=3.12", "TRITON=r24.10")
-    assert "orchestrator.tooling.env.envtools stub --python 3.12" in _make_n("stub", "PYTHON=python3.12")
+    assert "-m orchestrator.tooling.env stub --python 3.12" in _make_n("stub", "PYTHON=python3.12")
+    # The module the Makefile runs parses those commands.
+    for args in (["env", "build", "--help"], ["stub", "--help"]):
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.tooling.env", *args], capture_output=True, text=True, cwd=ROOT)
+        assert proc.returncode == 0 and "--python" in proc.stdout, proc.stderr
 
 
 # ----------------------------------------------------------------------------------------
@@ -309,10 +325,10 @@ def test_requirements_pin_numpy_below_2_and_match_the_project():
     pyproject = (ROOT / "pyproject.toml").read_text()
     for target in ("cpu", "gpu"):
         pins = {}
-        for line in envtools.requirements_file(target).read_text().splitlines():
-            line = line.split("#")[0].strip()
-            if line:
-                name, _, version = line.partition("==")
+        for line in build.requirements_file(target).read_text().splitlines():
+            line, _, marker = line.split("#")[0].strip().partition(";")
+            if line and "< \"3.11\"" not in marker:  # the Python 3.10 pins are older releases
+                name, _, version = line.strip().partition("==")
                 assert version, f"{target}: {line!r} is not pinned with =="
                 pins[name] = version
         assert int(pins["numpy"].split(".")[0]) < 2
@@ -320,19 +336,19 @@ def test_requirements_pin_numpy_below_2_and_match_the_project():
             m = re.search(rf'"{re.escape(name)}==([^"]+)"', pyproject)
             if m:
                 assert m.group(1) == version, f"{name}: env pins {version}, pyproject {m.group(1)}"
-    assert "onnxruntime-gpu" in envtools.requirements_file("gpu").read_text()
+    assert "onnxruntime-gpu" in build.requirements_file("gpu").read_text()
     with pytest.raises(EnvError, match="unknown env target 'tpu'"):
-        envtools.requirements_file("tpu")
+        build.requirements_file("tpu")
 
 
 def test_environment_yml_renders_python_and_requirements(tmp_path):
     import yaml
 
-    path = envtools._render_environment_yml("3.12", ["-r", str(envtools.requirements_file("cpu"))], tmp_path)
+    path = build._render_environment_yml("3.12", ["-r", str(build.requirements_file("cpu"))], tmp_path)
     spec = yaml.safe_load(path.read_text())
     assert "python=3.12" in spec["dependencies"]
     pip = next(d["pip"] for d in spec["dependencies"] if isinstance(d, dict))
-    assert pip == [f"-r {envtools.requirements_file('cpu')}"]
+    assert pip == [f"-r {build.requirements_file('cpu')}"]
 
 
 def test_generated_files_are_git_ignored():

@@ -16,14 +16,16 @@ import argparse
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tritonclient.grpc.model_config_pb2 import TYPE_FP32, ModelInstanceGroup
+
 from orchestrator.tooling.modeling import export as E
+from orchestrator.tooling.repository import read_config, write_config
 from tests.helpers import REPO
 
 try:  # the `train` extra; `make test` alone installs neither
@@ -150,12 +152,9 @@ def test_fp16_keeps_io_dtypes_and_halves_the_weights(exported):
 def test_configs_match_the_committed_layout(exported):
     _, repo, _ = exported
     for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
-        committed = (REPO / "classifier" / rel).read_text()
         for name in ("classifier", "classifier_fp16"):
-            text = (repo / name / rel).read_text()
-            body = [ln for ln in text.splitlines() if not ln.startswith("# exported by")]
-            expected = committed.replace('name: "classifier"', f'name: "{name}"').splitlines()
-            assert body == expected, f"{name}/{rel}"
+            assert read_config(repo / name / rel) == renamed(REPO / "classifier" / rel, name), f"{name}/{rel}"
+            assert (repo / name / rel).read_text().count("# exported by `orchestrator export`:") == 1
     assert (repo / "classifier_fp16" / "1" / "model.py").read_text() == (REPO / "classifier" / "1" / "model.py").read_text()
     assert not (repo / "classifier" / "configs" / "tensorrt.pbtxt").exists()  # no trtexec here
     rec = json.loads((repo / "classifier_fp16" / "export.json").read_text())
@@ -186,18 +185,21 @@ def test_multiclass_export_records_num_labels(tmp_path):
     assert res.num_labels == 3 and res.variants == ["topic"]
     assert (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes() == old_tokenizer  # --no-tokenizer
     for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
-        text = (repo / "topic" / rel).read_text()
-        assert re.search(r'name: "logits" data_type: TYPE_FP32 dims: \[ 3 \]', text), text
-        assert 'name: "topic"' in text
+        config = read_config(repo / "topic" / rel)
+        assert config.name == "topic"
+        assert [(o.name, o.data_type, list(o.dims)) for o in config.output] == [("logits", TYPE_FP32, [3])]
     _, outs = io_types(repo / "topic" / "1" / "model.onnx")
     assert outs["logits"][1][1] == 3
     # re-export into the same directory updates the existing configs in place
-    (repo / "topic" / "config.pbtxt").write_text((repo / "topic" / "config.pbtxt").read_text().replace(
-        "count: 1 kind: KIND_GPU", "count: 2 kind: KIND_GPU"))
+    config = read_config(repo / "topic" / "config.pbtxt")
+    config.instance_group[0].count = 2
+    write_config(repo / "topic" / "config.pbtxt", config)
     E.export_checkpoint(str(make_checkpoint(tmp_path / "ckpt1", 1)), repo, "topic", max_length=32,
                         tokenizer=False, quiet=True, tensorrt=False)
-    text = (repo / "topic" / "config.pbtxt").read_text()
-    assert "dims: [ 1 ]" in text and "count: 2 kind: KIND_GPU" in text and text.count("# exported by") == 1
+    config = read_config(repo / "topic" / "config.pbtxt")
+    assert list(config.output[0].dims) == [1]
+    assert [(g.count, g.kind) for g in config.instance_group] == [(2, ModelInstanceGroup.KIND_GPU)]
+    assert (repo / "topic" / "config.pbtxt").read_text().count("# exported by") == 1
 
 
 @needs_train
@@ -207,10 +209,10 @@ def test_mismatch_fails_loudly(exported, tmp_path):
     ckpt, repo, _ = exported
     tok = AutoTokenizer.from_pretrained(str(ckpt))
     path = repo / "classifier" / "1" / "model.onnx"
-    sess = E._ort_session(path)
-    off = lambda ids, mask: E._ort_logits(sess, ids, mask) + 1e-3  # noqa: E731
+    sess = E.ort_session(path)
+    off = lambda ids, mask: E.ort_logits(sess, ids, mask) + 1e-3  # noqa: E731
     with pytest.raises(E.ExportValidationError, match=r"fp32 export .* disagrees beyond 0.0001.*vs_torch = 0.001"):
-        E._check_variant("fp32", path, off, tok, list(E.SAMPLE_TEXTS), 48, E.FP32_TOLERANCE, "torch")
+        E.check_variant("fp32", path, off, tok, list(E.SAMPLE_TEXTS), 48, E.FP32_TOLERANCE, "torch")
     fresh = copy_repository(tmp_path / "r")
     before = sorted(str(p.relative_to(fresh)) for p in fresh.rglob("*"))
     with pytest.raises(E.ExportValidationError, match=r"fp16 export of .*classifier_fp16/1/model.onnx disagrees"):
@@ -249,8 +251,9 @@ def test_tensorrt_plan_with_a_fake_trtexec(exported, tmp_path, monkeypatch):
     assert set(res.tensorrt) == {"classifier", "classifier_fp16"}
     for name in ("classifier", "classifier_fp16"):
         assert (repo / name / "1" / "model.plan").is_file()
-        cfg = (repo / name / "configs" / "tensorrt.pbtxt").read_text()
-        assert 'platform: "tensorrt_plan"' in cfg and f'name: "{name}"' in cfg and "dims: [ 1 ]" in cfg
+        cfg = read_config(repo / name / "configs" / "tensorrt.pbtxt")
+        assert (cfg.platform, cfg.name, cfg.default_model_filename) == ("tensorrt_plan", name, "model.plan")
+        assert list(cfg.output[0].dims) == [1]
     calls = log.read_text().splitlines()
     assert len(calls) == 2 and "--maxShapes=input_ids:64x48,attention_mask:64x48" in calls[0]
     assert not calls[0].endswith("--fp16") and calls[1].endswith("--fp16")
@@ -291,9 +294,14 @@ def test_committed_fp16_is_converted_from_the_committed_classifier(tmp_path):
     assert (ins16, outs16) == io_types(src)
     assert np.abs(committed_logits(dst) - committed_logits(src)).max() <= E.FP16_TOLERANCE
     for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
-        body = [ln for ln in (REPO / "classifier_fp16" / rel).read_text().splitlines() if not ln.startswith("# exported")]
-        assert body == (REPO / "classifier" / rel).read_text().replace(
-            'name: "classifier"', 'name: "classifier_fp16"').splitlines()
+        assert read_config(REPO / "classifier_fp16" / rel) == renamed(REPO / "classifier" / rel, "classifier_fp16")
+
+
+def renamed(path: Path, name: str):
+    """The config at ``path`` with another model name."""
+    config = read_config(path)
+    config.name = name
+    return config
 
 
 def committed_logits(path: Path) -> np.ndarray:
@@ -311,3 +319,46 @@ def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path
     again = tmp_path / "again.onnx"
     E.convert_to_fp16(REPO / "classifier" / "1" / "model.onnx", again)
     np.testing.assert_array_equal(committed_logits(again), committed_logits(REPO / "classifier_fp16" / "1" / "model.onnx"))
+
+
+def test_one_validation_error_for_train_and_export_under_the_tooling_base():
+    """Catching export's ExportValidationError catches train's (one class), and every error of
+    the modeling and bench tooling is a ToolingError."""
+    from orchestrator.tooling import bench
+    from orchestrator.tooling.errors import ToolingError
+    from orchestrator.tooling.modeling import data as D
+    from orchestrator.tooling.modeling import parity as P
+    from orchestrator.tooling.modeling import train as T
+
+    assert T.ExportValidationError is E.ExportValidationError
+    assert issubclass(E.ExportValidationError, E.ExportError) and issubclass(E.SourceError, E.ExportError)
+    for cls in (E.ExportError, E.SourceError, E.ExportValidationError, T.ArtifactSizeError, T.BaselineNotBeatenError,
+                P.ParityError, bench.BenchError, D.DataUnavailableError, D.DataFormatError):
+        assert issubclass(cls, ToolingError), cls
+    assert issubclass(D.DataFormatError, ValueError)  # as before, for callers that catch ValueError
+    with pytest.raises(E.ExportValidationError, match=r"inputs \['input_ids'\], outputs \['y'\]"):
+        E.check_onnx_contract("m.onnx", session=_FakeSession([("input_ids", "tensor(int64)", ["b", "s"])],
+                                                             [("y", "tensor(float)", ["b", 1])]))
+    good_inputs = [(n, "tensor(int64)", ["b", "s"]) for n in ("input_ids", "attention_mask")]
+    assert E.check_onnx_contract("m.onnx", session=_FakeSession(good_inputs, [("logits", "tensor(float)", ["b", 2])])) == 2
+    with pytest.raises(E.ExportValidationError, match="logits has 2 labels, expected 1"):
+        E.check_onnx_contract("m.onnx", 1, session=_FakeSession(good_inputs, [("logits", "tensor(float)", ["b", 2])]))
+    with pytest.raises(E.ExportValidationError, match="input input_ids is tensor.int64. .8, 's'.; expected int64"):
+        E.check_onnx_contract("m.onnx", session=_FakeSession([("input_ids", "tensor(int64)", [8, "s"])] + good_inputs[1:],
+                                                             [("logits", "tensor(float)", ["b", 1])]))
+
+
+class _FakeSession:
+    """What check_onnx_contract reads of an onnxruntime session: get_inputs/get_outputs."""
+
+    def __init__(self, inputs, outputs):
+        from types import SimpleNamespace
+
+        self._in = [SimpleNamespace(name=n, type=t, shape=s) for n, t, s in inputs]
+        self._out = [SimpleNamespace(name=n, type=t, shape=s) for n, t, s in outputs]
+
+    def get_inputs(self):
+        return self._in
+
+    def get_outputs(self):
+        return self._out

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -161,6 +160,19 @@ def test_unreachable_target_and_shapes_raise():
         P.binary_scores(np.zeros((4, 3)))
     with pytest.raises(P.ParityError, match="shapes differ"):
         P.logit_deviation(lg, lg[:2])
+
+
+def test_threshold_logit_is_the_runtime_logit_and_none_at_0_and_1():
+    from orchestrator.runtime.scores import logit
+
+    for t in (1e-6, 0.25, 0.5, 0.9, 1 - 1e-6):
+        assert P.threshold_logit(t) == logit(t)
+    assert P.threshold_logit(0.5) == 0.0 and P.threshold_logit(0.9) == pytest.approx(math.log(9))
+    # no finite score sits at a threshold of 0 or 1: the report shows no threshold line there
+    for t in (0.0, 1.0, -0.1, 1.5):
+        assert P.threshold_logit(t) is None
+    r = P.compare(np.array([[-5.0], [5.0]], dtype=np.float32), {}, np.array([0, 1]), 1.0, "ref")
+    assert r["reference"]["threshold_logit"] == pytest.approx(5.0, abs=1e-5)
 
 
 def test_two_logit_models_use_the_log_odds():

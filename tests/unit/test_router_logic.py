@@ -5,10 +5,11 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.errors import LimitError
+from orchestrator.runtime.nodes.chunk import aggregate, token_windows, window_count
 from orchestrator.runtime.nodes.model import truncate
 from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.request import parse_request
+from orchestrator.runtime.request import Limits, parse_request
 from orchestrator.runtime.scores import logit, sigmoid
 from orchestrator.runtime.validation import InputError
 
@@ -88,3 +89,56 @@ def test_parse_request_errors_name_the_input():
             parse_request(texts, thr)
     with pytest.raises(InputError, match="parameter route='classifier': not a route this policy exposes"):
         parse_request(_texts(b"a"), np.array([[0.5]], np.float32), {"route": "classifier"}, {"route": ("fast", "accurate")})
+
+
+# ----------------------------------------------------------------------------- input limits, parameters, outputs
+
+
+def _texts(*texts):
+    return np.array([t.encode() if isinstance(t, str) else t for t in texts], dtype=object).reshape(-1, 1)
+
+
+def _thr(n):
+    return np.full((n, 1), 0.5, np.float32)
+
+
+def test_byte_limits_name_the_text_its_size_and_the_limit():
+    limits = Limits(max_text_bytes=10, max_request_bytes=25)
+    parse_request(_texts("x" * 10, "y" * 10), _thr(2), limits=limits)  # at the limits: fine
+    with pytest.raises(LimitError, match=r"^TEXT\[1\]: 11 bytes, over the limit of 10 bytes per text \(policy limits.max_text_bytes\)$") as info:
+        parse_request(_texts("ok", "z" * 11), _thr(2), limits=limits)
+    assert info.value.limit == "max_text_bytes"
+    with pytest.raises(LimitError, match=r"^TEXT: 30 bytes in all texts, over the limit of 25 bytes per request"):
+        parse_request(_texts("a" * 10, "b" * 10, "c" * 10), _thr(3), limits=limits)
+    # checked before decoding: an oversized text with invalid UTF-8 is refused for its size
+    with pytest.raises(LimitError, match=r"TEXT\[0\]: 12 bytes"):
+        parse_request(_texts(b"\xff" * 12), _thr(1), limits=limits)
+
+
+def test_default_limits():
+    d = Limits()
+    assert (d.max_text_bytes, d.max_request_bytes, d.max_windows_per_text) == (65536, 4 << 20, 256)
+    with pytest.raises(LimitError, match=r"TEXT\[0\]: 8388608 bytes, over the limit of 65536 bytes per text"):
+        parse_request(_texts(b"a" * (8 << 20)), _thr(1))
+
+
+def test_unknown_parameters_are_refused_and_ignored_patterns_accepted():
+    exposed = {"route": ("fast", "accurate")}
+    with pytest.raises(InputError, match=r"^parameter 'rout': not a parameter of this router \(it accepts: describe_policy, route\)$"):
+        parse_request(_texts("a"), _thr(1), {"rout": "fast"}, exposed)
+    work = parse_request(_texts("a"), _thr(1), {"route": "fast", "x-request-id": "abc", "describe_policy": "true"}, exposed,
+                         ignored=("x-*",))
+    assert work.parameters == {"route": "fast"} and work.describe  # ignored and describe_policy are not forwarded
+
+
+def test_policy_output_needs_describe_policy():
+    with pytest.raises(InputError, match=r"^POLICY: this output is only produced for requests with the parameter describe_policy=true$"):
+        parse_request(_texts("a"), _thr(1), {}, explicit_outputs={"POLICY"})
+    assert parse_request(_texts("a"), _thr(1), {"describe_policy": True}, explicit_outputs={"POLICY"}).describe
+    parse_request(_texts("a"), _thr(1), {}, explicit_outputs={"ROUTE"})
+
+
+@pytest.mark.parametrize("tokens", [3, 128, 129, 200, 226, 227, 1000, 5001])
+def test_window_count_matches_token_windows(tokens):
+    ids = np.arange(tokens, dtype=np.int64)
+    assert window_count(tokens, 128, 96) == len(token_windows(ids, 128, 96))

@@ -1,20 +1,26 @@
-"""ServerOptions: the router reads the hosting tritonserver's command line so it never sends
-a model-control request that must fail (a failed pb_utils.load_model can crash Triton 2.51;
-test_policy_server.py has the real-server checks)."""
+"""ServerOptions and RepositoryControl: the router reads the hosting tritonserver's command
+line so it never sends a model-control request that must fail (a failed pb_utils.load_model
+can crash Triton 2.51; tests/server/test_policy_server.py has the real-server checks) and
+sends its loads through the server's HTTP repository API."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.ondemand import ModelManager, ServerOptions
+from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
+from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.nodes.model import OnDemand
 
 
@@ -88,7 +94,7 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
         pytest.skip("needs Linux /proc, which Triton's own platform has")
     server = tmp_path / "tritonserver"
     os.symlink(sys.executable, server)
-    child = "from orchestrator.runtime.ondemand import ServerOptions; print(ServerOptions.of_parent())"
+    child = "from orchestrator.runtime.control import ServerOptions; print(ServerOptions.of_parent())"
     parent = textwrap.dedent(f"""
         import subprocess, sys
         sys.exit(subprocess.run([{sys.executable!r}, "-c", {child!r}]).returncode)
@@ -97,7 +103,7 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
     out = subprocess.run([str(server), "-c", parent, "--model-repository=repo", "--model-control-mode=explicit"],
                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(ServerOptions("explicit", ((tmp_path / "repo").resolve(),)))
+    assert out.stdout.strip() == str(ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000)))
 
 
 def test_under_mode_none_no_load_request_is_ever_sent():
@@ -132,3 +138,80 @@ def test_with_unknown_options_the_load_is_sent_as_before():
     m._load_blocking("spare")
     assert pb.requests == [("load", "spare")]
     m.close()
+
+
+def test_parse_finds_the_http_endpoint_and_its_repository_header(tmp_path):
+    default = ServerOptions.parse(["tritonserver", "--model-repository=/m"], tmp_path)
+    assert default.http == ("127.0.0.1", 8000) and default.http_header is None
+    argv = ["tritonserver", "--http-address", "10.1.2.3", "--http-port=9000",
+            "--http-restricted-api=model-repository,health:admin-key=s3cret"]
+    options = ServerOptions.parse(argv, tmp_path)
+    assert options.http == ("10.1.2.3", 9000) and options.http_header == ("admin-key", "s3cret")
+    assert ServerOptions.parse(["tritonserver", "--http-restricted-api=health:k=v"], tmp_path).http_header is None
+    assert ServerOptions.parse(["tritonserver", "--allow-http=false"], tmp_path).http is None
+
+
+class _Repository(BaseHTTPRequestHandler):
+    """A stand-in for Triton's repository API: records requests, refuses model 'bad'."""
+
+    seen: list = []
+
+    def do_POST(self):  # noqa: N802 (http.server's name)
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        _Repository.seen.append((self.path, self.headers.get("admin-key"), json.loads(body)))
+        if "/bad/" in self.path:
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error":"failed to load \'bad\': no version is available"}')
+            return
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture()
+def repository_api():
+    httpd = HTTPServer(("127.0.0.1", 0), _Repository)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    _Repository.seen = []
+    yield httpd.server_address[1]
+    httpd.shutdown()
+
+
+def test_loads_go_through_the_http_repository_api(repository_api):
+    pb = FakePb()
+    control = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", repository_api), ("admin-key", "k")))
+    control.load("classifier")
+    control.unload("spare")
+    with pytest.raises(ControlError, match=r"^failed to load 'bad': no version is available$"):
+        control.load("bad")
+    assert _Repository.seen == [
+        ("/v2/repository/models/classifier/load", "k", {}),
+        ("/v2/repository/models/spare/unload", "k", {"parameters": {"unload_dependents": False}}),
+        ("/v2/repository/models/bad/load", "k", {}),
+    ]
+    assert pb.requests == []  # pb_utils.load_model (it holds the stub's GIL) is not used
+    unreachable = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", 1)))
+    with pytest.raises(ControlError, match="did not answer"):
+        unreachable.load("classifier")
+
+
+def test_repair_reloads_once_per_interval_and_only_models_in_a_repository(tmp_path):
+    (tmp_path / "classifier").mkdir()
+    pb, repaired = FakePb(ready={"classifier"}), []
+    log = Log()
+    m = ModelManager(pb, {}, Metrics(pb, "r"), log, server=ServerOptions("explicit", (tmp_path,)),
+                     repair_interval_s=60, on_repaired=repaired.append)
+    assert m.repair("classifier") is True
+    for _ in range(50):
+        if repaired:
+            break
+        time.sleep(0.02)
+    assert repaired == ["classifier"] and pb.requests == [("load", "classifier")]  # no HTTP endpoint known: pb_utils
+    assert m.repair("classifier") is False  # within the interval
+    assert m.repair("absent") is False and any("not reloading 'absent'" in line for line in log.lines)
+    none = ModelManager(FakePb(), {}, Metrics(pb, "r"), Log(), server=ServerOptions("none", (tmp_path,)))
+    assert none.repair("classifier") is False

@@ -32,7 +32,10 @@ from orchestrator.runtime.validation import config_parameters
 
 
 class TritonPythonModel:
+    """An ONNX classifier model (see the module docstring for inputs, outputs and parameters)."""
+
     def initialize(self, args):
+        """Open the ONNX file with onnxruntime (CUDA provider on a KIND_GPU instance when available)."""
         params = config_parameters(model_config(args))
         path = model_directory(args) / params.get("onnx_file", "model.onnx")
         options = ort.SessionOptions()
@@ -45,6 +48,7 @@ class TritonPythonModel:
         self.output_name = self.session.get_outputs()[0].name
 
     def execute(self, requests):
+        """One logits response per request; requests of equal sequence length share one session run."""
         responses = [None] * len(requests)
         groups = defaultdict(list)
         for i, request in enumerate(requests):

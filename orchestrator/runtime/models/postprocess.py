@@ -13,7 +13,6 @@ Errors (per request, INVALID_ARG): THRESHOLD NaN, infinite, outside [0, 1], or n
 
 from __future__ import annotations
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.models._triton import error_response
@@ -22,7 +21,10 @@ from orchestrator.runtime.validation import InputError, check_thresholds
 
 
 class TritonPythonModel:
+    """The postprocess model (see the module docstring)."""
+
     def execute(self, requests):
+        """One response per request: probabilities and verdicts, or an INVALID_ARG error."""
         responses = []
         for request in requests:
             logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()

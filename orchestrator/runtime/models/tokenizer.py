@@ -40,7 +40,10 @@ PADDING_MODES = ("longest", "max_length")
 
 
 class TritonPythonModel:
+    """The tokenizer model (see the module docstring)."""
+
     def initialize(self, args):
+        """Load the tokenizer files and check the padding parameters (ValueError: bad parameters)."""
         params = config_parameters(model_config(args))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(args)))
         self.padding = params.get("padding", "longest")
@@ -67,6 +70,7 @@ class TritonPythonModel:
         return padded["input_ids"].astype(np.int64), padded["attention_mask"].astype(np.int64)
 
     def execute(self, requests):
+        """One response per request: ids and mask, or an INVALID_ARG error naming the input."""
         responses = []
         for request in requests:
             try:

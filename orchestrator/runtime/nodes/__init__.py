@@ -24,13 +24,14 @@ from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.nodes import cascade, chunk, constant, fallback, model, parallel, sequence, split, switch
-from orchestrator.runtime.nodes.base import Answer, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import REGISTRY, Answer, Item, Node, NodeKind, ParseContext, Reader, may_decline
 
 #: kind name -> its definition, in documentation order.
 KINDS: Dict[str, NodeKind] = {
     k.name: k
     for k in (model.KIND, constant.KIND, sequence.KIND, switch.KIND, cascade.KIND, chunk.KIND, split.KIND, parallel.KIND, fallback.KIND)
 }
+REGISTRY.update(KINDS)
 #: Keys every node may have.
 COMMON_KEYS = ("kind", "name", "timeout_ms")
 
@@ -75,12 +76,6 @@ def walk(node: Node) -> Iterator[Node]:
     yield node
     for child in children(node):
         yield from walk(child)
-
-
-def may_decline(node: Node) -> bool:
-    """True when ``node`` can leave texts unanswered (a switch without default or score,
-    or a sequence of such steps)."""
-    return KINDS[node.kind].declines(node)
 
 
 def describe(node: Node) -> str:

@@ -82,17 +82,23 @@ Answers = Dict[int, Answer]
 class Engine(Protocol):
     """What a node handler may use of the engine (``orchestrator.runtime.engine.Engine``)."""
 
-    async def run_node(self, node: Node, items: List[Item]) -> Answers: ...
+    async def run_node(self, node: Node, items: List[Item]) -> Answers:
+        """Run a child node on ``items`` (raises DownstreamError)."""
 
-    async def ensure_tokens(self, items: Sequence[Item]) -> None: ...
+    async def ensure_tokens(self, items: Sequence[Item]) -> None:
+        """Tokenize the items that have no ``ids`` yet."""
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray: ...
+    async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray:
+        """Logits (float32 [len(items)]) of ``model``, inputs truncated to ``max_length`` tokens."""
 
-    def count(self, family: str, value: float = 1.0, **labels: str) -> None: ...
+    def count(self, family: str, value: float = 1.0, **labels: str) -> None:
+        """Add ``value`` to the counter ``family``."""
 
-    def window(self, parent: Item, ids: np.ndarray) -> Item: ...
+    def window(self, parent: Item, ids: np.ndarray) -> Item:
+        """A new item for one window (token ids ``ids``) of ``parent``'s text."""
 
-    def random(self) -> float: ...
+    def random(self) -> float:
+        """A uniform draw in [0, 1)."""
 
 
 # ----------------------------------------------------------------------------- policy reading
@@ -221,3 +227,13 @@ class NodeKind:
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
     declines: Callable[[Any], bool] = _never_declines
+
+
+#: kind name -> its definition; filled by ``orchestrator.runtime.nodes`` (its ``KINDS``).
+REGISTRY: Dict[str, NodeKind] = {}
+
+
+def may_decline(node: Node) -> bool:
+    """True when ``node`` can leave texts unanswered (a switch without default or score,
+    or a sequence of such steps)."""
+    return REGISTRY[node.kind].declines(node)

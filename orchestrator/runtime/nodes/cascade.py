@@ -21,7 +21,7 @@ class CascadeNode(Node):
     margin: float = 0.15
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
     return CascadeNode(**common, stages=ctx.nodes(r, "stages", 2), margin=r.number_in("margin", 0.0, 1.0, required=True))
 
 
@@ -30,7 +30,7 @@ def unsure(node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]
     return [it for it in items if answers[it.idx].verdict is None and abs(answers[it.idx].probability - it.threshold) < node.margin]
 
 
-async def run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
     answers = await engine.run_node(node.stages[0], items)
     for stage in node.stages[1:]:
         escalate = unsure(node, [it for it in items if it.idx in answers], answers)
@@ -41,7 +41,7 @@ async def run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: CascadeNode) -> List[Tuple[str, Node]]:
+def _children(node: CascadeNode) -> List[Tuple[str, Node]]:
     return [("first: " if i == 0 else "then: ", n) for i, n in enumerate(node.stages)]
 
 
@@ -49,8 +49,8 @@ KIND = NodeKind(
     name="cascade",
     node_type=CascadeNode,
     keys=("stages", "margin"),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: f"cascade margin={node.margin:g}",
-    children=children,
+    children=_children,
 )

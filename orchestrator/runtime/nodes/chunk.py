@@ -77,7 +77,7 @@ def aggregate(probabilities: Sequence[float], lengths: Sequence[int], how: str) 
     return float((p * w).sum() / w.sum())
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
     window = r.number_in("window", 3, 1 << 20, ctx.max_sequence_length, kind=int)
     stride = r.number_in("stride", 1, window - 2, max(1, (window - 2) * 3 // 4), kind=int)
     aggregation = r.choice("aggregation", AGGREGATIONS, "length_weighted_mean")
@@ -85,7 +85,7 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
     return ChunkNode(**common, window=window, stride=stride, aggregation=aggregation, node=inner)
 
 
-async def run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     await engine.ensure_tokens(items)
     windows: List[Item] = []
     owner: Dict[int, int] = {}
@@ -119,7 +119,7 @@ async def run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: ChunkNode) -> List[Tuple[str, Node]]:
+def _children(node: ChunkNode) -> List[Tuple[str, Node]]:
     return [("", node.node)]
 
 
@@ -127,8 +127,8 @@ KIND = NodeKind(
     name="chunk",
     node_type=ChunkNode,
     keys=("window", "stride", "aggregation", "node"),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: f"chunk window={node.window} stride={node.stride} aggregation={node.aggregation}",
-    children=children,
+    children=_children,
 )

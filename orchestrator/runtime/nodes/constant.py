@@ -22,7 +22,7 @@ class ConstantNode(Node):
     route: str = ""
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ConstantNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ConstantNode:
     return ConstantNode(
         **common,
         probability=r.number_in("probability", 0.0, 1.0, required=True),
@@ -31,12 +31,12 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ConstantNode:
     )
 
 
-async def run(engine: Engine, node: ConstantNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: ConstantNode, items: List[Item]) -> Answers:
     p = node.probability
     return {it.idx: Answer(p, logit(p), node.route, node.verdict) for it in items}
 
 
-def describe(node: ConstantNode) -> str:
+def _describe(node: ConstantNode) -> str:
     v = "" if node.verdict is None else f" verdict={str(node.verdict).lower()}"
     return f"constant p={node.probability:g}{v} route={node.route}"
 
@@ -45,7 +45,7 @@ KIND = NodeKind(
     name="constant",
     node_type=ConstantNode,
     keys=("probability", "verdict", "route"),
-    parse=parse,
-    run=run,
-    describe=describe,
+    parse=_parse,
+    run=_run,
+    describe=_describe,
 )

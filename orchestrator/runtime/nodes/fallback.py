@@ -20,11 +20,11 @@ class FallbackNode(Node):
     nodes: List[Node] = field(default_factory=list)
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
     return FallbackNode(**common, nodes=ctx.nodes(r, "nodes", 2))
 
 
-async def run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
     errors = []
     for child in node.nodes:
         try:
@@ -37,7 +37,7 @@ async def run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
     )
 
 
-def children(node: FallbackNode) -> List[Tuple[str, Node]]:
+def _children(node: FallbackNode) -> List[Tuple[str, Node]]:
     return [("try: " if i == 0 else "else: ", n) for i, n in enumerate(node.nodes)]
 
 
@@ -45,8 +45,8 @@ KIND = NodeKind(
     name="fallback",
     node_type=FallbackNode,
     keys=("nodes",),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: "fallback",
-    children=children,
+    children=_children,
 )

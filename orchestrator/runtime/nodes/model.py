@@ -63,7 +63,7 @@ def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
     return np.concatenate([ids[: max_length - 1], ids[-1:]])
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
     on_demand = None
     if "on_demand" in r.data:
         raw = r.data["on_demand"]
@@ -89,13 +89,13 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
     )
 
 
-async def run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
     await engine.ensure_tokens(items)
     z = (await engine.classify(node.model, items, node.max_length)).astype(np.float64) + node.logit_shift
     return {it.idx: Answer(float(p), float(zz), node.route) for it, p, zz in zip(items, sigmoid(z), z)}
 
 
-def describe(node: ModelNode) -> str:
+def _describe(node: ModelNode) -> str:
     extra = f" route={node.route}" if node.route != node.model else ""
     if node.on_demand:
         extra += f" on_demand(idle={node.on_demand.idle_timeout_s:g}s, retry={node.on_demand.retry_after_s:g}s)"
@@ -108,7 +108,7 @@ KIND = NodeKind(
     name="model",
     node_type=ModelNode,
     keys=("model", "route", "max_length", "on_demand", "calibration"),
-    parse=parse,
-    run=run,
-    describe=describe,
+    parse=_parse,
+    run=_run,
+    describe=_describe,
 )

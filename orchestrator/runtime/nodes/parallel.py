@@ -27,12 +27,12 @@ class ParallelNode(Node):
     combine: str = "mean"
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ParallelNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ParallelNode:
     nodes = ctx.nodes(r, "nodes", 2)
     return ParallelNode(**common, nodes=nodes, combine=r.choice("combine", COMBINES, "mean"))
 
 
-async def run(engine: Engine, node: ParallelNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: ParallelNode, items: List[Item]) -> Answers:
     results = await gather(engine.run_node(n, items) for n in node.nodes)
     answers: Answers = {}
     for it in items:
@@ -48,7 +48,7 @@ async def run(engine: Engine, node: ParallelNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: ParallelNode) -> List[Tuple[str, Node]]:
+def _children(node: ParallelNode) -> List[Tuple[str, Node]]:
     return [("", n) for n in node.nodes]
 
 
@@ -56,8 +56,8 @@ KIND = NodeKind(
     name="parallel",
     node_type=ParallelNode,
     keys=("nodes", "combine"),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: f"parallel combine={node.combine}",
-    children=children,
+    children=_children,
 )

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader, may_decline
 
 
 @dataclass
@@ -20,9 +20,7 @@ class SequenceNode(Node):
     steps: List[Node] = field(default_factory=list)
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
-    from orchestrator.runtime.nodes import may_decline
-
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
     steps = ctx.nodes(r, "steps", 1)
     for i, step in enumerate(steps[:-1]):
         if not may_decline(step):
@@ -30,7 +28,7 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
     return SequenceNode(**common, steps=steps)
 
 
-async def run(engine: Engine, node: SequenceNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: SequenceNode, items: List[Item]) -> Answers:
     answers: Answers = {}
     remaining = list(items)
     for step in node.steps:
@@ -41,13 +39,11 @@ async def run(engine: Engine, node: SequenceNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: SequenceNode) -> List[Tuple[str, Node]]:
+def _children(node: SequenceNode) -> List[Tuple[str, Node]]:
     return [(f"{i + 1}. ", n) for i, n in enumerate(node.steps)]
 
 
-def declines(node: SequenceNode) -> bool:
-    from orchestrator.runtime.nodes import may_decline
-
+def _declines(node: SequenceNode) -> bool:
     return all(may_decline(s) for s in node.steps)
 
 
@@ -55,9 +51,9 @@ KIND = NodeKind(
     name="sequence",
     node_type=SequenceNode,
     keys=("steps",),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: "sequence",
-    children=children,
-    declines=declines,
+    children=_children,
+    declines=_declines,
 )

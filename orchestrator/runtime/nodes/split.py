@@ -6,9 +6,9 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Sequence, Tuple
 
+from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
-from orchestrator.runtime.concurrency import gather
 
 
 @dataclass
@@ -41,7 +41,7 @@ def branch_of(weights: Sequence[float], x: float) -> int:
     return len(weights) - 1
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
     branches = []
     for i, b in enumerate(r.list_of("branches", 2)):
         br = Reader(b, f"{r.where}.branches[{i}]", ("weight", "node"))
@@ -52,7 +52,7 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
     return SplitNode(**common, branches=branches)
 
 
-async def run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
     weights = [w for w, _ in node.branches]
     choice: Dict[int, int] = {}
     groups: List[List[Item]] = [[] for _ in node.branches]
@@ -67,7 +67,7 @@ async def run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: SplitNode) -> List[Tuple[str, Node]]:
+def _children(node: SplitNode) -> List[Tuple[str, Node]]:
     total = sum(w for w, _ in node.branches)
     return [(f"{100 * w / total:.1f}%: ", n) for w, n in node.branches]
 
@@ -76,8 +76,8 @@ KIND = NodeKind(
     name="split",
     node_type=SplitNode,
     keys=("branches",),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: "split",
-    children=children,
+    children=_children,
 )

@@ -33,6 +33,7 @@ class Condition:
 
     @property
     def needs_tokens(self) -> bool:
+        """True when the condition reads the token count."""
         return self.tokens_min is not None or self.tokens_max is not None
 
     def matches(self, it: Item, score: Optional[Answer]) -> bool:
@@ -65,6 +66,8 @@ class Condition:
 
 @dataclass
 class Case:
+    """One ``{when, then}`` entry of a switch: ``then`` answers the texts ``when`` matches."""
+
     when: Condition
     then: Node
 
@@ -120,7 +123,7 @@ def parse_condition(data: Any, where: str, ctx: ParseContext, has_score: bool) -
     return cond
 
 
-def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
+def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
     score = ctx.parse_node(r.data["score"], f"{r.where}.score") if "score" in r.data else None
     cases = []
     for i, c in enumerate(r.list_of("cases", 1)):
@@ -131,7 +134,7 @@ def parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
     return SwitchNode(**common, cases=cases, default=default, score=score)
 
 
-async def run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
+async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     scores = await engine.run_node(node.score, items) if node.score else {}
     if any(c.when.needs_tokens for c in node.cases):
         await engine.ensure_tokens([it for it in items if it.text.strip()])
@@ -151,7 +154,7 @@ async def run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     return answers
 
 
-def children(node: SwitchNode) -> List[Tuple[str, Node]]:
+def _children(node: SwitchNode) -> List[Tuple[str, Node]]:
     out = [("score: ", node.score)] if node.score else []
     out += [(f"when {c.when.text()}: ", c.then) for c in node.cases]
     return out + ([("default: ", node.default)] if node.default else [])
@@ -161,9 +164,9 @@ KIND = NodeKind(
     name="switch",
     node_type=SwitchNode,
     keys=("cases", "default", "score"),
-    parse=parse,
-    run=run,
+    parse=_parse,
+    run=_run,
     describe=lambda node: "switch",
-    children=children,
+    children=_children,
     declines=lambda node: node.default is None and node.score is None,
 )

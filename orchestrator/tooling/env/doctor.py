@@ -7,8 +7,10 @@ dir>/triton_python_backend_stub`` when present, else the server's) and the libpy
 stub resolves (``ldd`` with the launcher's ``LD_LIBRARY_PATH``: the env's ``lib/`` first),
 and diagnoses the failures seen with custom environments:
 
-- ``libpython``: the stub's ``libpython3.X.so.1.0`` is not found (FIELD_NOTES: "cannot open
-  shared object file" without the copied libpython);
+- ``libpython``: the stub's ``libpython3.X.so.1.0`` is not found in the env's ``lib/`` nor on
+  the server's library path (a venv without the copied libpython: the stub then fails to
+  start with "error while loading shared libraries: ... cannot open shared object file";
+  ``tests/unit/test_doctor.py``, ``test_missing_libpython``);
 - ``version``: the env's interpreter is another Python version than the stub's libpython
   (python_backend README, "Important Notes" 1);
 - ``glibcxx``: a shared library of the env (or the stub) needs a ``GLIBCXX_*``/``CXXABI_*``
@@ -21,8 +23,8 @@ and diagnoses the failures seen with custom environments:
   (``CMakeLists.txt``) computes that from the numpy 1.x ``PyArray_Descr`` layout, whose
   ``elsize`` offset holds the low half of numpy 2's 64-bit ``flags`` (0 for plain
   dtypes). So every output tensor leaves the stub with 0 bytes: BYTES outputs come back
-  empty, numeric ones fail with "output tensor shape does not match size" (both seen
-  here, ``tests/test_env.py``). r24.11 moved to pybind11 2.12 (python_backend PR #384);
+  empty, numeric ones fail with "output tensor shape does not match size" (a real
+  server here returns 0-byte outputs of the right shape: ``tests/server/test_env_server.py``). r24.11 moved to pybind11 2.12 (python_backend PR #384);
   such stubs contain ``numpy._core`` (pybind11 2.12 imports it under numpy 2);
 - ``env-path``: ``EXECUTION_ENV_PATH`` escapes the model directory (README note 4:
   undefined), points at a missing file, is not a gzip tar (``src/pb_env.cc`` reads only
@@ -30,7 +32,12 @@ and diagnoses the failures seen with custom environments:
   (``src/python_be.cc`` replaces ``pos + len(keyword)`` characters from it, which is only
   right at position 0), or lacks ``bin/activate`` (``src/stub_launcher.cc`` requires it);
 - ``base-interpreter``: a venv-pack env's base interpreter (``pyvenv.cfg`` ``home``) does
-  not exist on this machine.
+  not exist on this machine;
+- ``config``: the model's config does not parse as Triton's ``ModelConfig`` (read with
+  :mod:`orchestrator.tooling.repository`, as the server would).
+
+The static checks against the stub are :mod:`orchestrator.tooling.env.checks`; each
+diagnosis has a broken setup in ``tests/unit/test_doctor.py``.
 
 Exit code 0 when every Python model is healthy, 1 otherwise (warnings do not count).
 """
@@ -38,6 +45,7 @@ Exit code 0 when every Python model is healthy, 1 otherwise (warnings do not cou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -45,44 +53,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from orchestrator.tooling.env.envtools import (
-    MODEL_DIR_KEYWORD,
-    STUB_NAME,
-    EnvError,
-    EnvInfo,
-    StubInfo,
-    cxx_versions,
-    effective_config,
-    embedded_library_path,
-    embedded_stub,
-    execution_env_path,
-    inspect_env,
-    inspect_stub,
-    is_python_model,
-    ldd,
-    version_key,
-    _read_elf,
-    dispatcher_target,
-)
+from orchestrator.tooling.cliutil import comma_list
+from orchestrator.tooling.env.checks import OK, PROBLEM, WARNING, Finding, check_env, check_libpython, check_numpy
+from orchestrator.tooling.env.common import ENV_PATH_PARAMETER, MODEL_DIR_KEYWORD, STUB_NAME, EnvError, version_text
+from orchestrator.tooling.env.inspection import EnvInfo, inspect_env
+from orchestrator.tooling.env.stubs import StubInfo, dispatcher_target, embedded_library_path, embedded_stub, inspect_stub
+from orchestrator.tooling.errors import ConfigError, ToolingError
+from orchestrator.tooling.repository import config_path, get_parameter, is_python_model, list_models, read_config
 
 __all__ = ["Finding", "ModelReport", "check_env", "diagnose", "add_doctor_arguments", "doctor_command"]
-
-PROBLEM, WARNING, OK = "problem", "warning", "ok"
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One diagnosis: ``level`` (``problem``/``warning``/``ok``), ``kind`` (``libpython``,
-    ``version``, ``glibcxx``, ``numpy``, ``env-path``, ``base-interpreter``, ``stub``) and a
-    sentence that says what is wrong and how to fix it."""
-
-    level: str
-    kind: str
-    message: str
-
-    @property
-    def is_problem(self) -> bool:
-        return self.level == PROBLEM
 
 
 @dataclass
@@ -104,149 +83,6 @@ class ModelReport:
         return not any(f.is_problem for f in self.findings)
 
 
-def _v(version) -> str:
-    return ".".join(map(str, version)) if version else "?"
-
-
-def _libstdcxx_of(stub: StubInfo, ld_path: Sequence[str]) -> tuple[str | None, set[str]]:
-    """The libstdc++ the stub resolves with ``ld_path`` and the versions it defines."""
-    try:
-        resolved = ldd(stub.path, list(ld_path)).get("libstdc++.so.6")
-    except EnvError:
-        return None, set()
-    if not resolved:
-        return None, set()
-    elf = _read_elf(Path(resolved))
-    return resolved, cxx_versions(elf.version_defs) if elf else set()
-
-
-def check_numpy(numpy_version: str | None, stub: StubInfo, where: str) -> Finding | None:
-    """The numpy diagnosis for ``numpy_version`` (None = absent) run by ``stub``."""
-    if numpy_version is None:
-        return Finding(PROBLEM, "numpy", f"numpy is not installed in {where}: triton_python_backend_utils imports it (pip install 'numpy<2')")
-    try:
-        major = int(numpy_version.split(".")[0])
-    except ValueError:
-        return None
-    if major < 2:
-        return None
-    if stub.numpy2 is False:
-        return Finding(
-            PROBLEM,
-            "numpy",
-            f"numpy {numpy_version} in {where}, but the stub {stub.path} was built with pybind11 < 2.12 (numpy 1 only): it "
-            "sizes output tensors from numpy 1's dtype layout, so every output leaves the stub with 0 bytes (BYTES outputs "
-            "come back empty, numeric ones fail 'output tensor shape does not match size'). Install numpy<2 "
-            "(env/requirements-*.txt pins 1.26.4) or use a stub of Triton r24.11 or later",
-        )
-    if stub.numpy2 is None:
-        return Finding(WARNING, "numpy", f"numpy {numpy_version} in {where}; cannot tell whether {stub.path} supports numpy 2")
-    return None
-
-
-def check_env(
-    info: EnvInfo,
-    stub: StubInfo,
-    *,
-    server_ld_path: Sequence[str] = (),
-    lib_dir: str | os.PathLike | None = None,
-) -> list[Finding]:
-    """Static checks of an env against the stub that will run it (nothing is executed).
-
-    ``server_ld_path``: the server's ``LD_LIBRARY_PATH`` entries (the launcher prepends the
-    env's ``lib/``); ``lib_dir``: where the env's ``lib/`` files are on disk (default
-    ``<env>/lib``; for a tarball, the directory :func:`inspect_env` extracted its libs to).
-    Returns findings; an ``ok`` ``libpython`` finding carries the ldd line.
-    """
-    findings: list[Finding] = []
-    where = f"the env {info.path}"
-    if not info.gzip:
-        findings.append(Finding(PROBLEM, "env-path", f"{info.path} is not gzip-compressed: python_backend extracts only .tar.gz"))
-    if not info.has_activate:
-        findings.append(
-            Finding(PROBLEM, "env-path", f"{where} has no bin/activate; the stub launcher sources it (pack with conda-pack or venv-pack)")
-        )
-    if info.python_version is None:
-        findings.append(Finding(PROBLEM, "version", f"cannot tell the Python version of {where} (no pyvenv.cfg, conda-meta or lib/python3.X)"))
-    elif stub.python_version and info.python_version != stub.python_version:
-        v = _v(info.python_version)
-        findings.append(
-            Finding(
-                PROBLEM,
-                "version",
-                f"{where} is Python {v} but the stub {stub.path} links {stub.libpython} (Python {_v(stub.python_version)}): "
-                f"put the Python {v} stub in the model directory (make stub PYTHON={v}; orchestrator env install does it)",
-            )
-        )
-    if stub.python_version is None:
-        findings.append(Finding(PROBLEM, "stub", f"the stub {stub.path} links no libpython3.X: not a Python-backend stub"))
-    lib_dir = Path(lib_dir) if lib_dir is not None else info.path / "lib"
-    ld_path = [str(lib_dir), *server_ld_path]
-    if stub.libpython:
-        try:
-            resolved = ldd(stub.path, ld_path).get(stub.libpython)
-        except EnvError as exc:
-            resolved = None
-            findings.append(Finding(WARNING, "libpython", str(exc)))
-        if resolved:
-            # A tarball's libs were extracted to a temp dir: name them as the env's.
-            shown = "<env>/lib/" + Path(resolved).name if Path(resolved).parent == lib_dir else resolved
-            findings.append(Finding(OK, "libpython", f"{stub.libpython} => {shown}"))
-        else:
-            findings.append(
-                Finding(
-                    PROBLEM,
-                    "libpython",
-                    f"missing libpython: the stub needs {stub.libpython}, found neither in the env's lib/ nor on the server's "
-                    f"library path: copy the base interpreter's {stub.libpython} into the env's lib/ (make env does) or "
-                    f"install libpython{_v(stub.python_version)} on the server",
-                )
-            )
-    numpy_finding = check_numpy(info.numpy_version, stub, where)
-    if numpy_finding:
-        findings.append(numpy_finding)
-    # GLIBCXX: the stub loads one libstdc++ at start, the env's own if its lib/ has one.
-    if info.libstdcxx_defs:
-        provider, defs = "the env's lib/libstdc++.so.6", info.libstdcxx_defs
-    else:
-        resolved, defs = _libstdcxx_of(stub, list(server_ld_path))
-        provider = f"the system's {resolved}" if resolved else None
-    if provider and defs:
-        needs = {f"stub {stub.path.name}": cxx_versions(stub.elf.version_needs), **info.cxx_needs}
-        missing = {name: sorted(n - defs, key=version_key) for name, n in needs.items() if n - defs}
-        if missing:
-            newest = max(defs, key=version_key) if defs else "none"
-            worst = sorted(missing.items(), key=lambda kv: version_key(kv[1][-1]), reverse=True)
-            listed = "; ".join(f"{name} needs {', '.join(vs[-2:])}" for name, vs in worst[:3])
-            more = f" (and {len(worst) - 3} more files)" if len(worst) > 3 else ""
-            fix = (
-                "install a newer libstdc++ into the env (conda: libstdcxx-ng>=12, as env/environment.yml does) or drop "
-                "the env's lib/libstdc++.so.6 so the system's is used"
-                if info.libstdcxx_defs
-                else "use a server image with a newer libstdc++ or ship one in the env's lib/ (conda: libstdcxx-ng>=12)"
-            )
-            findings.append(
-                Finding(
-                    PROBLEM,
-                    "glibcxx",
-                    f"GLIBCXX too old: {provider} defines up to {newest}, but {listed}{more}: {fix}",
-                )
-            )
-    if info.flavour == "venv" and info.venv_home:
-        home = Path(info.venv_home)
-        exe = home / f"python{_v(info.python_version)}"
-        if not home.is_dir() or (info.python_version and not exe.exists()):
-            findings.append(
-                Finding(
-                    PROBLEM,
-                    "base-interpreter",
-                    f"{where} is a venv whose base interpreter {exe} does not exist here: a venv-pack env needs the same "
-                    "interpreter at the same path on the server (or build it with conda-pack)",
-                )
-            )
-    return findings
-
-
 class _EnvCache:
     """inspect_env results per file (by device, inode, size, mtime), libs extracted once."""
 
@@ -266,13 +102,7 @@ class _EnvCache:
                 info = inspect_env(path, extract_libs_to=dest)
                 self.items[key] = (info, dest / "lib")
         info, lib_dir = self.items[key]
-        return (info if info.path == path else _with_path(info, path)), lib_dir
-
-
-def _with_path(info: EnvInfo, path: Path) -> EnvInfo:
-    from dataclasses import replace
-
-    return replace(info, path=path)
+        return (info if info.path == path else dataclasses.replace(info, path=path)), lib_dir
 
 
 def _resolve_env_path(value: str, model_dir: Path) -> tuple[Path | None, list[Finding]]:
@@ -337,78 +167,102 @@ def diagnose(
     in an NGC container); default: the embedded server (the wheel's stub for this
     interpreter, which is also the models' Python when they have no env).
     ``ld_library_path``: the server's ``LD_LIBRARY_PATH`` entries (default: the embedded
-    server's, or this process's with ``backend_directory``). Raises EnvError when the
-    repository is missing.
+    server's, or this process's with ``backend_directory``). A config that does not parse
+    is a ``config`` problem of its model. Raises EnvError when the repository is missing.
     """
-    from orchestrator.tooling.server import list_models
-
     repo = Path(repo)
     if not repo.is_dir():
         raise EnvError(f"model repository {repo} is not a directory")
     if backend_directory is None:
-        server_stub = embedded_stub(sys.version_info[:2])
-        server_python: tuple[int, int] | None = tuple(sys.version_info[:2])  # type: ignore[assignment]
-        ld_path = list(ld_library_path) if ld_library_path is not None else embedded_library_path()
-        try:
-            from importlib.metadata import version
-
-            server_numpy: str | None = version("numpy")
-        except Exception:  # noqa: BLE001 - not installed
-            server_numpy = None
-        server_desc = "server's Python"
+        server = _Server(
+            stub=embedded_stub(sys.version_info[:2]),
+            python=tuple(sys.version_info[:2]),
+            ld_path=list(ld_library_path) if ld_library_path is not None else embedded_library_path(),
+            numpy=_installed_numpy(),
+        )
     else:
-        server_stub = Path(backend_directory) / "python" / STUB_NAME
-        server_python = None
-        ld_path = list(ld_library_path) if ld_library_path is not None else [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
-        server_numpy = None
-        server_desc = "server's Python"
+        environ_path = [p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        server = _Server(
+            stub=Path(backend_directory) / "python" / STUB_NAME,
+            python=None,
+            ld_path=list(ld_library_path) if ld_library_path is not None else environ_path,
+            numpy=None,
+        )
     reports: list[ModelReport] = []
     skipped: list[str] = []
     names = list(models) if models is not None else list_models(repo, config_name)
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
         cache = _EnvCache(Path(tmp))
         for name in names:
-            model_dir = repo / name
-            config = effective_config(model_dir, config_name)
-            if config is None:
-                reports.append(ModelReport(name, model_dir, "-", "?", "-", "-", [Finding(PROBLEM, "env-path", f"{model_dir} has no config")]))
-                continue
-            text = config.read_text()
-            if not is_python_model(text):
+            report = _diagnose_model(repo / name, name, config_name, server, cache)
+            if report is None:
                 skipped.append(name)
-                continue
-            value = execution_env_path(text)
-            report = ModelReport(name, config, server_desc, _v(server_python), str(server_stub), "-")
-            reports.append(report)
-            info = lib_dir = None
-            if value is not None:
-                report.env = value
-                path, found = _resolve_env_path(value, model_dir)
-                report.findings += found
-                if path is not None:
-                    try:
-                        info, lib_dir = cache.get(path)
-                        report.env_python = _v(info.python_version)
-                    except EnvError as exc:
-                        report.findings.append(Finding(PROBLEM, "env-path", str(exc)))
-                if info is None:
-                    report.env_python = "?"
-                    continue
-            stub_path = _stub_to_run(model_dir, server_stub, info)
-            report.stub = str(stub_path)
-            try:
-                stub = inspect_stub(stub_path)
-            except EnvError as exc:
-                report.findings.append(Finding(PROBLEM, "stub", str(exc)))
-                continue
-            if info is None:
-                report.findings += _check_server_python(stub, server_python, server_numpy, ld_path, server_desc)
             else:
-                report.findings += check_env(info, stub, server_ld_path=ld_path, lib_dir=lib_dir)
-            libline = next((f.message for f in report.findings if f.kind == "libpython" and f.level == OK), None)
-            missing = next((f for f in report.findings if f.kind == "libpython" and f.is_problem), None)
-            report.libpython = libline or (f"{stub.libpython} => not found" if missing else (stub.libpython or "none"))
+                reports.append(report)
     return reports, skipped
+
+
+@dataclass(frozen=True)
+class _Server:
+    """What the doctor knows of the server: its own stub, its Python (None: unknown), its
+    ``LD_LIBRARY_PATH`` entries and its numpy version (None: unknown or absent)."""
+
+    stub: Path
+    python: tuple[int, int] | None
+    ld_path: list[str]
+    numpy: str | None
+
+
+def _installed_numpy() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("numpy")
+    except PackageNotFoundError:
+        return None
+
+
+def _diagnose_model(model_dir: Path, name: str, config_name: str | None, server: _Server, cache: _EnvCache) -> ModelReport | None:
+    """The report of one model; None when it is not a Python-backend model."""
+    path = config_path(model_dir, config_name)
+    if path is None:
+        return ModelReport(name, model_dir, "-", "?", "-", "-", [Finding(PROBLEM, "env-path", f"{model_dir} has no config")])
+    try:
+        config = read_config(path)
+    except ConfigError as exc:
+        return ModelReport(name, path, "-", "?", "-", "-", [Finding(PROBLEM, "config", str(exc))])
+    if not is_python_model(config):
+        return None
+    value = get_parameter(config, ENV_PATH_PARAMETER)
+    report = ModelReport(name, path, "server's Python", version_text(server.python), str(server.stub), "-")
+    info = lib_dir = None
+    if value is not None:
+        report.env = value
+        env_path, found = _resolve_env_path(value, model_dir)
+        report.findings += found
+        if env_path is not None:
+            try:
+                info, lib_dir = cache.get(env_path)
+            except EnvError as exc:
+                report.findings.append(Finding(PROBLEM, "env-path", str(exc)))
+        report.env_python = version_text(info.python_version) if info is not None else "?"
+        if info is None:
+            return report
+    stub_path = _stub_to_run(model_dir, server.stub, info)
+    report.stub = str(stub_path)
+    try:
+        stub = inspect_stub(stub_path)
+    except EnvError as exc:
+        report.findings.append(Finding(PROBLEM, "stub", str(exc)))
+        return report
+    if info is None:
+        report.findings += _check_server_python(stub, server)
+    else:
+        report.findings += check_env(info, stub, server_ld_path=server.ld_path, lib_dir=lib_dir)
+    libline = next((f.message for f in report.findings if f.kind == "libpython" and f.level == OK), None)
+    missing = next((f for f in report.findings if f.kind == "libpython" and f.is_problem), None)
+    report.libpython = libline or (f"{stub.libpython} => not found" if missing else (stub.libpython or "none"))
+    return report
 
 
 def _stub_to_run(model_dir: Path, server_stub: Path, info: EnvInfo | None) -> Path:
@@ -427,32 +281,22 @@ def _stub_to_run(model_dir: Path, server_stub: Path, info: EnvInfo | None) -> Pa
     return server_stub
 
 
-def _check_server_python(stub: StubInfo, server_python, server_numpy, ld_path, where) -> list[Finding]:
+def _check_server_python(stub: StubInfo, server: _Server) -> list[Finding]:
+    """A model without env runs on the server's Python: the stub must be of that version."""
     findings: list[Finding] = []
-    if server_python and stub.python_version and stub.python_version != server_python:
+    if server.python and stub.python_version and stub.python_version != server.python:
         findings.append(
             Finding(
                 PROBLEM,
                 "version",
-                f"the stub {stub.path} links {stub.libpython} (Python {_v(stub.python_version)}) but the model has no "
-                f"EXECUTION_ENV_PATH and the server's Python is {_v(server_python)}: remove the stub from the model "
+                f"the stub {stub.path} links {stub.libpython} (Python {version_text(stub.python_version)}) but the model has no "
+                f"EXECUTION_ENV_PATH and the server's Python is {version_text(server.python)}: remove the stub from the model "
                 "directory or give the model an env of that version",
             )
         )
-    if stub.libpython:
-        try:
-            resolved = ldd(stub.path, list(ld_path)).get(stub.libpython)
-        except EnvError as exc:
-            resolved = None
-            findings.append(Finding(WARNING, "libpython", str(exc)))
-        if resolved:
-            findings.append(Finding(OK, "libpython", f"{stub.libpython} => {resolved}"))
-        else:
-            findings.append(
-                Finding(PROBLEM, "libpython", f"missing libpython: the stub needs {stub.libpython}, not found on the server's library path")
-            )
-    if server_python is not None:
-        numpy_finding = check_numpy(server_numpy, stub, where)
+    findings += check_libpython(stub, server.ld_path)
+    if server.python is not None:
+        numpy_finding = check_numpy(server.numpy, stub, "server's Python")
         if numpy_finding:
             findings.append(numpy_finding)
     return findings
@@ -464,7 +308,7 @@ def _check_server_python(stub: StubInfo, server_python, server_numpy, ld_path, w
 
 def _stub_version(path: str) -> str:
     try:
-        return f" ({_v(inspect_stub(path).python_version)})"
+        return f" ({version_text(inspect_stub(path).python_version)})"
     except EnvError:
         return ""
 
@@ -492,12 +336,12 @@ def doctor_command(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     console = Console()
-    models = [m.strip() for m in args.models.split(",") if m.strip()] if getattr(args, "models", None) else None
+    models = comma_list(getattr(args, "models", None))
     try:
         reports, skipped = diagnose(
             args.repo, args.config_name or None, models=models, backend_directory=getattr(args, "backend_directory", None)
         )
-    except EnvError as exc:
+    except ToolingError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     table = Table(title=f"Python models of {args.repo} (--model-config-name={args.config_name or '(none)'})")

@@ -42,6 +42,7 @@ from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.tooling.errors import ToolingError
 from orchestrator.tooling.files import sha256_file
 from orchestrator.tooling.paths import PROJECT_ROOT
 
@@ -98,12 +99,13 @@ SPLIT_FRACTIONS = (0.8, 0.1, 0.1)
 _ID_RE = re.compile(r"\d+(?:_\d+)*")
 
 
-class DataUnavailableError(RuntimeError):
+class DataUnavailableError(ToolingError):
     """The corpus is not in the cache and could not be downloaded or extracted."""
 
 
-class DataFormatError(ValueError):
-    """A ground-truth file does not have the published format (message names file and line)."""
+class DataFormatError(ToolingError, ValueError):
+    """A ground-truth file does not have the published format (message names file and line).
+    Also a ``ValueError``, as it always was, for callers that catch that."""
 
 
 def label(rating: float) -> Optional[int]:

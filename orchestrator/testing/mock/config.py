@@ -1,0 +1,194 @@
+"""Model configurations as the mock loads them: read, filled in, checked.
+
+Files are parsed into Triton's ``ModelConfig`` message by
+:mod:`orchestrator.tooling.repository` (``model_config.proto`` from tritonclient,
+protobuf ``text_format``: the parser Triton's core uses), so a misspelled field fails
+here as in the server. What Triton fills in before the backend sees the configuration
+(default version policy and instance group, ``KIND_AUTO`` -> ``KIND_CPU``) is filled in
+here; the dict handed to the model is protobuf's JSON with default fields printed and
+int64 values as numbers, like the core's ``ModelConfigToJson``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional, Tuple
+
+from google.protobuf import json_format
+
+from orchestrator.testing.mock.errors import LoadError
+from orchestrator.tooling.errors import ConfigError
+from orchestrator.tooling.repository import ModelConfig, config_path, read_config
+
+
+def config_file(model_dir: Path, config_name: Optional[str]) -> Path:
+    """The file Triton reads for ``--model-config-name=config_name``
+    (``configs/<name>.pbtxt`` where it exists, else ``config.pbtxt``, which may be
+    missing)."""
+    return config_path(model_dir, config_name) or model_dir / "config.pbtxt"
+
+
+def read(name: str, model_dir: Path, config_name: Optional[str],
+         override: Optional[str]) -> Tuple[ModelConfig, Path]:
+    """The configuration of model ``name`` and where it came from.
+
+    ``override``: a JSON configuration replacing the file (``pb_utils.load_model(name,
+    config=...)``); its path is ``<config override>``. Raises :class:`LoadError` for a
+    missing or invalid configuration or a ``name`` field that differs from the
+    directory name (Triton's message).
+    """
+    path = config_file(model_dir, config_name)
+    if override is not None:
+        config = ModelConfig()
+        try:
+            json_format.Parse(override, config)
+        except Exception as exc:
+            raise LoadError(f"failed to load '{name}': invalid config override: {exc}") from exc
+        path = Path("<config override>")
+    else:
+        if not path.is_file():
+            raise LoadError(
+                f"failed to load '{name}': no model configuration at {path} (the mock does "
+                "not auto-generate configurations)"
+            )
+        try:
+            config = read_config(path)
+        except (ConfigError, UnicodeDecodeError) as exc:
+            raise LoadError(f"failed to load '{name}': cannot parse {exc}") from exc
+    if not config.name:
+        config.name = name
+    elif config.name != name:
+        raise LoadError(
+            f"unexpected directory name '{name}' for model '{config.name}', directory "
+            "name must equal model name"
+        )
+    return config, path
+
+
+def from_dict(data: dict) -> ModelConfig:
+    """A ``ModelConfig`` from its JSON dict (what ``auto_complete_config`` returns).
+
+    Raises protobuf's ``ParseError`` for a dict that is not a ``ModelConfig``.
+    """
+    config = ModelConfig()
+    json_format.ParseDict(data, config)
+    return config
+
+
+def normalize(config: ModelConfig) -> None:
+    """Fill in what Triton fills in before handing the config to the backend."""
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    if config.platform == "ensemble":
+        return
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.name = config.name
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.kind == group.KIND_AUTO:
+            group.kind = group.KIND_CPU
+        if group.count < 1:
+            group.count = 1
+
+
+def to_dict(config: ModelConfig) -> dict:
+    """The JSON dict the model gets in ``args["model_config"]`` (field names as in the
+    proto, default fields printed, int64 as ints)."""
+    try:
+        data = json_format.MessageToDict(
+            config,
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        )
+    except TypeError:  # protobuf < 5.26
+        data = json_format.MessageToDict(
+            config,
+            preserving_proto_field_name=True,
+            including_default_value_fields=True,
+        )
+    _fix_int64(config.DESCRIPTOR, data)
+    return data
+
+
+def _is_repeated(field: Any) -> bool:
+    flag = getattr(field, "is_repeated", None)
+    if isinstance(flag, bool):
+        return flag
+    if callable(flag):  # pragma: no cover - other protobuf versions
+        return bool(flag())
+    return field.label == field.LABEL_REPEATED  # pragma: no cover
+
+
+def _fix_int64(descriptor: Any, data: dict) -> None:
+    """Turn protobuf-JSON int64 strings back into ints (Triton's ModelConfigToJson)."""
+    from google.protobuf.descriptor import FieldDescriptor
+
+    int64_types = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue
+        value = data[field.name]
+        if field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
+            message = field.message_type
+            if message.GetOptions().map_entry:
+                value_field = message.fields_by_name["value"]
+                for key in list(value):
+                    if value_field.cpp_type == FieldDescriptor.CPPTYPE_MESSAGE:
+                        _fix_int64(value_field.message_type, value[key])
+                    elif value_field.cpp_type in int64_types:
+                        value[key] = int(value[key])
+            elif _is_repeated(field):
+                for item in value:
+                    _fix_int64(message, item)
+            else:
+                _fix_int64(message, value)
+        elif field.cpp_type in int64_types:
+            if _is_repeated(field):
+                data[field.name] = [int(v) for v in value]
+            else:
+                data[field.name] = int(value)
+
+
+def pick_version(name: str, model_dir: Path, config: dict) -> str:
+    """The version directory Triton serves: the highest numeric one, within
+    ``version_policy.specific`` where given. Raises :class:`LoadError` when none fits."""
+    versions = sorted(
+        int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
+    )
+    policy = config.get("version_policy") or {}
+    if "specific" in policy:
+        wanted = {int(v) for v in policy["specific"].get("versions", [])}
+        versions = [v for v in versions if v in wanted]
+    if not versions:
+        raise LoadError(
+            f"failed to load '{name}': at least one version must be available under the "
+            f"version policy of model '{name}'"
+        )
+    return str(versions[-1])
+
+
+def validate_io(name: str, config: dict) -> None:
+    """Triton's load-time checks of ``input``/``output``: a unique name, a ``data_type``
+    and ``dims`` (or ``reshape``) each. Raises :class:`LoadError`."""
+    for kind in ("input", "output"):
+        seen = set()
+        for io in config.get(kind, []):
+            io_name = io.get("name", "")
+            if not io_name:
+                raise LoadError(f"failed to load '{name}': model {kind} must specify 'name'")
+            if io_name in seen:
+                raise LoadError(
+                    f"failed to load '{name}': {kind} '{io_name}' specified more than once"
+                )
+            seen.add(io_name)
+            if io.get("data_type", "TYPE_INVALID") == "TYPE_INVALID":
+                raise LoadError(
+                    f"failed to load '{name}': model {kind} '{io_name}' must specify "
+                    "'data_type'"
+                )
+            if not io.get("dims") and "reshape" not in io:
+                raise LoadError(
+                    f"failed to load '{name}': model {kind} '{io_name}' must specify 'dims'"
+                )

@@ -1,0 +1,315 @@
+"""Running requests on a model: validation, injected faults, the dynamic batcher's
+grouping, ``execute`` as the stub calls it, and the stub's checks of what it returns.
+
+One instance per model: ``execute`` calls of a model are serialized by its lock (a
+request waits up to ``instance_wait_timeout`` for it). An ``async def execute`` runs on
+the model's own event loop and the caller waits for it, as the r24.10 stub does
+(``run_coroutine_threadsafe(...).result()``). Messages of a failed ``execute`` follow
+the stub's ``ProcessRequests``/``ProcessReturnedResponses`` (python_backend r24.10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import os
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, List, Optional
+
+from orchestrator.testing.mock.context import running
+from orchestrator.testing.mock.ensemble import run_ensemble
+from orchestrator.testing.mock.errors import ErrorCode, TritonModelException
+from orchestrator.testing.mock.instances import LoadedModel
+from orchestrator.testing.mock.logger import LOGGER_NAME
+from orchestrator.testing.mock.records import BatchFailure, Call, Err, Ok, Req, Result
+from orchestrator.testing.mock.requests import FINAL, InferenceRequest, InferenceResponse
+from orchestrator.testing.mock.validation import normalize
+from orchestrator.testing.mock.wire import config_to_protocol, dims_str
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.testing.mock.server import MockTriton
+
+_LOG = logging.getLogger(LOGGER_NAME)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STRICT_NOTE = (
+    " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
+    "pass strict_outputs=False to mirror it]"
+)
+
+
+def format_exception(exc: BaseException) -> str:
+    """Approximation of pybind11's ``error_already_set::what()`` for an execute error:
+    ``"Type: message"`` then ``At:`` with the model's frames, innermost first (frames of
+    the mock, asyncio and concurrent.futures left out)."""
+    text = f"{type(exc).__name__}: {exc}"
+    skip_dirs = (
+        _PACKAGE_DIR,
+        os.path.dirname(asyncio.__file__) + os.sep,
+        os.path.dirname(concurrent.futures.__file__) + os.sep,
+    )
+    frames = []
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        filename = frame.f_code.co_filename
+        if os.path.abspath(filename).startswith(skip_dirs):
+            continue
+        frames.append(f"  {filename}({lineno}): {frame.f_code.co_name}\n")
+    if frames:
+        text += "\n\nAt:\n" + "".join(reversed(frames))
+    return text
+
+
+def batch_signature(model: LoadedModel, req: Req) -> tuple:
+    """What requests must share to go into one batch: the shape of each variable-size
+    input without ``allow_ragged_batch`` (and of shape tensors) and, for models with
+    optional inputs, the set of inputs sent."""
+    signature = []
+    for name, _, array in req.model_inputs:
+        cfg = model.inputs[name]
+        variable = any(int(d) == -1 for d in cfg.get("dims", []))
+        if cfg.get("is_shape_tensor") or (variable and not cfg.get("allow_ragged_batch")):
+            signature.append((name, tuple(array.shape[1:])))
+    if model.has_optional_input:
+        signature.append(("__inputs__", tuple(sorted(n for n, _, _ in req.model_inputs))))
+    return tuple(sorted(signature))
+
+
+def form_batches(model: LoadedModel, indices: List[int], reqs: List[Req]) -> List[List[int]]:
+    """Group the requests ``indices`` (in order) into ``execute()`` calls as the
+    dynamic batcher could: consecutive requests with the same :func:`batch_signature`
+    whose batch sizes add up to at most ``max_batch_size``. Without
+    ``dynamic_batching`` (or with ``max_batch_size: 0``) every request is alone."""
+    if not model.dynamic_batching or model.max_batch_size == 0:
+        return [[i] for i in indices]
+    batches: List[List[int]] = []
+    current: List[int] = []
+    current_size = 0
+    current_sig: Optional[tuple] = None
+    for i in indices:
+        size = max(1, reqs[i].batch_size)
+        sig = batch_signature(model, reqs[i])
+        if current and (current_size + size > model.max_batch_size or sig != current_sig):
+            batches.append(current)
+            current, current_size = [], 0
+        if not current:
+            current_sig = sig
+        current.append(i)
+        current_size += size
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any) -> List[Any]:
+    """Stub's ProcessReturnedResponses: checks, then one response (or Err) per request.
+
+    Raises BatchFailure where the stub fails the whole batch.
+    """
+    if returned is not None:
+        if not isinstance(returned, list):
+            raise BatchFailure(
+                f"Expected a list in the execute return, found type '{type(returned)}'."
+            )
+        if len(returned) != len(requests):
+            raise BatchFailure(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, "
+                f"and InferenceResponse(s) size is:{len(returned)}\n"
+            )
+        for request, response in zip(requests, returned):
+            if response is None:
+                continue
+            if not isinstance(response, InferenceResponse):
+                raise BatchFailure(
+                    "Expected an 'InferenceResponse' object in the execute function "
+                    f"return list, found type '{type(response)}'."
+                )
+            try:
+                request._sender._update(response, FINAL)
+            except TritonModelException as exc:
+                raise BatchFailure(str(exc)) from exc
+    out: List[Any] = []
+    for i, request in enumerate(requests):
+        response = returned[i] if returned is not None else None
+        if response is not None:
+            out.append(response)
+            continue
+        sender = request._sender
+        if sender._responses and sender._closed:
+            out.append(sender._responses[0])
+        elif sender._responses:
+            out.append(Err(
+                f"mock_triton: model '{model.name}' sent a response for request {i} "
+                "through its response sender but never sent "
+                "TRITONSERVER_RESPONSE_COMPLETE_FINAL (real Triton keeps the request open)",
+                ErrorCode.INTERNAL, "exec",
+            ))
+        else:
+            out.append(Err(
+                f"mock_triton: model '{model.name}' returned no response for request {i} "
+                "(None in the execute return and nothing sent through its response "
+                "sender); real Triton never answers such a request and the client waits "
+                "until it times out",
+                ErrorCode.INTERNAL, "exec",
+            ))
+    return out
+
+
+def _strict_check(model: LoadedModel, req: Req, name: str, cfg: dict, dtype: str,
+                  shape: List[int]) -> Optional[Err]:
+    """The mock-only checks of one returned output: datatype and shape as configured."""
+    expected = config_to_protocol(cfg["data_type"])
+    if dtype != expected:
+        return Err(
+            f"model '{model.name}' returned output '{name}' with datatype "
+            f"{dtype}, but its configuration declares {cfg['data_type']} "
+            f"({expected})" + _STRICT_NOTE,
+            ErrorCode.INTERNAL, "exec",
+        )
+    dims = cfg["reshape"].get("shape", []) if "reshape" in cfg else cfg.get("dims", [])
+    model_dims = [int(d) for d in dims]
+    batched = model.max_batch_size > 0
+    full = ([max(1, req.batch_size)] if batched else []) + model_dims
+    if len(shape) != len(full) or any(e != -1 and e != s for e, s in zip(full, shape)):
+        shown = ([-1] if batched else []) + model_dims
+        return Err(
+            f"model '{model.name}' returned output '{name}' with shape "
+            f"{dims_str(shape)}, but its configuration says {dims_str(shown)} "
+            f"(batch size of the request: {max(1, req.batch_size)})" + _STRICT_NOTE,
+            ErrorCode.INTERNAL, "exec",
+        )
+    return None
+
+
+def finish_outputs(model: LoadedModel, req: Req, response: InferenceResponse, strict: bool) -> Result:
+    """Prune to the requested outputs (as the stub does) and, when ``strict``, run the
+    mock-only checks (unknown or repeated output, datatype, shape)."""
+    requested = set(req.requested) if req.requested else set(model.outputs)
+    outputs = []
+    seen = set()
+    for tensor in response.output_tensors():
+        name = tensor.name()
+        cfg = model.outputs.get(name)
+        if strict and cfg is None:
+            return Err(
+                f"model '{model.name}' returned output '{name}', which is not in its "
+                "configuration (real Triton drops it silently)" + _STRICT_NOTE,
+                ErrorCode.INTERNAL, "exec",
+            )
+        if name not in requested:
+            continue
+        assert cfg is not None
+        if name in seen and strict:
+            return Err(
+                f"model '{model.name}' returned output '{name}' more than once" + _STRICT_NOTE,
+                ErrorCode.INTERNAL, "exec",
+            )
+        seen.add(name)
+        array = tensor._wire_array()
+        if strict:
+            problem = _strict_check(model, req, name, cfg, tensor._dtype, list(array.shape))
+            if problem is not None:
+                return problem
+        if "reshape" in cfg:
+            dims = [int(d) for d in cfg.get("dims", [])]
+            lead = [int(array.shape[0])] if model.max_batch_size > 0 and array.ndim > 0 else []
+            if dims.count(-1) <= 1:
+                try:
+                    array = array.reshape(lead + dims)
+                except ValueError:
+                    pass
+        outputs.append((name, tensor._dtype, array))
+    return Ok(outputs)
+
+
+class Executor:
+    """Runs requests on the models of one :class:`MockTriton` (reads its
+    ``strict_outputs`` and ``instance_wait_timeout`` on every call)."""
+
+    def __init__(self, server: "MockTriton"):
+        self._server = server
+
+    def run(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+        """One result per request: validated, faults applied, batched, executed."""
+        server = self._server
+        results: List[Optional[Result]] = [None] * len(reqs)
+        pending: List[int] = []
+        for i, req in enumerate(reqs):
+            problem = normalize(model, req)
+            if problem is None:
+                problem = server._faults.check(model.name, req)
+            if problem is not None:
+                results[i] = problem
+            else:
+                pending.append(i)
+        if model.is_ensemble:
+            for i in pending:
+                results[i] = run_ensemble(model, reqs[i], server._models.get, self.run)
+        else:
+            for batch in form_batches(model, pending, reqs):
+                for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch])):
+                    results[i] = result
+        assert all(r is not None for r in results)
+        return results  # type: ignore[return-value]
+
+    def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+        server = self._server
+        n = len(reqs)
+        if not model.lock.acquire(timeout=server.instance_wait_timeout):
+            err = Err(
+                f"mock_triton: waited {server.instance_wait_timeout}s for the instance of model "
+                f"'{model.name}' (deadlock? e.g. a model calling itself)",
+                ErrorCode.UNAVAILABLE, "exec",
+            )
+            return [err] * n
+        try:
+            if not model.ready or model.instance is None:
+                err = Err(
+                    f"Request for unknown model: '{model.name}' has no available versions",
+                    ErrorCode.NOT_FOUND, "exec",
+                )
+                return [err] * n
+            delay = server._faults.delay(model.name)
+            if delay > 0:
+                time.sleep(delay)
+            server._record_call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
+            requests = [InferenceRequest._for_execute(model, r) for r in reqs]
+            try:
+                returned = self._call_execute(model, requests)
+                responses = collect_responses(model, requests, returned)
+            except BatchFailure as failure:
+                return [self._batch_error(model, failure.message)] * n
+            except Exception as exc:
+                return [self._batch_error(model, format_exception(exc))] * n
+            results: List[Result] = []
+            for req, response in zip(reqs, responses):
+                if isinstance(response, Err):
+                    results.append(response)
+                elif response.has_error():
+                    error = response.error()
+                    assert error is not None
+                    results.append(Err(error.message(), error.code(), "exec"))
+                else:
+                    results.append(finish_outputs(model, req, response, server.strict_outputs))
+            return results
+        finally:
+            model.lock.release()
+
+    @staticmethod
+    def _batch_error(model: LoadedModel, message: str) -> Err:
+        text = f"Failed to process the request(s) for model '{model.instance_name}', message: {message}"
+        _LOG.info("%s", text)
+        return Err(text, ErrorCode.INTERNAL, "exec")
+
+    def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest]) -> Any:
+        with running(self._server, model):
+            if not hasattr(model.instance, "execute"):
+                raise BatchFailure(
+                    f"Python model {model.model_py} does not implement `execute` method."
+                )
+            returned = model.instance.execute(requests)
+            if asyncio.iscoroutine(returned):
+                future = asyncio.run_coroutine_threadsafe(returned, model.loop())
+                returned = future.result()
+            return returned

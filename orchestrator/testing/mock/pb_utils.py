@@ -1,0 +1,104 @@
+"""The mock ``triton_python_backend_utils`` module: Triton's own pure-Python file with the
+stub's C++ parts replaced by the mock's, and the model-control functions of the stub.
+
+Only the names the real module exposes are added (r24.10 ``pb_stub.cc``).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Dict, Optional
+
+from orchestrator.testing.mock.context import current_model, current_server
+from orchestrator.testing.mock.errors import LoadError, TritonError, TritonModelException
+from orchestrator.testing.mock.logger import Logger
+from orchestrator.testing.mock.metrics import MetricFamily
+from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
+from orchestrator.testing.mock.tensors import MemoryType, PreferredMemory, Tensor
+from orchestrator.testing.mock.wire import MODULE_LOCK, PB_MODULE_NAME, real_utils
+
+
+def load_model(model_name: str, config: str = "", files: Optional[dict] = None) -> None:
+    """Mirror of ``pb_utils.load_model``: loads the model in the current MockTriton.
+
+    ``config`` (a JSON model configuration) overrides the file's configuration, as in
+    Triton; ``files`` is not supported. Raises ``TritonModelException("Failed to load
+    model: ...")`` when the load fails.
+    """
+    if model_name is None or config is None:
+        raise TypeError("load_model(): model_name and config must not be None")
+    server = current_server()
+    if files is not None:
+        if not isinstance(files, dict):
+            raise TritonModelException(
+                f"Failed to load model: failed to load model '{model_name}', files should be "
+                "a dictionary of file paths and file contents"
+            )
+        if files:
+            raise TritonModelException(
+                "Failed to load model: mock_triton does not support load_model(files=...)"
+            )
+    try:
+        server.load(model_name, config=config or None)
+    except LoadError as exc:
+        raise TritonModelException(f"Failed to load model: {exc}") from None
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Mirror of ``pb_utils.unload_model`` (synchronous in the mock)."""
+    if model_name is None:
+        raise TypeError("unload_model(): model_name must not be None")
+    current_server().unload(model_name, unload_dependents=unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Mirror of ``pb_utils.is_model_ready``."""
+    if model_name is None or model_version is None:
+        raise TypeError("is_model_ready(): arguments must not be None")
+    return current_server().is_model_ready(model_name, model_version)
+
+
+def get_model_dir() -> str:
+    """Mirror of ``pb_utils.get_model_dir()``: the directory of the running ``model.py``."""
+    model = current_model()
+    if model is None or model.version_dir is None:
+        raise TritonModelException("get_model_dir() is only available inside a Python model")
+    return str(model.version_dir)
+
+
+def _exports() -> Dict[str, Any]:
+    return {
+        "TritonError": TritonError,
+        "TritonModelException": TritonModelException,
+        "Tensor": Tensor,
+        "InferenceRequest": InferenceRequest,
+        "InferenceResponse": InferenceResponse,
+        "Logger": Logger,
+        "PreferredMemory": PreferredMemory,
+        "TRITONSERVER_MEMORY_GPU": MemoryType.TRITONSERVER_MEMORY_GPU,
+        "TRITONSERVER_MEMORY_CPU": MemoryType.TRITONSERVER_MEMORY_CPU,
+        "MetricFamily": MetricFamily,
+        "load_model": load_model,
+        "unload_model": unload_model,
+        "is_model_ready": is_model_ready,
+        "get_model_dir": get_model_dir,
+    }
+
+
+def install() -> types.ModuleType:
+    """Put the mock ``triton_python_backend_utils`` into ``sys.modules`` (idempotent).
+
+    Returns the module. :class:`MockTriton` calls this; call it yourself before
+    importing a ``model.py`` directly. Raises ImportError when Triton's
+    ``triton_python_backend_utils.py`` is not found (see ``MOCK_TRITON_PB_UTILS``).
+    """
+    with MODULE_LOCK:
+        module = real_utils()
+        if not getattr(module, "__mock_triton__", False):
+            for name, obj in _exports().items():
+                setattr(module, name, obj)
+            module.__mock_triton__ = True
+        if sys.modules.get(PB_MODULE_NAME) is not module:
+            sys.modules[PB_MODULE_NAME] = module
+        return module

@@ -1,0 +1,326 @@
+"""``pb_utils.InferenceRequest``/``InferenceResponse`` and the response sender (r24.10).
+
+Errors of a BLS call are *responses* (``response.has_error()``), never exceptions, as in
+the stub's ``RequestExecutor``; argument errors raise ``TypeError`` (pybind11's
+"incompatible constructor arguments") or ``TritonModelException`` where the stub does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import threading
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+
+from orchestrator.testing.mock.context import CTX, current_server
+from orchestrator.testing.mock.errors import TritonError, TritonModelException
+from orchestrator.testing.mock.tensors import PreferredMemory, Tensor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.testing.mock.instances import LoadedModel
+    from orchestrator.testing.mock.records import Req
+
+
+class InferenceTrace:
+    """Mirror of ``pb_utils.InferenceTrace`` (no tracing in the mock: no context)."""
+
+    def get_context(self) -> None:
+        return None
+
+
+FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_RELEASE_ALL = 1
+_RELEASE_RESCHEDULE = 2
+
+
+class InferenceResponseSender:
+    """Response sender of a request in a non-decoupled model; what it sends is delivered
+    when ``execute`` returns (see the package docs)."""
+
+    def __init__(self, requested_output_names: Optional[set], usable: bool):
+        self._usable = usable
+        self._responses: List[Optional["InferenceResponse"]] = []
+        self._count = 0
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def _update(self, response: Optional["InferenceResponse"], flags: int) -> None:
+        if not self._usable:
+            raise TritonModelException(
+                "Unable to send response. Response sender has no reference to the "
+                "decoupled state of the model."
+            )
+        with self._lock:
+            if response is not None and self._count > 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than "
+                    "one response."
+                )
+            if response is None and flags == FINAL and self._count == 0:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send complete "
+                    "final before sending a response."
+                )
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if flags == FINAL:
+                self._closed = True
+            self._count += 1
+
+    def send(self, response: Optional["InferenceResponse"] = None, flags: int = 0) -> None:
+        if flags != FINAL and flags != 0:
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is "
+                "set to zero."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TypeError("send(): response must be an InferenceResponse or None")
+        self._update(response, flags)
+        if response is not None:
+            self._responses.append(response)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class _ResponseIterator:
+    def __init__(self, response: "InferenceResponse"):
+        self._pending = [response]
+
+    def __iter__(self) -> "_ResponseIterator":
+        return self
+
+    def __next__(self) -> "InferenceResponse":
+        if not self._pending:
+            raise StopIteration
+        return self._pending.pop(0)
+
+
+_REQUIRED: Any = object()
+
+
+class InferenceRequest:
+    """Mirror of ``pb_utils.InferenceRequest`` (r24.10 signature).
+
+    ``InferenceRequest(request_id="", correlation_id=0, inputs=..., requested_output_names=...,
+    model_name=..., model_version=-1, flags=0, timeout=0, preferred_memory=..., trace=...,
+    parameters=None)``. As in r24.10, ``parameters`` must be a ``dict`` (keys ``str``,
+    values ``bool``/``int``/``str``) or ``None``: a JSON string raises
+    ``TritonModelException`` (older releases accepted one). ``exec()`` returns an
+    ``InferenceResponse`` (errors are *responses*, not exceptions); ``async_exec()``
+    returns an awaitable (it must be called inside a running event loop). BLS from
+    ``initialize``/``finalize`` raises ``TritonModelException``.
+
+    Requests handed to ``execute`` are instances of this class too;
+    ``requested_output_names()`` returns a ``set`` (pybind converts the C++ ``std::set``)
+    holding every configured output when the client asked for none, and ``inputs()``
+    lists the inputs in the client's order (Triton's order is unspecified -- use
+    ``get_input_tensor_by_name``).
+    """
+
+    def __init__(
+        self,
+        request_id: str = "",
+        correlation_id: Union[int, str] = 0,
+        inputs: Sequence[Tensor] = _REQUIRED,
+        requested_output_names: Sequence[str] = _REQUIRED,
+        model_name: str = _REQUIRED,
+        model_version: int = -1,
+        flags: int = 0,
+        timeout: int = 0,
+        preferred_memory: Optional[PreferredMemory] = None,
+        trace: Optional[InferenceTrace] = None,
+        parameters: Optional[dict] = None,
+    ):
+        missing = [
+            n for n, v in (("inputs", inputs), ("requested_output_names", requested_output_names),
+                           ("model_name", model_name)) if v is _REQUIRED
+        ]
+        if missing:
+            raise TypeError(
+                "InferenceRequest(): incompatible constructor arguments; missing "
+                + ", ".join(missing)
+            )
+        if not isinstance(request_id, str):
+            raise TypeError("InferenceRequest(): request_id must be str")
+        if correlation_id is None:
+            raise TypeError("InferenceRequest(): correlation_id must not be None")
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (list, tuple)):
+            raise TypeError("InferenceRequest(): inputs must be a list of pb_utils.Tensor")
+        for tensor in inputs:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(
+                    "InferenceRequest(): inputs must be a list of pb_utils.Tensor, "
+                    f"found {type(tensor)}"
+                )
+        if isinstance(requested_output_names, (str, bytes)) or not isinstance(
+            requested_output_names, (list, tuple, set)
+        ):
+            raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
+        for name in requested_output_names:
+            if not isinstance(name, str):
+                raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
+        if not isinstance(model_name, str):
+            raise TypeError("InferenceRequest(): model_name must be str")
+        for label, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"InferenceRequest(): {label} must be int")
+        if parameters is None:
+            parameters = {}
+        if not isinstance(parameters, dict):
+            raise TritonModelException(
+                f"Expect N8pybind114dictE, got {type(parameters)}"
+            )
+        for key, value in parameters.items():
+            if not isinstance(key, str):
+                raise TritonModelException(
+                    f"Expect parameters keys to have type str, found type {type(key)}"
+                )
+            if not isinstance(value, (bool, int, str)):
+                raise TritonModelException(
+                    "Expect parameters values to have type bool/int/str, found type "
+                    f"{type(value)}"
+                )
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._inputs = list(inputs)
+        self._requested = set(requested_output_names)
+        self._model_name = model_name
+        self._model_version = int(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
+        self._preferred_memory = preferred_memory
+        self._trace = trace if trace is not None else InferenceTrace()
+        self._parameters_json = json.dumps(parameters)
+        self._sender = InferenceResponseSender(self._requested, usable=False)
+        self._release_flags = _RELEASE_ALL
+
+    @classmethod
+    def _for_execute(cls, model: "LoadedModel", req: "Req") -> "InferenceRequest":
+        request = cls.__new__(cls)
+        request._request_id = req.request_id
+        request._correlation_id = req.correlation_id
+        request._inputs = [Tensor._wire(n, d, a) for n, d, a in req.model_inputs]
+        request._requested = (
+            set(req.requested) if req.requested else set(model.outputs.keys())
+        )
+        request._model_name = model.name
+        request._model_version = int(model.version)
+        request._flags = req.flags
+        request._timeout = req.timeout
+        request._preferred_memory = None
+        request._trace = InferenceTrace()
+        request._parameters_json = json.dumps(req.parameters, separators=(",", ":"))
+        request._sender = InferenceResponseSender(request._requested, usable=True)
+        request._release_flags = _RELEASE_ALL
+        return request
+
+    def inputs(self) -> List[Tensor]:
+        return list(self._inputs)
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> Union[int, str]:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = int(flags)
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        return self._parameters_json
+
+    def trace(self) -> InferenceTrace:
+        return self._trace
+
+    def requested_output_names(self) -> set:
+        return set(self._requested)
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        return self._sender
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags == _RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "mock_triton: request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) "
+                "is not supported by the mock"
+            )
+        self._release_flags = int(flags)
+
+    def exec(self, decoupled: bool = False) -> Any:
+        if decoupled is None:
+            raise TypeError("exec(): decoupled must not be None")
+        ctx = CTX.get()
+        server = ctx.server if ctx is not None else current_server()
+        caller = ctx.model if ctx is not None else None
+        if caller is not None and (not caller.initialized or caller.finalizing):
+            raise TritonModelException("BLS is only supported during the 'execute' function.")
+        response = server._bls_exec(self)
+        if decoupled:
+            return _ResponseIterator(response)
+        return response
+
+    def async_exec(self, decoupled: bool = False) -> "asyncio.Future":
+        loop = asyncio.get_running_loop()  # RuntimeError outside a loop, as in the stub
+        context = contextvars.copy_context()
+        return loop.run_in_executor(None, context.run, self.exec, decoupled)
+
+    def __repr__(self) -> str:
+        return (
+            f"InferenceRequest(model_name={self._model_name!r}, inputs={self._inputs!r}, "
+            f"request_id={self._request_id!r})"
+        )
+
+
+class InferenceResponse:
+    """Mirror of ``pb_utils.InferenceResponse(output_tensors=[], error=None)`` (r24.10:
+    no ``parameters``)."""
+
+    def __init__(self, output_tensors: Sequence[Tensor] = (), error: Optional[TritonError] = None):
+        if isinstance(output_tensors, (str, bytes)) or not isinstance(output_tensors, (list, tuple)):
+            raise TypeError(
+                "InferenceResponse(): incompatible constructor arguments: output_tensors "
+                f"must be a list of pb_utils.Tensor, got {type(output_tensors)}"
+            )
+        for tensor in output_tensors:
+            if not isinstance(tensor, Tensor):
+                raise TypeError(
+                    "InferenceResponse(): output_tensors must hold pb_utils.Tensor objects, "
+                    f"found {type(tensor)}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TypeError(
+                f"InferenceResponse(): error must be a pb_utils.TritonError, got {type(error)}"
+            )
+        self._outputs = list(output_tensors)
+        self._error = error
+
+    def output_tensors(self) -> List[Tensor]:
+        return list(self._outputs)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> Optional[TritonError]:
+        return self._error
+
+    def __repr__(self) -> str:
+        if self._error is not None:
+            return f"InferenceResponse(error={self._error!r})"
+        return f"InferenceResponse({self._outputs!r})"

@@ -1,0 +1,360 @@
+""":class:`MockTriton`: the mini server's API (model control, inference, test helpers).
+
+The work is done by collaborators: :mod:`~orchestrator.testing.mock.loading` (config,
+import, ``initialize``/``finalize``), :class:`~orchestrator.testing.mock.execution.Executor`
+(validation, batching, ``execute``), :class:`~orchestrator.testing.mock.faults.FaultInjector`
+and :class:`~orchestrator.testing.mock.metrics.MetricRegistry`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from orchestrator.testing.mock.client import client_request, parse_item
+from orchestrator.testing.mock.context import activate, deactivate
+from orchestrator.testing.mock.errors import ErrorCode, InferError, LoadError, TritonError
+from orchestrator.testing.mock.execution import Executor
+from orchestrator.testing.mock.faults import FaultInjector
+from orchestrator.testing.mock.instances import LoadedModel
+from orchestrator.testing.mock.loading import build, finalize
+from orchestrator.testing.mock.logger import LogRecord
+from orchestrator.testing.mock.metrics import MetricRegistry, snapshot
+from orchestrator.testing.mock.pb_utils import install
+from orchestrator.testing.mock.records import Call, Err, Req, to_client
+from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
+from orchestrator.testing.mock.tensors import Tensor
+
+
+class MockTriton:
+    """A mini Triton server running the real ``model.py`` files of a repository.
+
+    ``model_repository``: the repository directory (FileNotFoundError if it is not
+    one). ``model_config_name``: like tritonserver's ``--model-config-name``:
+    ``<model>/configs/<name>.pbtxt`` is used when it exists, else ``<model>/config.pbtxt``
+    (``None``/``""`` always uses config.pbtxt). Explicit model control: nothing is loaded
+    until :meth:`load` (or ``models=``, or ``pb_utils.load_model`` from a model).
+    ``strict_outputs``: see the package docs. ``auto_complete``: call a model class's
+    ``auto_complete_config`` when it defines one. ``instance_wait_timeout``: seconds a
+    request waits for a busy model instance before failing (guards tests against
+    deadlocks such as a model calling itself). Use as a context manager, or call
+    :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        model_repository: Union[str, os.PathLike],
+        model_config_name: Optional[str] = "embedded",
+        *,
+        models: Iterable[str] = (),
+        strict_outputs: bool = True,
+        auto_complete: bool = True,
+        instance_wait_timeout: float = 120.0,
+    ):
+        install()
+        self.model_repository = Path(model_repository).resolve()
+        if not self.model_repository.is_dir():
+            raise FileNotFoundError(f"model repository not found: {self.model_repository}")
+        self.model_config_name = model_config_name
+        self.strict_outputs = strict_outputs
+        self.auto_complete = auto_complete
+        self.instance_wait_timeout = instance_wait_timeout
+        self.calls: List[Call] = []
+        self.logs: List[LogRecord] = []
+        self._models: Dict[str, LoadedModel] = {}
+        self._states: Dict[str, tuple] = {}  # name -> (state, reason, version)
+        self._load_order: List[str] = []
+        self._load_lock = threading.RLock()
+        self._record_lock = threading.Lock()
+        self._faults = FaultInjector()
+        self._metrics = MetricRegistry()
+        self._executor = Executor(self)
+        self._closed = False
+        activate(self)
+        try:
+            for name in models:
+                self.load(name)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "MockTriton":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this MockTriton is closed")
+
+    # -- records (also written by the package's Logger and Executor) ----------------------
+
+    def _record_call(self, call: Call) -> None:
+        with self._record_lock:
+            self.calls.append(call)
+
+    def _record_log(self, record: LogRecord) -> None:
+        with self._record_lock:
+            self.logs.append(record)
+
+    def _set_state(self, name: str, state: str, reason: str, version: str) -> None:
+        self._states[name] = (state, reason, version)
+
+    # -- model control ----------------------------------------------------------------
+
+    def load(self, name: str, config: Optional[str] = None) -> None:
+        """Load (or, with ``config``, reload) a model. Raises :class:`LoadError`.
+
+        ``config``: a JSON model configuration overriding the file (as
+        ``pb_utils.load_model(name, config=...)``). Ensembles load their composing
+        models. Loading a READY model without ``config`` does nothing.
+        """
+        with self._load_lock:
+            self._check_open()
+            current = self._models.get(name)
+            if current is not None and current.ready and config is None:
+                return
+            if current is not None:
+                self.unload(name)
+            if not (self.model_repository / name).is_dir():
+                self._set_state(name, "UNAVAILABLE", "not found in the model repository", "")
+                raise LoadError(f"failed to load '{name}', failed to poll from model repository")
+            try:
+                model = build(self, name, config)
+            except LoadError as exc:
+                self._set_state(name, "UNAVAILABLE", str(exc), self._states.get(name, ("", "", ""))[2])
+                raise
+            self._models[name] = model
+            model.ready = True
+            self._set_state(name, "READY", "", model.version)
+            if name in self._load_order:
+                self._load_order.remove(name)
+            self._load_order.append(name)
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model: wait for its running execute, call ``finalize``, drop it.
+
+        ``unload_dependents`` also unloads an ensemble's composing models. Unloading a
+        model that is not loaded does nothing.
+        """
+        with self._load_lock:
+            model = self._models.pop(name, None)
+            if model is None:
+                return
+            model.ready = False
+            self._set_state(name, "UNLOADING", "", model.version)
+            got_lock = model.lock.acquire(timeout=self.instance_wait_timeout)
+            try:
+                finalize(self, model)
+            finally:
+                if got_lock:
+                    model.lock.release()
+            self._set_state(name, "UNAVAILABLE", "unloaded", model.version)
+            if name in self._load_order:
+                self._load_order.remove(name)
+            if unload_dependents:
+                for step_model in {s.model_name for s in model.steps}:
+                    self.unload(step_model, unload_dependents=True)
+
+    def close(self) -> None:
+        """Unload every model (in reverse load order). The MockTriton is unusable after."""
+        if self._closed:
+            return
+        try:
+            with self._load_lock:
+                for name in reversed(list(self._load_order)):
+                    self.unload(name)
+        finally:
+            self._closed = True
+            deactivate(self)
+
+    def is_model_ready(self, name: str, version: Union[str, int] = "") -> bool:
+        """As ``pb_utils.is_model_ready``/the KServe ready endpoint."""
+        model = self._models.get(name)
+        if model is None or not model.ready:
+            return False
+        return str(version) in ("", "-1", model.version)
+
+    def repository_index(self) -> List[dict]:
+        """Like Triton's repository index: every model directory with its state.
+
+        Items: ``{"name", "version", "state", "reason"}``; ``state`` is ``""`` for
+        models never loaded, else ``READY``/``UNAVAILABLE``/``LOADING``/``UNLOADING``.
+        """
+        names = sorted(p.name for p in self.model_repository.iterdir() if p.is_dir())
+        out = []
+        for name in names:
+            state, reason, version = self._states.get(name, ("", "", ""))
+            out.append({"name": name, "version": version, "state": state, "reason": reason})
+        return out
+
+    def model_config(self, name: str) -> dict:
+        """The configuration dict handed to the loaded model (``json.loads(args["model_config"])``).
+        Raises KeyError when it is not loaded."""
+        model = self._models.get(name)
+        if model is None:
+            raise KeyError(f"model '{name}' is not loaded")
+        return json.loads(model.config_json)
+
+    def instance(self, name: str) -> Any:
+        """The ``TritonPythonModel`` object of a loaded Python model (for white-box tests).
+        Raises KeyError when it is not loaded."""
+        model = self._models.get(name)
+        if model is None or model.instance is None:
+            raise KeyError(f"Python model '{name}' is not loaded")
+        return model.instance
+
+    # -- test helpers -----------------------------------------------------------------
+
+    def calls_to(self, model: str) -> List[tuple]:
+        """Batch sizes of each ``execute()`` of ``model``, e.g. ``[(2,), (1, 1)]``."""
+        with self._record_lock:
+            return [c.batch_sizes for c in self.calls if c.model == model]
+
+    def reset_calls(self) -> None:
+        with self._record_lock:
+            self.calls.clear()
+
+    def fail_next(self, model: str, message: str = "injected failure", count: int = 1,
+                  code: str = "INTERNAL") -> None:
+        """Make the next ``count`` requests reaching ``model`` get an error response.
+
+        Applies to every request to that model (client, BLS or ensemble step) that passed
+        validation; the model's ``execute`` does not see them. The error text is
+        ``message`` (BLS callers see it as ``response.error().message()``); ``code`` a
+        Triton error code name (KeyError for an unknown one).
+        """
+        self._faults.fail_next(model, message, count, code)
+
+    def set_failure(self, model: str, failure: Union[None, str, Callable[..., Any]],
+                    code: str = "INTERNAL") -> None:
+        """Make requests to ``model`` fail until cleared (``failure=None``).
+
+        ``failure`` is a message (every request fails) or a predicate
+        ``f(inputs: dict[str, np.ndarray], parameters: dict) -> str | bool | None``: a
+        string is the error message, ``True`` a default message, falsy lets it through.
+        """
+        self._faults.set_failure(model, failure, code)
+
+    def set_delay(self, model: str, seconds: Optional[float]) -> None:
+        """Sleep ``seconds`` in each ``execute()`` of ``model`` (holding its instance)."""
+        self._faults.set_delay(model, seconds)
+
+    def clear_faults(self, model: Optional[str] = None) -> None:
+        """Remove the faults of ``model`` (of every model when None)."""
+        self._faults.clear(model)
+
+    def metrics(self) -> Dict[str, Dict[frozenset, Any]]:
+        """Custom metric values: ``{family: {frozenset(labels.items()): value}}``.
+
+        Counter and gauge values are floats; a histogram value is a dict
+        ``{"count": int, "sum": float, "buckets": {upper_bound: cumulative_count, ...,
+        inf: count}}``. A series exists while a ``Metric`` object for it is alive.
+        """
+        return snapshot(self._metrics)
+
+    def metric(self, family: str, labels: Optional[dict] = None) -> Any:
+        """One value of :meth:`metrics` (``None`` if absent)."""
+        return self.metrics().get(family, {}).get(frozenset((labels or {}).items()))
+
+    # -- inference --------------------------------------------------------------------
+
+    def _client_model(self, name: str) -> Union[LoadedModel, Err]:
+        self._check_open()
+        model = self._models.get(name)
+        if model is not None and model.ready:
+            return model
+        if name in self._states and self._states[name][0] != "":
+            return Err(
+                f"Request for unknown model: '{name}' has no available versions",
+                ErrorCode.NOT_FOUND, "notready",
+            )
+        return Err(
+            f"Request for unknown model: '{name}' is not found", ErrorCode.INVALID_ARG, "notready"
+        )
+
+    def infer(
+        self,
+        model: str,
+        inputs: Dict[str, np.ndarray],
+        parameters: Optional[dict] = None,
+        request_id: str = "",
+        *,
+        outputs: Optional[Sequence[str]] = None,
+    ) -> Dict[str, np.ndarray]:
+        """One inference request, as a client would send it. Raises :class:`InferError`.
+
+        ``inputs``: name -> numpy array (full shape, batch dimension first for batching
+        models). ``parameters``: KServe request parameters (str -> bool/int/float/str).
+        ``outputs``: output names to request (default: all). Returns name -> numpy array
+        (BYTES as object arrays of ``bytes``). Raises TypeError/ValueError for what
+        tritonclient would refuse to send, RuntimeError once closed.
+        """
+        request = client_request(model, inputs, parameters, request_id, outputs)
+        target = self._client_model(model)
+        if isinstance(target, Err):
+            raise InferError(target.message, target.code.name)
+        result = to_client(self._executor.run(target, [request])[0])
+        if isinstance(result, InferError):
+            raise result
+        return result
+
+    def infer_batch(self, model: str, requests: Sequence[dict]) -> List[Union[Dict[str, np.ndarray], InferError]]:
+        """Send several requests at once, as Triton's dynamic batcher would deliver them.
+
+        Each item is either an inputs dict (name -> numpy array) or
+        ``{"inputs": {...}, "parameters": {...}, "request_id": "...", "outputs": [...]}``
+        (recognised by an ``"inputs"`` key holding a dict). Returns one item per request:
+        an outputs dict or an :class:`InferError` (nothing is raised for error responses).
+
+        Requests that pass validation go to ONE ``execute()`` call when Triton's dynamic
+        batcher could batch them: the model has ``dynamic_batching`` and
+        ``max_batch_size > 0``, the batch sizes add up to at most ``max_batch_size``, every
+        variable-size input without ``allow_ragged_batch`` has the same shape (beyond the
+        batch dimension) in all of them, and, for models with optional inputs, they carry
+        the same inputs. Otherwise they are split, in order, where the batcher would split
+        them (check ``calls``); models without dynamic batching get one request per
+        ``execute()``. For an ensemble each request runs through the pipeline separately.
+        """
+        prepared = [client_request(model, *parse_item(item, i)) for i, item in enumerate(requests)]
+        target = self._client_model(model)
+        if isinstance(target, Err):
+            return [InferError(target.message, target.code.name) for _ in prepared]
+        return [to_client(r) for r in self._executor.run(target, prepared)]
+
+    def _bls_exec(self, request: InferenceRequest) -> InferenceResponse:
+        """``request.exec()`` from a model (or a test): the response, errors included."""
+        name = request._model_name
+        prefix = f"Model {name} - Error when running inference: "
+        model = self._models.get(name)
+        version = request._model_version
+        if (
+            self._closed or model is None or not model.ready
+            or (version != -1 and str(version) != model.version)
+        ):
+            message = f"Failed for execute the inference request. Model '{name}' is not ready."
+            return InferenceResponse(error=TritonError(prefix + message))
+        req = Req(
+            [(t.name(), t._dtype, t._wire_array()) for t in request._inputs],
+            sorted(request._requested) or None,
+            json.loads(request._parameters_json),
+            request._request_id,
+            request._correlation_id,
+            request._flags,
+            request._timeout,
+        )
+        result = self._executor.run(model, [req])[0]
+        if isinstance(result, Err):
+            stage_prefix = prefix if result.stage in ("validation", "notready") else ""
+            return InferenceResponse(error=TritonError(stage_prefix + result.message))
+        return InferenceResponse([Tensor._wire(n, d, a) for n, d, a in result.outputs])
+
+    def __repr__(self) -> str:
+        loaded = ", ".join(sorted(self._models))
+        return f"MockTriton({str(self.model_repository)!r}, loaded=[{loaded}])"

@@ -1,0 +1,101 @@
+"""The ``orchestrator export`` command line (see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from orchestrator.tooling.modeling.contract import ExportError
+from orchestrator.tooling.modeling.export.run import ExportResult, export_checkpoint, fp16_from_onnx, read_texts
+from orchestrator.tooling.modeling.export.validate import DEFAULT_OPSET, FP16_TOLERANCE
+from orchestrator.tooling.paths import default_model_repository
+
+
+def _default_repo() -> Path:
+    return default_model_repository()
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``orchestrator export`` options to ``parser`` (returned for chaining)."""
+    parser.add_argument("source", nargs="?", default=None,
+                        help="Hugging Face checkpoint directory (or hub id, when the hub is reachable)")
+    parser.add_argument("--name", default=None,
+                        help="model name in the repository (default: classifier; with --fp16-from-onnx: MODEL_fp16)")
+    parser.add_argument("--repo", default=None,
+                        help="model repository (default: ./model_repository, else the one in this checkout)")
+    parser.add_argument("--fp16", action="store_true", help="also write <name>_fp16 (float16 weights, fp32 io)")
+    parser.add_argument("--fp16-from-onnx", metavar="MODEL", default=None,
+                        help="no SOURCE: convert <repo>/MODEL/1/model.onnx to <repo>/MODEL_fp16 "
+                             "(or --name, when given) and validate it against the fp32 model")
+    parser.add_argument("--max-length", type=int, default=None,
+                        help="truncation length in tokens (default: the tokenizer's model_max_length)")
+    parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)")
+    parser.add_argument("--no-tokenizer", action="store_true", help="leave <repo>/tokenizer/1 as it is")
+    parser.add_argument("--fp16-tolerance", type=float, default=FP16_TOLERANCE,
+                        help="max abs logit difference accepted for fp16 (default: %(default)s)")
+    parser.add_argument("--validation-texts", type=Path, default=None,
+                        help="UTF-8 file, one text a line, for the export check (default: built-in samples)")
+    parser.add_argument("--revision", default=None, help="hub revision (hub ids only)")
+    parser.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT plan even if trtexec exists")
+    parser.add_argument("--quiet", action="store_true", help="no progress display")
+    return parser
+
+
+def _summary(result: ExportResult, console) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"orchestrator export: {', '.join(result.variants)}")
+    for col in ("variant", "check", "max abs logit diff", "bound"):
+        table.add_column(col)
+    for variant, v in result.validation.items():
+        for k, d in v.items():
+            if k.startswith("max_abs"):
+                table.add_row(variant, k.replace("max_abs_diff_", ""), f"{d:.3g}", f"{v['tolerance']:g}")
+    console.print(table)
+    total = sum(result.files.values())
+    console.print(f"wrote {len(result.files)} files, {total:,} bytes under {result.repo}")
+
+
+def export_command(args: argparse.Namespace) -> int:
+    """Run ``orchestrator export``. Returns 0 on success, 1 on :class:`ExportError` (message on
+    stderr), 2 on bad arguments."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    repo = Path(args.repo) if getattr(args, "repo", None) else _default_repo()
+    texts = None
+    try:
+        if getattr(args, "validation_texts", None):
+            texts = read_texts(args.validation_texts)
+        trt = False if getattr(args, "no_tensorrt", False) else None
+        if args.fp16_from_onnx:
+            if args.source:
+                print("error: give SOURCE or --fp16-from-onnx, not both", file=sys.stderr)
+                return 2
+            result = fp16_from_onnx(repo, args.fp16_from_onnx, out_name=args.name, texts=texts,
+                                    fp16_tolerance=args.fp16_tolerance, tensorrt=trt,
+                                    quiet=args.quiet, console=console)
+        else:
+            if not args.source:
+                print("error: SOURCE (checkpoint directory or hub id) or --fp16-from-onnx MODEL is required",
+                      file=sys.stderr)
+                return 2
+            result = export_checkpoint(
+                args.source, repo, args.name or "classifier", fp16=args.fp16, max_length=args.max_length, opset=args.opset,
+                tokenizer=not args.no_tokenizer, texts=texts, fp16_tolerance=args.fp16_tolerance,
+                tensorrt=trt, revision=args.revision, quiet=args.quiet, console=console,
+            )
+    except ExportError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        _summary(result, console)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orchestrator.tooling.modeling.export", description="Put a Hugging Face sequence classifier into the model repository.")
+    add_export_arguments(p)
+    return export_command(p.parse_args(argv))

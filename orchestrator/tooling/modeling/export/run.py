@@ -1,0 +1,393 @@
+"""The two exports: a torch checkpoint (:func:`export_checkpoint`) and an fp16 copy of an
+ONNX classifier (:func:`fp16_from_onnx`), with their progress display and records."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from orchestrator.tooling.errors import ConfigError
+from orchestrator.tooling.files import sha256_file, write_atomic
+from orchestrator.tooling.modeling.configs import export_comment, write_classifier_configs
+from orchestrator.tooling.modeling.contract import ExportError, SourceError, check_onnx_contract, ort_session
+from orchestrator.tooling.modeling.export.convert import build_tensorrt_plan, convert_to_fp16
+from orchestrator.tooling.modeling.export.source import default_max_length, resolve_source, save_tokenizer, torch_export
+from orchestrator.tooling.modeling.export.validate import (
+    DEFAULT_OPSET,
+    FP16_TOLERANCE,
+    FP32_TOLERANCE,
+    SAMPLE_TEXTS,
+    check_variant,
+    ort_logits,
+    staging,
+)
+
+ADAPTER = '"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.onnx_classifier."""\n\n' \
+          "from orchestrator.runtime.models.onnx_classifier import TritonPythonModel  # noqa: F401\n"
+
+
+@dataclass
+class ExportResult:
+    """What one export wrote and measured (also written as ``<name>/export.json``).
+
+    ``validation``: per variant (``fp32``, ``fp16``) the max abs logit differences, in logits.
+    ``files``: repository-relative path -> bytes.
+    """
+
+    name: str
+    repo: str
+    source: str
+    num_labels: int
+    max_length: int
+    opset: Optional[int]
+    variants: list[str]
+    validation: dict = field(default_factory=dict)
+    files: dict = field(default_factory=dict)
+    tensorrt: Optional[dict] = None
+    tokenizer_written: bool = False
+
+
+# --------------------------------------------------------------------------- progress
+
+
+class _Steps:
+    """Rich progress: one line per step with a spinner, then a check mark (or nothing if quiet)."""
+
+    def __init__(self, quiet: bool = False, console=None):
+        self.quiet = quiet
+        self.console = console
+        self._progress = None
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.console import Console
+            from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self.console = self.console or Console(stderr=True)
+            self._progress = Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                console=self.console, transient=False,
+            )
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.__exit__(*exc)
+
+    @contextlib.contextmanager
+    def step(self, description: str):
+        if self._progress is None:
+            yield
+            return
+        task = self._progress.add_task(description, total=1)
+        try:
+            yield
+        except BaseException:
+            self._progress.update(task, completed=1, description=f"[red]x[/red] {description}")
+            raise
+        self._progress.update(task, completed=1, description=f"[green]ok[/green] {description}")
+
+    def note(self, message: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(message)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def write_model_configs(
+    model_dir: Path, num_labels: int, comment: Optional[str] = None, tensorrt: bool = False
+) -> list[Path]:
+    """Write or update ``config.pbtxt``, ``configs/embedded.pbtxt`` (and with ``tensorrt``,
+    ``configs/tensorrt.pbtxt``) and ``1/model.py`` of the classifier in ``model_dir``.
+
+    The configs come from :func:`orchestrator.tooling.modeling.configs.write_classifier_configs`
+    (the model name is the directory name; ``num_labels`` becomes the ``logits`` dims).
+    Returns the paths written. Raises :class:`ExportError` when an existing config is
+    invalid, names another model or has no single FP32 ``logits`` output.
+    """
+    try:
+        written = write_classifier_configs(model_dir, num_labels, comment, tensorrt=tensorrt)
+    except ConfigError as e:
+        raise ExportError(str(e)) from None
+    adapter = model_dir / "1" / "model.py"
+    if not adapter.is_file() or adapter.read_text() != ADAPTER:
+        adapter.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(adapter, ADAPTER.encode("utf-8"), 0o644)
+    written.append(adapter)
+    return written
+
+
+def _remove_stale_plan(model_dir: Path, steps: "_Steps") -> None:
+    """Delete ``1/model.plan`` and ``configs/tensorrt.pbtxt`` left by an earlier export."""
+    stale = [p for p in (model_dir / "1" / "model.plan", model_dir / "configs" / "tensorrt.pbtxt") if p.is_file()]
+    for p in stale:
+        p.unlink()
+    if stale:
+        steps.note(f"[yellow]note:[/yellow] removed {', '.join(map(str, stale))} (built for the old model; "
+                   "no trtexec here to rebuild it)")
+
+
+def _record(result: ExportResult, model_dir: Path, extra: dict) -> None:
+    import onnxruntime
+
+    rec = {
+        "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
+        "tool": "orchestrator export",
+        **{k: v for k, v in extra.items() if k not in ("num_labels", "max_length")},  # placed below
+        "num_labels": result.num_labels,
+        "max_length": result.max_length,
+        "onnxruntime": onnxruntime.__version__,
+        "files": {
+            str(p.relative_to(model_dir)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted((model_dir / "1").glob("model.*")) if p.suffix in (".onnx", ".plan")
+        },
+    }
+    write_atomic(model_dir / "export.json", (json.dumps(rec, indent=2) + "\n").encode("utf-8"), 0o644)
+
+
+def _files(repo: Path, dirs: Sequence[Path]) -> dict:
+    out = {}
+    for d in dirs:
+        for p in sorted(d.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                out[str(p.relative_to(repo))] = p.stat().st_size
+    return out
+
+
+def read_texts(path: Optional[Path]) -> list[str]:
+    if path is None:
+        return list(SAMPLE_TEXTS)
+    texts = [ln for ln in Path(path).read_text(encoding="utf-8").splitlines() if ln.strip()]
+    if not texts:
+        raise ExportError(f"{path}: no texts")
+    return texts
+
+
+# --------------------------------------------------------------------------- exports
+
+
+def export_checkpoint(
+    source: str,
+    repo: os.PathLike | str,
+    name: str = "classifier",
+    *,
+    fp16: bool = False,
+    max_length: Optional[int] = None,
+    opset: int = DEFAULT_OPSET,
+    tokenizer: bool = True,
+    texts: Optional[Sequence[str]] = None,
+    fp16_tolerance: float = FP16_TOLERANCE,
+    tensorrt: Optional[bool] = None,
+    revision: Optional[str] = None,
+    quiet: bool = False,
+    console=None,
+) -> ExportResult:
+    """Export the checkpoint ``source`` into ``repo`` as model ``name`` (and ``name_fp16``).
+
+    See the module docstring for the files and checks. ``max_length`` (tokens, the
+    truncation length written into the tokenizer): default from :func:`_default_max_length`;
+    must not exceed the checkpoint's ``max_position_embeddings``. ``texts``: validation
+    texts (default :data:`SAMPLE_TEXTS`). ``tensorrt``: build a plan (default: when
+    ``trtexec`` is on ``PATH``).
+
+    Raises :class:`SourceError`, :class:`ExportError`, :class:`ExportValidationError`.
+    """
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise ExportError(f"model repository {repo} does not exist")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or name == "tokenizer":
+        raise ExportError(f"bad model name {name!r}")
+    tensorrt = shutil.which("trtexec") is not None if tensorrt is None else tensorrt
+    texts = list(texts) if texts is not None else list(SAMPLE_TEXTS)
+    with _Steps(quiet, console) as steps:
+        with steps.step(f"resolve {source}"):
+            ckpt = resolve_source(source, revision)
+        with steps.step("load model and tokenizer (transformers)"):
+            import torch
+            from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+            from transformers.utils import logging as hf_logging
+
+            bars = hf_logging.is_progress_bar_enabled()
+            hf_logging.disable_progress_bar()  # its "Loading weights" bar would break the display
+            try:
+                config = AutoConfig.from_pretrained(str(ckpt))
+                tok = AutoTokenizer.from_pretrained(str(ckpt))
+                model = AutoModelForSequenceClassification.from_pretrained(
+                    str(ckpt), attn_implementation="eager"
+                ).eval()
+            except (OSError, ValueError, KeyError) as e:
+                raise SourceError(f"{ckpt}: cannot load a sequence classifier and tokenizer: {e}") from e
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
+            num_labels = int(model.config.num_labels)
+            positions = getattr(config, "max_position_embeddings", None)
+            max_length = int(max_length or default_max_length(tok, config))
+            if max_length < 2 or (positions and max_length > positions):
+                raise ExportError(f"--max-length {max_length} outside [2, max_position_embeddings={positions}]")
+            if tok.pad_token_id is None:
+                raise ExportError(f"{ckpt}: the tokenizer has no pad token; batches cannot be padded")
+
+        def torch_ref(ids, mask):
+            with torch.inference_mode():
+                out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask)).logits
+            return out.float().numpy()
+
+        model_dir = repo / name
+        fp16_dir = repo / f"{name}_fp16"
+        onnx_path = model_dir / "1" / "model.onnx"
+        fp16_path = fp16_dir / "1" / "model.onnx"
+        # new files are validated under a hidden name and moved into place only when all pass
+        new_dirs = [d for d in (model_dir, model_dir / "1", fp16_dir, fp16_dir / "1") if not d.exists()]
+        staged = {onnx_path: staging(onnx_path)}
+        if fp16:
+            staged[fp16_path] = staging(fp16_path)
+        ok = False
+        try:
+            with steps.step(f"export ONNX fp32 (opset {opset}) -> {onnx_path}"):
+                torch_export(model, tok, staged[onnx_path], max_length, opset)
+                check_onnx_contract(staged[onnx_path], num_labels)
+            with steps.step(f"validate fp32 vs torch on {len(texts)} texts (< {FP32_TOLERANCE:g})"):
+                val = {"fp32": check_variant("fp32", staged[onnx_path], torch_ref, tok, texts, max_length,
+                                              FP32_TOLERANCE, "torch")}
+            if fp16:
+                with steps.step(f"convert to fp16 (keep_io_types) -> {fp16_path}"):
+                    convert_to_fp16(staged[onnx_path], staged[fp16_path])
+                    check_onnx_contract(staged[fp16_path], num_labels)
+                with steps.step(f"validate fp16 vs torch (<= {fp16_tolerance:g})"):
+                    val["fp16"] = check_variant("fp16", staged[fp16_path], torch_ref, tok, texts, max_length,
+                                                 fp16_tolerance, "torch")
+            for final, tmp in staged.items():
+                os.replace(tmp, final)
+            ok = True
+        finally:
+            for tmp in staged.values():
+                tmp.unlink(missing_ok=True)
+            for d in reversed(new_dirs if not ok else []):  # leave no empty model directories behind
+                if d.is_dir() and not any(d.iterdir()):
+                    d.rmdir()
+        labels = [str(model.config.id2label.get(i, i)) for i in range(num_labels)]
+        # what export.json records, and the configs' provenance comment derives from
+        provenance = {"source": str(source), "checkpoint": str(ckpt), "model_class": type(model).__name__,
+                      "labels": labels, "opset": opset, "num_labels": num_labels, "max_length": max_length}
+        dirs = [model_dir]
+        trt = {}
+        with steps.step(f"write configs of {name}"):
+            write_model_configs(model_dir, num_labels, export_comment({**provenance, "variant": "fp32"}),
+                                tensorrt=tensorrt)
+        if fp16:
+            with steps.step(f"write configs of {name}_fp16"):
+                write_model_configs(fp16_dir, num_labels, export_comment({**provenance, "variant": "fp16"}),
+                                    tensorrt=tensorrt)
+            dirs.append(fp16_dir)
+        if not tensorrt:  # a plan from an earlier export would no longer match the new model
+            for d in [model_dir] + ([repo / f"{name}_fp16"] if fp16 else []):
+                _remove_stale_plan(d, steps)
+        if tensorrt:
+            for d, is16 in [(model_dir, False)] + ([(repo / f"{name}_fp16", True)] if fp16 else []):
+                with steps.step(f"TensorRT plan {d.name}/1/model.plan (trtexec)"):
+                    trt[d.name] = build_tensorrt_plan(model_dir / "1" / "model.onnx", d / "1" / "model.plan",
+                                                      max_length, is16)
+        if tokenizer:
+            tok_dir = repo / "tokenizer" / "1"
+            with steps.step(f"tokenizer files -> {tok_dir}"):
+                save_tokenizer(tok, tok_dir, max_length, texts)
+            dirs.append(tok_dir)
+            others = sorted(p.parent.parent.name for p in repo.glob("*/1/model.onnx")
+                            if p.parent.parent.name not in (name, f"{name}_fp16"))
+            if others:
+                steps.note(f"[yellow]note:[/yellow] the tokenizer is shared; {', '.join(others)} now get "
+                           "this checkpoint's token ids (pass --no-tokenizer to keep the old tokenizer)")
+        result = ExportResult(
+            name=name, repo=str(repo), source=str(source), num_labels=num_labels, max_length=max_length,
+            opset=opset, variants=[name] + ([f"{name}_fp16"] if fp16 else []), validation=val,
+            tensorrt=trt or None, tokenizer_written=tokenizer,
+        )
+        for d, key in [(model_dir, "fp32")] + ([(repo / f"{name}_fp16", "fp16")] if fp16 else []):
+            _record(result, d, {**provenance, "variant": key, "validation": val[key], "tensorrt": trt.get(d.name)})
+        result.files = _files(repo, dirs)
+    return result
+
+
+def fp16_from_onnx(
+    repo: os.PathLike | str,
+    name: str,
+    *,
+    out_name: Optional[str] = None,
+    texts: Optional[Sequence[str]] = None,
+    fp16_tolerance: float = FP16_TOLERANCE,
+    tensorrt: Optional[bool] = None,
+    quiet: bool = False,
+    console=None,
+) -> ExportResult:
+    """Convert ``<repo>/<name>/1/model.onnx`` to float16 as ``<repo>/<out_name>`` (default
+    ``<name>_fp16``): model file, configs, adapter, ``export.json``.
+
+    For models whose torch checkpoint was not kept (the demo models). Validated against the
+    fp32 ONNX model (onnxruntime) on ``texts`` tokenized by ``<repo>/tokenizer/1``: max abs
+    logit difference <= ``fp16_tolerance``. Raises :class:`ExportError` (missing files),
+    :class:`ExportValidationError`.
+    """
+    from transformers import AutoTokenizer
+
+    repo = Path(repo)
+    src = repo / name / "1" / "model.onnx"
+    if not src.is_file():
+        raise ExportError(f"{src} does not exist")
+    tok_dir = repo / "tokenizer" / "1"
+    if not (tok_dir / "tokenizer_config.json").is_file():
+        raise ExportError(f"{tok_dir}: no tokenizer files (needed for the validation texts)")
+    out_name = out_name or f"{name}_fp16"
+    out_dir = repo / out_name
+    dst = out_dir / "1" / "model.onnx"
+    tensorrt = shutil.which("trtexec") is not None if tensorrt is None else tensorrt
+    texts = list(texts) if texts is not None else list(SAMPLE_TEXTS)
+    with _Steps(quiet, console) as steps:
+        with steps.step(f"check {src}"):
+            num_labels = check_onnx_contract(src)
+            tok = AutoTokenizer.from_pretrained(str(tok_dir))
+            max_length = int(tok.model_max_length)
+        tmp = staging(dst)
+        try:
+            with steps.step(f"convert to fp16 (keep_io_types) -> {dst}"):
+                convert_to_fp16(src, tmp)
+                check_onnx_contract(tmp, num_labels)
+            ref_sess = ort_session(src)
+            with steps.step(f"validate fp16 vs fp32 ONNX on {len(texts)} texts (<= {fp16_tolerance:g})"):
+                val = {"fp16": check_variant("fp16", tmp, lambda i, m: ort_logits(ref_sess, i, m), tok, texts,
+                                              max_length, fp16_tolerance, "onnx_fp32")}
+            os.replace(tmp, dst)
+        finally:
+            tmp.unlink(missing_ok=True)
+        provenance = {"source": f"{name}/1/model.onnx", "source_sha256": sha256_file(src),
+                      "source_bytes": src.stat().st_size, "variant": "fp16",
+                      "converter": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"}
+        with steps.step(f"write configs of {out_name}"):
+            write_model_configs(out_dir, num_labels, export_comment({**provenance, "num_labels": num_labels}),
+                                tensorrt=tensorrt)
+        trt = None
+        if not tensorrt:
+            _remove_stale_plan(out_dir, steps)
+        if tensorrt:
+            with steps.step(f"TensorRT plan {out_name}/1/model.plan (trtexec)"):
+                trt = {out_name: build_tensorrt_plan(src, out_dir / "1" / "model.plan", max_length, True)}
+        result = ExportResult(
+            name=out_name, repo=str(repo), source=f"{name}/1/model.onnx", num_labels=num_labels,
+            max_length=max_length, opset=None, variants=[out_name], validation=val, tensorrt=trt,
+        )
+        _record(result, out_dir, {**provenance, "validation": val["fp16"], "tensorrt": (trt or {}).get(out_name)})
+        result.files = _files(repo, [out_dir])
+    return result

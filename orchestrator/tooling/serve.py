@@ -1,0 +1,136 @@
+"""``orchestrator serve`` (and ``python -m orchestrator.tooling.serve``): run the embedded
+Triton server in the foreground until Ctrl-C or SIGTERM.
+
+It prints the URLs and the log path once the server is ready, and stops the server (no
+process of its group left) on SIGINT or SIGTERM, also when started in the background by
+a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
+``test_serve_stops_cleanly_on_signal``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Sequence
+
+from orchestrator.tooling.paths import MODEL_REPOSITORY_NAME, default_model_repository
+from orchestrator.tooling.server import ServerError, TritonServer
+
+__all__ = ["add_serve_arguments", "serve_command", "main"]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``orchestrator serve`` options to ``parser`` (returned for chaining)."""
+    parser.add_argument(
+        "--repo",
+        default=None,
+        help=f"model repository (default: ./{MODEL_REPOSITORY_NAME}, else the one in this checkout)",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
+    parser.add_argument("--http-port", type=int, default=None, help="HTTP port (default: a free port)")
+    parser.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: a free port)")
+    parser.add_argument("--metrics-port", type=int, default=None, help="metrics port (default: a free port)")
+    parser.add_argument(
+        "--model",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="model to load at start; repeat for several (default: every model of the repository)",
+    )
+    parser.add_argument(
+        "--model-config-name",
+        default="embedded",
+        help="read <model>/configs/NAME.pbtxt where it exists (default: %(default)s; '' for config.pbtxt)",
+    )
+    parser.add_argument("--log-file", default=None, help="server log file (default: a new file under the cache)")
+    parser.add_argument(
+        "--startup-timeout", type=float, default=180.0, help="seconds to wait for readiness (default: %(default)s)"
+    )
+    return parser
+
+
+def _resolve_repository(repo: str | None) -> Path:
+    if repo:
+        return Path(repo)
+    return default_model_repository()
+
+
+class _Terminate(BaseException):
+    """Raised from the SIGTERM handler of `serve` to leave the wait loop."""
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Run ``orchestrator serve``: start the server, print its URLs and log path, block
+    until Ctrl-C or SIGTERM, stop it. Returns 0 after a clean stop, 1 on ServerError
+    (message on stderr) or if the server dies while serving."""
+    server = TritonServer(
+        _resolve_repository(getattr(args, "repo", None)),
+        models=getattr(args, "model", None) or None,
+        host=getattr(args, "host", "127.0.0.1"),
+        http_port=getattr(args, "http_port", None),
+        grpc_port=getattr(args, "grpc_port", None),
+        metrics_port=getattr(args, "metrics_port", None),
+        model_config_name=getattr(args, "model_config_name", "embedded") or None,
+        log_path=getattr(args, "log_file", None),
+        startup_timeout=getattr(args, "startup_timeout", 180.0),
+    )
+
+    def on_signal(signum, frame):
+        raise _Terminate()
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = {}
+    if main_thread:
+        # SIGINT too: a shell starting us in the background (`&`) leaves SIGINT ignored.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    rc = 0
+    try:
+        try:
+            server.start()
+            print(f"Triton Inference Server (embedded, nvidia-pytriton) ready, pid {server.pid}")
+            print(f"  HTTP     http://{server.http_url}")
+            print(f"  gRPC     {server.grpc_url}")
+            print(f"  metrics  http://{server.metrics_url}/metrics")
+            print(f"  models   {', '.join(server.startup_models) or '(none)'} from {server.model_repository}")
+            print(f"  log      {server.log_path}")
+            print("Press Ctrl-C to stop.", flush=True)
+            while server.running:
+                time.sleep(0.5)
+            print(server.failure(f"tritonserver exited with status {server.returncode}"), file=sys.stderr)
+            rc = 1
+        except (KeyboardInterrupt, _Terminate):
+            print("Stopping the server ...", flush=True)
+        except ServerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            rc = 1
+    finally:
+        if main_thread:
+            # Stopping is not interrupted by a second signal; stop() has its own timeout.
+            for sig in previous:
+                signal.signal(sig, signal.SIG_IGN)
+        try:
+            server.stop()
+        finally:
+            for sig, handler in previous.items():
+                if handler is not None:  # None: a handler not installed from Python
+                    signal.signal(sig, handler)
+    if rc == 0:
+        print("Stopped.", flush=True)
+    return rc
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m orchestrator.tooling.serve [serve options]``."""
+    parser = add_serve_arguments(
+        argparse.ArgumentParser(prog="python -m orchestrator.tooling.serve", description="Run the embedded Triton server.")
+    )
+    return serve_command(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The image's start-up, run here: deploy/entrypoint.sh (the image's CMD) starts the embedded
+tritonserver with the environment the cpu overlay gives the container (rendered with
+kubectl kustomize), on loopback ports. There is no Docker engine on these machines, so the
+image itself is not built; this runs the same script with the same variables and flags
+against Triton 2.51, the server of nvcr.io/nvidia/tritonserver:24.10-py3.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from orchestrator.tooling import deploy as D
+from orchestrator.tooling.server import (
+    find_embedded_server,
+    find_free_ports,
+    prepare_backend_directory,
+    prepare_stub_environment,
+    server_environment,
+)
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.server
+
+
+def overlay_env(overlay: str) -> dict:
+    try:
+        tools = D.ensure_tools()
+    except D.DeployError as exc:
+        pytest.fail(f"the deployment validators could not be installed: {exc}", pytrace=False)
+    docs = D.documents(D.render(ROOT / "deploy" / overlay, tools))
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    return {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def get(url: str) -> int:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=2) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+@pytest.fixture(scope="module")
+def entrypoint_server(test_repository, tmp_path_factory):
+    env_vars = overlay_env("k8s/overlays/cpu")
+    assert env_vars["MODEL_CONFIG_NAME"] == "embedded" and env_vars["MODEL_CONTROL_MODE"] == "explicit"
+    embedded = find_embedded_server()
+    backends = prepare_backend_directory(embedded=embedded)
+    http, grpc, metrics = find_free_ports(3)
+    env = server_environment(
+        embedded,
+        {
+            **env_vars,
+            "MODEL_REPOSITORY": str(test_repository),  # /models in the image
+            "TRITONSERVER": str(embedded.server),
+            "BIND_ADDRESS": "127.0.0.1",
+            "HTTP_PORT": str(http), "GRPC_PORT": str(grpc), "METRICS_PORT": str(metrics),
+        },
+        stub_env=prepare_stub_environment(),
+    )
+    log = tmp_path_factory.mktemp("entrypoint") / "tritonserver.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", str(ROOT / "deploy" / "entrypoint.sh"), f"--backend-directory={backends}"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    base = f"http://127.0.0.1:{http}"
+    try:
+        deadline = time.monotonic() + 240
+        while get(f"{base}/v2/health/ready") != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the entrypoint's server did not get ready (status {proc.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+        yield {"proc": proc, "env": env_vars, "http": http, "grpc": grpc, "metrics": metrics, "log": log}
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_the_entrypoint_execs_tritonserver_with_explicit_control_and_the_load_list(entrypoint_server):
+    proc = entrypoint_server["proc"]
+    argv = open(f"/proc/{proc.pid}/cmdline", "rb").read().split(b"\0")
+    assert argv[0].decode().endswith("/tritonserver")  # exec'd: the shell's pid is the server's
+    flags = {a.decode() for a in argv}
+    want = entrypoint_server["env"]["LOAD_MODELS"].split(",")
+    assert {"--model-control-mode=explicit", "--model-config-name=embedded", "--strict-readiness=true", "--allow-metrics=true"} <= flags
+    assert {f"--load-model={m}" for m in want} <= flags
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{entrypoint_server['http']}")
+    try:
+        ready = {m["name"] for m in client.get_model_repository_index() if m.get("state") == "READY"}
+    finally:
+        client.close()
+    assert ready == set(want)  # the always-on models, nothing else (no ensemble, no tokenizer)
+    assert get(f"http://127.0.0.1:{entrypoint_server['http']}/v2/health/live") == 200
+
+
+def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(entrypoint_server):
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    texts = np.array([[b"A gorgeous, witty film."], [b""]], dtype=np.object_)
+    thr = np.full((2, 1), 0.5, dtype=np.float32)
+    routes = []
+    for tc, url in ((httpclient, f"127.0.0.1:{entrypoint_server['http']}"), (grpcclient, f"127.0.0.1:{entrypoint_server['grpc']}")):
+        client = tc.InferenceServerClient(url)
+        try:
+            ins = [tc.InferInput("TEXT", [2, 1], "BYTES"), tc.InferInput("THRESHOLD", [2, 1], "FP32")]
+            ins[0].set_data_from_numpy(texts)
+            ins[1].set_data_from_numpy(thr)
+            r = client.infer("router", ins)
+            routes.append([x.decode() for x in r.as_numpy("ROUTE").reshape(-1)])
+        finally:
+            client.close()
+    assert routes[0] == routes[1] and routes[0][1] == "empty" and routes[0][0] in ("classifier_fast", "classifier")
+    time.sleep(1.2)  # the router flushes its metrics every 0.5 s
+    text = urllib.request.urlopen(f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics", timeout=10).read().decode()
+    assert 'orchestrator_requests_total{outcome="success",router="router"} 2' in text
+    assert 'nv_inference_request_success{model="router",version="1"} 2' in text
+
+
+def test_sigterm_stops_the_server_cleanly_within_the_grace_period(entrypoint_server):
+    """What the kubelet does after preStop: SIGTERM to the container's process. Triton
+    unloads the models and exits 0 well within terminationGracePeriodSeconds."""
+    proc = entrypoint_server["proc"]
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=int(entrypoint_server["env"]["EXIT_TIMEOUT_SECS"]) + 30)
+    assert code == 0, entrypoint_server["log"].read_text()[-2000:]
+    assert time.monotonic() - started < int(entrypoint_server["env"]["EXIT_TIMEOUT_SECS"]) + 10
+
+
+# ----------------------------------------------------------------------------- the image's Python
+
+
+IMAGE_PY = "3.10"  # the Python of nvcr.io/nvidia/tritonserver:24.10-py3 (Ubuntu 22.04)
+TEXTS = ["A gorgeous, witty, seductive movie.", "Not worth the ticket.", "It was fine, I guess.", "",
+         " ".join(["The plot wanders but the performances are wonderful."] * 20)]
+
+
+@pytest.fixture(scope="module")
+def image_env(tmp_path_factory):
+    """deploy/requirements-image.txt and this checkout's package in a Python 3.10 env
+    (venv-pack'ed, verified: every module imports), as pip installs them in the image."""
+    from orchestrator.tooling.env import envtools
+
+    try:
+        envtools.find_python(IMAGE_PY)
+    except envtools.EnvError as exc:
+        pytest.skip(f"no Python {IMAGE_PY} on this machine: {exc}")
+    lines = (ROOT / "deploy" / "requirements-image.txt").read_text().splitlines()
+    requirements = [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+    try:
+        return envtools.build_env(
+            IMAGE_PY,
+            requirements=requirements,
+            install_project=True,
+            imports=["numpy", "yaml", "transformers", "tokenizers", "onnxruntime", "orchestrator.runtime.router", "triton_python_backend_utils"],
+            verify=True,
+            output=tmp_path_factory.mktemp("image-env") / envtools.ENV_TARBALL_NAME,
+            quiet=True,
+        )
+    except envtools.EnvError as exc:
+        pytest.fail(f"deploy/requirements-image.txt does not install on Python {IMAGE_PY}: {exc}", pytrace=False)
+
+
+def test_the_images_packages_on_python_310_give_the_projects_answers(image_env, triton, tmp_path):
+    """The router and the CPU classifiers run in the image's package set on Python 3.10 (the
+    embedded wheel's 3.10 stub, Triton 2.51) and answer as the project's own environment."""
+    import shutil
+
+    from orchestrator.tooling.env import envtools
+    from orchestrator.tooling.server import TritonServer
+    from tests.helpers import REPO, call, routes
+
+    repo = tmp_path / "model_repository"
+    for model in ("router", "tokenizer", "classifier", "classifier_fast"):
+        shutil.copytree(REPO / model, repo / model, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
+    envtools.install_env(repo, ["router", "classifier", "classifier_fast"], tarball=image_env.path)
+    # No PYTHONPATH (the embedded server sets it to this checkout and the 3.11 venv): the
+    # wheel's 3.10 stub was seen to honour it and import the venv's numpy; in the image
+    # there is none, everything comes from the image's Python.
+    with TritonServer(repo, models=["router", "classifier_fast", "classifier"], model_config_name="env", env={"PYTHONPATH": ""}) as server:
+        stubs = set()
+        for pid in subprocess.run(["pgrep", "-g", str(server.pid)], capture_output=True, text=True).stdout.split():
+            try:
+                stubs.add(os.path.basename(os.readlink(f"/proc/{pid}/exe")))
+            except OSError:
+                pass
+        assert f"triton_python_backend_stub.py{IMAGE_PY}" in stubs  # the models ran the 3.10 stub
+        got = call(server, "router", TEXTS)
+    want = call(triton, "router", TEXTS)
+    assert routes(got) == routes(want)
+    assert got["VERDICTS"].tolist() == want["VERDICTS"].tolist()
+    np.testing.assert_allclose(got["PROBABILITIES"], want["PROBABILITIES"], rtol=0, atol=1e-5)

@@ -1,0 +1,127 @@
+"""The circuit breaker (runtime/health.py) with a fake clock, alone and in front of the engine."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from orchestrator.runtime.engine import Engine
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.health import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker, is_unavailable, stub_is_dead
+from orchestrator.runtime.policy import parse_policy
+from orchestrator.runtime.request import Work
+from tests.helpers import FakeBLS
+
+DEAD = "model 'm' failed: Stub process 'm_0_0' is not healthy."
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(**kw):
+    events, unhealthy = [], []
+    clock = Clock()
+    breaker = CircuitBreaker(
+        BreakerSettings(**kw), on_change=lambda m, a, b, why: events.append((m, a, b)),
+        on_unhealthy=unhealthy.append, clock=clock,
+    )
+    return breaker, clock, events, unhealthy
+
+
+def test_error_texts_are_classified():
+    assert stub_is_dead(DEAD) and is_unavailable(DEAD)
+    assert is_unavailable("model 'c' failed: Request for unknown model: 'c' is not found")
+    assert is_unavailable("model 'c' failed: Model 'c' version 1 is not at ready state")
+    assert not is_unavailable("model 'c' failed: Failed to process the request(s) for model 'c': ValueError: boom")
+
+
+def test_consecutive_failures_open_then_probe_closes():
+    b, clock, events, _ = make(consecutive_failures=3, open_s=5)
+    for _ in range(2):
+        b.before_call("m")
+        b.on_failure("m", "boom")
+    b.before_call("m")
+    b.on_success("m")  # a success resets the count
+    for _ in range(3):
+        b.before_call("m")
+        b.on_failure("m", "boom")
+    assert b.state("m") == OPEN and events == [("m", CLOSED, OPEN)]
+    with pytest.raises(DownstreamError, match=r"model 'm' is unavailable \(circuit open, next probe in 5.0 s; last error: boom\)") as info:
+        b.before_call("m")
+    assert info.value.retryable is False
+    clock.t += 5
+    assert b.state("m") == HALF_OPEN
+    b.before_call("m")  # the single probe
+    with pytest.raises(DownstreamError, match="a probe call is in flight"):
+        b.before_call("m")
+    b.on_success("m")
+    assert b.state("m") == CLOSED and events[-2:] == [("m", OPEN, HALF_OPEN), ("m", HALF_OPEN, CLOSED)]
+
+
+def test_a_failed_probe_opens_again():
+    b, clock, events, _ = make(consecutive_failures=1, open_s=2)
+    b.before_call("m")
+    b.on_failure("m", "boom")
+    clock.t += 2
+    b.before_call("m")
+    b.on_failure("m", "boom again")
+    assert b.state("m") == OPEN
+    with pytest.raises(DownstreamError, match="last error: boom again"):
+        b.before_call("m")
+
+
+def test_a_dead_stub_opens_at_once_and_asks_for_a_reload_once():
+    b, clock, events, unhealthy = make(consecutive_failures=5)
+    b.before_call("m")
+    b.on_failure("m", DEAD)
+    assert b.state("m") == OPEN and unhealthy == ["m"]
+    b.half_open("m")  # the reload succeeded: the next call probes
+    b.before_call("m")
+    b.on_failure("m", DEAD)
+    assert unhealthy == ["m", "m"] and b.state("m") == OPEN
+    b.on_failure("m", DEAD)  # already open: no new reload request
+    assert unhealthy == ["m", "m"]
+
+
+def test_an_unloaded_model_probes_as_soon_as_it_is_ready():
+    ready = {"m": False}
+    clock = Clock()
+    b = CircuitBreaker(BreakerSettings(open_s=60), ready_check=lambda m: ready[m], clock=clock)
+    b.before_call("m")
+    b.on_failure("m", "model 'm' failed: Request for unknown model: 'm' is not found")
+    with pytest.raises(DownstreamError):
+        b.before_call("m")
+    ready["m"] = True
+    with pytest.raises(DownstreamError):  # checked at most every 0.5 s
+        b.before_call("m")
+    clock.t += 0.5
+    b.before_call("m")  # ready again: the probe goes through long before 60 s
+    b.on_success("m")
+    assert b.state("m") == CLOSED
+
+
+def test_breaker_in_front_of_the_engine_fails_fast_into_the_fallback():
+    """After the fast model's circuit opens, the fallback answers without calling it."""
+    policy = parse_policy({"version": 1, "inline": {"postprocess": True}, "circuit_breaker": {"consecutive_failures": 2},
+                           "root": {"kind": "fallback", "nodes": [{"kind": "model", "model": "fast"},
+                                                                  {"kind": "model", "model": "accurate"}]}})
+    fake = FakeBLS(fail={"fast"})
+    breaker = CircuitBreaker(policy.breaker)
+
+    async def guarded(model, inputs, parameters, request_id, alone):
+        return await breaker.call(model, lambda: fake(model, inputs, parameters, request_id, alone))
+
+    engine = Engine(policy, guarded)
+    work = Work(["good film"], np.full(1, 0.5, np.float32), {})
+    for _ in range(4):
+        [result] = asyncio.run(engine.run([work]))
+        assert result.routes == ["accurate"]
+    assert fake.models_called().count("fast") == 2  # then the circuit is open
+    assert breaker.state("fast") == OPEN and breaker.state("accurate") == CLOSED

@@ -186,7 +186,8 @@ def goals(summary: Mapping) -> List[dict]:
          "met": at_most(growth, RSS_GROWTH_BYTES)},
         {"goal": "a request sent while an oversized one is in flight is not delayed (slowest within 2x the healthy p99)",
          "measured": None if probe_max is None or not healthy_all else f"{probe_max:.0f} ms vs healthy p99 {healthy_all:.0f} ms",
-         "bound": f"<= {LATENCY_RATIO:g}x", "met": None if probe_max is None or not healthy_all else probe_max <= LATENCY_RATIO * healthy_all},
+         "bound": f"<= {LATENCY_RATIO:g}x",
+         "met": None if probe_max is None or not healthy_all else probe_max <= LATENCY_RATIO * healthy_all},
     ]
     return out
 
@@ -284,7 +285,11 @@ def markdown(summary: Mapping) -> str:
               _row("---", "---", *["---:"] * 9)]
     for phase, p in summary["phases"].items():
         groups = [("all", p["all"])]
-        for model in ([FAST, ACCURATE] if p["broken"] is None and phase == "healthy" else [p["broken"]] if p["broken"] in (FAST, ACCURATE) else []):
+        if phase == "healthy":
+            split = [FAST, ACCURATE]
+        else:
+            split = [p["broken"]] if p["broken"] in (FAST, ACCURATE) else []
+        for model in split:
             groups += [(f"needs {model}", p["split"][model]["needs"]), (f"no {model}", p["split"][model]["no"])]
         for name, g in groups:
             lat = g["latency_ms"]
@@ -349,7 +354,8 @@ def print_summary(summary: Mapping, stream=None) -> None:
     """The numbers on ``stream`` (default stdout): totals, bounds, per-phase p99."""
     stream = stream or sys.stdout
     t = summary["totals"]
-    print("soak: " + ", ".join(f"{k} {t[k]}" for k in ("sent", "answered", "correct", "wrong", "errors", "lost", "duplicated", "mismatched")), file=stream)
+    names = ("sent", "answered", "correct", "wrong", "errors", "lost", "duplicated", "mismatched")
+    print("soak: " + ", ".join(f"{k} {t[k]}" for k in names), file=stream)
     for e in summary["errors"][:8]:
         print(f"  {e['outcome']} x{e['count']} [{e['status']}] {e['message'][:160]}", file=stream)
     for phase, p in summary["phases"].items():

@@ -49,7 +49,6 @@ from orchestrator.tooling.soak.workload import (
     check_answer,
     compute_references,
     draw_request,
-    fast_texts,
     needed_models,
     route_model,
 )
@@ -353,7 +352,7 @@ class Soak:
                  ("router_reload", self.reload_router), ("oversized", self.send_oversized)]
         try:
             if self._sleep(cfg.healthy_s):
-                for i, (name, step) in enumerate(steps):
+                for i, (_name, step) in enumerate(steps):
                     if time.monotonic() >= self.deadline or self.stop.is_set():
                         self.skipped += [n for n, _ in steps[i:]]
                         break

@@ -138,10 +138,11 @@ def make_test_repository(dest: Path) -> Path:
 # Fake downstream models for the engine's unit tests, arithmetic on the text:
 # - ``tokenizer``: ``[101] + one id per word + [102]``; ``good`` is 2000, ``bad`` 3000,
 #   other words ``1000 + len(word)``; the ``truncation`` parameter must be false.
-# - classifier ``m``: logit = ``GAIN[m] * (#good - #bad) + BIAS[m]`` over the row's ids.
+# - classifier ``m``: logit = ``GAIN[m] * (#good - #bad) + BIAS[m]`` over the row's ids
+#   (``m`` may be a pinned version, ``fast@2``: a call target of ``nodes.model.target``).
 # - ``postprocess``: sigmoid and ``>= THRESHOLD``.
-GAIN = {"fast": 1.0, "accurate": 2.0, "third": 0.5}
-BIAS = {"fast": 0.1, "accurate": -0.2, "third": 0.3}
+GAIN = {"fast": 1.0, "accurate": 2.0, "third": 0.5, "fast@1": 1.0, "fast@2": 3.0}
+BIAS = {"fast": 0.1, "accurate": -0.2, "third": 0.3, "fast@1": 0.1, "fast@2": -0.4}
 
 
 def word_id(word: str) -> int:

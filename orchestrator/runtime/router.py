@@ -31,6 +31,16 @@ requests batched together fail, each is retried alone, all concurrently, so only
 requests that need the failing model get the error; a model whose circuit is open
 (``health.CircuitBreaker``) is not called again by those retries. Every request gets
 exactly one response.
+
+Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
+``execute`` calls, before the model is ready (core r24.10
+``TritonModelInstance::WarmUp``), and a sample answered with an error fails the load.
+Triton knows nothing of BLS dependencies and loads the models of one ``--load-model``
+list concurrently, so the router answers its warmup samples through the policy calling
+only downstream models that are ready already (no on-demand load, no circuit breaker, no
+metrics) and answers them without error whatever fails: the tokenizer, the engine and the
+BLS path are warm before the first client request, and a late downstream model cannot
+fail the router's load.
 """
 
 from __future__ import annotations
@@ -48,11 +58,22 @@ from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
 from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.nodes.model import split_target
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.policy import load_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
+
+
+def warmup_executes(config: dict) -> int:
+    """How many ``execute`` calls Triton's warmup makes on one instance of a model with
+    ``config`` (the model configuration as JSON): one per iteration of each sample with
+    ``batch_size`` >= 1, ``count`` iterations, at least one (core r24.10
+    ``TritonModelInstance::GenerateWarmupData``/``WarmUp``; a sample's requests go in one
+    call)."""
+    samples = config.get("model_warmup") or []
+    return sum(max(1, int(s.get("count", 0) or 0)) for s in samples if int(s.get("batch_size", 0) or 0) >= 1)
 
 
 class TritonPythonModel:
@@ -65,7 +86,9 @@ class TritonPythonModel:
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
-    Every downstream call goes through the circuit breaker of its model.
+    Every downstream call goes through the circuit breaker of its model; the candidates of
+    ``shadow`` nodes have breakers of their own (``shadow_breaker``), so their failures
+    never open a circuit the answers depend on.
     """
 
     def initialize(self, args):
@@ -87,13 +110,17 @@ class TritonPythonModel:
         self.breaker = CircuitBreaker(
             settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready
         )
+        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
         self.models = ModelManager(
             pb_utils, self.policy.on_demand(), self.metrics, self.logger,
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
         )
         for model in self.policy.models():
             self.metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
-        self.engine = Engine(self.policy, self._infer, self.metrics, self.models, model_dir)
+        self.engine = Engine(
+            self.policy, self._infer, self.metrics, self.models, model_dir, shadow_infer=self._shadow_infer, logger=self.logger
+        )
+        self.warmups_left = warmup_executes(config)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
         self.logger.log_info(f"router '{self.name}': policy {path}\n{describe_policy(self.policy)}")
@@ -104,6 +131,7 @@ class TritonPythonModel:
             )
 
     def finalize(self):
+        self.engine.close()
         self.models.close()
         self.metrics.close()
         self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads
@@ -118,24 +146,38 @@ class TritonPythonModel:
         log(f"router '{self.name}': circuit of '{model}' {old} -> {new} ({reason})")
 
     def _ready(self, model: str) -> bool:
-        return bool(self.pb.is_model_ready(model))
+        name, version = split_target(model)
+        return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
 
     def _unhealthy(self, model: str) -> None:
-        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and model != self.name:
-            self.models.repair(model)
+        name, _ = split_target(model)
+        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.name:
+            self.models.repair(name)
 
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
                      alone: bool = False):
         return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
 
+    async def _shadow_infer(self, model, inputs, parameters, request_id, alone=False):
+        return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+
+    async def _warmup_infer(self, model, inputs, parameters, request_id, alone=False):
+        if not self._ready(model):
+            raise DownstreamError(f"model '{model}' is not ready yet")
+        return await self._bls(model, inputs, parameters, request_id, alone)
+
     async def _bls(self, model, inputs, parameters, request_id, alone):
+        """One BLS call to ``model`` (a name, or ``name@version``: that version)."""
         pb = self.pb
+        name, version = split_target(model)
+        pinned = {} if version is None else {"model_version": version}
         request = pb.InferenceRequest(
-            model_name=model,
-            inputs=[pb.Tensor(name, value) for name, value in inputs.items()],
+            model_name=name,
+            inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
             requested_output_names=[],
             request_id=request_id,
             parameters=parameters or {},
+            **pinned,
         )
         response = request.exec() if alone else await request.async_exec()
         if response.has_error():
@@ -172,8 +214,32 @@ class TritonPythonModel:
     # -- execute
 
     def execute(self, requests):
-        """One response per request, in order (see the module docstring for errors)."""
+        """One response per request, in order (see the module docstring for errors and
+        warmup)."""
+        if self.warmups_left > 0:
+            self.warmups_left -= 1
+            return self.loop.run_until_complete(self._warmup(requests))
         return self.loop.run_until_complete(self._execute(requests))
+
+    async def _warmup(self, requests):
+        """Answer Triton's warmup samples (see the module docstring); never an error."""
+        warm = self.engine.fork(self._warmup_infer, models=None, metrics=None)
+        answers, notes = [], []
+        for request in requests:
+            rows = 1
+            try:
+                work = self._parse(request)
+                rows = max(1, len(work.texts))
+                [result] = await warm.run([work])
+                if isinstance(result, InputError):
+                    raise result
+            except Exception as exc:  # a late downstream model must not fail the router's load
+                notes.append(f"{type(exc).__name__}: {exc}")
+                result = Result(np.full((rows, 1), 0.5, np.float32), np.zeros((rows, 1), bool), ["warmup"] * rows)
+            answers.append(self._response(result))
+        how = f"partly ({'; '.join(notes)})" if notes else "through the policy"
+        self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
+        return answers
 
     def _parse(self, request) -> Work:
         pb = self.pb

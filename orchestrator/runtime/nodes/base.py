@@ -94,6 +94,8 @@ class Engine(Protocol):
 
     def random(self) -> float: ...
 
+    def mirror(self, node: Node, items: List[Item], answers: Answers) -> None: ...
+
 
 # ----------------------------------------------------------------------------- policy reading
 

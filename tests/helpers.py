@@ -64,10 +64,11 @@ def set_node_fields(node, changes):
 
 
 def add_router_variant(repo: Path, name: str, policy_document) -> Path:
-    """Add model ``name``: the router's code and config with its own policy document."""
+    """Add model ``name``: the router's code, config and warmup data with its own policy document."""
     dest = repo / name
     (dest / "1").mkdir(parents=True)
     shutil.copy(REPO / "router" / "1" / "model.py", dest / "1" / "model.py")
+    shutil.copytree(REPO / "router" / "warmup", dest / "warmup")
     config = (REPO / "router" / "config.pbtxt").read_text().replace('name: "router"', f'name: "{name}"')
     (dest / "config.pbtxt").write_text(config)
     (dest / "policy.yaml").write_text(yaml.safe_dump(policy_document, sort_keys=False))

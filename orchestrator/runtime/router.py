@@ -36,7 +36,8 @@ Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10
 ``TritonModelInstance::WarmUp``), and a sample answered with an error fails the load.
 Triton knows nothing of BLS dependencies and loads the models of one ``--load-model``
-list concurrently, so the router answers its warmup samples through the policy calling
+list concurrently, so the router answers its warmup samples (its first executes while its
+version is not ready yet, ``execute``) through the policy calling
 only downstream models that are ready already (no on-demand load, no circuit breaker, no
 metrics) and answers them without error whatever fails: the tokenizer, the engine and the
 BLS path are warm before the first client request, and a late downstream model cannot
@@ -120,6 +121,7 @@ class TritonPythonModel:
         self.engine = Engine(
             self.policy, self._infer, self.metrics, self.models, model_dir, shadow_infer=self._shadow_infer, logger=self.logger
         )
+        self.version = str(args.get("model_version", ""))
         self.warmups_left = warmup_executes(config)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
@@ -218,8 +220,17 @@ class TritonPythonModel:
         warmup)."""
         if self.warmups_left > 0:
             self.warmups_left -= 1
-            return self.loop.run_until_complete(self._warmup(requests))
+            if self._warming_up():
+                return self.loop.run_until_complete(self._warmup(requests))
         return self.loop.run_until_complete(self._execute(requests))
+
+    def _warming_up(self) -> bool:
+        """True while this model version is not ready: Triton's warmup runs before the
+        version is (a server that runs no warmup, like the in-process mock, has it ready)."""
+        try:
+            return not self.pb.is_model_ready(self.name, self.version)
+        except Exception:  # no answer: treat the call as a client request
+            return False
 
     async def _warmup(self, requests):
         """Answer Triton's warmup samples (see the module docstring); never an error."""

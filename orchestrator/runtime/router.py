@@ -33,15 +33,18 @@ requests that need the failing model get the error; a model whose circuit is ope
 exactly one response.
 
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
-``execute`` calls, before the model is ready (core r24.10
-``TritonModelInstance::WarmUp``), and a sample answered with an error fails the load.
-Triton knows nothing of BLS dependencies and loads the models of one ``--load-model``
-list concurrently, so the router answers its warmup samples (its first executes while its
-version is not ready yet, ``execute``) through the policy calling
-only downstream models that are ready already (no on-demand load, no circuit breaker, no
-metrics) and answers them without error whatever fails: the tokenizer, the engine and the
-BLS path are warm before the first client request, and a late downstream model cannot
-fail the router's load.
+``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
+and a sample answered with an error fails the load. Triton knows nothing of BLS
+dependencies, loads the models of one ``--load-model`` list concurrently and refuses BLS
+calls with "Server not ready" while it starts; and a ``pb_utils.is_model_ready`` call
+during startup sometimes aborted Triton 2.51 here (``boost::interprocess::lock_exception``,
+in 3 of 11 starts). So the router's sample is marked (``THRESHOLD`` NaN, which a client
+request may never carry: it is refused as INVALID_ARG) and, among this instance's first
+:func:`warmup_executes` calls, such a request runs through the policy at threshold 0.5
+with no downstream call at all (:meth:`TritonPythonModel._warmup`): request parsing, the
+inline tokenizer, the policy walk and the response are warm before the first client
+request, the downstream models warm themselves with their own samples, and nothing
+loading beside the router can fail its load.
 """
 
 from __future__ import annotations
@@ -121,7 +124,6 @@ class TritonPythonModel:
         self.engine = Engine(
             self.policy, self._infer, self.metrics, self.models, model_dir, shadow_infer=self._shadow_infer, logger=self.logger
         )
-        self.version = str(args.get("model_version", ""))
         self.warmups_left = warmup_executes(config)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
@@ -163,10 +165,8 @@ class TritonPythonModel:
     async def _shadow_infer(self, model, inputs, parameters, request_id, alone=False):
         return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
 
-    async def _warmup_infer(self, model, inputs, parameters, request_id, alone=False):
-        if not self._ready(model):
-            raise DownstreamError(f"model '{model}' is not ready yet")
-        return await self._bls(model, inputs, parameters, request_id, alone)
+    async def _no_infer(self, model, inputs, parameters, request_id, alone=False):
+        raise DownstreamError(f"model '{model}' is not called during warmup")
 
     async def _bls(self, model, inputs, parameters, request_id, alone):
         """One BLS call to ``model`` (a name, or ``name@version``: that version)."""
@@ -220,42 +220,43 @@ class TritonPythonModel:
         warmup)."""
         if self.warmups_left > 0:
             self.warmups_left -= 1
-            if self._warming_up():
+            if all(self._is_warmup_sample(r) for r in requests):
                 return self.loop.run_until_complete(self._warmup(requests))
         return self.loop.run_until_complete(self._execute(requests))
 
-    def _warming_up(self) -> bool:
-        """True while this model version is not ready: Triton's warmup runs before the
-        version is (a server that runs no warmup, like the in-process mock, has it ready)."""
-        try:
-            return not self.pb.is_model_ready(self.name, self.version)
-        except Exception:  # no answer: treat the call as a client request
-            return False
+    def _is_warmup_sample(self, request) -> bool:
+        """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""
+        thr = self.pb.get_input_tensor_by_name(request, "THRESHOLD")
+        value = None if thr is None else np.asarray(thr.as_numpy(), dtype=np.float64)
+        return value is not None and value.size > 0 and bool(np.isnan(value).all())
 
     async def _warmup(self, requests):
         """Answer Triton's warmup samples (see the module docstring); never an error."""
-        warm = self.engine.fork(self._warmup_infer, models=None, metrics=None)
+        warm = self.engine.fork(self._no_infer, models=None, metrics=None)
         answers, notes = [], []
         for request in requests:
             rows = 1
             try:
-                work = self._parse(request)
+                work = self._parse(request, threshold=0.5)
                 rows = max(1, len(work.texts))
                 [result] = await warm.run([work])
                 if isinstance(result, InputError):
                     raise result
-            except Exception as exc:  # a late downstream model must not fail the router's load
+            except Exception as exc:  # the sample's way ends at the first downstream call
                 notes.append(f"{type(exc).__name__}: {exc}")
                 result = Result(np.full((rows, 1), 0.5, np.float32), np.zeros((rows, 1), bool), ["warmup"] * rows)
             answers.append(self._response(result))
-        how = f"partly ({'; '.join(notes)})" if notes else "through the policy"
+        how = f"up to the first downstream call ({'; '.join(notes)})" if notes else "through the policy"
         self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
         return answers
 
-    def _parse(self, request) -> Work:
+    def _parse(self, request, threshold: Optional[float] = None) -> Work:
+        """The request's validated work (``threshold``: replaces every THRESHOLD)."""
         pb = self.pb
         text = pb.get_input_tensor_by_name(request, "TEXT")
         thr = pb.get_input_tensor_by_name(request, "THRESHOLD")
+        if thr is not None and threshold is not None:
+            thr = pb.Tensor("THRESHOLD", np.full(thr.as_numpy().shape, threshold, np.float32))
         requested = set(request.requested_output_names())
         return parse_request(
             None if text is None else text.as_numpy(),

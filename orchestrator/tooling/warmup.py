@@ -14,7 +14,9 @@ is 27) in the shape its first request will have, batch 1:
     tokenizer     TEXT [1]                      the text
     classifier*   input_ids, attention_mask [26]  its token ids and a mask of ones
     postprocess   logits [1], THRESHOLD [1]     the logit 0.0 and the threshold 0.5
-    router        TEXT [1], THRESHOLD [1]       the text and the threshold 0.5
+    router        TEXT [1], THRESHOLD [1]       the text and the threshold NaN: the mark
+                                                by which the router knows its sample
+                                                (``orchestrator/runtime/router.py``, "Warmup")
 
 The data are raw files in ``<model>/warmup/`` (``input_data_file``; the format of
 ``model_config.proto``, ``ModelWarmup.Input.input_data_file``: row-major values,
@@ -121,7 +123,7 @@ def warmup_data(kind: str, tokenizer_dir: Path) -> Dict[str, Tuple[str, List[int
     if kind == "tokenizer":
         return {"TEXT": text}
     if kind == "router":
-        return {"TEXT": text, "THRESHOLD": threshold}
+        return {"TEXT": text, "THRESHOLD": ("TYPE_FP32", [1], np.array([np.nan], "<f4").tobytes())}
     if kind == "postprocess":
         return {"logits": ("TYPE_FP32", [1], np.array([SAMPLE_LOGIT], "<f4").tobytes()), "THRESHOLD": threshold}
     if kind == "classifier":

@@ -193,6 +193,9 @@ GOALS = (
 
 WHAT_WE_TRIED_START = "<!-- what-we-tried:start (kept across runs: edit freely) -->"
 WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
+# The section `make bench-features` writes (orchestrator.tooling.bench_features), kept across runs.
+FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
+FEATURES_END = "<!-- bench-features:end -->"
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.
@@ -1409,6 +1412,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     add(_what_we_tried(existing))
     add("")
+    if existing and FEATURES_START in existing and FEATURES_END in existing:
+        add(existing[existing.index(FEATURES_START):existing.index(FEATURES_END) + len(FEATURES_END)])
+        add("")
     return "\n".join(L)
 
 

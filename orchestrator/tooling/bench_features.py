@@ -9,7 +9,8 @@ the cost of a shadow node, each side by side in one run of one embedded server.
    removed), two on-demand routers whose spare classifier is warm or cold, ``router_nc``
    (the shipped router over classifier copies without ``response_cache``), and two copies
    of ``docs/policies/shadow_fp16.yaml``: ``router_shadow_on`` (every request mirrored to
-   ``classifier_fp16``) and ``router_shadow_off`` (the same tree, ``sample: 0``);
+   ``classifier_fp16``), ``router_shadow_10`` (10%, the example's sample) and
+   ``router_shadow_off`` (the same tree, ``sample: 0``);
 2. starts one server with a 64 MiB response cache (:class:`~orchestrator.tooling.server.TritonServer`);
 3. **warmup**: per round, loads each warm and cold copy (interleaved), sends one held-out
    text (or its token ids) and records the client latency of that first request, the
@@ -21,9 +22,9 @@ the cost of a shadow node, each side by side in one run of one embedded server.
    ``router`` and ``router_nc`` in interleaved blocks of 100 requests, at concurrency 1
    and 4 with fresh texts for each level; throughput (requests / wall time), p50 and p90,
    and the cache hits of the classifiers;
-5. **shadow**: 400 held-out texts (one per request, concurrency 1) to ``router_shadow_off``
-   and ``router_shadow_on`` in interleaved blocks of 50: the primary's latency with and
-   without the mirror, and the shadow counters;
+5. **shadow**: 400 held-out texts (one per request with its own id, concurrency 1) to
+   ``router_shadow_off``, ``router_shadow_10`` and ``router_shadow_on`` (``sample`` 0, 0.1,
+   1) in rotating blocks of 50: the primary's latency and the shadow counters;
 6. writes ``<out>/bench/features.json`` and the section between
    :data:`~orchestrator.tooling.bench.FEATURES_START` and ``FEATURES_END`` of
    ``<out>/benchmarks.md`` (``make bench`` keeps it).
@@ -63,6 +64,8 @@ WARM_MODELS = ("tokenizer", "classifier_fast", "postprocess", "router")
 COMMAND = "make bench-features  (python -m orchestrator.tooling.bench_features --out docs)"
 REPEAT_SHARE = 0.3
 CACHE_CONCURRENCY = (1, 4)
+#: router copy -> the shadow example's ``sample`` (0: the same tree, never mirroring)
+SHADOW_VARIANTS = {"router_shadow_off": 0.0, "router_shadow_10": 0.1, "router_shadow_on": 1.0}
 
 
 # ----------------------------------------------------------------------------- the repository
@@ -135,7 +138,7 @@ def make_features_repository(dest: Path, source: Path = REPO) -> Path:
     _policy(_copy(dest, "router", "router_nc"), _renamed_models(shipped, {"classifier": "classifier_nc",
                                                                           "classifier_fast": "classifier_fast_nc"}))
     shadow = yaml.safe_load((PROJECT_ROOT / "docs" / "policies" / "shadow_fp16.yaml").read_text())
-    for name, sample in (("router_shadow_on", 1.0), ("router_shadow_off", 0.0)):
+    for name, sample in SHADOW_VARIANTS.items():
         shadow["root"]["steps"][1]["sample"] = sample
         _policy(_copy(dest, "router", name), shadow)
     return dest
@@ -172,11 +175,11 @@ class Client:
             out[-1].set_data_from_numpy(value)
         return out
 
-    def timed(self, model: str, text: str, parameters: Optional[dict] = None):
+    def timed(self, model: str, text: str, parameters: Optional[dict] = None, request_id: str = ""):
         """``(milliseconds, result)`` of one request."""
         inputs = self.inputs(model, text)
         start = time.perf_counter()
-        result = self.client.infer(model, inputs, parameters=parameters)
+        result = self.client.infer(model, inputs, parameters=parameters, request_id=request_id)
         return (time.perf_counter() - start) * 1000.0, result
 
     def compute_ns(self, model: str) -> int:
@@ -260,9 +263,11 @@ def repeated_workload(pool: Sequence[str], n: int, share: float, rng: random.Ran
     return sent
 
 
-def _run_block(url: str, tokenizer, model: str, texts: Sequence[str], concurrency: int):
-    """Send ``texts`` to ``model`` from ``concurrency`` threads (closed loop); returns
-    ``(latencies_ms by position, probabilities by position, wall seconds)``."""
+def _run_block(url: str, tokenizer, model: str, texts: Sequence[str], concurrency: int,
+               request_ids: Optional[Sequence[str]] = None):
+    """Send ``texts`` to ``model`` from ``concurrency`` threads (closed loop), with
+    ``request_ids`` when given; returns ``(latencies_ms by position, probabilities by
+    position, wall seconds)``."""
     latencies = [0.0] * len(texts)
     probs = [0.0] * len(texts)
     nxt = iter(range(len(texts)))
@@ -277,7 +282,7 @@ def _run_block(url: str, tokenizer, model: str, texts: Sequence[str], concurrenc
                     i = next(nxt, None)
                 if i is None:
                     return
-                ms, result = client.timed(model, texts[i])
+                ms, result = client.timed(model, texts[i], request_id=request_ids[i] if request_ids else "")
                 latencies[i], probs[i] = ms, float(result.as_numpy("PROBABILITIES").reshape(-1)[0])
         except Exception as exc:  # reported after the block
             errors.append(f"{type(exc).__name__}: {exc}")
@@ -333,17 +338,22 @@ def _metric(server, name: str, **labels) -> float:
 
 
 def bench_shadow(server, client: Client, texts: Sequence[str], block: int = 50) -> dict:
-    """The primary's latency with every request mirrored to ``classifier_fp16`` and without."""
-    acc = {m: [] for m in ("router_shadow_off", "router_shadow_on")}
+    """The primary's latency with no request, 10% and every request mirrored to
+    ``classifier_fp16`` (:data:`SHADOW_VARIANTS`), in rotating order per block."""
+    names = list(SHADOW_VARIANTS)
+    acc = {m: [] for m in names}
     for b, i in enumerate(range(0, len(texts), block)):
-        for model in (("router_shadow_off", "router_shadow_on") if b % 2 == 0 else ("router_shadow_on", "router_shadow_off")):
-            acc[model] += _run_block(server.http_url, client.tokenizer, model, texts[i:i + block], 1)[0]
+        for model in names[b % len(names):] + names[:b % len(names)]:
+            ids = [f"{model}-{i + j}" for j in range(len(texts[i:i + block]))]
+            acc[model] += _run_block(server.http_url, client.tokenizer, model, texts[i:i + block], 1, ids)[0]
     time.sleep(2.0)  # the last mirrored batches and the 0.5 s metrics flush
-    labels = {"router": "router_shadow_on", "node": "fp16_shadow"}
-    counters = {k: _metric(server, f"orchestrator_shadow_{k}_total", **labels) for k in ("texts", "flips", "errors", "dropped")}
-    return {"requests": len(texts), "counters": counters,
-            **{("mirrored" if m.endswith("on") else "not_mirrored"): {
-                "p50_ms": _pct(v, 50), "p90_ms": _pct(v, 90), "p99_ms": _pct(v, 99)} for m, v in acc.items()}}
+    out = {"requests": len(texts)}
+    for model, latencies in acc.items():
+        labels = {"router": model, "node": "fp16_shadow"}
+        out[model] = {"sample": SHADOW_VARIANTS[model], "p50_ms": _pct(latencies, 50), "p90_ms": _pct(latencies, 90),
+                      "p99_ms": _pct(latencies, 99),
+                      **{k: _metric(server, f"orchestrator_shadow_{k}_total", **labels) for k in ("texts", "flips", "errors", "dropped")}}
+    return out
 
 
 # ----------------------------------------------------------------------------- report
@@ -386,15 +396,16 @@ def render_section(r: Mapping) -> str:
                  f"{x['cached']['p50_ms']} | {x['cached']['p90_ms']} | {x['uncached']['throughput']} | {x['uncached']['p50_ms']} | "
                  f"{x['uncached']['p90_ms']} | {x['cache_hits']['classifier_fast']}, {x['cache_hits']['classifier']} | "
                  f"{x['max_abs_probability_difference']:.2g} |")
-    k = s["counters"]
+    on = s["router_shadow_on"]
     L += ["", "### Shadow: what mirroring costs the primary", "",
-          f"`docs/policies/shadow_fp16.yaml` with every request mirrored to `classifier_fp16` (`sample: 1`) and not "
-          f"at all (`sample: 0`), {s['requests']} texts each, concurrency 1, interleaved blocks of 50. The mirrored "
-          f"run compared {int(k['texts'])} texts ({int(k['flips'])} verdict flips, {int(k['errors'])} candidate "
-          f"errors, {int(k['dropped'])} dropped).", "",
-          "| | p50, ms | p90, ms | p99, ms |", "|---|---|---|---|"]
-    for key, label in (("not_mirrored", "not mirrored"), ("mirrored", "every request mirrored")):
-        L.append(f"| {label} | {s[key]['p50_ms']} | {s[key]['p90_ms']} | {s[key]['p99_ms']} |")
+          f"`docs/policies/shadow_fp16.yaml` (primary `classifier`, candidate `classifier_fp16`) with `sample` 0 (the "
+          f"same tree, never mirroring), 0.1 (the example's) and 1, {s['requests']} held-out texts each, one per request "
+          f"with its own request id, concurrency 1, in rotating blocks of 50. With `sample: 1` the candidate compared "
+          f"{int(on['texts'])} texts ({int(on['flips'])} verdict flips, {int(on['errors'])} errors, {int(on['dropped'])} "
+          "dropped).", "", "| sample | texts compared | p50, ms | p90, ms | p99, ms |", "|---|---|---|---|---|"]
+    for name in SHADOW_VARIANTS:
+        x = s[name]
+        L.append(f"| {x['sample']:g} | {int(x['texts'])} | {x['p50_ms']} | {x['p90_ms']} | {x['p99_ms']} |")
     L += ["", FEATURES_END]
     return "\n".join(L)
 
@@ -426,7 +437,7 @@ def run(out: Path, quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-features-") as tmp:
         repo = make_features_repository(Path(tmp) / "model_repository")
         start = ["tokenizer", "postprocess", "classifier", "classifier_fast", "classifier_fp16", "classifier_nc",
-                 "classifier_fast_nc", "router", "router_nc", "router_shadow_on", "router_shadow_off"]
+                 "classifier_fast_nc", "router", "router_nc", *SHADOW_VARIANTS]
         with TritonServer(repo, models=start, response_cache_bytes=64 << 20) as server:
             client = Client(server.http_url, tokenizer)
             try:

@@ -38,9 +38,9 @@ def test_features_repository_has_warm_and_cold_copies_and_an_uncached_router(tmp
         assert read_config(config_path(repo / m, "embedded")).response_cache.enable
         assert not read_config(config_path(repo / f"{m}_nc", "embedded")).response_cache.enable
     assert load_policy(repo / "router_nc" / "policy.yaml").models() == ["classifier_fast_nc", "classifier_nc"]
-    on = yaml.safe_load((repo / "router_shadow_on" / "policy.yaml").read_text())
-    off = yaml.safe_load((repo / "router_shadow_off" / "policy.yaml").read_text())
-    assert (on["root"]["steps"][1]["sample"], off["root"]["steps"][1]["sample"]) == (1.0, 0.0)
+    samples = [yaml.safe_load((repo / m / "policy.yaml").read_text())["root"]["steps"][1]["sample"]
+               for m in ("router_shadow_off", "router_shadow_10", "router_shadow_on")]
+    assert samples == [0.0, 0.1, 1.0]
     assert load_policy(repo / "router_od_cold" / "policy.yaml").on_demand().keys() == {"spare_cold"}
 
 

@@ -47,6 +47,14 @@ bench: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m orchestrator.tooling.soak --out docs $(SOAK_ARGS)
 
+# Issue 13's model-configuration features side by side in one server (about 3 minutes):
+# first request after a load with and without warmup, the response cache on a workload
+# with 30% repeated texts, and what a shadow node costs the primary. Writes the
+# "bench-features" section of docs/benchmarks.md and docs/bench/features.json.
+.PHONY: bench-features
+bench-features: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench_features --out docs $(BENCH_ARGS)
+
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into

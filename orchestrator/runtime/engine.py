@@ -4,15 +4,17 @@ Texts become :class:`~orchestrator.runtime.nodes.base.Item` objects that enter t
 root node; each node's handler is found in :data:`orchestrator.runtime.nodes.KINDS`. The
 engine owns what handlers share: tokenization (in-process or one batched BLS call to the
 tokenizer model), classification (rows sorted by length, padded per call, split at
-``bls_max_batch_size`` rows, sent concurrently), postprocess (in-process or BLS), metrics
-and node timeouts. Downstream calls go through the ``infer`` function it is given, so tests
-drive it with a fake one.
+``bls_max_batch_size`` rows, sent concurrently), postprocess (in-process or BLS), metrics,
+node timeouts and the background queue of ``shadow`` nodes (``mirror.Mirror``). Downstream
+calls go through the ``infer`` function it is given, so tests drive it with a fake one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Union
@@ -23,15 +25,17 @@ from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
 from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import Answers, Item, Node
 from orchestrator.runtime.nodes.chunk import window_count
-from orchestrator.runtime.nodes.model import truncate
+from orchestrator.runtime.nodes.model import split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
 from orchestrator.runtime.request import Result, Work
 from orchestrator.runtime.scores import probabilities_and_verdicts
 
-# infer(model_name, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
+# infer(target, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
+# ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
 # ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
 # may block the event loop (the router then uses the blocking BLS ``exec``).
 InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
@@ -46,6 +50,9 @@ class Engine:
         metrics: where counters and node latencies go (None: nowhere).
         models: the on-demand model manager (None: every model counts as loaded).
         model_dir: the router's model directory (inline tokenizer paths are relative to it).
+        shadow_infer: the downstream call of ``shadow`` candidates (default ``infer``); the
+            router gives them their own circuit breakers.
+        logger: ``pb_utils.Logger`` for the shadow worker's warnings (None: silent).
     """
 
     def __init__(
@@ -55,9 +62,12 @@ class Engine:
         metrics: Optional[Metrics] = None,
         models: Optional[ModelManager] = None,
         model_dir: Optional[Path] = None,
+        shadow_infer: Optional[InferFn] = None,
+        logger=None,
     ):
         self.policy = policy
         self.tokenizer = None
+        self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
         if policy.inline_tokenizer:
             from transformers import AutoTokenizer
 
@@ -73,6 +83,25 @@ class Engine:
             for n in policy.nodes()
         )
         self.chunkings = sorted({(n.window, n.stride) for n in policy.nodes() if n.kind == "chunk"})
+        self.mirror_runner: Optional[Mirror] = None
+        if any(n.kind == "shadow" for n in policy.nodes()):
+            self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
+
+    def fork(self, infer: InferFn, **overrides) -> "Engine":
+        """A twin sharing this engine's policy, tokenizer (and its lock), metrics and
+        on-demand manager, with its own ``infer``, window counter and random draws, and
+        no shadow queue (a ``shadow`` node inside a candidate answers without mirroring).
+        ``overrides``: attributes to replace too (``models=None``, ``metrics=None``)."""
+        twin = copy.copy(self)
+        twin.infer, twin.counter, twin.rng, twin.mirror_runner = infer, 0, random.Random(), None
+        for name, value in overrides.items():
+            setattr(twin, name, value)
+        return twin
+
+    def close(self) -> None:
+        """Stop the shadow worker, if any (what is still queued is dropped)."""
+        if self.mirror_runner is not None:
+            self.mirror_runner.close()
 
     # -- what node handlers use (nodes.base.Engine)
 
@@ -87,8 +116,14 @@ class Engine:
         return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, ids)
 
     def random(self) -> float:
-        """A uniform draw in [0, 1) (split nodes, requests without an id)."""
+        """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
         return self.rng.random()
+
+    def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
+        """Queue ``items`` for ``node``'s shadow candidate (``mirror.Mirror.submit``);
+        never waits, never raises."""
+        if self.mirror_runner is not None:
+            self.mirror_runner.submit(node, items, answers)
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run ``node``'s handler on ``items``; counts errors and latency, applies its timeout.
@@ -121,7 +156,8 @@ class Engine:
         if not todo:
             return
         if self.tokenizer is not None:  # in-process: the same files and call as the tokenizer model
-            encoded = self.tokenizer([it.text for it in todo], truncation=False, padding=False)["input_ids"]
+            with self.tokenizer_lock:  # a fast tokenizer used from two threads raises "Already borrowed"
+                encoded = self.tokenizer([it.text for it in todo], truncation=False, padding=False)["input_ids"]
             for it, ids in zip(todo, encoded):
                 it.ids = np.asarray(ids, dtype=np.int64)
             return
@@ -138,10 +174,12 @@ class Engine:
                 k += 1
 
     async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray:
-        """Logits (float32 [len(items)]) of ``model``; rows sorted by length, padded per call.
+        """Logits (float32 [len(items)]) of ``model`` (a name or ``name@version``); rows
+        sorted by length, padded per call.
 
         Raises:
-            DownstreamError: the model failed, or (on demand) could not be loaded.
+            DownstreamError: the model failed, answered another number of rows than it
+                was sent, or (on demand) could not be loaded.
         """
         seqs = [truncate(it.ids, max_length) for it in items]
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
@@ -157,13 +195,14 @@ class Engine:
                 mask[row, : s.shape[0]] = 1
             return {"input_ids": ids, "attention_mask": mask}
 
+        name, _ = split_target(model)  # on-demand loading is per model, every version at once
         if self.models:
-            await self.models.acquire(model)
+            await self.models.acquire(name)
         try:
             outs = await self._batched(model, ordered, inputs, None)
         finally:
             if self.models:
-                self.models.release(model)
+                self.models.release(name)
         logits = np.empty(len(seqs), dtype=np.float32)
         logits[order] = np.concatenate([o["logits"].reshape(o["logits"].shape[0], -1)[:, 0] for o in outs])
         return logits
@@ -177,6 +216,14 @@ class Engine:
         Each call carries the Triton request ids of its rows, and, when all its rows come
         from one request, that request's parameters too (ours win), so a trace can follow a
         request downstream.
+
+        Raises:
+            DownstreamError: a call failed, or an output has another number of rows than
+                the call sent. Triton's response cache keys on the model, version, input
+                names and input bytes, not shapes (core r24.10 ``TritonCache::Hash``), so
+                rows ``[2, 310, 3, 2, 538, 3]`` sent as one text of 6 tokens and as two
+                of 3 share a key: this check turns such a cached answer into an error
+                instead of broadcasting one row's logit over two texts.
         """
         size = self.policy.bls_max_batch_size
         parts = [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
@@ -190,7 +237,17 @@ class Engine:
                 forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
             forwarded.update(parameters or {})
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone))
-        return await gather(calls)
+        outs = await gather(calls)
+        for part, out in zip(parts, outs):
+            for output, value in out.items():
+                rows = value.shape[0] if np.ndim(value) else 0
+                if rows != len(part):
+                    raise DownstreamError(
+                        f"model '{model}' answered {rows} rows of '{output}' for {len(part)} input rows "
+                        "(with Triton's response cache: a cached answer of a request with the same input bytes "
+                        "and another shape)"
+                    )
+        return outs
 
     async def _postprocess(self, items: List[Item], answers: Answers, probs: np.ndarray, verdicts: np.ndarray) -> None:
         """Fill ``probs``/``verdicts`` (indexed by item) from the answers' logits, for items

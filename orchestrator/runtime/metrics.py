@@ -7,6 +7,9 @@ from typing import Dict
 
 # Latency histogram buckets in seconds: 1 ms to 10 s, roughly x2.5 apart.
 LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+# |p_candidate - p_primary| buckets (a probability distance), fine near 0 where an fp16
+# variant or a retrained version of one model lands.
+DIFFERENCE_BUCKETS = [0.0001, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
 
 
 class Metrics:
@@ -28,6 +31,15 @@ class Metrics:
         orchestrator_rejected_requests_total{limit} requests refused by an input limit
                                                     (max_text_bytes | max_request_bytes |
                                                     max_windows_per_text)
+        orchestrator_shadow_texts_total{node,candidate}    texts a shadow node compared
+        orchestrator_shadow_flips_total{node,candidate}    of those, verdicts that differ
+        orchestrator_shadow_probability_difference{node,candidate}
+                                                    histogram of |p_candidate - p_primary|
+        orchestrator_shadow_errors_total{node,candidate}   mirrored texts the candidate
+                                                    did not answer
+        orchestrator_shadow_dropped_total{node,candidate}  texts not mirrored (queue full)
+        orchestrator_shadow_queued_texts{node}      gauge: mirrored texts queued or running
+                                                    (``orchestrator.runtime.mirror``)
 
     Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
     updates are buffered in memory and sent by a background thread every
@@ -47,9 +59,21 @@ class Metrics:
         "orchestrator_circuit_transitions_total": "Circuit breaker state changes per downstream model, by new state",
         "orchestrator_model_reloads_total": "Reloads of downstream models whose stub process died, by outcome",
         "orchestrator_rejected_requests_total": "Requests refused by an input limit, by limit",
+        "orchestrator_shadow_texts_total": "Texts a shadow node's candidate answered, compared with the primary's answers",
+        "orchestrator_shadow_flips_total": "Compared texts whose candidate verdict differs from the primary's",
+        "orchestrator_shadow_errors_total": "Mirrored texts a shadow node's candidate did not answer (error or timeout)",
+        "orchestrator_shadow_dropped_total": "Texts not mirrored to a shadow node's candidate because its queue was full",
     }
     GAUGES = {
         "orchestrator_circuit_state": "Circuit breaker state per downstream model: 0 closed, 1 open, 2 half-open",
+        "orchestrator_shadow_queued_texts": "Mirrored texts queued or running per shadow node",
+    }
+    #: name -> (description, buckets)
+    HISTOGRAMS = {
+        "orchestrator_node_latency_seconds": ("Run time of each policy node, seconds", LATENCY_BUCKETS),
+        "orchestrator_shadow_probability_difference": (
+            "Absolute difference between a shadow node's candidate and primary probabilities", DIFFERENCE_BUCKETS,
+        ),
     }
 
     def __init__(self, pb, router_name: str, flush_interval_s: float = 0.5):
@@ -69,11 +93,8 @@ class Metrics:
         for name, doc in self.GAUGES.items():
             self.families[name] = family(name=name, description=doc, kind=family.GAUGE)
         if hasattr(family, "HISTOGRAM"):
-            self.families["orchestrator_node_latency_seconds"] = family(
-                name="orchestrator_node_latency_seconds",
-                description="Run time of each policy node, seconds",
-                kind=family.HISTOGRAM,
-            )
+            for name, (doc, _) in self.HISTOGRAMS.items():
+                self.families[name] = family(name=name, description=doc, kind=family.HISTOGRAM)
         self.flusher = threading.Thread(target=self._flush_loop, args=(flush_interval_s,), name="orchestrator-metrics", daemon=True)
         self.flusher.start()
 
@@ -82,8 +103,8 @@ class Metrics:
         m = self.metrics.get(key)
         if m is None:
             full = {"router": self.router, **dict(labels)}
-            if family.endswith("_seconds"):
-                m = self.families[family].Metric(labels=full, buckets=LATENCY_BUCKETS)
+            if family in self.HISTOGRAMS:
+                m = self.families[family].Metric(labels=full, buckets=self.HISTOGRAMS[family][1])
             else:
                 m = self.families[family].Metric(labels=full)
             self.metrics[key] = m
@@ -97,7 +118,7 @@ class Metrics:
                 self.counts[key] = self.counts.get(key, 0.0) + value
 
     def observe(self, family: str, value: float, **labels) -> None:
-        """Add one observation (seconds) to histogram ``family`` (sent at the next flush)."""
+        """Add one observation to histogram ``family`` (sent at the next flush)."""
         if family in self.families:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:

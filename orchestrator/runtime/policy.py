@@ -4,9 +4,17 @@ A policy is a tree of nodes. Every node receives a set of texts and answers each
 probability and the route that answered; the router then turns scores into
 ``PROBABILITIES`` and ``VERDICTS``. The node kinds, each with its keys and units, are
 defined in ``orchestrator/runtime/nodes/`` (one module per kind; the table is in that
-package's docstring). Every node may have ``name`` (unique; used in metrics, errors and
-routes; default: its path in the tree) and ``timeout_ms`` (the node fails when it takes
-longer).
+package's docstring): ``model`` (``version`` pins a model version, ROUTE ``<model>@<n>``),
+``constant``, ``sequence``, ``switch``, ``cascade``, ``chunk``, ``split``, ``parallel``,
+``fallback`` and ``shadow`` (answer from ``primary``; ``candidate`` runs on a ``sample`` of
+the requests in the background, bounded by ``queue_size``, and is compared in metrics).
+Every node may have ``name`` (unique; used in metrics, errors and routes; default: its
+path in the tree) and ``timeout_ms`` (the node fails when it takes longer).
+
+Whether a pinned ``version`` exists in the model repository and is served by the model's
+``version_policy`` is checked by ``orchestrator policy check`` (which reads the
+repository); the router itself finds out at the first call (a BLS error names the model
+and version).
 
 Top-level keys:
     version               1
@@ -97,11 +105,16 @@ class Policy:
         return list(N.walk(self.root))
 
     def models(self) -> List[str]:
-        """Names of every model the policy may call (BLS), tokenizer and postprocess included."""
+        """Every downstream call target of the policy (BLS), tokenizer and postprocess
+        included: model names, ``name@version`` for pinned versions (``nodes.model.target``)."""
         names = [] if self.inline_tokenizer else [self.tokenizer]
         names += [] if self.inline_postprocess else [self.postprocess]
-        names += [n.model for n in self.nodes() if isinstance(n, ModelNode)]
+        names += [n.target for n in self.nodes() if isinstance(n, ModelNode)]
         return list(dict.fromkeys(names))
+
+    def model_nodes(self) -> List[ModelNode]:
+        """Every ``model`` node, depth first (shadow candidates included)."""
+        return [n for n in self.nodes() if isinstance(n, ModelNode)]
 
     def on_demand(self) -> Dict[str, OnDemand]:
         """Models marked ``on_demand``, with their settings (the first mention wins)."""

@@ -31,6 +31,20 @@ requests batched together fail, each is retried alone, all concurrently, so only
 requests that need the failing model get the error; a model whose circuit is open
 (``health.CircuitBreaker``) is not called again by those retries. Every request gets
 exactly one response.
+
+Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
+``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
+and a sample answered with an error fails the load. Triton knows nothing of BLS
+dependencies, loads the models of one ``--load-model`` list concurrently and refuses BLS
+calls with "Server not ready" while it starts; and a ``pb_utils.is_model_ready`` call
+during startup sometimes aborted Triton 2.51 here (``boost::interprocess::lock_exception``,
+in 3 of 11 starts). So the router's sample is marked (``THRESHOLD`` NaN, which a client
+request may never carry: it is refused as INVALID_ARG) and, among this instance's first
+:func:`warmup_executes` calls, such a request runs through the policy at threshold 0.5
+with no downstream call at all (:meth:`TritonPythonModel._warmup`): request parsing, the
+inline tokenizer, the policy walk and the response are warm before the first client
+request, the downstream models warm themselves with their own samples, and nothing
+loading beside the router can fail its load.
 """
 
 from __future__ import annotations
@@ -48,11 +62,22 @@ from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
 from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.nodes.model import split_target
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.policy import load_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
+
+
+def warmup_executes(config: dict) -> int:
+    """How many ``execute`` calls Triton's warmup makes on one instance of a model with
+    ``config`` (the model configuration as JSON): one per iteration of each sample with
+    ``batch_size`` >= 1, ``count`` iterations, at least one (core r24.10
+    ``TritonModelInstance::GenerateWarmupData``/``WarmUp``; a sample's requests go in one
+    call)."""
+    samples = config.get("model_warmup") or []
+    return sum(max(1, int(s.get("count", 0) or 0)) for s in samples if int(s.get("batch_size", 0) or 0) >= 1)
 
 
 class TritonPythonModel:
@@ -65,7 +90,9 @@ class TritonPythonModel:
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
-    Every downstream call goes through the circuit breaker of its model.
+    Every downstream call goes through the circuit breaker of its model; the candidates of
+    ``shadow`` nodes have breakers of their own (``shadow_breaker``), so their failures
+    never open a circuit the answers depend on.
     """
 
     def initialize(self, args):
@@ -89,13 +116,17 @@ class TritonPythonModel:
         self.breaker = CircuitBreaker(
             settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready
         )
+        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
         self.models = ModelManager(
             pb_utils, self.policy.on_demand(), self.metrics, self.logger,
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
         )
         for model in self.policy.models():
             self.metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
-        self.engine = Engine(self.policy, self._infer, self.metrics, self.models, model_dir)
+        self.engine = Engine(
+            self.policy, self._infer, self.metrics, self.models, model_dir, shadow_infer=self._shadow_infer, logger=self.logger
+        )
+        self.warmups_left = warmup_executes(config)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
         self.logger.log_info(f"router '{self.name}': policy {path}\n{describe_policy(self.policy)}")
@@ -107,6 +138,7 @@ class TritonPythonModel:
 
     def finalize(self):
         """Stop the background threads and close the event loop."""
+        self.engine.close()
         self.models.close()
         self.metrics.close()
         self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads
@@ -121,24 +153,36 @@ class TritonPythonModel:
         log(f"router '{self.name}': circuit of '{model}' {old} -> {new} ({reason})")
 
     def _ready(self, model: str) -> bool:
-        return bool(self.pb.is_model_ready(model))
+        name, version = split_target(model)
+        return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
 
     def _unhealthy(self, model: str) -> None:
-        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and model != self.name:
-            self.models.repair(model)
+        name, _ = split_target(model)
+        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.name:
+            self.models.repair(name)
 
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
                      alone: bool = False):
         return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
 
+    async def _shadow_infer(self, model, inputs, parameters, request_id, alone=False):
+        return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+
+    async def _no_infer(self, model, inputs, parameters, request_id, alone=False):
+        raise DownstreamError(f"model '{model}' is not called during warmup")
+
     async def _bls(self, model, inputs, parameters, request_id, alone):
+        """One BLS call to ``model`` (a name, or ``name@version``: that version)."""
         pb = self.pb
+        name, version = split_target(model)
+        pinned = {} if version is None else {"model_version": version}
         request = pb.InferenceRequest(
-            model_name=model,
-            inputs=[pb.Tensor(name, value) for name, value in inputs.items()],
+            model_name=name,
+            inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
             requested_output_names=[],
             request_id=request_id,
             parameters=parameters or {},
+            **pinned,
         )
         response = request.exec() if alone else await request.async_exec()
         if response.has_error():
@@ -175,13 +219,47 @@ class TritonPythonModel:
     # -- execute
 
     def execute(self, requests):
-        """One response per request, in order (see the module docstring for errors)."""
+        """One response per request, in order (see the module docstring for errors and
+        warmup)."""
+        if self.warmups_left > 0:
+            self.warmups_left -= 1
+            if all(self._is_warmup_sample(r) for r in requests):
+                return self.loop.run_until_complete(self._warmup(requests))
         return self.loop.run_until_complete(self._execute(requests))
 
-    def _parse(self, request) -> Work:
+    def _is_warmup_sample(self, request) -> bool:
+        """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""
+        thr = self.pb.get_input_tensor_by_name(request, "THRESHOLD")
+        value = None if thr is None else np.asarray(thr.as_numpy(), dtype=np.float64)
+        return value is not None and value.size > 0 and bool(np.isnan(value).all())
+
+    async def _warmup(self, requests):
+        """Answer Triton's warmup samples (see the module docstring); never an error."""
+        warm = self.engine.fork(self._no_infer, models=None, metrics=None)
+        answers, notes = [], []
+        for request in requests:
+            rows = 1
+            try:
+                work = self._parse(request, threshold=0.5)
+                rows = max(1, len(work.texts))
+                [result] = await warm.run([work])
+                if isinstance(result, InputError):
+                    raise result
+            except Exception as exc:  # the sample's way ends at the first downstream call
+                notes.append(f"{type(exc).__name__}: {exc}")
+                result = Result(np.full((rows, 1), 0.5, np.float32), np.zeros((rows, 1), bool), ["warmup"] * rows)
+            answers.append(self._response(result))
+        how = f"up to the first downstream call ({'; '.join(notes)})" if notes else "through the policy"
+        self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
+        return answers
+
+    def _parse(self, request, threshold: Optional[float] = None) -> Work:
+        """The request's validated work (``threshold``: replaces every THRESHOLD)."""
         pb = self.pb
         text = pb.get_input_tensor_by_name(request, "TEXT")
         thr = pb.get_input_tensor_by_name(request, "THRESHOLD")
+        if thr is not None and threshold is not None:
+            thr = pb.Tensor("THRESHOLD", np.full(thr.as_numpy().shape, threshold, np.float32))
         requested = set(request.requested_output_names())
         return parse_request(
             None if text is None else text.as_numpy(),

@@ -81,6 +81,12 @@ class EmbeddedServer:
     stubs: Path
     libs: Path
 
+    @property
+    def caches(self) -> Path:
+        """The wheel's cache implementations (``local/libtritoncache_local.so``), for
+        ``--cache-dir``; Triton's default, ``/opt/tritonserver/caches``, is not there."""
+        return self.server.parent.parent / "caches"
+
     def stub(self, version: Sequence[int] | None = None) -> Path:
         """The prebuilt stub for CPython ``version`` (default: this interpreter's).
 

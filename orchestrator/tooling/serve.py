@@ -46,6 +46,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default="embedded",
         help="read <model>/configs/NAME.pbtxt where it exists (default: %(default)s; '' for config.pbtxt)",
     )
+    parser.add_argument(
+        "--response-cache-mb",
+        type=float,
+        default=0.0,
+        metavar="MB",
+        help="Triton's response cache for the models that enable it (the classifiers), in MiB; "
+        "0 (the default): no cache (docs/benchmarks.md, 'Response cache', has the trade-off)",
+    )
     parser.add_argument("--log-file", default=None, help="server log file (default: a new file under the cache)")
     parser.add_argument(
         "--startup-timeout", type=float, default=180.0, help="seconds to wait for readiness (default: %(default)s)"
@@ -77,6 +85,7 @@ def serve_command(args: argparse.Namespace) -> int:
         model_config_name=getattr(args, "model_config_name", "embedded") or None,
         log_path=getattr(args, "log_file", None),
         startup_timeout=getattr(args, "startup_timeout", 180.0),
+        response_cache_bytes=int(getattr(args, "response_cache_mb", 0.0) * 1024 * 1024),
     )
 
     def on_signal(signum, frame):
@@ -97,6 +106,8 @@ def serve_command(args: argparse.Namespace) -> int:
             print(f"  gRPC     {server.grpc_url}")
             print(f"  metrics  http://{server.metrics_url}/metrics")
             print(f"  models   {', '.join(server.startup_models) or '(none)'} from {server.model_repository}")
+            if server.response_cache_bytes:
+                print(f"  cache    {server.response_cache_bytes / 2**20:g} MiB response cache")
             print(f"  log      {server.log_path}")
             print("Press Ctrl-C to stop.", flush=True)
             while server.running:

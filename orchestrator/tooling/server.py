@@ -194,6 +194,10 @@ class TritonServer:
     with the command (default: a new file under ``<cache>/logs/``). ``startup_timeout``: seconds to wait for readiness.
     ``extra_args``: appended to the command line. ``env``: merged on top of
     :func:`server_environment`. ``cache_dir``: see :func:`default_cache_dir`.
+    ``response_cache_bytes``: size of Triton's ``local`` response cache in bytes
+    (``--cache-config=local,size=N`` with the wheel's cache directory); it serves the models
+    whose configuration has ``response_cache { enable: true }`` (the classifiers, see
+    :mod:`orchestrator.tooling.warmup`). None or 0: no cache.
 
     Usage::
 
@@ -216,6 +220,7 @@ class TritonServer:
         extra_args: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
         cache_dir: str | os.PathLike | None = None,
+        response_cache_bytes: int | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.models = list(models) if models is not None else None
@@ -225,6 +230,7 @@ class TritonServer:
         self.extra_args = list(extra_args)
         self.env = dict(env or {})
         self.cache_dir = Path(cache_dir).resolve() if cache_dir else default_cache_dir()
+        self.response_cache_bytes = int(response_cache_bytes or 0)
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self._ports: dict[str, int] = {k: v for k, v in self._requested_ports.items() if v is not None}
         self._log_path = Path(log_path).resolve() if log_path else None
@@ -340,8 +346,12 @@ class TritonServer:
             "--exit-on-error=true",
             "--strict-readiness=true",
             f"--exit-timeout-secs={EXIT_TIMEOUT_SECS}",
-            *self.extra_args,  # last, so they can override the flags above
         ]
+        if self.response_cache_bytes > 0:
+            if not (embedded.caches / "local").is_dir():
+                raise ServerError(f"the nvidia-pytriton wheel has no local response cache under {embedded.caches}")
+            cmd += [f"--cache-config=local,size={self.response_cache_bytes}", f"--cache-dir={embedded.caches}"]
+        cmd += self.extra_args  # last, so they can override the flags above
         return cmd
 
     def start(self) -> "TritonServer":

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.tooling import bench
+from tests.helpers import bench_grid, bench_results
 from orchestrator.tooling.bench import BenchError, PASettings, Spec
 from orchestrator.tooling.repository import check_repository, get_parameter, read_config
 
@@ -175,15 +176,6 @@ def test_bench_plan_covers_grid_and_sweeps():
 # ratios and goals
 
 
-def _grid(values):
-    """values: {(model, c): (throughput, p50_ms)} -> grid measurements."""
-    return [
-        {"section": "grid", "model": m, "dataset": "held_out", "concurrency": c, "batch_size": 1,
-         "throughput": t, "p50_ms": p, "error": None}
-        for (m, c), (t, p) in values.items()
-    ]
-
-
 def test_ratio():
     assert bench.ratio(3.0, 2.0) == 1.5
     for a, b in ((None, 1.0), (1.0, None), (1.0, 0.0), (float("nan"), 1.0), (1.0, -2.0)):
@@ -191,7 +183,7 @@ def test_ratio():
 
 
 def test_compute_ratios_and_goals():
-    meas = _grid({
+    meas = bench_grid({
         ("ensemble", 1): (200.0, 5.0), ("router_single", 1): (180.0, 5.4), ("router", 1): (150.0, 6.0),
         ("ensemble_pad512", 1): (10.0, 90.0),
         ("ensemble", 16): (400.0, 40.0), ("router_single", 16): (390.0, 41.0), ("router", 16): (100.0, 160.0),
@@ -349,37 +341,8 @@ def test_variant_parameters_change_only_their_key(tmp_path):
 # the report
 
 
-def _results():
-    meas = _grid({(m, c): (100.0 * (i + 1), 10.0 / (i + 1)) for i, m in enumerate(bench.GRID_MODELS) for c in (1, 4, 16)})
-    for m in meas:
-        m.update(p90_ms=m["p50_ms"] * 2, p95_ms=m["p50_ms"] * 3, p99_ms=m["p50_ms"] * 4, stable=True, command="pa -m x")
-    for d in ("short", "medium", "long"):
-        for model in bench.LENGTH_MODELS:
-            meas.append({"section": "length", "model": model, "dataset": d, "concurrency": 4, "batch_size": 1,
-                         "throughput": 50.0, "p50_ms": 5.0, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0, "stable": False, "error": None})
-    for b in bench.BATCH_SIZES:
-        meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": b,
-                     "throughput": 40.0 * b, "p50_ms": 5.0 * b, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0 * b, "stable": None, "error": None})
-    meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": 64,
-                 "error": "Thread [0] had error: boom"})
-    acc = {"ensemble": {"n": 10, "accuracy_pct": 80.0}, "router": {"n": 10, "accuracy_pct": 79.0, "routes": {"classifier_fast": 7, "classifier": 3}},
-           "ensemble_pad512_agreement": {"n": 4, "same_verdicts": 4, "max_abs_probability_diff": 1e-7}}
-    raw = {"classifier": {"p50_ms": 2.0, "p99_ms": 3.0, "calls": 10}, "classifier_fast": {"p50_ms": 1.0, "p99_ms": 1.5, "calls": 10}}
-    ratios = bench.compute_ratios(meas, acc, raw)
-    stats = {"n": 10, "tokens_min": 3, "tokens_p50": 20.0, "tokens_p90": 30.0, "tokens_max": 50, "over_limit": 0}
-    return {
-        "command": "python -m orchestrator.tooling.bench --out docs", "quick": False, "created_utc": "2026-01-01 00:00:00", "wall_s": 600.0,
-        "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 8.0, "kernel": "k", "os": "o", "python": "3.11"},
-        "load": {"before": [0.1, 0.2, 0.3], "after": [1.0, 1.0, 1.0]}, "git": "abc",
-        "triton": {"version": "2.51.0"}, "software": {"perf_analyzer": "Perf Analyzer Version 2.41.0", "onnxruntime": "1"},
-        "settings": asdict(bench.FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
-        "datasets": {"held_out": stats, "short": stats, "medium": stats, "long": stats},
-        "measurements": meas, "accuracy": acc, "raw": raw, "ratios": ratios, "goals": bench.evaluate_goals(ratios),
-    }
-
-
 def test_render_report_has_goals_tables_machine_and_placeholder():
-    results = _results()
+    results = bench_results()
     text = bench.render_report(results)
     assert "python -m orchestrator.tooling.bench --out docs" in text and "Test CPU, 2 cores" in text and "2.51.0" in text
     assert results["ratios"]["router_single_p50_c1_vs_ensemble"] == pytest.approx(2 / 3)
@@ -395,7 +358,7 @@ def test_render_report_has_goals_tables_machine_and_placeholder():
 
 
 def test_render_report_shows_the_rounds_and_the_paired_ratio():
-    results = _results()
+    results = bench_results()
     meas = [m for m in results["measurements"] if not (m["section"] == "grid" and m["concurrency"] == 1)]
     rounds = [_round(m, r, p, 100.0) for r, ps in enumerate([(3.0, 3.3), (2.0, 2.4), (4.0, 4.0)])
               for m, p in zip(("ensemble", "router_single"), ps)]
@@ -410,15 +373,15 @@ def test_render_report_shows_the_rounds_and_the_paired_ratio():
 
 
 def test_render_report_keeps_a_filled_what_we_tried_block():
-    first = bench.render_report(_results())
+    first = bench.render_report(bench_results())
     filled = first.replace("|---|---|---|---|---|---|", "|---|---|---|---|---|---|\n| batching BLS calls | 1.05x | 0.97x | 4.1x | -0.2 | yes |")
-    again = bench.render_report(_results(), existing=filled)
+    again = bench.render_report(bench_results(), existing=filled)
     assert "| batching BLS calls | 1.05x | 0.97x | 4.1x | -0.2 | yes |" in again
 
 
 def test_write_outputs_writes_report_json_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
-    report = bench.write_outputs(_results(), tmp_path)
+    report = bench.write_outputs(bench_results(), tmp_path)
     assert report == tmp_path / "benchmarks.md"
     assert json.loads((tmp_path / "bench" / "results.json").read_text())["machine"]["cpu_model"] == "Test CPU"
     for name in ("latency", "throughput", "length", "batch"):
@@ -428,7 +391,7 @@ def test_write_outputs_writes_report_json_and_plots(tmp_path):
 def test_cli_from_results_rerenders(tmp_path):
     pytest.importorskip("matplotlib")
     src = tmp_path / "results.json"
-    src.write_text(json.dumps(_results()))
+    src.write_text(json.dumps(bench_results()))
     assert bench.main(["--from-results", str(src), "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "benchmarks.md").is_file()
     assert bench.main(["--from-results", str(tmp_path / "missing.json"), "--out", str(tmp_path / "o")]) == 1

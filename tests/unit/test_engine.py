@@ -37,7 +37,8 @@ TEXTS = ["good good film", "bad plot", "good bad", "a long tale of good things"]
 
 def test_every_node_kind_is_covered_here():
     """The tests below drive each kind in KINDS through the engine (update both together)."""
-    assert set(KINDS) == {"model", "constant", "sequence", "switch", "cascade", "chunk", "split", "parallel", "fallback"}
+    assert set(KINDS) == {"model", "constant", "sequence", "switch", "cascade", "chunk", "split", "parallel", "fallback",
+                          "shadow"}  # shadow: tests/unit/test_shadow.py
 
 
 def test_model_node_answers_with_the_models_logit_and_route():

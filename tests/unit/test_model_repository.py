@@ -82,7 +82,9 @@ def test_committed_classifier_configs_are_the_generators_output():
 
 def test_committed_tokenizer_config_is_the_generators():
     """The tokenizer config export writes for a repository without one is the committed one."""
-    assert repository.read_config(REPO / "tokenizer" / "config.pbtxt") == configs.tokenizer_config()
+    committed = repository.read_config(REPO / "tokenizer" / "config.pbtxt")
+    assert committed == configs.tokenizer_config(tokenizer_dir=REPO / "tokenizer" / "1")
+    assert committed.model_warmup and not committed.response_cache.enable
 
 
 # ----------------------------------------------------------------------------- broken configs

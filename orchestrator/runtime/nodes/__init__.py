@@ -7,7 +7,7 @@ text rendering look a kind up here, never by building method names.
 
 | kind | module | does |
 |---|---|---|
-| ``model`` | ``model.py`` | classify with one model (on demand, calibrated) |
+| ``model`` | ``model.py`` | classify with one model or one version of it (on demand, calibrated) |
 | ``constant`` | ``constant.py`` | answer without a model |
 | ``sequence`` | ``sequence.py`` | steps in order; a step may leave texts for the next |
 | ``switch`` | ``switch.py`` | first matching case: empty, tokens, param, margin_below |
@@ -16,6 +16,7 @@ text rendering look a kind up here, never by building method names.
 | ``split`` | ``split.py`` | weighted A/B or canary split per request id |
 | ``parallel`` | ``parallel.py`` | fan out and combine: mean, max, vote |
 | ``fallback`` | ``fallback.py`` | the next node answers when one fails |
+| ``shadow`` | ``shadow.py`` | answer from one node, compare a candidate in the background |
 """
 
 from __future__ import annotations
@@ -23,13 +24,16 @@ from __future__ import annotations
 from typing import Any, Dict, Iterator, List, Mapping, Tuple
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes import cascade, chunk, constant, fallback, model, parallel, sequence, split, switch
+from orchestrator.runtime.nodes import cascade, chunk, constant, fallback, model, parallel, sequence, shadow, split, switch
 from orchestrator.runtime.nodes.base import REGISTRY, Answer, Item, Node, NodeKind, ParseContext, Reader, may_decline
 
 #: kind name -> its definition, in documentation order.
 KINDS: Dict[str, NodeKind] = {
     k.name: k
-    for k in (model.KIND, constant.KIND, sequence.KIND, switch.KIND, cascade.KIND, chunk.KIND, split.KIND, parallel.KIND, fallback.KIND)
+    for k in (
+        model.KIND, constant.KIND, sequence.KIND, switch.KIND, cascade.KIND, chunk.KIND, split.KIND, parallel.KIND,
+        fallback.KIND, shadow.KIND,
+    )
 }
 REGISTRY.update(KINDS)
 #: Keys every node may have.

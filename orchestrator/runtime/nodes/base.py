@@ -100,6 +100,8 @@ class Engine(Protocol):
     def random(self) -> float:
         """A uniform draw in [0, 1)."""
 
+    def mirror(self, node: Node, items: List[Item], answers: Answers) -> None: ...
+
 
 # ----------------------------------------------------------------------------- policy reading
 

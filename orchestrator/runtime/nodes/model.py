@@ -1,14 +1,34 @@
-"""``model``: classify with one model through BLS."""
+"""``model``: classify with one model (optionally one version of it) through BLS."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
 from orchestrator.runtime.scores import logit, sigmoid
+
+#: Separates a model's name from a pinned version in targets and default routes
+#: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
+VERSION_SEP = "@"
+
+
+def target(model: str, version: Optional[int] = None) -> str:
+    """The downstream call target of a model node: ``model`` (Triton's choice of version:
+    the highest ready one) or ``model@version`` (that version). Circuit breakers, metrics
+    labels and errors use it, so two versions of one model are told apart."""
+    return f"{model}{VERSION_SEP}{version}" if version is not None else model
+
+
+def split_target(name: str) -> Tuple[str, Optional[int]]:
+    """``(model, version or None)`` of a :func:`target` string."""
+    model, sep, version = name.rpartition(VERSION_SEP)
+    if sep and model and version.isdigit():
+        return model, int(version)
+    return name, None
 
 
 @dataclass
@@ -30,8 +50,13 @@ class OnDemand:
 class ModelNode(Node):
     """Classify every text with one model.
 
-    Policy keys: ``model`` (name, required), ``route`` (the ``ROUTE`` value, default the
-    model name), ``max_length`` (tokens; longer inputs are truncated as the ensemble's
+    Policy keys: ``model`` (name, required), ``version`` (an integer >= 1: call that
+    version of the model, as Triton users ship a new version next to the old one with
+    ``version_policy: { specific: { versions: [1, 2] } }``; default: no version, Triton
+    calls the highest ready version), ``route`` (the ``ROUTE`` value; default the model
+    name, ``<model>@<version>`` when ``version`` is set, e.g. ``classifier@1``: a bare
+    model name in ``ROUTE`` always means the latest version),
+    ``max_length`` (tokens; longer inputs are truncated as the ensemble's
     tokenizer does; default the policy's ``max_sequence_length``), ``on_demand``
     (``{idle_timeout_s, retry_after_s}``, see :class:`OnDemand`; ``true`` for the
     defaults), ``calibration`` (``{reference_threshold, threshold}``: this variant's
@@ -40,19 +65,29 @@ class ModelNode(Node):
 
     Attributes:
         model: the model's name in the repository.
+        version: the model version to call, or None (the highest ready version).
         route: the ``ROUTE`` value of its answers.
         max_length: tokens per input row, special tokens included.
         on_demand: on-demand loading settings, or None (always loaded).
         logit_shift: added to the model's logits: ``logit(reference_threshold) -
             logit(threshold)`` from ``calibration`` (0 without), so comparing with the
             client's threshold gives the reference model's verdicts.
+        where: the node's location in the policy document (``root.steps[1]``), for
+            errors found after parsing (``orchestrator policy check`` against a repository).
     """
 
     model: str = ""
+    version: Optional[int] = None
     route: str = ""
     max_length: int = 0
     on_demand: Optional[OnDemand] = None
     logit_shift: float = 0.0
+    where: str = ""
+
+    @property
+    def target(self) -> str:
+        """The downstream call target (see :func:`target`)."""
+        return target(self.model, self.version)
 
 
 def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
@@ -79,35 +114,40 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
         own = cal.number_in("threshold", 1e-6, 1 - 1e-6, required=True)
         shift = logit(ref) - logit(own)
     model = r.get("model", str, required=True)
+    if VERSION_SEP in model:
+        raise PolicyError(f"{r.where}.model: {model!r} contains {VERSION_SEP!r}; name a version with the key 'version'")
+    version = r.number_in("version", 1, 1 << 62, kind=int)
     return ModelNode(
         **common,
         model=model,
-        route=r.get("route", str, model),
+        version=version,
+        route=r.get("route", str, target(model, version)),
         max_length=r.number_in("max_length", 3, 1 << 20, ctx.max_sequence_length, kind=int),
         on_demand=on_demand,
         logit_shift=shift,
+        where=r.where,
     )
 
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
     await engine.ensure_tokens(items)
-    z = (await engine.classify(node.model, items, node.max_length)).astype(np.float64) + node.logit_shift
+    z = (await engine.classify(node.target, items, node.max_length)).astype(np.float64) + node.logit_shift
     return {it.idx: Answer(float(p), float(zz), node.route) for it, p, zz in zip(items, sigmoid(z), z)}
 
 
 def _describe(node: ModelNode) -> str:
-    extra = f" route={node.route}" if node.route != node.model else ""
+    extra = f" route={node.route}" if node.route != node.target else ""
     if node.on_demand:
         extra += f" on_demand(idle={node.on_demand.idle_timeout_s:g}s, retry={node.on_demand.retry_after_s:g}s)"
     if node.logit_shift:
         extra += f" logit_shift={node.logit_shift:+.4f}"
-    return f"model {node.model}{extra} max_length={node.max_length}"
+    return f"model {node.target}{extra} max_length={node.max_length}"
 
 
 KIND = NodeKind(
     name="model",
     node_type=ModelNode,
-    keys=("model", "route", "max_length", "on_demand", "calibration"),
+    keys=("model", "version", "route", "max_length", "on_demand", "calibration"),
     parse=_parse,
     run=_run,
     describe=_describe,

@@ -62,7 +62,7 @@ from orchestrator.tooling.bench.goals import (
     GOALS, compute_ratios, evaluate_goals, paired_median, paired_ratios, ratio,
 )
 from orchestrator.tooling.bench.machine import cpu_model, machine_info
-from orchestrator.tooling.bench.report import WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
 from orchestrator.tooling.bench.plots import write_plots
 from orchestrator.tooling.bench.run import run_benchmark, write_outputs
 from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command, main
@@ -122,6 +122,8 @@ __all__ = [
     "cpu_model",
     "machine_info",
     "WHAT_WE_TRIED_END",
+    "FEATURES_START",
+    "FEATURES_END",
     "WHAT_WE_TRIED_START",
     "render_report",
     "write_plots",

@@ -13,6 +13,9 @@ from orchestrator.tooling.bench.plan import CONCURRENCIES, GRID_MODELS, LENGTH_M
 
 WHAT_WE_TRIED_START = "<!-- what-we-tried:start (kept across runs: edit freely) -->"
 WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
+# The section `make bench-features` writes (orchestrator.tooling.bench_features), kept across runs.
+FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
+FEATURES_END = "<!-- bench-features:end -->"
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.
@@ -54,7 +57,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     """``benchmarks.md`` from a run's ``results`` (pure: every figure comes from ``results``).
 
     ``existing``: the current file, whose "What we tried" block (between the
-    ``what-we-tried`` markers) is kept as it is.
+    ``what-we-tried`` markers) and ``make bench-features`` section (between the
+    ``bench-features`` markers) are kept as they are.
     """
     r = results
     meas = r["measurements"]
@@ -305,6 +309,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     add(_what_we_tried(existing))
     add("")
+    if existing and FEATURES_START in existing and FEATURES_END in existing:
+        add(existing[existing.index(FEATURES_START):existing.index(FEATURES_END) + len(FEATURES_END)])
+        add("")
     return "\n".join(L)
 
 

@@ -118,7 +118,9 @@ def write_model_configs(
     invalid, names another model or has no single FP32 ``logits`` output.
     """
     try:
-        written = write_classifier_configs(model_dir, num_labels, comment, tensorrt=tensorrt)
+        tokenizer_dir = model_dir.parent / "tokenizer" / "1"  # warmup sample: the repository's tokenizer
+        written = write_classifier_configs(model_dir, num_labels, comment, tensorrt=tensorrt,
+                                           tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
     except ConfigError as e:
         raise ExportError(str(e)) from None
     adapter = model_dir / "1" / "model.py"

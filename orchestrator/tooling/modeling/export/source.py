@@ -95,7 +95,10 @@ def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[st
     if not (tok_dir / "model.py").is_file():
         write_atomic(tok_dir / "model.py", TOKENIZER_ADAPTER.encode("utf-8"), 0o644)
     if not (tok_dir.parent / "config.pbtxt").is_file():
-        write_config(tok_dir.parent / "config.pbtxt", tokenizer_config(tok_dir.parent.name), TOKENIZER_HEADER)
+        from orchestrator.tooling.warmup import write_warmup_files
+
+        write_config(tok_dir.parent / "config.pbtxt", tokenizer_config(tok_dir.parent.name, tokenizer_dir=tok_dir), TOKENIZER_HEADER)
+        write_warmup_files(tok_dir.parent, "tokenizer", tok_dir)
     return names
 
 

@@ -201,6 +201,8 @@ def test_report_renders_and_judges_a_run(pool):
     assert oversized_summary(oversized)["probe_in_flight"] == 1
     text = markdown(summary)
     assert "| 3 | 2 | 2 | 0 | 0 | 1 | 0 | 0 |" in text and "FAILED: 1 lost" in text
+    assert [x["id"] for x in summary["slowest"]["stub_killed"]] == ["r1"]  # the lost one has no latency
+    assert "| stub_killed | r1 | 1.00 | 100.0 | http | cascade | 1 | classifier_fast |" in text
 
 
 # ----------------------------------------------------------------------------- /proc

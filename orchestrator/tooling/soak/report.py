@@ -92,6 +92,18 @@ def phase_table(records: Sequence[Record]) -> Dict[str, dict]:
     return out
 
 
+def slowest(records: Sequence[Record], t0: float, n: int = 3) -> Dict[str, List[dict]]:
+    """Per phase, the ``n`` slowest answered requests: id, when sent (s after the healthy
+    phase began), latency (ms), protocol, route parameter, texts, models needed."""
+    out: Dict[str, List[dict]] = {}
+    for phase in PHASES:
+        rs = sorted((r for r in records if r.phase == phase and r.latency_s is not None), key=lambda r: -r.latency_s)[:n]
+        out[phase] = [{"id": r.spec.request_id, "sent_s": round(r.sent - t0, 3), "latency_ms": round(r.latency_s * 1000, 1),
+                       "protocol": r.spec.protocol, "route": r.spec.route, "texts": len(r.spec.texts), "needs": sorted(r.needs)}
+                      for r in rs]
+    return out
+
+
 def errors_by_message(records: Sequence[Record]) -> List[dict]:
     """Error responses and lost requests grouped by :func:`error_key`, most frequent first."""
     groups: Dict[tuple, dict] = {}
@@ -218,6 +230,7 @@ def summarize(result: Mapping, command: str = "orchestrator soak") -> dict:
         "by_protocol": {p: totals([r for r in records if r.spec.protocol == p]) for p in ("http", "grpc")},
         "phases": phase_table(records),
         "errors": errors_by_message(records),
+        "slowest": slowest(records, result.get("t0", 0.0)),
         "wrong_examples": [{"request_id": r.spec.request_id, "phase": r.phase, "problems": r.problems[:3]}
                            for r in records if r.outcome == "wrong"][:10],
         "mismatched_examples": [{"request_id": r.spec.request_id, "carried": r.mismatched_ids[:3]}
@@ -253,15 +266,80 @@ def _row(*cells) -> str:
     return "| " + " | ".join(str(c) for c in cells) + " |"
 
 
+def _phase_lines(summary: Mapping) -> List[str]:
+    lines = ["## Latency by phase (ms)", "",
+             "A request belongs to the phase in which it was sent; *needs X*: a healthy router calls model X for it.", "",
+             _row("phase", "requests", "sent", "ok", "errors", "lost", "wrong", "p50", "p95", "p99", "max"),
+             _row("---", "---", *["---:"] * 9)]
+    for phase, p in summary["phases"].items():
+        groups = [("all", p["all"])]
+        split = [FAST, ACCURATE] if phase == "healthy" else [m for m in (p["broken"],) if m in (FAST, ACCURATE)]
+        for model in split:
+            groups += [(f"needs {model}", p["split"][model]["needs"]), (f"no {model}", p["split"][model]["no"])]
+        for name, g in groups:
+            lat = g["latency_ms"]
+            lines.append(_row(phase, name, g["sent"], g["ok"], g["error"], g["lost"], g["wrong"],
+                              _ms(lat["p50"]), _ms(lat["p95"]), _ms(lat["p99"]), _ms(lat["max"])))
+    lines += ["", "Routes answered per phase (texts):", ""]
+    lines += [f"- {phase}: " + ", ".join(f"`{k}` {v}" for k, v in p["routes"].items()) for phase, p in summary["phases"].items()]
+    return lines + [""]
+
+
+def _fault_lines(summary: Mapping) -> List[str]:
+    rec, over, rss, cfg = summary["recovery"], summary["oversized"], summary["rss"], summary["config"]
+    probe = over["probe_in_flight_latency_ms"]
+    return ["## Stub kill, oversized texts, memory", "",
+            f"- SIGKILL of the `classifier_fast` stub -> first `classifier` answer for a text that needed `classifier_fast`: "
+            f"{_sec(rec['to_classifier_s'])}; -> `classifier_fast` answering again: {_sec(rec['to_fast_s'])}; "
+            f"new stub process: {rec['new_stub'] or 'none seen'}.",
+            f"- {over['sent']} oversized requests ({cfg['oversized_bytes']} bytes, one text): {over['outcomes']}; latency p50 "
+            f"{_ms(over['latency_ms']['p50'])} ms, max {_ms(over['latency_ms']['max'])} ms. Message: `{over['example_message']}`",
+            f"- Probe requests (one short text) sent while an oversized one was in flight: {over['probe_in_flight']}, "
+            f"p50 {_ms(probe['p50'])} ms, max {_ms(probe['max'])} ms (all probes: {over['probe_outcomes']}).",
+            f"- Router stub RSS: {_mb(rss.get('before_bytes'))} before, {_mb(rss.get('after_bytes'))} after "
+            f"(pid {rss.get('pid')}, after: {rss.get('pid_after')}).", ""]
+
+
+def _problem_lines(summary: Mapping) -> List[str]:
+    lines: List[str] = []
+    if summary["errors"]:
+        lines += ["## Errors and lost requests by message", "", _row("outcome", "status", "count", "phases", "message"),
+                  _row("---", "---", "---:", "---", "---")]
+        lines += [_row(e["outcome"], e["status"] or "-", e["count"], ", ".join(f"{k} {v}" for k, v in e["phases"].items()),
+                       e["message"].replace("|", "\\|")) for e in summary["errors"]]
+        lines.append("")
+    if summary["wrong_examples"]:
+        lines += ["## Wrong answers (first ones)", ""]
+        lines += [f"- `{w['request_id']}` ({w['phase']}): {'; '.join(w['problems'])}" for w in summary["wrong_examples"]] + [""]
+    return lines
+
+
+def _timeline_lines(summary: Mapping) -> List[str]:
+    lines = ["## Slowest requests per phase", "",
+             _row("phase", "request", "sent (s)", "latency (ms)", "protocol", "route", "texts", "needs"),
+             _row("---", "---", "---:", "---:", "---", "---", "---:", "---")]
+    for phase, rows in summary.get("slowest", {}).items():
+        lines += [_row(phase, x["id"], f"{x['sent_s']:.2f}", x["latency_ms"], x["protocol"], x["route"] or "cascade",
+                       x["texts"], ", ".join(x["needs"]) or "-") for x in rows]
+    lines += ["", "## Timeline", "", "Seconds since the healthy phase began; the wall clock (local time) matches the server log.", "",
+              _row("t (s)", "wall clock", "event"), _row("---:", "---", "---")]
+    for e in summary["events"]:
+        detail = {k: v for k, v in e.items() if k not in ("t_s", "wall", "event")}
+        lines.append(_row(f"{e['t_s']:.2f}", e.get("wall", "-"), e["event"] + (f" {detail}" if detail else "")))
+    if summary["skipped"]:
+        lines += ["", f"Skipped (time bound reached): {', '.join(summary['skipped'])}."]
+    return lines
+
+
 def markdown(summary: Mapping) -> str:
     """The report as Markdown (the tables of docs/reliability.md come from it)."""
-    t, cfg = summary["totals"], summary["config"]
+    t, cfg, machine = summary["totals"], summary["config"], summary["machine"]
     lines = [
         "# Fault-injection soak report",
         "",
         f"Generated by `{summary['command']}` on {summary['date_utc']} (UTC), {summary['duration_s']} s; "
-        f"code {summary['machine']['code']}, {summary['machine']['cpus']} CPUs, load average "
-        f"{', '.join(map(str, summary['machine']['loadavg']))} at the end, Python {summary['machine']['python']}. "
+        f"code {machine['code']}, {machine['cpus']} CPUs, load average "
+        f"{', '.join(map(str, machine['loadavg']))} at the end, Python {machine['python']}. "
         f"{cfg['http_threads']} HTTP + {cfg['grpc_threads']} gRPC client threads, client timeout {cfg['client_timeout_s']:g} s; "
         f"texts: {summary['pool']}; 1-{cfg['mix']['max_texts']} texts a request. What the soak does: docs/reliability.md.",
         "",
@@ -279,55 +357,7 @@ def markdown(summary: Mapping) -> str:
     for g in summary["goals"]:
         verdict = "not measured" if g["met"] is None else "**met**" if g["met"] else "**not met**"
         lines.append(_row(g["goal"], g["measured"] or "-", g["bound"], verdict))
-    lines += ["", "## Latency by phase (ms)", "",
-              "A request belongs to the phase in which it was sent; *needs X*: a healthy router calls model X for it.", "",
-              _row("phase", "requests", "sent", "ok", "errors", "lost", "wrong", "p50", "p95", "p99", "max"),
-              _row("---", "---", *["---:"] * 9)]
-    for phase, p in summary["phases"].items():
-        groups = [("all", p["all"])]
-        if phase == "healthy":
-            split = [FAST, ACCURATE]
-        else:
-            split = [p["broken"]] if p["broken"] in (FAST, ACCURATE) else []
-        for model in split:
-            groups += [(f"needs {model}", p["split"][model]["needs"]), (f"no {model}", p["split"][model]["no"])]
-        for name, g in groups:
-            lat = g["latency_ms"]
-            lines.append(_row(phase, name, g["sent"], g["ok"], g["error"], g["lost"], g["wrong"],
-                              _ms(lat["p50"]), _ms(lat["p95"]), _ms(lat["p99"]), _ms(lat["max"])))
-    lines += ["", "Routes answered per phase (texts):", ""]
-    for phase, p in summary["phases"].items():
-        lines.append(f"- {phase}: " + ", ".join(f"`{k}` {v}" for k, v in p["routes"].items()))
-    rec, over, rss = summary["recovery"], summary["oversized"], summary["rss"]
-    lines += ["", "## Stub kill, oversized texts, memory", "",
-              f"- SIGKILL of the `classifier_fast` stub -> first `classifier` answer for a text that needed `classifier_fast`: "
-              f"{_sec(rec['to_classifier_s'])}; "
-              f"-> `classifier_fast` answering again: {_sec(rec['to_fast_s'])}; "
-              f"new stub process: {rec['new_stub'] or 'none seen'}.",
-              f"- {over['sent']} oversized requests ({cfg['oversized_bytes']} bytes, one text): {over['outcomes']}; latency p50 "
-              f"{_ms(over['latency_ms']['p50'])} ms, max {_ms(over['latency_ms']['max'])} ms. Message: `{over['example_message']}`",
-              f"- Probe requests (one short text) sent while an oversized one was in flight: {over['probe_in_flight']}, "
-              f"p50 {_ms(over['probe_in_flight_latency_ms']['p50'])} ms, max {_ms(over['probe_in_flight_latency_ms']['max'])} ms "
-              f"(all probes: {over['probe_outcomes']}).",
-              f"- Router stub RSS: {_mb(rss.get('before_bytes'))} before, {_mb(rss.get('after_bytes'))} after "
-              f"(pid {rss.get('pid')}, after: {rss.get('pid_after')}).", ""]
-    if summary["errors"]:
-        lines += ["## Errors and lost requests by message", "", _row("outcome", "status", "count", "phases", "message"),
-                  _row("---", "---", "---:", "---", "---")]
-        for e in summary["errors"]:
-            lines.append(_row(e["outcome"], e["status"] or "-", e["count"], ", ".join(f"{k} {v}" for k, v in e["phases"].items()),
-                              e["message"].replace("|", "\\|")))
-        lines.append("")
-    if summary["wrong_examples"]:
-        lines += ["## Wrong answers (first ones)", ""] + [f"- `{w['request_id']}` ({w['phase']}): {'; '.join(w['problems'])}"
-                                                           for w in summary["wrong_examples"]] + [""]
-    lines += ["## Timeline", "", "Seconds since the healthy phase began; the wall clock (local time) matches the server log.", "",
-              _row("t (s)", "wall clock", "event"), _row("---:", "---", "---")]
-    for e in summary["events"]:
-        detail = {k: v for k, v in e.items() if k not in ("t_s", "wall", "event")}
-        lines.append(_row(f"{e['t_s']:.2f}", e.get("wall", "-"), e["event"] + (f" {detail}" if detail else "")))
-    if summary["skipped"]:
-        lines += ["", f"Skipped (time bound reached): {', '.join(summary['skipped'])}."]
+    lines += [""] + _phase_lines(summary) + _fault_lines(summary) + _problem_lines(summary) + _timeline_lines(summary)
     lines += ["", f"Result: {'FAILED: ' + ', '.join(summary['failed']) if summary['failed'] else 'passed'}.", ""]
     return "\n".join(lines)
 

@@ -367,6 +367,7 @@ class Soak:
         self.event("done")
         return {
             "records": self.ledger.snapshot(),
+            "t0": self.t0,
             "events": self.events,
             "phase_starts": {k: v - self.t0 for k, v in self.phase_starts.items()},
             "kill_time": self.kill_time,

@@ -41,7 +41,7 @@ bench: $(STAMP)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
-# texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 4 minutes on 2 cores).
+# texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
 # Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
 .PHONY: soak
 soak: $(STAMP)

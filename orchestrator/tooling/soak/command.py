@@ -19,7 +19,7 @@ from orchestrator.tooling.errors import ToolingError
 def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``orchestrator soak`` options to ``parser`` (returned)."""
     parser.add_argument("--short", action="store_true",
-                        help="the short version that runs in `make test` (under a minute) instead of the full one (about 4 minutes)")
+                        help="the short version that runs in `make test` (under a minute) instead of the full one (about 3 minutes)")
     parser.add_argument("--repo", default=None, help="model repository to copy (default: the project's model_repository)")
     parser.add_argument("--out", default=None, metavar="DIR",
                         help="write DIR/soak/report.json and DIR/soak/report.md (make soak: docs)")

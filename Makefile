@@ -23,7 +23,7 @@ demo: $(STAMP)
 	$(PY) -m orchestrator.tooling.demo
 
 test: $(STAMP)
-	$(PY) -m ruff check orchestrator/runtime
+	$(PY) -m ruff check orchestrator tests
 	$(PY) -m pytest -q
 
 serve: $(STAMP)

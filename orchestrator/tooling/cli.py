@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommand(sub, "classify", "classify texts through a running server", add_classify_arguments, _classify)
 
     from orchestrator.tooling.bench import add_bench_arguments, bench_command
-    from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
     from orchestrator.tooling.env.commands import add_env_arguments, add_stub_arguments, env_command, stub_command
+    from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command
     from orchestrator.tooling.modeling.parity import add_parity_arguments, parity_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command

@@ -17,9 +17,9 @@ from typing import List, Optional, Tuple
 from rich.console import Console
 from rich.table import Table
 
+from orchestrator.tooling.client import classify
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.paths import default_model_repository
-from orchestrator.tooling.client import classify
 from orchestrator.tooling.server import ServerError, TritonServer
 
 REPO = default_model_repository()

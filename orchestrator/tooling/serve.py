@@ -71,7 +71,7 @@ class _Terminate(BaseException):
     """Raised from the SIGTERM handler of `serve` to leave the wait loop."""
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait and stop with the signals in one place)
     """Run ``orchestrator serve``: start the server, print its URLs and log path, block
     until Ctrl-C or SIGTERM, stop it. Returns 0 after a clean stop, 1 on ServerError
     (message on stderr) or if the server dies while serving."""

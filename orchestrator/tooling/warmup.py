@@ -48,10 +48,9 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-
-from orchestrator.tooling.paths import default_model_repository
 from tritonclient.grpc import model_config_pb2
 
+from orchestrator.tooling.paths import default_model_repository
 from orchestrator.tooling.repository import ModelConfig, config_path, read_config
 
 __all__ = [

@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.tooling.modeling import data
 from orchestrator.runtime.nodes.chunk import aggregate, token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.testing.mock import InferError, MockTriton
+from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, add_router_variant
 
 FAST = {"kind": "model", "model": "classifier_fast"}

@@ -12,8 +12,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.tooling.modeling import data
 from orchestrator.testing.mock import InferError, MockTriton
+from orchestrator.tooling.modeling import data
 
 pytestmark = pytest.mark.server
 

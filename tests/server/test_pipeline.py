@@ -9,10 +9,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.tooling.modeling import data
-from tests.helpers import call, routes
 from orchestrator.runtime.nodes.chunk import aggregate, token_windows
 from orchestrator.runtime.scores import sigmoid
+from orchestrator.tooling.modeling import data
+from tests.helpers import call, routes
 
 pytestmark = pytest.mark.server
 

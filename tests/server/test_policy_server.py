@@ -8,21 +8,19 @@ import re
 import shutil
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.tooling.modeling import data
-from orchestrator.tooling.cli import main
-from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import logit
+from orchestrator.tooling.cli import main
+from orchestrator.tooling.modeling import data
+from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.tooling.server import ServerError
-from tests.helpers import REPO, ROOT, add_router_variant
-from tests.helpers import call, routes
+from tests.helpers import REPO, ROOT, add_router_variant, call, routes
 
 pytestmark = pytest.mark.server
 TEXTS = data.held_out_texts(n=16, seed=21)

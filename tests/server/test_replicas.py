@@ -210,7 +210,9 @@ def test_replicas_expose_the_same_series_and_the_servicemonitor_keeps_them_apart
     for pod in sent:  # each replica counted what it served, and only that
         delta = value(scrapes[pod], "orchestrator_requests_total", **ok_labels) - value(before[pod], "orchestrator_requests_total", **ok_labels)
         assert delta == sent[pod]
-    ours = lambda s: {k for k in s if k[0].startswith(("orchestrator_", "nv_inference_"))}
+    def ours(series):
+        return {k for k in series if k[0].startswith(("orchestrator_", "nv_inference_"))}
+
     keys_a, keys_b = ours(scrapes["pod-a"]), ours(scrapes["pod-b"])
     shared = keys_a & keys_b
     # the same series on both (names and labels): nothing in them says which replica

@@ -5,16 +5,14 @@ server (skipped, with the reason, only when perf_analyzer cannot be installed)."
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 import yaml
 
 from orchestrator.tooling import bench
-from tests.helpers import bench_grid, bench_results
 from orchestrator.tooling.bench import BenchError, PASettings, Spec
 from orchestrator.tooling.repository import check_repository, get_parameter, read_config
-
+from tests.helpers import bench_grid, bench_results
 
 # Recorded from a real run here: perf_analyzer 2.41.0 -f against `ensemble` (gRPC, c=1),
 # then with --verbose-csv (adds Avg latency, request/response, response wait) at c=2, b=4.

@@ -14,7 +14,6 @@ import pytest
 
 from orchestrator.tooling.modeling import data as D
 
-
 # ----------------------------------------------------------------- label rule
 
 

@@ -70,8 +70,15 @@ def test_every_manifest_and_rendered_overlay_validates_against_its_schema(schema
 def test_overlays_set_what_each_target_needs(schema_check):
     _, rendered = schema_check
     cpu, gpu, keda = (rendered_docs(rendered, f"k8s/overlays/{o}") for o in ("cpu", "gpu", "gpu-keda"))
-    env = lambda docs: {e["name"]: e.get("value") for e in find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    limits = lambda docs: find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    def container(docs):
+        return find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+    def env(docs):
+        return {e["name"]: e.get("value") for e in container(docs)["env"]}
+
+    def limits(docs):
+        return container(docs)["resources"]["limits"]
+
     assert env(cpu)["MODEL_CONFIG_NAME"] == "embedded" and "nvidia.com/gpu" not in limits(cpu)
     assert "MODEL_CONFIG_NAME" not in env(gpu) and limits(gpu)["nvidia.com/gpu"] == "1"
     assert {d["kind"] for d in keda} - {d["kind"] for d in gpu} == {"ScaledObject"}

@@ -19,6 +19,7 @@ from orchestrator.runtime.request import Work
 from orchestrator.runtime.scores import logit
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
+
 def run(policy_doc, texts, thresholds=0.5, params=None, request_id="", fake=None, inline_post=True):
     doc = {"version": 1, "inline": {"postprocess": inline_post}, **policy_doc}
     fake = fake or FakeBLS()

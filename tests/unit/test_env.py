@@ -26,7 +26,6 @@ from orchestrator.tooling.env.common import EnvError
 from tests.envhelpers import ENV_PY, SERVER_PY, probe_repo
 from tests.helpers import ROOT
 
-
 # ----------------------------------------------------------------------------------------
 # Building and verifying
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from tritonclient.grpc.model_config_pb2 import TYPE_FP32, ModelInstanceGroup
 
 from orchestrator.tooling.modeling import export as E

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
-from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.nodes.model import OnDemand
+from orchestrator.runtime.ondemand import ModelManager
 
 
 class FakePb:

@@ -10,10 +10,10 @@ all artifacts together are at most 25 MB.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tests.helpers import REPO, ROOT
 
 TOKENIZER_DIR = REPO / "tokenizer" / "1"

@@ -100,7 +100,8 @@ class Engine(Protocol):
     def random(self) -> float:
         """A uniform draw in [0, 1)."""
 
-    def mirror(self, node: Node, items: List[Item], answers: Answers) -> None: ...
+    def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
+        """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
 
 
 # ----------------------------------------------------------------------------- policy reading

@@ -123,7 +123,7 @@ class InferenceRequest:
     ``get_input_tensor_by_name``).
     """
 
-    def __init__(
+    def __init__(  # noqa: C901 (one check per InferenceRequest argument, in r24.10's order)
         self,
         request_id: str = "",
         correlation_id: Union[int, str] = 0,

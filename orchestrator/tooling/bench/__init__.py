@@ -42,30 +42,70 @@ PNGs), :mod:`.run` (one run), :mod:`.cli` (the command line; ``__main__``).
 
 from __future__ import annotations
 
-from orchestrator.tooling.bench.plan import (
-    BATCH_MODELS, BATCH_SIZES, CONCURRENCIES, DEFAULT_TOOL_DIR, FULL_SETTINGS, GRID_MODELS, GRID_ROUNDS,
-    LENGTH_BOUNDS, LENGTH_MODELS, MAX_SEQUENCE_LENGTH, NO_INLINE, QUICK_SETTINGS, REPO, ROOT,
-    SINGLE_CLASSIFIER_ROOT, SWEEP_CONCURRENCY, THRESHOLD, VARIANTS, BenchError, PASettings, Spec,
-    bench_plan,
-)
-from orchestrator.tooling.bench.perf_analyzer import (
-    install_perf_analyzer, measure, parse_perf_csv, perf_analyzer_command, perf_analyzer_env,
-    perf_analyzer_version, window_stats,
-)
-from orchestrator.tooling.bench.variants import make_bench_repository
-from orchestrator.tooling.bench.measurement import (
-    RAW_SIZES, RAW_SIZES_QUICK, accuracy_summary, classify_all, combine_raw_rounds, combine_rounds,
-    expected_latency_ms, input_data_json, latency_summary, length_sets, raw_floor_batches,
-    raw_floor_round, time_raw_model, token_batches, write_input_data,
-)
+from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command, main
 from orchestrator.tooling.bench.goals import (
-    GOALS, compute_ratios, evaluate_goals, paired_median, paired_ratios, ratio,
+    GOALS,
+    compute_ratios,
+    evaluate_goals,
+    paired_median,
+    paired_ratios,
+    ratio,
 )
 from orchestrator.tooling.bench.machine import cpu_model, machine_info
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
+from orchestrator.tooling.bench.measurement import (
+    RAW_SIZES,
+    RAW_SIZES_QUICK,
+    accuracy_summary,
+    classify_all,
+    combine_raw_rounds,
+    combine_rounds,
+    expected_latency_ms,
+    input_data_json,
+    latency_summary,
+    length_sets,
+    raw_floor_batches,
+    raw_floor_round,
+    time_raw_model,
+    token_batches,
+    write_input_data,
+)
+from orchestrator.tooling.bench.perf_analyzer import (
+    install_perf_analyzer,
+    measure,
+    parse_perf_csv,
+    perf_analyzer_command,
+    perf_analyzer_env,
+    perf_analyzer_version,
+    window_stats,
+)
+from orchestrator.tooling.bench.plan import (
+    BATCH_MODELS,
+    BATCH_SIZES,
+    CONCURRENCIES,
+    DEFAULT_TOOL_DIR,
+    FULL_SETTINGS,
+    GRID_MODELS,
+    GRID_ROUNDS,
+    LENGTH_BOUNDS,
+    LENGTH_MODELS,
+    MAX_SEQUENCE_LENGTH,
+    NO_INLINE,
+    QUICK_SETTINGS,
+    REPO,
+    ROOT,
+    SINGLE_CLASSIFIER_ROOT,
+    SWEEP_CONCURRENCY,
+    THRESHOLD,
+    VARIANTS,
+    BenchError,
+    PASettings,
+    Spec,
+    bench_plan,
+)
 from orchestrator.tooling.bench.plots import write_plots
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
 from orchestrator.tooling.bench.run import run_benchmark, write_outputs
-from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command, main
+from orchestrator.tooling.bench.variants import make_bench_repository
 
 __all__ = [
     "BATCH_MODELS",

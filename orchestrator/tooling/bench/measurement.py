@@ -13,6 +13,7 @@ import numpy as np
 from orchestrator.tooling.bench.plan import BATCH_SIZES, LENGTH_BOUNDS, MAX_SEQUENCE_LENGTH, THRESHOLD, Spec
 from orchestrator.tooling.modeling.contract import encode
 
+
 def input_data_json(texts: Sequence[str], threshold: float = THRESHOLD) -> dict:
     """perf_analyzer ``--input-data`` JSON: one entry (step) per text, batch-1 shapes.
 

@@ -19,7 +19,7 @@ from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from orchestrator.tooling.bench.plan import NO_STABILITY, DEFAULT_TOOL_DIR, FULL_SETTINGS, BenchError, PASettings, Spec
+from orchestrator.tooling.bench.plan import DEFAULT_TOOL_DIR, FULL_SETTINGS, NO_STABILITY, BenchError, PASettings, Spec
 from orchestrator.tooling.files import sha256_file, write_atomic
 
 # Of the tritonclient wheels on PyPI, only the 2.41.0 manylinux1 one ships the perf_analyzer
@@ -252,10 +252,10 @@ def _run_pa(cmd: List[str], env: Mapping[str, str], timeout: float) -> subproces
 
 
 def _pa_error(output: str) -> str:
-    keep = [l.strip() for l in output.splitlines()
-            if re.search(r"error|failed|unable|invalid|no valid requests|larger time window", l, re.I)]
+    keep = [line.strip() for line in output.splitlines()
+            if re.search(r"error|failed|unable|invalid|no valid requests|larger time window", line, re.I)]
     if not keep:
-        keep = [l.strip() for l in output.splitlines() if l.strip()][-3:]
+        keep = [line.strip() for line in output.splitlines() if line.strip()][-3:]
     return " | ".join(dict.fromkeys(keep))[:1500]
 
 

@@ -53,7 +53,7 @@ def _what_we_tried(existing: Optional[str]) -> str:
     return f"{WHAT_WE_TRIED_START}\n{WHAT_WE_TRIED_PLACEHOLDER}\n{WHAT_WE_TRIED_END}"
 
 
-def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: str = "bench") -> str:
+def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: str = "bench") -> str:  # noqa: C901 (one report, section by section)
     """``benchmarks.md`` from a run's ``results`` (pure: every figure comes from ``results``).
 
     ``existing``: the current file, whose "What we tried" block (between the

@@ -18,16 +18,16 @@ from orchestrator.tooling.bench.machine import git_revision, load_average, machi
 from orchestrator.tooling.bench.measurement import (
     RAW_SIZES,
     RAW_SIZES_QUICK,
-    length_stats,
-    token_lengths,
     accuracy_summary,
     classify_all,
     combine_raw_rounds,
     combine_rounds,
     expected_latency_ms,
     length_sets,
+    length_stats,
     raw_floor_batches,
     raw_floor_round,
+    token_lengths,
     write_input_data,
 )
 from orchestrator.tooling.bench.perf_analyzer import install_perf_analyzer, measure, perf_analyzer_version
@@ -51,7 +51,8 @@ from orchestrator.tooling.bench.plan import (
 )
 from orchestrator.tooling.bench.plots import write_plots
 from orchestrator.tooling.bench.report import render_report
-from orchestrator.tooling.bench.variants import model_files, make_bench_repository
+from orchestrator.tooling.bench.variants import make_bench_repository, model_files
+
 
 def _log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
@@ -75,8 +76,8 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
     Returns the results dict (also ``<out>/bench/results.json``). Raises BenchError or
     ServerError (see the module docstring).
     """
-    from transformers import AutoTokenizer
     import onnxruntime as ort
+    from transformers import AutoTokenizer
 
     from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import TritonServer

@@ -153,7 +153,7 @@ def requirements_file(target: str) -> Path:
     return path
 
 
-def build_env(
+def build_env(  # noqa: C901 (the build's steps in order, each with its own error)
     python: str | None = None,
     target: str = "cpu",
     *,

@@ -49,7 +49,7 @@ def _cstr(data: bytes, offset: int) -> str:
     return data[offset : end if end >= 0 else len(data)].decode("utf-8", "replace")
 
 
-def parse_elf(data: bytes) -> ElfInfo | None:
+def parse_elf(data: bytes) -> ElfInfo | None:  # noqa: C901 (one pass over the ELF sections)
     """Parse an ELF file's dynamic section and GNU symbol-version sections.
 
     ``data``: the whole file. Returns None for anything that is not a well-formed ELF

@@ -69,7 +69,7 @@ class _EnvScan:
         self.pyvenv: str | None = None
         self.conda_python: tuple[int, int] | None = None
 
-    def add(self, name: str, is_file: bool, is_link: bool, read) -> None:
+    def add(self, name: str, is_file: bool, is_link: bool, read) -> None:  # noqa: C901 (one branch per kind of file an env holds)
         name = name[2:] if name.startswith("./") else name
         parts = name.split("/")
         info = self.info
@@ -122,7 +122,7 @@ class _EnvScan:
         return info
 
 
-def inspect_env(path: str | os.PathLike, *, extract_libs_to: str | os.PathLike | None = None) -> EnvInfo:
+def inspect_env(path: str | os.PathLike, *, extract_libs_to: str | os.PathLike | None = None) -> EnvInfo:  # noqa: C901 (directory or tarball, each read in one pass)
     """Read an env: a ``.tar.gz`` (streamed once, nothing written) or a directory.
 
     ``extract_libs_to``: for a tarball, also extract its ``lib/libpython*`` and

@@ -197,7 +197,7 @@ def write_classifier_configs(model_dir: Path, num_labels: int, comment: Optional
     """
     model_dir = Path(model_dir)
     written = []
-    for rel, (generate, _) in CLASSIFIER_CONFIGS.items():
+    for rel in CLASSIFIER_CONFIGS:
         if rel == "configs/tensorrt.pbtxt" and not tensorrt:
             continue
         path = model_dir / rel

@@ -57,14 +57,23 @@ Modules: :mod:`.validate` (the checks), :mod:`.convert` (fp16, TensorRT), :mod:`
 from __future__ import annotations
 
 from orchestrator.tooling.modeling.contract import (
-    ExportError, ExportValidationError, SourceError, check_onnx_contract, ort_session,
+    ExportError,
+    ExportValidationError,
+    SourceError,
+    check_onnx_contract,
+    ort_session,
 )
 from orchestrator.tooling.modeling.export.cli import add_export_arguments, export_command, main
 from orchestrator.tooling.modeling.export.convert import build_tensorrt_plan, convert_to_fp16, trtexec_command
 from orchestrator.tooling.modeling.export.run import ExportResult, export_checkpoint, fp16_from_onnx, write_model_configs
 from orchestrator.tooling.modeling.export.source import resolve_source
 from orchestrator.tooling.modeling.export.validate import (
-    DEFAULT_OPSET, FP16_TOLERANCE, FP32_TOLERANCE, SAMPLE_TEXTS, check_variant, ort_logits,
+    DEFAULT_OPSET,
+    FP16_TOLERANCE,
+    FP32_TOLERANCE,
+    SAMPLE_TEXTS,
+    check_variant,
+    ort_logits,
 )
 
 __all__ = [

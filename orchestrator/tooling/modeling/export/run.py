@@ -180,7 +180,7 @@ def read_texts(path: Optional[Path]) -> list[str]:
 # --------------------------------------------------------------------------- exports
 
 
-def export_checkpoint(
+def export_checkpoint(  # noqa: C901 (the export's steps in order, each validated)
     source: str,
     repo: os.PathLike | str,
     name: str = "classifier",
@@ -219,7 +219,6 @@ def export_checkpoint(
         with steps.step("load model and tokenizer (transformers)"):
             import torch
             from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-
             from transformers.utils import logging as hf_logging
 
             bars = hf_logging.is_progress_bar_enabled()

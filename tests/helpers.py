@@ -4,7 +4,7 @@
 - router variants for a test copy of the model repository (:func:`make_test_repository`);
 - :class:`FakeBLS`: a fake downstream ``infer`` function for the engine's unit tests;
 - :func:`call` / :func:`routes`: one HTTP request to a real server's router or ensemble;
-- :func:`stub_pid`, :func:`child_processes`, :func:`rss_bytes`: the real server's processes.
+- :func:`stub_pid`, :func:`rss_bytes`: the real server's processes.
 
 The execution-environment tests' helpers are in ``tests/envhelpers.py``.
 """
@@ -281,37 +281,25 @@ def routes(out):
 # ----------------------------------------------------------------------------- server processes
 
 
-def child_processes(pid: int) -> list:
-    """``(pid, argv)`` of every process whose parent is ``pid`` (from /proc)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                argv = [a.decode(errors="replace") for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
-                out.append((int(entry.name), argv))
-        except (OSError, ValueError, IndexError):
-            continue
-    return out
-
-
 def stub_pid(server, instance: str) -> int:
     """The pid of the Python-backend stub process of model instance ``instance`` (e.g.
-    ``classifier_fast_0_0``): a child of the server process the test started, whose
-    arguments name that instance. Raises LookupError when there is none."""
-    found = [pid for pid, argv in child_processes(server.pid) if instance in argv and "triton_python_backend_stub" in argv[0]]
-    alive = [p for p in found if Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"]
-    if len(alive) != 1:
-        raise LookupError(f"{len(alive)} live stub processes for {instance} under server pid {server.pid}")
-    return alive[0]
+    ``classifier_fast_0_0``): a live child of the server process the test started, whose
+    arguments name that instance (``orchestrator.tooling.soak.procs.find_stub``). Raises
+    LookupError when there is none."""
+    from orchestrator.tooling.soak.procs import find_stub
+
+    pid = find_stub(server.pid, instance)
+    if pid is None:
+        raise LookupError(f"no live stub process for {instance} under server pid {server.pid}")
+    return pid
 
 
 def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` in bytes (VmRSS in /proc/<pid>/status)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise LookupError(f"no VmRSS for pid {pid}")
+    """Resident set size of process ``pid`` in bytes. Raises LookupError when it is gone."""
+    from orchestrator.tooling.soak.procs import rss_bytes as rss
+
+    value = rss(pid)
+    if value is None:
+        raise LookupError(f"process {pid} is gone")
+    return value
 

@@ -8,6 +8,7 @@ against Triton 2.51, the server of nvcr.io/nvidia/tritonserver:24.10-py3.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -112,6 +113,12 @@ def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(en
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
+    def router_successes():
+        text = urllib.request.urlopen(f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics", timeout=10).read().decode()
+        m = re.search(r'^nv_inference_request_success\{model="router",version="1"\} (\d+)$', text, re.M)
+        return int(m.group(1)) if m else 0
+
+    before = router_successes()  # the router's warmup sample counts as one
     texts = np.array([[b"A gorgeous, witty film."], [b""]], dtype=np.object_)
     thr = np.full((2, 1), 0.5, dtype=np.float32)
     routes = []
@@ -129,7 +136,7 @@ def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(en
     time.sleep(1.2)  # the router flushes its metrics every 0.5 s
     text = urllib.request.urlopen(f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics", timeout=10).read().decode()
     assert 'orchestrator_requests_total{outcome="success",router="router"} 2' in text
-    assert 'nv_inference_request_success{model="router",version="1"} 2' in text
+    assert router_successes() - before == 2
 
 
 def test_sigterm_stops_the_server_cleanly_within_the_grace_period(entrypoint_server):
@@ -155,25 +162,27 @@ TEXTS = ["A gorgeous, witty, seductive movie.", "Not worth the ticket.", "It was
 def image_env(tmp_path_factory):
     """deploy/requirements-image.txt and this checkout's package in a Python 3.10 env
     (venv-pack'ed, verified: every module imports), as pip installs them in the image."""
-    from orchestrator.tooling.env import envtools
+    from orchestrator.tooling.env.build import build_env
+    from orchestrator.tooling.env.common import ENV_TARBALL_NAME, EnvError
+    from orchestrator.tooling.env.interpreters import find_python
 
     try:
-        envtools.find_python(IMAGE_PY)
-    except envtools.EnvError as exc:
+        find_python(IMAGE_PY)
+    except EnvError as exc:
         pytest.skip(f"no Python {IMAGE_PY} on this machine: {exc}")
     lines = (ROOT / "deploy" / "requirements-image.txt").read_text().splitlines()
     requirements = [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
     try:
-        return envtools.build_env(
+        return build_env(
             IMAGE_PY,
             requirements=requirements,
             install_project=True,
             imports=["numpy", "yaml", "transformers", "tokenizers", "onnxruntime", "orchestrator.runtime.router", "triton_python_backend_utils"],
             verify=True,
-            output=tmp_path_factory.mktemp("image-env") / envtools.ENV_TARBALL_NAME,
+            output=tmp_path_factory.mktemp("image-env") / ENV_TARBALL_NAME,
             quiet=True,
         )
-    except envtools.EnvError as exc:
+    except EnvError as exc:
         pytest.fail(f"deploy/requirements-image.txt does not install on Python {IMAGE_PY}: {exc}", pytrace=False)
 
 
@@ -182,14 +191,14 @@ def test_the_images_packages_on_python_310_give_the_projects_answers(image_env, 
     embedded wheel's 3.10 stub, Triton 2.51) and answer as the project's own environment."""
     import shutil
 
-    from orchestrator.tooling.env import envtools
+    from orchestrator.tooling.env.install import install_env
     from orchestrator.tooling.server import TritonServer
     from tests.helpers import REPO, call, routes
 
     repo = tmp_path / "model_repository"
     for model in ("router", "tokenizer", "classifier", "classifier_fast"):
         shutil.copytree(REPO / model, repo / model, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
-    envtools.install_env(repo, ["router", "classifier", "classifier_fast"], tarball=image_env.path)
+    install_env(repo, ["router", "classifier", "classifier_fast"], tarball=image_env.path)
     # No PYTHONPATH (the embedded server sets it to this checkout and the 3.11 venv): the
     # wheel's 3.10 stub was seen to honour it and import the venv's numpy; in the image
     # there is none, everything comes from the image's Python.

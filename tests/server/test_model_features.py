@@ -20,6 +20,7 @@ import tritonclient.http as httpclient
 import yaml
 
 from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, ROOT, add_router_variant, copy_model, make_test_repository, set_node_fields
 
@@ -72,8 +73,10 @@ def build_repository(dest):
     copy_model(repo, "classifier_fast", "classifier_warm")
     cold = copy_model(repo, "classifier_fast", "classifier_cold")
     for cfg in [cold / "config.pbtxt", *cold.glob("configs/*.pbtxt")]:
-        text = cfg.read_text()
-        cfg.write_text(text[: text.index("# Warmup")])
+        config = repository.read_config(cfg)
+        assert config.model_warmup
+        del config.model_warmup[:]
+        repository.write_config(cfg, config, ["classifier_cold: classifier_fast without its warmup sample (test only)."])
     return repo
 
 

@@ -134,7 +134,7 @@ def test_the_ab_split_sends_a_request_id_to_the_same_arm_on_both_replicas(replic
         assert len(set(on_a["ROUTE"])) == 1, rid  # one arm per request, all its texts
         np.testing.assert_allclose(on_a["PROBABILITIES"], on_b["PROBABILITIES"], rtol=0, atol=1e-6)
         arms[rid] = on_a["ROUTE"][0]
-    assert set(arms.values()) == {"a:classifier", "b:classifier_fp16"}
+    assert set(arms.values()) == {"a:classifier", "b:classifier_fast"}
     share_a = sum(v == "a:classifier" for v in arms.values()) / len(arms)
     assert 0.8 <= share_a <= 0.97  # the policy's 90/10 weights (120 fixed ids)
     # asked again, later, in the other order: still the same arm

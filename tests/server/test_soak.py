@@ -58,7 +58,7 @@ def test_broken_models_degrade_instead_of_failing(soak):
     assert killed.get("classifier", 0) + killed.get("chunked:classifier", 0) > 0, killed
 
 
-def test_killed_stub_texts_answered_by_classifier_within_2s(soak):
+def test_killed_stub_texts_answered_by_classifier_soon_after_the_kill(soak):
     assert soak["recovery"]["to_classifier_s"] is not None, _why(soak, "recovery", "events")
     # The report checks issue 11's 2 s (1.1 s in the short run here, up to 2.2 s in full runs
     # on a busy machine); the test asserts an answer from the fallback well before a repair

@@ -48,7 +48,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
@@ -327,14 +326,6 @@ def bench_cache(server, client: Client, pool: Sequence[str], n: int, block: int 
     return out
 
 
-def _metric(server, name: str, **labels) -> float:
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} ([0-9.eE+-]+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def bench_shadow(server, client: Client, texts: Sequence[str], block: int = 50) -> dict:
@@ -352,7 +343,7 @@ def bench_shadow(server, client: Client, texts: Sequence[str], block: int = 50) 
         labels = {"router": model, "node": "fp16_shadow"}
         out[model] = {"sample": SHADOW_VARIANTS[model], "p50_ms": _pct(latencies, 50), "p90_ms": _pct(latencies, 90),
                       "p99_ms": _pct(latencies, 99),
-                      **{k: _metric(server, f"orchestrator_shadow_{k}_total", **labels) for k in ("texts", "flips", "errors", "dropped")}}
+                      **{k: server.metric(f"orchestrator_shadow_{k}_total", **labels) for k in ("texts", "flips", "errors", "dropped")}}
     return out
 
 

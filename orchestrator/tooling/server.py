@@ -42,6 +42,7 @@ import urllib.request
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from orchestrator.tooling import prometheus
 from orchestrator.tooling.embedded import (
     EmbeddedServer,
     ServerError,
@@ -551,6 +552,16 @@ class TritonServer:
                 return
             time.sleep(0.05)
         raise ServerError(f"model {name!r} still READY {wait:g} s after unload; log: {self.log_path}")
+
+    def metrics(self) -> prometheus.Samples:
+        """Every sample on this server's ``/metrics`` (see :mod:`orchestrator.tooling.prometheus`).
+        Raises OSError when the endpoint does not answer."""
+        return prometheus.scrape(f"http://{self.metrics_url}/metrics")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of metric ``name`` on ``/metrics`` whose labels include
+        ``labels`` (0.0 when there is none). Raises OSError when the endpoint does not answer."""
+        return prometheus.total(self.metrics(), name, **labels)
 
     def repository_index(self) -> list[dict]:
         """``POST /v2/repository/index``: one dict per model version known to the server,

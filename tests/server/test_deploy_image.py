@@ -8,7 +8,6 @@ against Triton 2.51, the server of nvcr.io/nvidia/tritonserver:24.10-py3.
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 
 from orchestrator.tooling import deploy as D
+from orchestrator.tooling import prometheus
 from orchestrator.tooling.server import (
     find_embedded_server,
     find_free_ports,
@@ -113,10 +113,10 @@ def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(en
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
+    metrics_url = f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics"
+
     def router_successes():
-        text = urllib.request.urlopen(f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics", timeout=10).read().decode()
-        m = re.search(r'^nv_inference_request_success\{model="router",version="1"\} (\d+)$', text, re.M)
-        return int(m.group(1)) if m else 0
+        return prometheus.value(prometheus.scrape(metrics_url), "nv_inference_request_success", model="router", version="1")
 
     before = router_successes()  # the router's warmup sample counts as one
     texts = np.array([[b"A gorgeous, witty film."], [b""]], dtype=np.object_)
@@ -134,8 +134,7 @@ def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(en
             client.close()
     assert routes[0] == routes[1] and routes[0][1] == "empty" and routes[0][0] in ("classifier_fast", "classifier")
     time.sleep(1.2)  # the router flushes its metrics every 0.5 s
-    text = urllib.request.urlopen(f"http://127.0.0.1:{entrypoint_server['metrics']}/metrics", timeout=10).read().decode()
-    assert 'orchestrator_requests_total{outcome="success",router="router"} 2' in text
+    assert prometheus.value(prometheus.scrape(metrics_url), "orchestrator_requests_total", outcome="success", router="router") == 2
     assert router_successes() - before == 2
 
 

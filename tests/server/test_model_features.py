@@ -9,10 +9,8 @@ and the routers below.
 
 from __future__ import annotations
 
-import re
 import shutil
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -107,14 +105,6 @@ def stats(server, model, version=""):
         client.close()
 
 
-def metric(server, name, **labels):
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{name}\{{(.*)\}} ([0-9.eE+-]+)$", line)
-        if m and all(f'{k}="{v}"' in m.group(1) for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def eventually(read, expected, timeout=20.0):
@@ -274,11 +264,11 @@ def test_a_shadow_across_versions_counts_flips_and_differences(server, texts):
     for k, t in enumerate(texts):  # one text per request, as clients send them
         probs, r = ask(server, "router_shadow_versions", [t], request_id=f"s{k}")
         assert r == ["classifier_versioned@1"] and probs[0] == pytest.approx(v1[k], rel=1e-6)
-    assert eventually(lambda: metric(server, "orchestrator_shadow_texts_total", **labels), len(texts)) == len(texts)
-    assert eventually(lambda: metric(server, "orchestrator_shadow_flips_total", **labels), flips) == flips
+    assert eventually(lambda: server.metric("orchestrator_shadow_texts_total", **labels), len(texts)) == len(texts)
+    assert eventually(lambda: server.metric("orchestrator_shadow_flips_total", **labels), flips) == flips
     total = float(np.sum(np.abs(v1.astype(np.float64) - v2)))
-    assert metric(server, "orchestrator_shadow_probability_difference_sum", **labels) == pytest.approx(total, rel=1e-3)
-    assert metric(server, "orchestrator_shadow_probability_difference_count", **labels) == len(texts)
+    assert server.metric("orchestrator_shadow_probability_difference_sum", **labels) == pytest.approx(total, rel=1e-3)
+    assert server.metric("orchestrator_shadow_probability_difference_count", **labels) == len(texts)
 
 
 def test_the_fp16_shadow_example_answers_from_classifier_and_mirrors_every_text(server, texts):
@@ -287,8 +277,8 @@ def test_the_fp16_shadow_example_answers_from_classifier_and_mirrors_every_text(
     want, want_routes = ask(server, "router", texts, parameters={"route": "accurate"})
     np.testing.assert_allclose(probs, want, rtol=1e-6)
     assert r == want_routes
-    assert eventually(lambda: metric(server, "orchestrator_shadow_texts_total", **labels), len(texts)) == len(texts)
-    assert metric(server, "orchestrator_shadow_errors_total", **labels) == 0
+    assert eventually(lambda: server.metric("orchestrator_shadow_texts_total", **labels), len(texts)) == len(texts)
+    assert server.metric("orchestrator_shadow_errors_total", **labels) == 0
 
 
 def test_a_broken_candidate_never_changes_an_answer(server, texts):
@@ -297,5 +287,5 @@ def test_a_broken_candidate_never_changes_an_answer(server, texts):
     want, _ = ask(server, "router", texts, parameters={"route": "accurate"})
     np.testing.assert_allclose(probs, want, rtol=1e-6)
     assert set(r) == {"classifier"}
-    assert eventually(lambda: metric(server, "orchestrator_shadow_errors_total", **labels), len(texts)) == len(texts)
+    assert eventually(lambda: server.metric("orchestrator_shadow_errors_total", **labels), len(texts)) == len(texts)
     assert "shadow 'sb': candidate 'gone' failed" in server.log_path.read_text()

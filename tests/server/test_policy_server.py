@@ -4,10 +4,8 @@ metrics on /metrics, the shipped A/B example, `policy show`, and invalid policie
 from __future__ import annotations
 
 import concurrent.futures as cf
-import re
 import shutil
 import time
-import urllib.request
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from tritonclient.utils import InferenceServerException
 
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import logit
+from orchestrator.tooling import prometheus
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.policy_cli import fetch_policy
@@ -26,26 +25,14 @@ pytestmark = pytest.mark.server
 TEXTS = data.held_out_texts(n=16, seed=21)
 
 
-def metrics(server) -> dict:
-    """``{(name, frozenset(labels)): value}`` from the server's Prometheus endpoint."""
-    text = urllib.request.urlopen(f"http://{server.metrics_url}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(orchestrator_\w+)\{(.*)\} ([0-9.eE+-]+)$", line)
-        if m:
-            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
-            out[(m.group(1), labels)] = float(m.group(3))
-    return out
-
-
 def metric(snapshot, name, **labels) -> float:
-    return snapshot.get((name, frozenset(labels.items())), 0.0)
+    return prometheus.value(snapshot, name, **labels)
 
 
 def settled_metrics(server) -> dict:
     """``metrics()`` once the router's buffered updates are out (flushed every 0.5 s)."""
     time.sleep(1.2)
-    return metrics(server)
+    return server.metrics()
 
 
 def state(server, model) -> str:
@@ -129,9 +116,7 @@ def test_metrics_count_requests_texts_routes_and_node_latency(triton):
     assert delta("orchestrator_requests_total", outcome="error") == 1
     escalated = routes(out).count("classifier")
     assert delta("orchestrator_escalations_total", node="cascade") == escalated
-    text = urllib.request.urlopen(f"http://{triton.metrics_url}/metrics", timeout=10).read().decode()
-    count = re.search(r'orchestrator_node_latency_seconds_count\{[^}]*node="cascade"[^}]*router="router"[^}]*\} (\d+)', text)
-    assert count and int(count.group(1)) >= 1
+    assert prometheus.total(after, "orchestrator_node_latency_seconds_count", router="router", node="cascade") >= 1
 
 
 def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):

@@ -16,6 +16,7 @@ from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import logit
 from orchestrator.tooling import prometheus
 from orchestrator.tooling.cli import main
+from orchestrator.tooling.client import text_inputs
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.tooling.server import ServerError
@@ -142,11 +143,7 @@ def call_with_id(server, model, texts, request_id, threshold=0.5):
 
     client = httpclient.InferenceServerClient(server.http_url)
     try:
-        t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
-        thr = np.full((len(texts), 1), threshold, dtype=np.float32)
-        ins = [httpclient.InferInput("TEXT", list(t.shape), "BYTES"), httpclient.InferInput("THRESHOLD", list(thr.shape), "FP32")]
-        ins[0].set_data_from_numpy(t)
-        ins[1].set_data_from_numpy(thr)
+        ins = text_inputs(httpclient, texts, threshold)
         r = client.infer(model, ins, request_id=request_id)
         return {"ROUTE": r.as_numpy("ROUTE"), "PROBABILITIES": r.as_numpy("PROBABILITIES"), "VERDICTS": r.as_numpy("VERDICTS")}
     finally:

@@ -24,6 +24,7 @@ import yaml
 
 from orchestrator.tooling import deploy as D
 from orchestrator.tooling import prometheus
+from orchestrator.tooling.client import client_module, text_inputs
 from orchestrator.tooling.server import TritonServer
 from tests.helpers import ROOT
 
@@ -55,20 +56,11 @@ def replicas(test_repository):
 
 
 def infer(server, protocol, model, texts, request_id="", parameters=None, threshold=0.5):
-    if protocol == "http":
-        import tritonclient.http as tc
-
-        client = tc.InferenceServerClient(server.http_url, network_timeout=120)
-    else:
-        import tritonclient.grpc as tc
-
-        client = tc.InferenceServerClient(server.grpc_url)
+    tc = client_module(protocol)
+    client = tc.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url,
+                                      **({"network_timeout": 120} if protocol == "http" else {}))
     try:
-        t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
-        thr = np.full((len(texts), 1), threshold, dtype=np.float32)
-        ins = [tc.InferInput("TEXT", list(t.shape), "BYTES"), tc.InferInput("THRESHOLD", list(thr.shape), "FP32")]
-        ins[0].set_data_from_numpy(t)
-        ins[1].set_data_from_numpy(thr)
+        ins = text_inputs(tc, texts, threshold)
         r = client.infer(model, ins, request_id=request_id, parameters=parameters)
         return {
             "PROBABILITIES": r.as_numpy("PROBABILITIES").reshape(-1),

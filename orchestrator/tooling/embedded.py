@@ -45,6 +45,11 @@ from orchestrator.tooling.errors import ToolingError
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.paths import PROJECT_ROOT, in_checkout
 
+# Python 3.11's sysconfig fills its variable cache on first use without a lock, so a second
+# thread can read a half-filled cache (LIBDIR None): two servers started from two threads
+# then gave one of them the system libpython (ImportError in _ssl). Fill it at import.
+sysconfig.get_config_vars()
+
 __all__ = [
     "ServerError",
     "EmbeddedServer",

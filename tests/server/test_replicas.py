@@ -15,6 +15,7 @@ LOAD_MODELS of deploy/).
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import re
 import time
 
@@ -45,10 +46,11 @@ def replicas(test_repository):
     models = D.always_on_models(test_repository, ROUTERS)
     servers = [TritonServer(test_repository, models=models) for _ in range(2)]
     try:
-        # one after the other: two starts at once from threads made a stub load the system
-        # libpython here (ImportError in _ssl: undefined symbol _PyModule_Add)
-        for server in servers:
-            server.start()
+        # both at once, as pods start (this once broke on sysconfig's lazy cache: see
+        # orchestrator/tooling/embedded.py and tests/unit/test_embedded.py)
+        with cf.ThreadPoolExecutor(2) as pool:
+            for started in [pool.submit(server.start) for server in servers]:
+                started.result()
         yield servers
     finally:
         for server in servers:

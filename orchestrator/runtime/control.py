@@ -1,5 +1,5 @@
 """Model control from inside the router: what the hosting server allows, and load/unload
-requests sent through its own HTTP repository API.
+requests sent through its own repository API, over gRPC where it can, else HTTP.
 
 Why not ``pb_utils.load_model``: in Triton 2.51 (python_backend r24.10) that call holds the
 stub's Python GIL until the load is done (``load_model`` is bound without releasing it), so
@@ -7,13 +7,22 @@ the whole router stops answering for the load's duration (measured here: about 2
 classifier), and a load that fails can abort the server (see :class:`ServerOptions`). A
 POST to ``/v2/repository/models/<name>/load`` on the server's own HTTP endpoint (loopback)
 does the same load without either problem; ``pb_utils`` is the fallback when the command
-line shows no usable HTTP endpoint.
+line shows no usable endpoint.
+
+Why gRPC first: Triton 2.51 works an HTTP load off on the HTTP worker thread that received
+it, and HTTP inference requests on the connections that thread serves wait until the load
+is done (measured here: 2 and 4 of 4 HTTP client connections waited a 1.6-1.7 s repair; no
+gRPC one did; docs/reliability.md). A load over gRPC keeps clients of both protocols
+answering. It needs ``tritonclient[grpc]`` in the stub's environment; without it the
+router uses HTTP.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -39,6 +48,11 @@ class ServerOptions:
             command line is unknown.
         http_header: ``(key, value)`` the server requires on model-repository requests
             (``--http-restricted-api=model-repository:<key>=<value>``), or None.
+        grpc: ``(host, port)`` of the server's gRPC endpoint (``--grpc-address``,
+            ``--grpc-port``, default port 8001; a wildcard address becomes 127.0.0.1), or
+            None when gRPC is off (``--allow-grpc=false``) or the command line is unknown.
+        grpc_header: ``(key, value)`` for ``--grpc-restricted-protocol=model-repository:<key>=<value>``,
+            or None.
 
     Why the router reads them: in Triton 2.51 (python_backend ``ProcessMessage``) a
     ``pb_utils.load_model`` that fails frees the error text in shared memory before the
@@ -53,6 +67,8 @@ class ServerOptions:
     repositories: Optional[tuple] = None
     http: Optional[Tuple[str, int]] = None
     http_header: Optional[Tuple[str, str]] = None
+    grpc: Optional[Tuple[str, int]] = None
+    grpc_header: Optional[Tuple[str, str]] = None
 
     @classmethod
     def parse(cls, argv: Sequence[str], cwd: Path) -> "ServerOptions":
@@ -72,14 +88,9 @@ class ServerOptions:
         local = None
         if repositories and not any("://" in r for r in repositories):
             local = tuple((cwd / r).resolve() for r in repositories)
-        http = None
-        if flags.get("--allow-http", "true").lower() not in ("false", "0", "no"):
-            host = flags.get("--http-address", "0.0.0.0")
-            try:
-                http = ("127.0.0.1" if host in _ANY_ADDRESS else host, int(flags.get("--http-port", "8000")))
-            except ValueError:
-                http = None
-        return cls(mode, local, http, _restricted_header(flags.get("--http-restricted-api", "")))
+        return cls(mode, local,
+                   _endpoint(flags, "http", 8000), _restricted_header(flags.get("--http-restricted-api", "")),
+                   _endpoint(flags, "grpc", 8001), _restricted_header(flags.get("--grpc-restricted-protocol", "")))
 
     @classmethod
     def of_parent(cls) -> "ServerOptions":
@@ -101,6 +112,28 @@ class ServerOptions:
         return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
 
 
+def _endpoint(flags: dict, protocol: str, default_port: int) -> Optional[Tuple[str, int]]:
+    """``(host, port)`` of the ``http`` or ``grpc`` endpoint from ``--allow-<p>``,
+    ``--<p>-address`` and ``--<p>-port`` (Triton's defaults), or None when it is off."""
+    if flags.get(f"--allow-{protocol}", "true").lower() in ("false", "0", "no"):
+        return None
+    host = flags.get(f"--{protocol}-address", "0.0.0.0")
+    try:
+        return ("127.0.0.1" if host in _ANY_ADDRESS else host, int(flags.get(f"--{protocol}-port", str(default_port))))
+    except ValueError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _grpc_client():
+    """``tritonclient.grpc`` when the stub's environment has it, else None (imported once)."""
+    try:
+        import tritonclient.grpc as module
+    except ImportError:
+        return None
+    return module
+
+
 def _restricted_header(value: str) -> Optional[Tuple[str, str]]:
     """``(key, value)`` from ``<apis>:<key>=<value>`` when the apis include model-repository."""
     apis, _, header = value.partition(":")
@@ -115,20 +148,26 @@ class ControlError(RuntimeError):
 
 
 class RepositoryControl:
-    """Load and unload models through the server's HTTP repository API, else ``pb_utils``.
+    """Load and unload models through the server's repository API: over gRPC when the server
+    has a gRPC endpoint and the stub's environment has ``tritonclient[grpc]``, else over
+    HTTP, else through ``pb_utils`` (see the module docstring for why in this order).
 
     Args:
-        pb: ``triton_python_backend_utils`` (the fallback).
+        pb: ``triton_python_backend_utils`` (the last resort).
         server: the hosting server's options.
         timeout_s: seconds to wait for one load or unload (default 300).
     """
 
     def __init__(self, pb, server: ServerOptions, timeout_s: float = 300.0):
         self.pb, self.server, self.timeout_s = pb, server, timeout_s
+        if server.grpc and server.mode == "explicit":  # import now (0.1-0.3 s), not in the first repair
+            threading.Thread(target=_grpc_client, name="orchestrator-grpc-import", daemon=True).start()
 
     @property
     def via(self) -> str:
-        """``http`` or ``pb_utils``: how requests are sent."""
+        """``grpc``, ``http`` or ``pb_utils``: how requests are sent."""
+        if self.server.grpc and _grpc_client() is not None:
+            return "grpc"
         return "http" if self.server.http else "pb_utils"
 
     def load(self, model: str) -> None:
@@ -137,13 +176,16 @@ class RepositoryControl:
         Raises:
             ControlError: the server refused or the load failed.
         """
-        if self.server.http:
+        via = self.via
+        if via == "grpc":
+            self._grpc(model, "load")
+        elif via == "http":
             self._post(model, "load", {})
-            return
-        try:
-            self.pb.load_model(model_name=model)
-        except Exception as exc:  # the stub raises TritonModelException
-            raise ControlError(str(exc)) from None
+        else:
+            try:
+                self.pb.load_model(model_name=model)
+            except Exception as exc:  # the stub raises TritonModelException
+                raise ControlError(str(exc)) from None
 
     def unload(self, model: str) -> None:
         """Unload ``model`` (not its dependents).
@@ -151,13 +193,33 @@ class RepositoryControl:
         Raises:
             ControlError: the server refused.
         """
-        if self.server.http:
+        via = self.via
+        if via == "grpc":
+            self._grpc(model, "unload")
+        elif via == "http":
             self._post(model, "unload", {"parameters": {"unload_dependents": False}})
-            return
+        else:
+            try:
+                self.pb.unload_model(model_name=model)
+            except Exception as exc:
+                raise ControlError(str(exc)) from None
+
+    def _grpc(self, model: str, action: str) -> None:
+        tc = _grpc_client()
+        host, port = self.server.grpc
+        headers = dict([self.server.grpc_header]) if self.server.grpc_header else None
+        client = tc.InferenceServerClient(f"{host}:{port}")
         try:
-            self.pb.unload_model(model_name=model)
-        except Exception as exc:
-            raise ControlError(str(exc)) from None
+            if action == "load":
+                client.load_model(model, headers=headers, client_timeout=self.timeout_s)
+            else:
+                client.unload_model(model, headers=headers, unload_dependents=False, client_timeout=self.timeout_s)
+        except tc.InferenceServerException as exc:
+            if exc.status() == "StatusCode.UNAVAILABLE":
+                raise ControlError(f"the server's gRPC endpoint {host}:{port} did not answer: {exc.message()}") from None
+            raise ControlError(exc.message()) from None
+        finally:
+            client.close()
 
     def _post(self, model: str, action: str, body: dict) -> None:
         host, port = self.server.http

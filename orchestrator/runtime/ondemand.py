@@ -196,7 +196,7 @@ class ModelManager:
                 return False
             self.repaired[model] = now
             event = self.loading[model] = threading.Event()
-        self.logger.log_warn(f"router: the stub process of '{model}' is not healthy; reloading the model")
+        self.logger.log_warn(f"router: the stub process of '{model}' is not healthy; reloading the model (repository API over {self.control_api.via})")
         threading.Thread(target=self._repair, args=(model, event, delay_s), name="orchestrator-repair", daemon=True).start()
         return True
 

@@ -176,7 +176,7 @@ def image_env(tmp_path_factory):
             IMAGE_PY,
             requirements=requirements,
             install_project=True,
-            imports=["numpy", "yaml", "transformers", "tokenizers", "onnxruntime", "orchestrator.runtime.router", "triton_python_backend_utils"],
+            imports=["numpy", "yaml", "transformers", "tokenizers", "onnxruntime", "tritonclient.grpc", "orchestrator.runtime.router", "triton_python_backend_utils"],
             verify=True,
             output=tmp_path_factory.mktemp("image-env") / ENV_TARBALL_NAME,
             quiet=True,

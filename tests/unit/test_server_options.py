@@ -1,10 +1,11 @@
 """ServerOptions and RepositoryControl: the router reads the hosting tritonserver's command
 line so it never sends a model-control request that must fail (a failed pb_utils.load_model
 can crash Triton 2.51; tests/server/test_policy_server.py has the real-server checks) and
-sends its loads through the server's HTTP repository API."""
+sends its loads through the server's repository API (gRPC, else HTTP, else pb_utils)."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime import control as control_module
 from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
@@ -103,7 +105,8 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
     out = subprocess.run([str(server), "-c", parent, "--model-repository=repo", "--model-control-mode=explicit"],
                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == str(ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000)))
+    expected = ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000), None, ("127.0.0.1", 8001))
+    assert out.stdout.strip() == str(expected)
 
 
 def test_under_mode_none_no_load_request_is_ever_sent():
@@ -151,6 +154,17 @@ def test_parse_finds_the_http_endpoint_and_its_repository_header(tmp_path):
     assert ServerOptions.parse(["tritonserver", "--allow-http=false"], tmp_path).http is None
 
 
+def test_parse_finds_the_grpc_endpoint_and_its_repository_header(tmp_path):
+    default = ServerOptions.parse(["tritonserver", "--model-repository=/m"], tmp_path)
+    assert default.grpc == ("127.0.0.1", 8001) and default.grpc_header is None
+    argv = ["tritonserver", "--grpc-address=0.0.0.0", "--grpc-port", "9001",
+            "--grpc-restricted-protocol=model-repository:admin-key=s3cret"]
+    options = ServerOptions.parse(argv, tmp_path)
+    assert options.grpc == ("127.0.0.1", 9001) and options.grpc_header == ("admin-key", "s3cret")
+    assert options.http_header is None  # the HTTP restriction is a flag of its own
+    assert ServerOptions.parse(["tritonserver", "--allow-grpc=false"], tmp_path).grpc is None
+
+
 class _Repository(BaseHTTPRequestHandler):
     """A stand-in for Triton's repository API: records requests, refuses model 'bad'."""
 
@@ -181,7 +195,9 @@ def repository_api():
     httpd.shutdown()
 
 
-def test_loads_go_through_the_http_repository_api(repository_api):
+def test_loads_go_through_the_http_repository_api(repository_api, monkeypatch):
+    monkeypatch.setattr(control_module, "_grpc_client", lambda: None)  # no tritonclient[grpc] in the stub's env
+    assert RepositoryControl(FakePb(), ServerOptions("explicit", None, ("127.0.0.1", 1), None, ("127.0.0.1", 2))).via == "http"
     pb = FakePb()
     control = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", repository_api), ("admin-key", "k")))
     control.load("classifier")
@@ -196,6 +212,59 @@ def test_loads_go_through_the_http_repository_api(repository_api):
     assert pb.requests == []  # pb_utils.load_model (it holds the stub's GIL) is not used
     unreachable = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", 1)))
     with pytest.raises(ControlError, match="did not answer"):
+        unreachable.load("classifier")
+
+
+class _GrpcRepository:
+    """A stand-in for Triton's gRPC repository API (Triton's own messages, from
+    tritonclient's service_pb2): records requests, refuses model 'bad'."""
+
+    def __init__(self):
+        import grpc
+        from tritonclient.grpc import service_pb2
+
+        self.seen = []
+
+        def handler(action, response):
+            def handle(request, context):
+                key = dict(context.invocation_metadata()).get("admin-key")
+                self.seen.append((action, request.model_name, key, dict(request.parameters)))
+                if request.model_name == "bad":
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, "failed to load 'bad': no version is available")
+                return response()
+            return handle
+
+        methods = {
+            name: grpc.unary_unary_rpc_method_handler(
+                handler(action, getattr(service_pb2, f"{name}Response")),
+                request_deserializer=getattr(service_pb2, f"{name}Request").FromString,
+                response_serializer=getattr(service_pb2, f"{name}Response").SerializeToString)
+            for name, action in (("RepositoryModelLoad", "load"), ("RepositoryModelUnload", "unload"))
+        }
+        self.server = grpc.server(cf.ThreadPoolExecutor(2))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", methods),))
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+
+
+def test_loads_go_through_the_grpc_repository_api_first(repository_api):
+    grpc_api = _GrpcRepository()
+    try:
+        pb = FakePb()
+        options = ServerOptions("explicit", None, ("127.0.0.1", repository_api), None, ("127.0.0.1", grpc_api.port), ("admin-key", "k"))
+        control = RepositoryControl(pb, options)
+        assert control.via == "grpc"
+        control.load("classifier")
+        control.unload("spare")
+        with pytest.raises(ControlError, match=r"^failed to load 'bad': no version is available$"):
+            control.load("bad")
+        assert [s[:3] for s in grpc_api.seen] == [("load", "classifier", "k"), ("unload", "spare", "k"), ("load", "bad", "k")]
+        assert "unload_dependents" in grpc_api.seen[1][3] and not grpc_api.seen[1][3]["unload_dependents"].bool_param
+        assert _Repository.seen == [] and pb.requests == []  # neither HTTP nor pb_utils
+    finally:
+        grpc_api.server.stop(0)
+    unreachable = RepositoryControl(FakePb(), ServerOptions("explicit", None, None, None, ("127.0.0.1", 1)))
+    with pytest.raises(ControlError, match="gRPC endpoint 127.0.0.1:1 did not answer"):
         unreachable.load("classifier")
 
 

@@ -60,6 +60,7 @@ DEFAULT_IMPORTS = (
     "tokenizers",
     "transformers",
     "onnxruntime",
+    "tritonclient.grpc",
     "triton_python_backend_utils",
     "orchestrator.runtime.models.tokenizer",
     "orchestrator.runtime.models.onnx_classifier",

@@ -65,12 +65,16 @@ class BreakerSettings:
             ``--model-control-mode=explicit``; default true).
         reload_interval_s: at most one such reload per model in this many seconds
             (default 30).
+        watch_stubs: before each call, look in ``/proc`` whether the model's
+            Python-backend stub has exited, and fail the call at once if so instead of
+            waiting python_backend's 1 s health timeout (``stubs.StubWatch``; default true).
     """
 
     consecutive_failures: int = 3
     open_s: float = 5.0
     reload_unhealthy: bool = True
     reload_interval_s: float = 30.0
+    watch_stubs: bool = True
 
 
 @dataclass
@@ -92,6 +96,8 @@ class CircuitBreaker:
             (logging and metrics).
         on_unhealthy: ``(model)`` when a circuit opens because the model's stub is dead.
         ready_check: ``(model) -> bool``, whether the server reports the model ready.
+        stub_check: ``(model) -> error text or None``, asked before each call let through:
+            a text means the model's stub has exited, and the call fails with it at once.
         clock: monotonic seconds (tests pass a fake one).
     """
 
@@ -102,11 +108,13 @@ class CircuitBreaker:
         on_unhealthy: Optional[Callable[[str], None]] = None,
         ready_check: Optional[Callable[[str], bool]] = None,
         clock: Callable[[], float] = time.monotonic,
+        stub_check: Optional[Callable[[str], Optional[str]]] = None,
     ):
         self.settings = settings
         self.on_change = on_change
         self.on_unhealthy = on_unhealthy
         self.ready_check = ready_check
+        self.stub_check = stub_check
         self.clock = clock
         self.circuits: Dict[str, _Circuit] = {}
         self.lock = threading.Lock()
@@ -215,6 +223,10 @@ class CircuitBreaker:
                 says the model is unavailable comes back with ``retryable=False``.
         """
         self.before_call(model)
+        dead = self.stub_check(model) if self.stub_check else None
+        if dead:  # as python_backend would say it, 1 s later
+            self.on_failure(model, dead)
+            raise DownstreamError(dead, retryable=False)
         try:
             result = await coro_factory()
         except DownstreamError as exc:

@@ -40,7 +40,7 @@ Top-level keys:
                           ``max_request_bytes`` (4194304), ``max_windows_per_text`` (256)
     circuit_breaker       per downstream model (``health.BreakerSettings``):
                           ``consecutive_failures`` (3), ``open_s`` (5), ``reload_unhealthy``
-                          (true), ``reload_interval_s`` (30)
+                          (true), ``reload_interval_s`` (30), ``watch_stubs`` (true)
 
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
@@ -146,13 +146,14 @@ def _limits(r: Reader) -> Limits:
 
 def _breaker(r: Reader) -> BreakerSettings:
     d = BreakerSettings()
-    keys = ("consecutive_failures", "open_s", "reload_unhealthy", "reload_interval_s")
+    keys = ("consecutive_failures", "open_s", "reload_unhealthy", "reload_interval_s", "watch_stubs")
     br = Reader(r.get("circuit_breaker", dict, {}) or {}, "policy.circuit_breaker", keys)
     return BreakerSettings(
         consecutive_failures=br.number_in("consecutive_failures", 1, 1000, d.consecutive_failures, kind=int),
         open_s=br.number_in("open_s", 0.0, 3600.0, d.open_s),
         reload_unhealthy=br.get("reload_unhealthy", bool, d.reload_unhealthy),
         reload_interval_s=br.number_in("reload_interval_s", 0.0, 86400.0, d.reload_interval_s),
+        watch_stubs=br.get("watch_stubs", bool, d.watch_stubs),
     )
 
 
@@ -260,6 +261,7 @@ def describe(policy: Policy) -> str:
     lines.append(
         f"circuit breaker: open after {cb.consecutive_failures} failures in a row, probe after {cb.open_s:g} s, "
         + (f"reload a model whose stub died (at most every {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
+        + (", dead stubs seen in /proc before a call" if cb.watch_stubs else "")
     )
 
     def emit(node: Node, prefix: str, label: str) -> None:

@@ -67,6 +67,7 @@ from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.policy import load_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
+from orchestrator.runtime.stubs import StubWatch
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 
@@ -113,10 +114,12 @@ class TritonPythonModel:
         self.outputs = {o["name"] for o in config.get("output", [])}
         self.metrics = Metrics(pb_utils, self.name)
         settings = self.policy.breaker
+        self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
         self.breaker = CircuitBreaker(
-            settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready
+            settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready,
+            stub_check=self._stub_dead,
         )
-        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
+        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready, stub_check=self._stub_dead)
         self.models = ModelManager(
             pb_utils, self.policy.on_demand(), self.metrics, self.logger,
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
@@ -155,6 +158,10 @@ class TritonPythonModel:
     def _ready(self, model: str) -> bool:
         name, version = split_target(model)
         return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
+
+    def _stub_dead(self, model: str) -> Optional[str]:
+        name, _ = split_target(model)
+        return None if name == self.name else self.stub_watch.dead(name)
 
     def _unhealthy(self, model: str) -> None:
         name, _ = split_target(model)

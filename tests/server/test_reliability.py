@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from orchestrator.tooling.modeling import data
+from orchestrator.tooling.soak.procs import read_proc
 from tests.helpers import call, make_test_repository, routes, rss_bytes, stub_pid
 
 MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_strict"]
@@ -49,13 +50,17 @@ def test_a_killed_classifier_stub_degrades_then_heals(server, texts):
     old = stub_pid(server, "classifier_fast_0_0")
     os.kill(old, signal.SIGKILL)
     killed = time.monotonic()
+    while getattr(read_proc(old), "state", "Z") != "Z" and time.monotonic() - killed < 5:
+        time.sleep(0.001)  # until the kill is done: the stub is a zombie of the server
+    time.sleep(0.05)  # past runtime.stubs.CHECK_S since the router last saw the stub alive
 
     out = call(server, "router", texts)  # every text needs classifier_fast first
     first_answer_s = time.monotonic() - killed
     assert routes(out) == ["classifier"] * len(texts)
     np.testing.assert_allclose(out["PROBABILITIES"].reshape(-1), healthy_acc, atol=1e-5)
-    # about 1.2 s here (1 s for Triton to see the stub dead); a bound that separates an
-    # answer from the fallback from waiting for a repair, not a speed goal (docs/reliability.md)
+    # the router saw the zombie in /proc and did not wait python_backend's 1 s health timeout
+    # (the bound separates an answer from the fallback from waiting for a repair)
+    assert "classifier_fast_0_0' is not healthy (process" in server.log_path.read_text()
     assert first_answer_s < 5.0, first_answer_s
     acc = call(server, "router", texts, parameters={"route": "accurate"})
     assert routes(acc) == ["classifier"] * len(texts)

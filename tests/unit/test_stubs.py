@@ -1,0 +1,153 @@
+"""runtime.stubs.StubWatch on a fake /proc: a stub that exited is seen before a call; a
+reload, an unload, another model or another server's stub is not reported."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runtime import stubs
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
+from orchestrator.runtime.stubs import StubWatch
+
+SERVER = 4242
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+class FakeProc:
+    """``<root>/<pid>/stat`` and ``cmdline`` as Linux writes them."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def add(self, pid, model, instance, start, ppid=SERVER, state="S"):
+        argv = ["/opt/tritonserver/backends/python/triton_python_backend_stub", f"/models/{model}/1/model.py",
+                "triton_python_backend_shm_region_1", "1048576", "1048576", str(ppid), "/opt/tritonserver/backends/python",
+                "336", instance, "DEFAULT"]
+        d = self.root / str(pid)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        self._stat(pid, ppid, state, start)
+
+    def _stat(self, pid, ppid, state, start, comm="triton_python_b"):
+        # fields after "(comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
+        # cmajflt utime stime cutime cstime priority nice threads itrealvalue starttime ...
+        rest = [state, str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 30
+        (self.root / str(pid) / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
+
+    def die(self, pid, start, ppid=SERVER):
+        """SIGKILL: a zombie until the server reaps it (empty command line)."""
+        (self.root / str(pid) / "cmdline").write_bytes(b"")
+        self._stat(pid, ppid, "Z", start)
+
+    def reap(self, pid):
+        for f in (self.root / str(pid)).iterdir():
+            f.unlink()
+        (self.root / str(pid)).rmdir()
+
+
+@pytest.fixture()
+def proc(tmp_path):
+    p = FakeProc(tmp_path)
+    p.add(100, "classifier_fast", "classifier_fast_0_0", start=500)
+    p.add(101, "classifier", "classifier_0_0", start=501)
+    p.add(102, "router", "router_0_0", start=502)
+    p.add(200, "classifier", "classifier_0_0", start=400, ppid=999)  # another server's stub
+    (tmp_path / "self").mkdir()
+    return p
+
+
+def test_a_stub_that_exited_is_reported_with_python_backends_wording(proc):
+    clock = Clock()
+    watch = StubWatch(SERVER, proc.root, clock)
+    assert watch.dead("classifier_fast") is None and watch.dead("classifier") is None
+    proc.die(100, 500)
+    assert watch.dead("classifier_fast") is None  # seen alive less than CHECK_S ago: not looked at
+    clock.t += 2 * stubs.CHECK_S
+    message = watch.dead("classifier_fast")
+    assert message == "Stub process 'classifier_fast_0_0' is not healthy (process 100 has exited; seen in /proc before the call)"
+    assert stub_is_dead(message)  # so the breaker opens at once and asks for a reload
+    assert watch.dead("classifier") is None  # another model; 'classifier' is a prefix of its name
+    clock.t += 10
+    assert watch.dead("classifier_fast") == message  # still dead after a rescan (a zombie has no cmdline)
+
+
+def test_a_reloaded_model_is_alive_once_its_new_stub_runs(proc):
+    clock = Clock()
+    watch = StubWatch(SERVER, proc.root, clock)
+    assert watch.dead("classifier_fast") is None
+    proc.die(100, 500)
+    clock.t += 2 * stubs.CHECK_S
+    assert watch.dead("classifier_fast")
+    proc.add(300, "classifier_fast", "classifier_fast_0_0", start=900)  # the repair's new stub
+    assert watch.dead("classifier_fast")  # not rescanned within RECHECK_S
+    clock.t += 2 * stubs.RECHECK_S
+    assert watch.dead("classifier_fast") is None
+    proc.die(300, 900)  # and its death is seen too
+    clock.t += 2 * stubs.CHECK_S
+    assert watch.dead("classifier_fast") and "process 300" in watch.dead("classifier_fast")
+
+
+def test_an_unloaded_model_is_not_reported(proc):
+    clock = Clock()
+    watch = StubWatch(SERVER, proc.root, clock)
+    assert watch.dead("classifier") is None
+    proc.reap(101)  # Triton stopped and reaped it: an unload, not a crash
+    clock.t += 2 * max(stubs.RECHECK_S, stubs.CHECK_S)
+    assert watch.dead("classifier") is None
+    assert "classifier" not in watch.stubs
+
+
+def test_models_without_stubs_and_other_servers_are_never_reported(proc):
+    clock = Clock()
+    watch = StubWatch(SERVER, proc.root, clock)
+    proc.die(200, 400, ppid=999)  # another server's classifier stub
+    assert watch.dead("classifier") is None
+    assert watch.dead("onnx_model") is None  # a native backend: no stub at all
+    proc.add(103, "late", "late_0_0", start=600)  # loaded after the last scan
+    assert watch.dead("late") is None
+    proc.die(103, 600)
+    assert watch.dead("late") is None  # not known yet, and a zombie cannot be recognised
+    assert StubWatch(None, proc.root, clock).dead("classifier_fast") is None  # disabled
+    assert StubWatch(SERVER, proc.root / "absent", clock).dead("classifier_fast") is None  # unreadable: unknown
+
+
+def test_the_breaker_fails_a_call_to_a_dead_stub_at_once():
+    dead = {"m": None}
+    unhealthy, called = [], []
+    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=5), on_unhealthy=unhealthy.append,
+                             stub_check=lambda m: dead[m])
+
+    async def call():
+        called.append(1)
+        return "answer"
+
+    assert asyncio.run(breaker.call("m", call)) == "answer"
+    dead["m"] = "Stub process 'm_0_0' is not healthy (process 7 has exited; seen in /proc before the call)"
+    with pytest.raises(DownstreamError, match=r"Stub process 'm_0_0' is not healthy") as info:
+        asyncio.run(breaker.call("m", call))
+    assert info.value.retryable is False and called == [1]  # no call was made
+    assert breaker.state("m") == OPEN and unhealthy == ["m"]
+
+
+def test_the_policy_switches_the_watch_and_checks_its_type():
+    from orchestrator.runtime.errors import PolicyError
+    from orchestrator.runtime.policy import parse_policy
+
+    def policy(breaker):
+        return parse_policy({"version": 1, "circuit_breaker": breaker, "root": {"kind": "model", "model": "m"}})
+
+    assert policy({}).breaker.watch_stubs is True
+    assert policy({"watch_stubs": False}).breaker.watch_stubs is False
+    with pytest.raises(PolicyError, match=r"^policy\.circuit_breaker\.watch_stubs"):
+        policy({"watch_stubs": "yes"})

@@ -96,13 +96,12 @@ class ServerOptions:
     def of_parent(cls) -> "ServerOptions":
         """Options of this process's parent when it is ``tritonserver`` (Linux ``/proc``);
         empty options (all unknown) otherwise, e.g. under the in-process mock."""
-        proc = Path("/proc") / str(os.getppid())
+        argv = parent_server_argv()
+        if argv is None:
+            return cls()
         try:
-            argv = [a.decode() for a in (proc / "cmdline").read_bytes().split(b"\0") if a]
-            if not argv or not Path(argv[0]).name.startswith("tritonserver"):
-                return cls()
-            return cls.parse(argv, Path(os.readlink(proc / "cwd")))
-        except (OSError, UnicodeDecodeError):
+            return cls.parse(argv, Path(os.readlink(Path("/proc") / str(os.getppid()) / "cwd")))
+        except OSError:
             return cls()
 
     def missing(self, model: str) -> Optional[str]:
@@ -110,6 +109,17 @@ class ServerOptions:
         if self.repositories is None or any((r / model).is_dir() for r in self.repositories):
             return None
         return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
+
+
+def parent_server_argv() -> Optional[list]:
+    """The command line of this process's parent when it is ``tritonserver`` (Linux
+    ``/proc/<ppid>/cmdline``), else None (the in-process mock, another OS)."""
+    try:
+        raw = (Path("/proc") / str(os.getppid()) / "cmdline").read_bytes()
+        argv = [a.decode() for a in raw.split(b"\0") if a]
+    except (OSError, UnicodeDecodeError):
+        return None
+    return argv if argv and Path(argv[0]).name.startswith("tritonserver") else None
 
 
 def _endpoint(flags: dict, protocol: str, default_port: int) -> Optional[Tuple[str, int]]:
@@ -176,16 +186,7 @@ class RepositoryControl:
         Raises:
             ControlError: the server refused or the load failed.
         """
-        via = self.via
-        if via == "grpc":
-            self._grpc(model, "load")
-        elif via == "http":
-            self._post(model, "load", {})
-        else:
-            try:
-                self.pb.load_model(model_name=model)
-            except Exception as exc:  # the stub raises TritonModelException
-                raise ControlError(str(exc)) from None
+        self._send(model, "load")
 
     def unload(self, model: str) -> None:
         """Unload ``model`` (not its dependents).
@@ -193,15 +194,18 @@ class RepositoryControl:
         Raises:
             ControlError: the server refused.
         """
+        self._send(model, "unload")
+
+    def _send(self, model: str, action: str) -> None:
         via = self.via
         if via == "grpc":
-            self._grpc(model, "unload")
+            self._grpc(model, action)
         elif via == "http":
-            self._post(model, "unload", {"parameters": {"unload_dependents": False}})
+            self._post(model, action, {} if action == "load" else {"parameters": {"unload_dependents": False}})
         else:
             try:
-                self.pb.unload_model(model_name=model)
-            except Exception as exc:
+                getattr(self.pb, f"{action}_model")(model_name=model)
+            except Exception as exc:  # the stub raises TritonModelException
                 raise ControlError(str(exc)) from None
 
     def _grpc(self, model: str, action: str) -> None:

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Optional, Tuple
 
+from orchestrator.runtime.control import parent_server_argv
+
 STUB_BINARY = "triton_python_backend_stub"
 #: Seconds between two full scans of ``/proc`` when a model's stubs are unknown (a model
 #: loaded later, or one without stubs).
@@ -40,10 +42,11 @@ RECHECK_S = 0.2
 CHECK_S = 0.02
 
 
-def _stat(proc: Path, pid: int) -> Optional[Tuple[int, str, int]]:
-    """``(ppid, state, start time in clock ticks)`` of ``pid``; None when it is gone."""
+def read_stat(pid: int, proc: Path | str = "/proc") -> Optional[Tuple[int, str, int]]:
+    """``(ppid, state, start time in clock ticks)`` of ``pid`` from ``<proc>/<pid>/stat``;
+    None when the process is gone or unreadable."""
     try:
-        text = (proc / str(pid) / "stat").read_bytes().decode("utf-8", "replace")
+        text = (Path(proc) / str(pid) / "stat").read_bytes().decode("utf-8", "replace")
     except OSError:
         return None
     fields = text.rsplit(")", 1)[-1].split()  # "pid (comm) state ppid ...": comm may hold ')'
@@ -75,12 +78,7 @@ class StubWatch:
     def of_parent(cls) -> "StubWatch":
         """A watch on this process's parent when it is ``tritonserver`` and ``/proc`` exists;
         a disabled one otherwise (the in-process mock, another OS)."""
-        parent = os.getppid()
-        try:
-            argv0 = (Path("/proc") / str(parent) / "cmdline").read_bytes().split(b"\0")[0].decode()
-        except (OSError, UnicodeDecodeError):
-            return cls(None)
-        return cls(parent if Path(argv0).name.startswith("tritonserver") else None)
+        return cls(os.getppid() if parent_server_argv() is not None else None)
 
     def dead(self, model: str) -> Optional[str]:
         """The error text for ``model`` (a model name, no version) when one of its stubs has
@@ -119,7 +117,7 @@ class StubWatch:
         return [(name, pid, self._state(pid, start)) for name, (pid, start) in self.stubs.get(model, {}).items()]
 
     def _state(self, pid: int, start: int) -> str:
-        stat = _stat(self.proc, pid)
+        stat = read_stat(pid, self.proc)
         if stat is None or stat[0] != self.server_pid or stat[2] != start:
             return "gone"
         return "exited" if stat[1] in ("Z", "X") else "alive"
@@ -131,7 +129,7 @@ class StubWatch:
         for entry in os.listdir(self.proc):
             if not entry.isdigit():
                 continue
-            stat = _stat(self.proc, int(entry))
+            stat = read_stat(int(entry), self.proc)
             if stat is None or stat[0] != self.server_pid:
                 continue
             try:

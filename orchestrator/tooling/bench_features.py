@@ -326,8 +326,6 @@ def bench_cache(server, client: Client, pool: Sequence[str], n: int, block: int 
     return out
 
 
-
-
 def bench_shadow(server, client: Client, texts: Sequence[str], block: int = 50) -> dict:
     """The primary's latency with no request, 10% and every request mirrored to
     ``classifier_fp16`` (:data:`SHADOW_VARIANTS`), in rotating order per block."""

@@ -105,8 +105,6 @@ def stats(server, model, version=""):
         client.close()
 
 
-
-
 def eventually(read, expected, timeout=20.0):
     """Poll ``read()`` until it equals ``expected`` (the router flushes metrics every 0.5 s)."""
     deadline = time.monotonic() + timeout

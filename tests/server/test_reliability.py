@@ -38,8 +38,6 @@ def texts():
     return data.held_out_texts(n=24, seed=5)
 
 
-
-
 def test_a_killed_classifier_stub_degrades_then_heals(server, texts):
     """SIGKILL the classifier_fast stub (a child of this test's server, found by pid): the
     texts that need it are answered by classifier at once, requests that do not need it

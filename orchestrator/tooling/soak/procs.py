@@ -20,6 +20,7 @@ import signal
 from dataclasses import dataclass
 from typing import List, Optional
 
+from orchestrator.runtime.stubs import read_stat
 from orchestrator.tooling.errors import ToolingError
 
 
@@ -41,18 +42,15 @@ class Proc:
 
 def read_proc(pid: int) -> Optional[Proc]:
     """``/proc/<pid>`` as a :class:`Proc`; None when the process is gone or unreadable."""
+    stat = read_stat(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read().decode("utf-8", "replace")
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
             argv = [a.decode("utf-8", "replace") for a in fh.read().split(b"\0") if a]
     except OSError:
         return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ')'
-    fields = stat.rsplit(")", 1)[-1].split()
-    if len(fields) < 20:
+    if stat is None:
         return None
-    return Proc(pid, int(fields[1]), fields[0], int(fields[19]), argv)
+    return Proc(pid, stat[0], stat[1], stat[2], argv)
 
 
 def children(parent: int) -> List[Proc]:

@@ -58,7 +58,10 @@ def test_a_killed_classifier_stub_degrades_then_heals(server, texts):
     np.testing.assert_allclose(out["PROBABILITIES"].reshape(-1), healthy_acc, atol=1e-5)
     # the router saw the zombie in /proc and did not wait python_backend's 1 s health timeout
     # (the bound separates an answer from the fallback from waiting for a repair)
-    assert "classifier_fast_0_0' is not healthy (process" in server.log_path.read_text()
+    log = server.log_path.read_text()
+    assert "classifier_fast_0_0' is not healthy (process" in log
+    # the repair goes over gRPC (an HTTP load would stall HTTP clients; runtime/control.py)
+    assert "reloading the model (repository API over grpc)" in log
     assert first_answer_s < 5.0, first_answer_s
     acc = call(server, "router", texts, parameters={"route": "accurate"})
     assert routes(acc) == ["classifier"] * len(texts)

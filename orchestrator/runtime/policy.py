@@ -51,16 +51,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.heads import Head
 from orchestrator.runtime.health import BreakerSettings
 from orchestrator.runtime.nodes.base import Node, ParseContext, Reader
 from orchestrator.runtime.nodes.model import ModelNode, OnDemand
 from orchestrator.runtime.request import Limits
 
-__all__ = ["Policy", "PolicyError", "OnDemand", "parse_policy", "read_document", "load_policy", "describe"]
+__all__ = ["Policy", "PolicyError", "OnDemand", "parse_policy", "read_document", "load_policy", "describe", "bind_heads"]
 
 TOP_LEVEL_KEYS = (
     "version", "root", "tokenizer", "postprocess", "max_sequence_length", "bls_max_batch_size",
@@ -85,6 +86,7 @@ class Policy:
         limits: input size limits.
         breaker: circuit breaker settings.
         source: the validated document, for ``policy show``.
+        head: the head of every answer, set by :func:`bind_heads` (None before).
     """
 
     root: Node
@@ -99,6 +101,7 @@ class Policy:
     limits: Limits = field(default_factory=Limits)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     source: Dict[str, Any] = field(default_factory=dict)
+    head: Optional[Head] = None
 
     def nodes(self) -> List[Node]:
         """Every node, depth first from the root."""
@@ -205,6 +208,57 @@ def parse_policy(document: Any) -> Policy:
         breaker=_breaker(r),
         source=json.loads(json.dumps(document)),
     )
+
+
+def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
+    """Give every ``model`` node its model's head and check that the policy can answer with
+    them; returns the policy's head (the one every answer has; set as ``policy.head``).
+
+    Args:
+        policy: a parsed policy.
+        heads: model name -> its head (``heads.read_head`` of ``<repo>/<model>``, or
+            ``heads.LEGACY`` for a model directory without ``head.json``); every model the
+            policy names must be a key.
+
+    Checks, each a PolicyError naming the node's location:
+        - every model node's head is compatible (``Head.compatible``) with the first one's:
+          a router answers every text in the same columns, so cascade stages, fallbacks,
+          split arms, switch cases and shadow candidates must agree on kind and labels;
+        - ``max_length`` of a model node, and ``window`` of a chunk node, at most its
+          model's ``max_length`` (a longer input would be cut by the tokenizer elsewhere,
+          or fail in the model);
+        - a chunk node's models share one tokenizer (windows are token windows);
+        - ``calibration`` fits the head: one value for binary heads, one per label (or
+          one for all) for multilabel heads, none for multiclass heads;
+        - a constant's ``probability`` has one value or one per output column.
+
+    Raises:
+        PolicyError: the first problem found, with its location.
+    """
+    model_nodes = policy.model_nodes()
+    if not model_nodes:
+        raise PolicyError("root: the policy names no model, so the router cannot know the shape of its answers")
+    for node in model_nodes:
+        if node.model not in heads:
+            raise PolicyError(f"{node.where}.model: model '{node.model}' is not in the model repository")
+        node.head = heads[node.model]
+    first = model_nodes[0]
+    for node in model_nodes:
+        if not node.head.compatible(first.head):
+            raise PolicyError(
+                f"{node.where}.model: '{node.model}' has a {node.head.describe()} head, but '{first.model}' "
+                f"({first.where}) has a {first.head.describe()} head; a router answers every text with one head"
+            )
+        if node.max_length > node.head.max_length:
+            raise PolicyError(
+                f"{node.where}.max_length: {node.max_length} tokens, over model '{node.model}''s maximum of "
+                f"{node.head.max_length} (its head.json max_length); lower max_sequence_length or the node's max_length"
+            )
+        node.check_calibration()
+    for node in policy.nodes():
+        N.KINDS[node.kind].bind(node, first.head)
+    policy.head = first.head
+    return first.head
 
 
 def read_document(path: Union[str, Path]) -> Any:

@@ -56,29 +56,36 @@ def decode_texts(array: np.ndarray, name: str = "TEXT") -> List[str]:
     return texts
 
 
-def check_thresholds(array: np.ndarray, count: int, name: str = "THRESHOLD") -> np.ndarray:
-    """Validate one decision threshold per text.
+def check_thresholds(array: np.ndarray, count: int, name: str = "THRESHOLD", columns: int = 1) -> np.ndarray:
+    """Validate the decision thresholds of ``count`` texts.
 
     Args:
-        array: FP32 tensor of shape ``[count, 1]`` or ``[count]``.
+        array: FP32 tensor of shape ``[count, 1]`` or ``[count]`` (one threshold per text)
+            or, when ``columns`` > 1, ``[count, columns]`` (one per label of a multiclass or
+            multilabel head, ``orchestrator.runtime.heads``).
         count: the number of texts (rows of ``TEXT`` or ``logits``) in the same request.
         name: the input's name, used in error messages.
+        columns: the answer's columns (labels); 1 for binary heads.
 
     Returns:
-        float32 array of shape ``[count]``; each value is a probability in ``[0, 1]``.
+        float32 array of shape ``[count, 1]`` or ``[count, columns]``; each value is a
+        probability in ``[0, 1]``.
 
     Raises:
-        InputError: wrong element count, or an element that is NaN, infinite, negative or
-            greater than 1 (a threshold is compared with a sigmoid probability).
+        InputError: a shape other than those above, or an element that is NaN, infinite,
+            negative or greater than 1 (a threshold is compared with a probability).
     """
     arr = np.asarray(array, dtype=np.float32)
-    flat = arr.reshape(-1)
-    if arr.ndim == 0 or arr.shape[0] != count or flat.size != count:
-        raise InputError(f"{name}: expected shape [{count}, 1] (one threshold per text), got {list(arr.shape)}")
-    for i, value in enumerate(flat):
+    per_label = columns > 1 and arr.ndim == 2 and arr.shape == (count, columns)
+    if not per_label and (arr.ndim == 0 or arr.shape[0] != count or arr.size != count):
+        also = f" or [{count}, {columns}] (one per label)" if columns > 1 else ""
+        raise InputError(f"{name}: expected shape [{count}, 1] (one threshold per text){also}, got {list(arr.shape)}")
+    out = arr.reshape(count, -1)
+    for i, value in enumerate(out.reshape(-1)):
         if not math.isfinite(float(value)) or value < 0.0 or value > 1.0:
-            raise InputError(f"{name}[{i}] = {float(value)!r}: must be a finite probability in [0, 1]")
-    return flat
+            where = f"{name}[{i // out.shape[1]}]" if out.shape[1] == 1 else f"{name}[{i // out.shape[1]}, {i % out.shape[1]}]"
+            raise InputError(f"{where} = {float(value)!r}: must be a finite probability in [0, 1]")
+    return out
 
 
 def request_parameters(raw: Any) -> Mapping[str, Any]:

@@ -206,6 +206,10 @@ def _never_declines(node: Node) -> bool:
     return False
 
 
+def _binds_anything(node: Node, head: Any) -> None:
+    return None
+
+
 @dataclass(frozen=True)
 class NodeKind:
     """One node kind, defined once.
@@ -220,6 +224,8 @@ class NodeKind:
         describe: one line for ``orchestrator policy check`` (without name and timeout).
         children: ``node -> [(label, child)]`` in rendering order (label may be "").
         declines: True when the node can leave texts unanswered.
+        bind: ``(node, head) -> None``: checks the node against the policy's head once the
+            repository's heads are known (``policy.bind_heads``); raises PolicyError.
     """
 
     name: str
@@ -230,6 +236,7 @@ class NodeKind:
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
     declines: Callable[[Any], bool] = _never_declines
+    bind: Callable[[Any, Any], None] = _binds_anything
 
 
 #: kind name -> its definition; filled by ``orchestrator.runtime.nodes`` (its ``KINDS``).

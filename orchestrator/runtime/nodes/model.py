@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
 from orchestrator.runtime.scores import logit, sigmoid
 
@@ -74,6 +75,8 @@ class ModelNode(Node):
             client's threshold gives the reference model's verdicts.
         where: the node's location in the policy document (``root.steps[1]``), for
             errors found after parsing (``orchestrator policy check`` against a repository).
+        head: the model's head (``heads.Head``), bound from the repository's
+            ``<model>/head.json`` by ``policy.bind_heads`` (default: the legacy one-logit head).
     """
 
     model: str = ""
@@ -81,8 +84,25 @@ class ModelNode(Node):
     route: str = ""
     max_length: int = 0
     on_demand: Optional[OnDemand] = None
-    logit_shift: float = 0.0
+    logit_shift: Union[float, Tuple[float, ...]] = 0.0
     where: str = ""
+    head: Head = LEGACY
+
+    def check_calibration(self) -> None:
+        """Check ``logit_shift`` against ``head``: one value for a binary head, one per label
+        (or one for all) for a multilabel head, none for a multiclass head.
+
+        Raises:
+            PolicyError: naming ``where``.
+        """
+        shift = np.atleast_1d(np.asarray(self.logit_shift, dtype=np.float64))
+        if not shift.any():
+            return
+        k = self.head.columns
+        if self.head.kind == "multiclass":
+            raise PolicyError(f"{self.where}.calibration: a multiclass head ('{self.model}') has no threshold to calibrate")
+        if shift.size not in (1, k):
+            raise PolicyError(f"{self.where}.calibration: {shift.size} values for the {k} label(s) of '{self.model}'")
 
     @property
     def target(self) -> str:

@@ -36,7 +36,7 @@ ROUTER_VARIANTS = {
     # never escalates
     "router_fast": {"cascade": {"margin": 0.0}},
 }
-# The shipped policy with the tokenizer and postprocess models called through BLS.
+# The shipped policy with the tokenizer models called through BLS.
 BLS_VARIANT = "router_bls"
 # The shipped policy without its fallbacks: a broken model fails the texts that need it.
 STRICT_VARIANT = "router_strict"
@@ -72,6 +72,7 @@ def add_router_variant(repo: Path, name: str, policy_document) -> Path:
     (dest / "1").mkdir(parents=True)
     shutil.copy(REPO / "router" / "1" / "model.py", dest / "1" / "model.py")
     shutil.copytree(REPO / "router" / "warmup", dest / "warmup")
+    shutil.copy(REPO / "router" / "labels.txt", dest / "labels.txt")
     config = repository.read_config(REPO / "router" / "config.pbtxt")
     config.name = name
     repository.write_config(dest / "config.pbtxt", config, [f"Test-only router variant {name} (tests/helpers.py)."])
@@ -143,7 +144,6 @@ def make_test_repository(dest: Path) -> Path:
 #   other words ``1000 + len(word)``; the ``truncation`` parameter must be false.
 # - classifier ``m``: logit = ``GAIN[m] * (#good - #bad) + BIAS[m]`` over the row's ids
 #   (``m`` may be a pinned version, ``fast@2``: a call target of ``nodes.model.target``).
-# - ``postprocess``: sigmoid and ``>= THRESHOLD``.
 GAIN = {"fast": 1.0, "accurate": 2.0, "third": 0.5, "fast@1": 1.0, "fast@2": 3.0}
 BIAS = {"fast": 0.1, "accurate": -0.2, "third": 0.3, "fast@1": 0.1, "fast@2": -0.4}
 

@@ -2,11 +2,13 @@
 
 Texts become :class:`~orchestrator.runtime.nodes.base.Item` objects that enter the policy's
 root node; each node's handler is found in :data:`orchestrator.runtime.nodes.KINDS`. The
-engine owns what handlers share: tokenization (in-process or one batched BLS call to the
-tokenizer model), classification (rows sorted by length, padded per call, split at
-``bls_max_batch_size`` rows, sent concurrently), postprocess (in-process or BLS), metrics,
-node timeouts and the background queue of ``shadow`` nodes (``mirror.Mirror``). Downstream
-calls go through the ``infer`` function it is given, so tests drive it with a fake one.
+engine owns what handlers share: tokenization with each model's own tokenizer (in-process
+from the tokenizer model's files, or one batched BLS call to the tokenizer model),
+classification (rows sorted by length, padded per call with the tokenizer's pad id, split
+at ``bls_max_batch_size`` rows, sent concurrently), the policy's head
+(``heads.Head``: probabilities and verdicts of every answer), metrics, node timeouts and
+the background queue of ``shadow`` nodes (``mirror.Mirror``). Downstream calls go through
+the ``infer`` function it is given, so tests drive it with a fake one.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ import numpy as np
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
+from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
-from orchestrator.runtime.nodes.base import Answers, Item, Node
+from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node
 from orchestrator.runtime.nodes.chunk import window_count
 from orchestrator.runtime.nodes.model import split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
-from orchestrator.runtime.policy import Policy
+from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
 from orchestrator.runtime.request import Result, Work
-from orchestrator.runtime.scores import probabilities_and_verdicts
 
 # infer(target, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -66,29 +68,29 @@ class Engine:
         logger=None,
     ):
         self.policy = policy
-        self.tokenizer = None
+        if policy.head is None:  # not bound to a repository: every model has the legacy head
+            bind_heads(policy, {n.model: LEGACY for n in policy.model_nodes()})
+        self.head: Head = policy.head
+        self.tokenizers: Dict[str, object] = {}
         self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
+        self.token_kinds = policy.tokenizers()
         if policy.inline_tokenizer:
             from transformers import AutoTokenizer
 
-            path = (Path(model_dir or ".") / policy.inline_tokenizer).resolve()
-            self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+            for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items():
+                self.tokenizers[name] = AutoTokenizer.from_pretrained(str(path))
         self.infer = infer
         self.metrics = metrics
         self.models = models
         self.counter = 0
         self.rng = random.Random()
-        self.needs_tokens = any(
-            n.kind in ("model", "chunk") or (n.kind == "switch" and any(c.when.needs_tokens for c in n.cases))
-            for n in policy.nodes()
-        )
-        self.chunkings = sorted({(n.window, n.stride) for n in policy.nodes() if n.kind == "chunk"})
+        self.chunkings = sorted({(n.window, n.stride, n.tokenizer) for n in policy.nodes() if n.kind == "chunk"})
         self.mirror_runner: Optional[Mirror] = None
         if any(n.kind == "shadow" for n in policy.nodes()):
             self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
 
     def fork(self, infer: InferFn, **overrides) -> "Engine":
-        """A twin sharing this engine's policy, tokenizer (and its lock), metrics and
+        """A twin sharing this engine's policy, tokenizers (and their lock), metrics and
         on-demand manager, with its own ``infer``, window counter and random draws, and
         no shadow queue (a ``shadow`` node inside a candidate answers without mirroring).
         ``overrides``: attributes to replace too (``models=None``, ``metrics=None``)."""
@@ -110,10 +112,17 @@ class Engine:
         if self.metrics:
             self.metrics.inc(family, value, **labels)
 
-    def window(self, parent: Item, ids: np.ndarray) -> Item:
-        """A new item for one window (token ids ``ids``) of ``parent``'s text."""
+    def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
+        """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
         self.counter += 1
-        return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, ids)
+        return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, {tokenizer: ids})
+
+    def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
+        """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed
+        ones of a constant or vote, else the head's rule at the item's thresholds."""
+        if answer.verdict is not None:
+            return np.asarray(answer.verdict, dtype=bool)
+        return self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
 
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
@@ -149,45 +158,48 @@ class Engine:
             if self.metrics:
                 self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
 
-    async def ensure_tokens(self, items: Sequence[Item]) -> None:
-        """Tokenize (in-process, or one batched BLS call without truncation) the items
-        that have no ids yet."""
-        todo = [it for it in items if it.ids is None]
+    async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
+        """Tokenize with tokenizer model ``tokenizer`` (in-process with its files, or one
+        batched BLS call to it without truncation) the items that have no ids of it yet."""
+        todo = [it for it in items if tokenizer not in it.tokens]
         if not todo:
             return
-        if self.tokenizer is not None:  # in-process: the same files and call as the tokenizer model
+        local = self.tokenizers.get(tokenizer)
+        if local is not None:  # in-process: the same files and call as the tokenizer model
             with self.tokenizer_lock:  # a fast tokenizer used from two threads raises "Already borrowed"
-                encoded = self.tokenizer([it.text for it in todo], truncation=False, padding=False)["input_ids"]
+                encoded = local([it.text for it in todo], truncation=False, padding=False)["input_ids"]
             for it, ids in zip(todo, encoded):
-                it.ids = np.asarray(ids, dtype=np.int64)
+                it.tokens[tokenizer] = np.asarray(ids, dtype=np.int64)
             return
 
         def inputs(part):
             return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
 
-        outs = await self._batched(self.policy.tokenizer, todo, inputs, {"truncation": False})
+        outs = await self._batched(tokenizer, todo, inputs, {"truncation": False})
         k = 0
         for out in outs:
             ids, lengths = out["input_ids"], out["attention_mask"].sum(axis=1)
             for row in range(ids.shape[0]):
-                todo[k].ids = ids[row, : int(lengths[row])]
+                todo[k].tokens[tokenizer] = ids[row, : int(lengths[row])]
                 k += 1
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray:
-        """Logits (float32 [len(items)]) of ``model`` (a name or ``name@version``); rows
-        sorted by length, padded per call.
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> np.ndarray:
+        """Logits (float32 [len(items), head.num_logits]) of ``model`` (a name or
+        ``name@version``): the ids of the head's tokenizer, truncated to ``max_length``
+        tokens, rows sorted by length and padded per call with the head's ``pad_token_id``.
 
         Raises:
             DownstreamError: the model failed, answered another number of rows than it
-                was sent, or (on demand) could not be loaded.
+                was sent or another number of logit columns than its head has, or (on
+                demand) could not be loaded.
         """
-        seqs = [truncate(it.ids, max_length) for it in items]
+        seqs = [truncate(it.ids(head.tokenizer), max_length) for it in items]
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
         ordered = [items[i] for i in order]
 
         def inputs(part):
             width = max(seqs[order[i]].shape[0] for i in part)
-            ids = np.zeros((len(part), width), dtype=np.int64)
+            ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)
             for row, i in enumerate(part):
                 s = seqs[order[i]]
@@ -203,8 +215,17 @@ class Engine:
         finally:
             if self.models:
                 self.models.release(name)
-        logits = np.empty(len(seqs), dtype=np.float32)
-        logits[order] = np.concatenate([o["logits"].reshape(o["logits"].shape[0], -1)[:, 0] for o in outs])
+        logits = np.empty((len(seqs), head.num_logits), dtype=np.float32)
+        parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
+        for part in parts:
+            if part.shape[1] != head.num_logits:
+                raise DownstreamError(
+                    f"model '{model}' answered {part.shape[1]} logit columns, but its head has {head.num_logits} "
+                    f"({head.describe()}); a model without head.json is served as one logit: export it with "
+                    "'orchestrator export' or write its head.json",
+                    retryable=False,
+                )
+        logits[order] = np.concatenate(parts)
         return logits
 
     # -- internals
@@ -249,28 +270,6 @@ class Engine:
                     )
         return outs
 
-    async def _postprocess(self, items: List[Item], answers: Answers, probs: np.ndarray, verdicts: np.ndarray) -> None:
-        """Fill ``probs``/``verdicts`` (indexed by item) from the answers' logits, for items
-        whose answer has no fixed verdict: in-process or through the postprocess model."""
-        for it in items:
-            if answers[it.idx].verdict is not None:
-                verdicts[it.idx] = answers[it.idx].verdict
-        post = [it for it in items if answers[it.idx].verdict is None]
-        if not post:
-            return
-        idx = [it.idx for it in post]
-        logits = np.array([[answers[i].logit] for i in idx], dtype=np.float32)
-        thresholds = np.array([[it.threshold] for it in post], dtype=np.float32)
-        if self.policy.inline_postprocess:
-            p, v = probabilities_and_verdicts(logits, thresholds.reshape(-1))
-            probs[idx], verdicts[idx] = p.reshape(-1), v.reshape(-1)
-            return
-        outs = await self._batched(
-            self.policy.postprocess, post, lambda part: {"logits": logits[part], "THRESHOLD": thresholds[part]}, None
-        )
-        probs[idx] = np.concatenate([o["PROBABILITIES"].reshape(-1) for o in outs])
-        verdicts[idx] = np.concatenate([o["VERDICTS"].reshape(-1) for o in outs])
-
     # -- one execute call
 
     def _window_error(self, work: Work, items: Sequence[Item]) -> Optional[InputError]:
@@ -278,10 +277,9 @@ class Engine:
         ``limits.max_windows_per_text`` in any chunk node of the policy."""
         cap = self.policy.limits.max_windows_per_text
         for i, it in enumerate(items):
-            if it.ids is None:
-                continue
-            tokens = int(it.ids.shape[0])
-            windows = max((window_count(tokens, w, s) for w, s in self.chunkings), default=1)
+            counts = [(window_count(int(it.tokens[t].shape[0]), w, s), int(it.tokens[t].shape[0]))
+                      for w, s, t in self.chunkings if t in it.tokens]
+            windows, tokens = max(counts, default=(1, 0))
             if windows > cap:
                 return LimitError(
                     f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
@@ -300,29 +298,27 @@ class Engine:
         per_work: List[List[Item]] = []
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
-            pairs = enumerate(zip(w.texts, w.thresholds))
-            per_work.append([Item(start + j, k, text, float(thr), w.parameters, w.request_id) for j, (text, thr) in pairs])
-        if self.needs_tokens:
-            await self.ensure_tokens([it for items in per_work for it in items if it.text.strip()])
+            thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
+            pairs = enumerate(zip(w.texts, thresholds))
+            per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id) for j, (text, thr) in pairs])
+        texts = [it for items in per_work for it in items if it.text.strip()]
+        for tokenizer in self.token_kinds:
+            await self.ensure_tokens(texts, tokenizer)
         refused = {k: e for k, items in enumerate(per_work) if self.chunkings and (e := self._window_error(works[k], items))}
         items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
         answers = await self.run_node(self.policy.root, items)
         missing = [it.idx for it in items if it.idx not in answers]
         if missing:
             raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
-        probs = np.zeros(sum(len(p) for p in per_work), dtype=np.float64)
-        verdicts = np.zeros(probs.shape[0], dtype=bool)
-        for it in items:
-            probs[it.idx] = answers[it.idx].probability
-        await self._postprocess(items, answers, probs, verdicts)
         results: List[Union[Result, InputError]] = []
         for k, its in enumerate(per_work):
             if k in refused:
                 results.append(refused[k])
                 continue
-            idx = [it.idx for it in its]
-            routes = [answers[i].route for i in idx]
+            probs = np.stack([answers[it.idx].probabilities for it in its]).astype(np.float32)
+            verdicts = np.stack([self.final_verdicts(answers[it.idx], it) for it in its])
+            routes = [answers[it.idx].route for it in its]
             for r in routes:
                 self.count("orchestrator_texts_total", route=r)
-            results.append(Result(probs[idx].astype(np.float32).reshape(-1, 1), verdicts[idx].reshape(-1, 1), routes))
+            results.append(Result(probs, verdicts, routes))
         return results

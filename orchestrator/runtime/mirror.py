@@ -7,13 +7,15 @@ one batch at a time through an :class:`~orchestrator.runtime.engine.Engine` twin
 router's (same policy, tokenizer, on-demand manager and metrics; its own downstream call
 function, so its circuit breakers are not the primary's: a failing candidate never opens
 a circuit that the primary path uses). Comparison per text, between the primary's final
-answer and the candidate's (the verdict is the fixed one of a constant or vote, else
-``float32(probability) >= float32(threshold)`` as the router's postprocess decides):
+answer and the candidate's (verdicts as the router reports them, ``Engine.final_verdicts``;
+a flip is ``heads.Head.flipped``: another top label for multiclass heads, another verdict
+in some column otherwise):
 
     orchestrator_shadow_texts_total{node,candidate}      texts compared
     orchestrator_shadow_flips_total{node,candidate}      of those, verdicts that differ
     orchestrator_shadow_probability_difference{node,candidate}
-                                                         histogram of |p_candidate - p_primary|
+                                                         histogram of max over columns of
+                                                         |p_candidate - p_primary|
                                                          (``metrics.DIFFERENCE_BUCKETS``)
     orchestrator_shadow_errors_total{node,candidate}     mirrored texts the candidate did
                                                          not answer (error, timeout, open circuit)
@@ -32,14 +34,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from orchestrator.runtime.nodes.base import Answer, Answers, Item
-
-
-def final_verdict(answer: Answer, threshold: float) -> bool:
-    """The verdict the router reports for ``answer`` at ``threshold`` (see module doc)."""
-    if answer.verdict is not None:
-        return bool(answer.verdict)
-    return bool(np.float32(answer.probability) >= np.float32(threshold))
+from orchestrator.runtime.nodes.base import Answers, Item
 
 
 class Mirror:
@@ -79,8 +74,8 @@ class Mirror:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._work, name="orchestrator-shadow", daemon=True)
                 self.thread.start()
-        primary = [(answers[it.idx].probability, final_verdict(answers[it.idx], it.threshold)) for it in items]
-        copies = [Item(it.idx, it.req, it.text, it.threshold, it.params, it.request_id, it.ids) for it in items]
+        primary = [(answers[it.idx].probabilities, self.engine.final_verdicts(answers[it.idx], it)) for it in items]
+        copies = [Item(it.idx, it.req, it.text, it.threshold, it.params, it.request_id, dict(it.tokens)) for it in items]
         self.jobs.put((node, copies, primary))
         return True
 
@@ -107,7 +102,7 @@ class Mirror:
             loop.run_until_complete(loop.shutdown_default_executor())  # async_exec's threads
             loop.close()
 
-    async def _compare(self, node, items: List[Item], primary: List[Tuple[float, bool]]) -> None:
+    async def _compare(self, node, items: List[Item], primary: List[Tuple[np.ndarray, np.ndarray]]) -> None:
         labels = {"node": node.name, "candidate": node.candidate.name}
         try:
             answers = await self.engine.run_node(node.candidate, items)
@@ -118,14 +113,16 @@ class Mirror:
                 self.logger.log_warn(f"router: shadow '{node.name}': candidate '{node.candidate.name}' failed: {exc}")
             return
         compared = flips = 0
+        head = self.engine.head
         for it, (p0, v0) in zip(items, primary):
             a = answers.get(it.idx)
             if a is None:
                 continue
             compared += 1
-            flips += final_verdict(a, it.threshold) != v0
+            flips += head.flipped(a.probabilities, self.engine.final_verdicts(a, it), p0, v0)
             if self.metrics is not None:
-                self.metrics.observe("orchestrator_shadow_probability_difference", abs(a.probability - p0), **labels)
+                diff = float(np.max(np.abs(a.probabilities - p0)))
+                self.metrics.observe("orchestrator_shadow_probability_difference", diff, **labels)
         self._count("orchestrator_shadow_texts_total", compared, **labels)
         self._count("orchestrator_shadow_flips_total", flips, **labels)
         self._count("orchestrator_shadow_errors_total", len(items) - compared, **labels)

@@ -20,14 +20,19 @@ Top-level keys:
     version               1
     description           free text
     root                  NODE (required)
-    tokenizer, postprocess  model names (default ``tokenizer`` and ``postprocess``)
-    inline                ``tokenizer``: a directory of tokenizer files relative to the
-                          router's model directory (e.g. ``../tokenizer/1``), tokenized in
-                          the router's process instead of a BLS call; ``postprocess:
-                          true``: apply ``orchestrator.runtime.scores.probabilities_and_verdicts``
-                          (the postprocess model's own function) in-process. Each saves
-                          one BLS round trip per ``execute``.
-    max_sequence_length   tokens (default 128, the demo tokenizer's ``model_max_length``)
+    tokenizer             the tokenizer model whose tokens ``switch`` ``tokens`` conditions
+                          count (default: the first model's, from its head). Model and
+                          chunk nodes always use their own model's tokenizer (its head).
+    inline                ``tokenizer: true``: tokenize in the router's process with each
+                          tokenizer model's own files (``<repository>/<tokenizer>/1``)
+                          instead of a BLS call, saving one round trip per ``execute``;
+                          a path (the older form, e.g. ``../tokenizer/1``) is accepted
+                          when it is those files. ``postprocess: true`` (the only value):
+                          kept for older policies; the router always turns logits into
+                          answers with its models' heads (``orchestrator.runtime.heads``,
+                          the postprocess model's own functions) in-process.
+    max_sequence_length   tokens (default 128, the demo tokenizer's ``model_max_length``);
+                          at most each model's ``max_length`` (its head)
     bls_max_batch_size    rows per BLS call (default 64, the downstream models'
                           ``max_batch_size``)
     request_parameters    request parameter name -> the values clients may send; ``param``
@@ -42,6 +47,10 @@ Top-level keys:
                           ``consecutive_failures`` (3), ``open_s`` (5), ``reload_unhealthy``
                           (true), ``reload_interval_s`` (30), ``watch_stubs`` (true)
 
+Every answer of a policy has its models' head (``heads.Head``, from ``<model>/head.json``):
+:func:`bind_heads` checks the policy against the repository's heads when the router loads
+(and in ``orchestrator policy check --repo``).
+
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
 """
@@ -55,16 +64,16 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.heads import Head
+from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.health import BreakerSettings
-from orchestrator.runtime.nodes.base import Node, ParseContext, Reader
+from orchestrator.runtime.nodes.base import BindContext, Node, ParseContext, Reader
 from orchestrator.runtime.nodes.model import ModelNode, OnDemand
 from orchestrator.runtime.request import Limits
 
 __all__ = ["Policy", "PolicyError", "OnDemand", "parse_policy", "read_document", "load_policy", "describe", "bind_heads"]
 
 TOP_LEVEL_KEYS = (
-    "version", "root", "tokenizer", "postprocess", "max_sequence_length", "bls_max_batch_size",
+    "version", "root", "tokenizer", "max_sequence_length", "bls_max_batch_size",
     "request_parameters", "description", "inline", "ignored_parameters", "limits", "circuit_breaker",
 )
 
@@ -75,13 +84,13 @@ class Policy:
 
     Attributes:
         root: the node every text enters.
-        tokenizer, postprocess: model names for BLS tokenization and postprocess.
+        tokenizer: the tokenizer model of ``switch`` ``tokens`` conditions (None: the
+            first model's, set by :func:`bind_heads`).
         max_sequence_length: default token limit of model and chunk nodes (tokens).
         bls_max_batch_size: rows per BLS call.
         request_parameters: request parameter name -> the values clients may send.
-        inline_tokenizer: tokenizer files directory, relative to the router's model
-            directory, or None (BLS tokenizer).
-        inline_postprocess: apply the postprocess function in-process.
+        inline_tokenizer: True (or the older form, a tokenizer files directory relative to
+            the router's model directory): tokenize in-process; None: through BLS.
         ignored_parameters: ``fnmatch`` patterns of request parameters accepted and ignored.
         limits: input size limits.
         breaker: circuit breaker settings.
@@ -90,13 +99,11 @@ class Policy:
     """
 
     root: Node
-    tokenizer: str = "tokenizer"
-    postprocess: str = "postprocess"
+    tokenizer: Optional[str] = None
     max_sequence_length: int = 128
     bls_max_batch_size: int = 64
     request_parameters: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
-    inline_tokenizer: Optional[str] = None
-    inline_postprocess: bool = False
+    inline_tokenizer: Union[bool, str, None] = None
     ignored_parameters: Tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
@@ -108,11 +115,19 @@ class Policy:
         return list(N.walk(self.root))
 
     def models(self) -> List[str]:
-        """Every downstream call target of the policy (BLS), tokenizer and postprocess
-        included: model names, ``name@version`` for pinned versions (``nodes.model.target``)."""
-        names = [] if self.inline_tokenizer else [self.tokenizer]
-        names += [] if self.inline_postprocess else [self.postprocess]
+        """Every downstream call target of the policy (BLS), tokenizer models included
+        unless tokenization is inline: model names, ``name@version`` for pinned versions
+        (``nodes.model.target``)."""
+        names = [] if self.inline_tokenizer else self.tokenizers()
         names += [n.target for n in self.nodes() if isinstance(n, ModelNode)]
+        return list(dict.fromkeys(names))
+
+    def tokenizers(self) -> List[str]:
+        """The tokenizer models the policy needs: its models' (their heads), the
+        ``tokenizer`` of ``tokens`` conditions when a switch has one."""
+        names = [n.head.tokenizer for n in self.model_nodes()]
+        if any(getattr(c.when, "needs_tokens", False) for n in self.nodes() if n.kind == "switch" for c in n.cases):
+            names.append(self.tokenizer or (names[0] if names else "tokenizer"))
         return list(dict.fromkeys(names))
 
     def model_nodes(self) -> List[ModelNode]:
@@ -185,6 +200,16 @@ def parse_policy(document: Any) -> Policy:
     """
     r = Reader(document, "policy", TOP_LEVEL_KEYS)
     inline = Reader(r.get("inline", dict, {}) or {}, "policy.inline", ("tokenizer", "postprocess"))
+    if inline.get("postprocess", bool, True) is not True:
+        raise PolicyError(
+            "policy.inline.postprocess: false is no longer offered: the router turns logits into answers with each "
+            "model's head (orchestrator.runtime.heads) in-process; delete the key"
+        )
+    inline_tokenizer = inline.data.get("tokenizer")
+    if inline_tokenizer is not None and not (inline_tokenizer is True or inline_tokenizer is False):
+        inline_tokenizer = inline.get("tokenizer", str)
+    if "postprocess" in r.data:
+        raise PolicyError("policy.postprocess: no longer a key: each model's head decides its answers (delete the key)")
     version = r.get("version", int, 1)
     if version != 1:
         raise PolicyError(f"policy.version: {version} is not supported (expected 1)")
@@ -196,13 +221,11 @@ def parse_policy(document: Any) -> Policy:
     _check_declining(root)
     return Policy(
         root=root,
-        tokenizer=r.get("tokenizer", str, "tokenizer"),
-        postprocess=r.get("postprocess", str, "postprocess"),
+        tokenizer=r.get("tokenizer", str),
         max_sequence_length=max_len,
         bls_max_batch_size=r.number_in("bls_max_batch_size", 1, 1 << 20, 64, kind=int),
         request_parameters=params,
-        inline_tokenizer=inline.get("tokenizer", str),
-        inline_postprocess=inline.get("postprocess", bool, False),
+        inline_tokenizer=inline_tokenizer or None,
         ignored_parameters=_ignored_parameters(r),
         limits=_limits(r),
         breaker=_breaker(r),
@@ -236,8 +259,9 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
         PolicyError: the first problem found, with its location.
     """
     model_nodes = policy.model_nodes()
-    if not model_nodes:
-        raise PolicyError("root: the policy names no model, so the router cannot know the shape of its answers")
+    if not model_nodes:  # constants only: one column, as a binary head answers
+        policy.head = LEGACY
+        return LEGACY
     for node in model_nodes:
         if node.model not in heads:
             raise PolicyError(f"{node.where}.model: model '{node.model}' is not in the model repository")
@@ -255,10 +279,31 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
                 f"{node.head.max_length} (its head.json max_length); lower max_sequence_length or the node's max_length"
             )
         node.check_calibration()
+    ctx = BindContext(first.head, policy.tokenizer or first.head.tokenizer)
     for node in policy.nodes():
-        N.KINDS[node.kind].bind(node, first.head)
+        N.KINDS[node.kind].bind(node, ctx)
     policy.head = first.head
     return first.head
+
+
+def inline_tokenizer_dirs(policy: Policy, model_dir: Path) -> Dict[str, Path]:
+    """Tokenizer model name -> the directory of its files (``<repository>/<name>/1``, the
+    repository being the router's model directory's parent), for in-process tokenization.
+
+    Raises:
+        PolicyError: ``inline.tokenizer`` is a path that is not the files of the one
+            tokenizer the policy's models use.
+    """
+    repo = Path(model_dir).resolve().parent
+    dirs = {name: repo / name / "1" for name in policy.tokenizers()}
+    if isinstance(policy.inline_tokenizer, str):
+        given = (Path(model_dir) / policy.inline_tokenizer).resolve()
+        if list(dirs.values()) != [given]:
+            raise PolicyError(
+                f"policy.inline.tokenizer: {policy.inline_tokenizer!r} is not the files of the tokenizer model(s) the "
+                f"policy's models use ({', '.join(dirs)}, from their heads); write 'tokenizer: true'"
+            )
+    return dirs
 
 
 def read_document(path: Union[str, Path]) -> Any:
@@ -297,10 +342,11 @@ def load_policy(path: Union[str, Path]) -> Policy:
 
 def describe(policy: Policy) -> str:
     """The policy as an indented text tree (what ``orchestrator policy check`` prints)."""
-    tok = f"inline({policy.inline_tokenizer})" if policy.inline_tokenizer else policy.tokenizer
-    post = "inline" if policy.inline_postprocess else policy.postprocess
+    toks = ",".join(policy.tokenizers())
+    tok = f"inline({toks})" if policy.inline_tokenizer else toks
+    head = f" head={policy.head.describe()}" if policy.head else ""
     lines = [
-        f"policy: tokenizer={tok} postprocess={post} "
+        f"policy: tokenizer={tok}{head} "
         f"max_sequence_length={policy.max_sequence_length} bls_max_batch_size={policy.bls_max_batch_size}"
     ]
     for name, values in policy.request_parameters.items():

@@ -2,7 +2,8 @@
 
 Inputs (full shapes, batch first):
     TEXT       TYPE_STRING [N, 1]  UTF-8 texts
-    THRESHOLD  FP32        [N, 1]  decision threshold per text, a probability in [0, 1]
+    THRESHOLD  FP32        [N, 1]  decision threshold per text, a probability in [0, 1];
+                           [N, K]  or one per label (multiclass and multilabel heads)
 Request parameters (KServe v2 ``parameters``): the ones the policy declares in
 ``request_parameters`` (``route`` in the shipped policy) and ``describe_policy``.
 """
@@ -30,7 +31,7 @@ class Work:
 
     Attributes:
         texts: N strings.
-        thresholds: float32 [N], each in [0, 1].
+        thresholds: float32 [N, 1] or [N, C] (one per label), each in [0, 1].
         parameters: the request's parameters (``describe_policy`` removed).
         request_id: Triton's request id (may be empty).
         describe: the request asked for the POLICY output.
@@ -45,7 +46,8 @@ class Work:
 
 @dataclass
 class Result:
-    """One request's answer: PROBABILITIES float32 [N, 1], VERDICTS bool [N, 1], ROUTE [N]."""
+    """One request's answer: PROBABILITIES float32 [N, C], VERDICTS bool [N, C], ROUTE [N]
+    (C: the policy head's columns, ``heads.Head.columns``)."""
 
     probabilities: np.ndarray
     verdicts: np.ndarray
@@ -132,6 +134,7 @@ def parse_request(
     limits: Optional[Limits] = None,
     ignored: Sequence[str] = (),
     explicit_outputs: Optional[Set[str]] = None,
+    columns: int = 1,
 ) -> Work:
     """Validate one request: ``TEXT`` (sizes first), ``THRESHOLD``, request parameters and
     the outputs it asked for.
@@ -145,6 +148,7 @@ def parse_request(
         limits: input size limits (default :class:`Limits`).
         ignored: ``fnmatch`` patterns of parameters to accept and ignore.
         explicit_outputs: the outputs the client named, when it named a subset (None: all).
+        columns: the answer's columns (the policy head's); THRESHOLD may have one per column.
 
     Raises:
         InputError: a missing input, an empty batch, a text or request over a size limit,
@@ -158,7 +162,7 @@ def parse_request(
         raise InputError("THRESHOLD: required input is missing")
     check_sizes(texts_array, limits or Limits())
     texts = decode_texts(texts_array, "TEXT")
-    thresholds = check_thresholds(thresholds_array, len(texts), "THRESHOLD")
+    thresholds = check_thresholds(thresholds_array, len(texts), "THRESHOLD", columns)
     parameters = dict(parameters or {})
     accepted = check_parameters(parameters, exposed or {}, ignored)
     describe = parse_bool(parameters.get(DESCRIBE_PARAMETER, False), DESCRIBE_PARAMETER)

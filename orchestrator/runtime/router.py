@@ -1,10 +1,12 @@
 """The router: one Python-backend model that replaces the ``ensemble`` DAG.
 
-Same inputs and outputs as ``ensemble`` plus ``ROUTE``, so a client switches by model name:
+Same inputs and outputs as ``ensemble`` plus ``ROUTE``, so a client switches by model name
+(C: 1 for a binary head, K labels for multiclass and multilabel heads; ``heads``):
     TEXT           TYPE_STRING [N, 1]  UTF-8 texts
-    THRESHOLD      FP32        [N, 1]  decision threshold per text, in [0, 1]
-    PROBABILITIES  FP32        [N, 1]  probability of the positive class
-    VERDICTS       BOOL        [N, 1]  PROBABILITIES >= THRESHOLD (unless a constant says)
+    THRESHOLD      FP32        [N, 1]  decision threshold per text, in [0, 1]; or [N, C]
+    PROBABILITIES  FP32        [N, C]  binary: P(positive label); else one per label
+    VERDICTS       BOOL        [N, C]  the head's rule (binary: PROBABILITIES >= THRESHOLD),
+                                       unless a constant or vote fixes them
     ROUTE          TYPE_STRING [N, 1]  the branch that answered
     POLICY         TYPE_STRING [N, 1]  optional: the policy as JSON, only for requests with
                                        the parameter ``describe_policy: true``
@@ -23,6 +25,12 @@ Batching: the texts of all requests in one ``execute`` call go through the polic
 together: one tokenization (whole texts, no truncation), one BLS call per model node, one
 postprocess step; BLS calls are split at ``bls_max_batch_size`` rows and sent
 concurrently, with rows sorted by length so each call pads as little as possible.
+
+Heads: at load the router reads each model's head (``<repository>/<model>/head.json``; a
+model without one is served as one logit, sigmoid) and refuses to load when the policy
+cannot answer with them (``policy.bind_heads``: heads that disagree, a length over a
+model's maximum), or when its ``PROBABILITIES`` label file (Triton's classification
+extension) names other labels than the policy's head.
 
 Errors: bad input (including a text over the policy's ``limits``) gives that request an
 INVALID_ARG error naming the input (or the request parameter). A failing downstream model
@@ -60,12 +68,13 @@ import numpy as np
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
+from orchestrator.runtime.heads import LEGACY, Head, HeadError, read_head
 from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
 from orchestrator.runtime.ondemand import ModelManager
+from orchestrator.runtime.policy import bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.policy import load_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
 from orchestrator.runtime.stubs import StubWatch
 from orchestrator.runtime.validation import config_parameters, request_parameters
@@ -79,6 +88,36 @@ def warmup_executes(config: dict) -> int:
     call)."""
     samples = config.get("model_warmup") or []
     return sum(max(1, int(s.get("count", 0) or 0)) for s in samples if int(s.get("batch_size", 0) or 0) >= 1)
+
+
+def repository_heads(repo: Path, policy) -> Dict[str, Head]:
+    """Model name -> head for every model ``policy`` names: ``<repo>/<model>/head.json``,
+    or the legacy one-logit head (``heads.LEGACY``) where the model directory has none.
+
+    Raises:
+        HeadError: a ``head.json`` that is unreadable or invalid.
+    """
+    return {n.model: read_head(repo / n.model) or LEGACY for n in policy.model_nodes()}
+
+
+def check_label_file(model_dir: Path, config: dict, policy, policy_file: Path) -> None:
+    """Refuse to load (ValueError) when the router's ``PROBABILITIES`` output has a
+    ``label_filename`` whose lines differ from the policy head's output labels: Triton's
+    classification extension would name the columns wrongly."""
+    name = next((o.get("label_filename") for o in config.get("output", []) if o.get("name") == "PROBABILITIES"), None)
+    if not name:
+        return
+    path = model_dir / name
+    try:
+        found = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+    except OSError as exc:
+        raise ValueError(f"router: cannot read label file {path}: {exc.strerror}") from None
+    wanted = list(policy.head.output_labels())
+    if found != wanted:
+        raise ValueError(
+            f"router: label file {path} says {found}, but the policy's models answer {wanted} "
+            f"({policy.head.describe()}); run: orchestrator policy check {policy_file} --repo {model_dir.parent} --write-labels"
+        )
 
 
 class TritonPythonModel:
@@ -108,8 +147,10 @@ class TritonPythonModel:
         path = policy_path(model_dir, config_parameters(config))
         try:
             self.policy = load_policy(path)
-        except PolicyError as exc:
+            bind_heads(self.policy, repository_heads(model_dir.parent, self.policy))
+        except (PolicyError, HeadError) as exc:
             raise ValueError(f"router: invalid routing policy: {exc}") from None
+        check_label_file(model_dir, config, self.policy, path)
         self.name = args.get("model_name", config.get("name", "router"))
         self.outputs = {o["name"] for o in config.get("output", [])}
         self.metrics = Metrics(pb_utils, self.name)
@@ -254,7 +295,8 @@ class TritonPythonModel:
                     raise result
             except Exception as exc:  # the sample's way ends at the first downstream call
                 notes.append(f"{type(exc).__name__}: {exc}")
-                result = Result(np.full((rows, 1), 0.5, np.float32), np.zeros((rows, 1), bool), ["warmup"] * rows)
+                cols = self.policy.head.columns
+                result = Result(np.full((rows, cols), 0.5, np.float32), np.zeros((rows, cols), bool), ["warmup"] * rows)
             answers.append(self._response(result))
         how = f"up to the first downstream call ({'; '.join(notes)})" if notes else "through the policy"
         self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
@@ -277,6 +319,7 @@ class TritonPythonModel:
             limits=self.policy.limits,
             ignored=self.policy.ignored_parameters,
             explicit_outputs=None if requested >= self.outputs else requested,
+            columns=self.policy.head.columns,
         )
 
     async def _execute(self, requests):

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.nodes.chunk import token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.testing.mock import InferError, MockTriton
@@ -38,7 +38,7 @@ def _default_with(**top):
 
 
 POLICIES = {
-    "p_default": _default_with(inline=None),  # tokenizer and postprocess through BLS
+    "p_default": _default_with(inline=None),  # the tokenizer through BLS
     "p_inline": _default_with(),  # the shipped policy: inline
     "p_constant": root({"kind": "constant", "name": "c", "probability": 0.3}),
     "p_tokens": root(
@@ -159,11 +159,13 @@ def direct(mock, model, texts):
     return np.array(probs)
 
 
-def test_constant_answers_without_models_and_postprocess_decides(mock):
+def test_constant_answers_without_models_and_the_head_decides(mock):
     mock.reset_calls()
     p, v, r = ask(mock, "p_constant", TEXTS[:3], threshold=0.25)
     assert np.allclose(p, 0.3) and v.tolist() == [True] * 3 and r == ["c"] * 3
-    assert {c.model for c in mock.calls} == {"p_constant", "postprocess"}
+    assert {c.model for c in mock.calls} == {"p_constant"}
+    p, v, r = ask(mock, "p_constant", TEXTS[:1], threshold=0.3)  # p >= threshold, at the boundary in float32
+    assert v.tolist() == [True]
 
 
 def test_switch_on_token_length(mock):
@@ -263,7 +265,7 @@ def test_chunk_with_max_aggregation(mock):
         lengths.append(len(w))
     p, _, r = ask(mock, "p_chunk_max", [long_text, "short one"])
     assert r == ["chunked:classifier_fast", "classifier_fast"]
-    assert p[0] == pytest.approx(aggregate(probs, lengths, "max"), abs=1e-5)
+    assert p[0] == pytest.approx(max(probs), abs=1e-5)
     assert eventually(lambda: mock.metric("orchestrator_chunks_total", {"router": "p_chunk_max", "node": "root"}), len(probs)) == len(probs)
 
 
@@ -308,7 +310,7 @@ def test_failed_on_demand_load_falls_back_and_is_not_retried_at_once(mock):
     assert mock.metric("orchestrator_model_loads_total", labels) == 1
 
 
-def test_inline_tokenizer_and_postprocess_give_the_same_answers_without_those_calls(mock):
+def test_inline_tokenizer_gives_the_same_answers_without_its_calls(mock):
     texts = TEXTS + ["", " ".join(TEXTS)]
     expected = ask(mock, "p_default", texts)
     mock.reset_calls()
@@ -316,7 +318,7 @@ def test_inline_tokenizer_and_postprocess_give_the_same_answers_without_those_ca
     np.testing.assert_allclose(got[0], expected[0], atol=1e-6)
     assert got[1].tolist() == expected[1].tolist() and got[2] == expected[2]
     called = {c.model for c in mock.calls}
-    assert "tokenizer" not in called and "postprocess" not in called and "classifier_fast" in called
+    assert "tokenizer" not in called and "classifier_fast" in called
 
 
 def test_request_ids_and_parameters_reach_the_downstream_calls(mock):
@@ -368,10 +370,10 @@ def test_a_lone_downstream_call_blocks_and_concurrent_ones_use_async_exec(mock, 
     def classifiers(model, texts):
         return [u for u in modes(model, texts) if u[1].startswith("classifier")]
 
-    # cascade, chunk, tokenizer and postprocess calls one after another: all blocking
+    # cascade, chunk and tokenizer calls one after another: all blocking
     one_by_one = modes("p_default", TEXTS[:3])
     assert one_by_one and {mode for mode, _ in one_by_one} == {"exec"}
-    assert {m for _, m in one_by_one} >= {"tokenizer", "classifier_fast", "postprocess"}
+    assert {m for _, m in one_by_one} >= {"tokenizer", "classifier_fast"}
     assert ("exec", "tokenizer") in modes("p_mean", TEXTS[:2])
     assert classifiers("p_mean", TEXTS[:2]) == [("async_exec", "classifier"), ("async_exec", "classifier_fast")]
     assert classifiers("p_timeout", TEXTS[:1]) == [("async_exec", "classifier")]

@@ -290,9 +290,9 @@ def test_router_single_policy_sends_every_text_to_classifier(tmp_path):
     repo = bench.make_bench_repository(tmp_path / "repo")
     name = get_parameter(read_config(repo / "router_single" / "config.pbtxt"), "policy")
     parsed = policy.load_policy(repo / "router_single" / name)
-    assert parsed.models() == ["classifier"]  # no classifier_fast; tokenizer and postprocess inline
+    assert parsed.models() == ["classifier"]  # no classifier_fast; tokenizer inline, heads in-process
     bls = policy.load_policy(repo / "router_single_bls" / name)
-    assert set(bls.models()) == {"tokenizer", "classifier", "postprocess"}  # the same tree through BLS
+    assert set(bls.models()) == {"tokenizer", "classifier"}  # the same tree, tokenizer through BLS
     assert bls.root == parsed.root
     single = yaml.safe_load((repo / "router_single" / name).read_text())
     base = yaml.safe_load((repo / "router" / name).read_text())

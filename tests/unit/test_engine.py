@@ -12,7 +12,7 @@ import pytest
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, LimitError
 from orchestrator.runtime.nodes import KINDS
-from orchestrator.runtime.nodes.chunk import aggregate, token_windows
+from orchestrator.runtime.nodes.chunk import token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.policy import parse_policy
 from orchestrator.runtime.request import Work
@@ -20,8 +20,8 @@ from orchestrator.runtime.scores import logit
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 
-def run(policy_doc, texts, thresholds=0.5, params=None, request_id="", fake=None, inline_post=True):
-    doc = {"version": 1, "inline": {"postprocess": inline_post}, **policy_doc}
+def run(policy_doc, texts, thresholds=0.5, params=None, request_id="", fake=None):
+    doc = {"version": 1, **policy_doc}
     fake = fake or FakeBLS()
     engine = Engine(parse_policy(doc), fake)
     thr = np.full(len(texts), thresholds, np.float32)
@@ -110,7 +110,7 @@ def test_chunk_node_windows_and_aggregates():
     doc = {"root": {"kind": "chunk", "window": 8, "stride": 4, "aggregation": "length_weighted_mean", "node": model("fast")}}
     result, fake = run(doc, [long, "good film"])
     wins = token_windows(np.array(ids_of(long)), 8, 4)
-    want = aggregate([sig(expected_logit("fast", w)) for w in wins], [len(w) for w in wins], "length_weighted_mean")
+    want = sum(sig(expected_logit("fast", w)) * len(w) for w in wins) / sum(len(w) for w in wins)
     assert result.probabilities[0, 0] == pytest.approx(want, rel=1e-6)
     assert result.routes == ["chunked:fast", "fast"]
     assert fake.calls[1]["rows"] == len(wins) + 1  # every window and the short text in one call
@@ -157,18 +157,17 @@ def test_node_timeout_fails_the_node():
         run({"root": model("fast", timeout_ms=50)}, TEXTS, fake=FakeBLS(delay={"fast": 1.0}))
 
 
-def test_bls_postprocess_equals_inline_and_calls_are_split_at_bls_max_batch_size():
+def test_calls_are_split_at_bls_max_batch_size_and_answers_stay_in_order():
     texts = [f"good {'bad ' * (i % 3)}x{i}" for i in range(10)]
-    doc = {"bls_max_batch_size": 4, "root": model("fast")}
-    inline, _ = run(doc, texts, thresholds=0.6)
-    bls, fake = run(doc, texts, thresholds=0.6, inline_post=False)
-    np.testing.assert_allclose(bls.probabilities, inline.probabilities, rtol=1e-6)
-    assert (bls.verdicts == inline.verdicts).all()
-    assert [c["rows"] for c in fake.calls] == [4, 4, 2] * 3  # tokenizer, classifier, postprocess
+    result, fake = run({"bls_max_batch_size": 4, "root": model("fast")}, texts, thresholds=0.6)
+    want = [sig(expected_logit("fast", ids_of(t))) for t in texts]
+    assert result.probabilities.reshape(-1).tolist() == pytest.approx(want, rel=1e-6)
+    assert result.verdicts.reshape(-1).tolist() == [np.float32(p) >= np.float32(0.6) for p in want]
+    assert [c["rows"] for c in fake.calls] == [4, 4, 2] * 2  # tokenizer, classifier
 
 
 def test_a_text_over_the_window_limit_refuses_only_its_request():
-    doc = {"version": 1, "inline": {"postprocess": True}, "limits": {"max_windows_per_text": 3},
+    doc = {"version": 1, "limits": {"max_windows_per_text": 3},
            "root": {"kind": "chunk", "window": 8, "stride": 4, "node": model("fast")}}
     long = " ".join(["good"] * 30)  # 32 tokens: 7 windows of 8 at stride 4
     engine = Engine(parse_policy(doc), FakeBLS())

@@ -63,7 +63,7 @@ def test_default_policy_reproduces_the_first_router():
     assert isinstance(main_, SequenceNode)
     guard, choose = main_.steps
     empty = guard.cases[0]
-    assert empty.when.empty is True and empty.then.probability == 0.5 and empty.then.verdict is False
+    assert empty.when.empty is True and empty.then.probability == (0.5,) and empty.then.verdict is False
     assert empty.then.route == "empty"
     degrade = choose.default
     assert isinstance(degrade, FallbackNode)
@@ -82,8 +82,8 @@ def test_default_policy_reproduces_the_first_router():
         assert (first.node.model, second.node.model) == (model, spare_model)
         assert (first.window, first.stride, second.window, second.stride) == (128, 96, 128, 96)
     assert policy.request_parameters == {"route": ("fast", "accurate")}
-    assert policy.models() == ["classifier_fast", "classifier"]  # tokenizer and postprocess inline
-    assert policy.inline_tokenizer == "../tokenizer/1" and policy.inline_postprocess
+    assert policy.models() == ["classifier_fast", "classifier"]  # tokenizer inline
+    assert policy.inline_tokenizer is True and policy.tokenizers() == ["tokenizer"]
     assert (policy.limits.max_text_bytes, policy.limits.max_windows_per_text) == (65536, 256)
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.errors import LimitError
-from orchestrator.runtime.nodes.chunk import aggregate, token_windows, window_count
+from orchestrator.runtime.heads import LEGACY
+from orchestrator.runtime.nodes.chunk import token_windows, window_count
 from orchestrator.runtime.nodes.model import truncate
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.request import Limits, parse_request
@@ -43,9 +44,9 @@ def test_windows_cover_every_token_and_keep_special_tokens(n_content):
 
 
 def test_aggregation_rules():
-    assert aggregate([0.2, 0.8], [10, 30], "length_weighted_mean") == pytest.approx((0.2 * 10 + 0.8 * 30) / 40)
-    assert aggregate([0.2, 0.8], [10, 30], "mean") == pytest.approx(0.5)
-    assert aggregate([0.2, 0.8], [10, 30], "max") == pytest.approx(0.8)
+    assert LEGACY.combine([[0.2], [0.8]], "mean", [10, 30])[0] == pytest.approx((0.2 * 10 + 0.8 * 30) / 40)
+    assert LEGACY.combine([[0.2], [0.8]], "mean")[0] == pytest.approx(0.5)
+    assert LEGACY.combine([[0.2], [0.8]], "max")[0] == pytest.approx(0.8)
 
 
 def test_logit_inverts_sigmoid():
@@ -74,7 +75,7 @@ def _texts(*items):
 
 def test_parse_request_errors_name_the_input():
     ok = parse_request(_texts(b"good", b""), np.array([[0.5], [0.2]], dtype=np.float32), {"route": "fast"}, {"route": ("fast",)})
-    assert ok.texts == ["good", ""] and ok.thresholds.tolist() == pytest.approx([0.5, 0.2])
+    assert ok.texts == ["good", ""] and ok.thresholds.reshape(-1).tolist() == pytest.approx([0.5, 0.2]) and ok.thresholds.shape == (2, 1)
     cases = [
         ((None, np.ones((1, 1), np.float32)), "TEXT: required"),
         ((_texts(b"a"), None), "THRESHOLD: required"),

@@ -9,12 +9,13 @@ router only through the :class:`Engine` protocol below.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.heads import Head
 
 
 @dataclass
@@ -42,20 +43,26 @@ class Item:
         idx: key of this item's answer; texts count from 0, windows get negative keys.
         req: index of the request (within one ``execute`` call) the text came from.
         text: the whole text (a window keeps its text's).
-        threshold: the client's decision threshold for the text, a probability in [0, 1].
+        threshold: float64 [1] (one for every column) or [C] (one per label): the client's
+            decision thresholds for the text, probabilities in [0, 1].
         params: the request's parameters (KServe v2 ``parameters``).
         request_id: Triton's request id (may be empty).
-        ids: int64 [T] token ids of the whole text (or of the window), special tokens
-            included; None until tokenized.
+        tokens: tokenizer model name -> int64 [T] token ids of the whole text (or of the
+            window), special tokens included; a tokenizer is missing until the text was
+            tokenized with it (a window has only its chunk node's tokenizer).
     """
 
     idx: int
     req: int
     text: str
-    threshold: float
+    threshold: np.ndarray
     params: Mapping[str, object]
     request_id: str
-    ids: Optional[np.ndarray] = None
+    tokens: Dict[str, np.ndarray] = field(default_factory=dict)
+
+    def ids(self, tokenizer: str) -> np.ndarray:
+        """The token ids of tokenizer model ``tokenizer`` (KeyError: not tokenized with it)."""
+        return self.tokens[tokenizer]
 
 
 @dataclass
@@ -63,45 +70,54 @@ class Answer:
     """A node's answer for one item.
 
     Attributes:
-        probability: probability of the positive class, in [0, 1].
-        logit: the score that postprocess turns into PROBABILITIES/VERDICTS (None only
-            when ``verdict`` is set).
+        probabilities: float64 [C]: the policy head's output columns
+            (``heads.Head.probabilities``): [1] P(positive) for binary heads, [K] otherwise.
         route: the ``ROUTE`` value reported to the client.
-        verdict: a fixed verdict (a constant or a vote); None: probability >= threshold.
+        verdict: bool [C], a fixed verdict (a constant or a vote); None: the head's rule
+            (``heads.Head.verdicts``) decides from the probabilities and the thresholds.
     """
 
-    probability: float
-    logit: Optional[float]
+    probabilities: np.ndarray
     route: str
-    verdict: Optional[bool] = None
+    verdict: Optional[np.ndarray] = None
 
 
 Answers = Dict[int, Answer]
 
 
 class Engine(Protocol):
-    """What a node handler may use of the engine (``orchestrator.runtime.engine.Engine``)."""
+    """What a node handler may use of the engine (``orchestrator.runtime.engine.Engine``).
+
+    Attributes:
+        head: the policy's head (``heads.Head``): every answer has its columns.
+    """
+
+    head: Head
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run a child node on ``items`` (raises DownstreamError)."""
 
-    async def ensure_tokens(self, items: Sequence[Item]) -> None:
-        """Tokenize the items that have no ``ids`` yet."""
+    async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
+        """Tokenize with tokenizer model ``tokenizer`` the items that have no ids of it yet."""
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int) -> np.ndarray:
-        """Logits (float32 [len(items)]) of ``model``, inputs truncated to ``max_length`` tokens."""
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> np.ndarray:
+        """Logits (float32 [len(items), head.num_logits]) of ``model``, inputs made by the
+        head's tokenizer, truncated to ``max_length`` tokens, padded with its pad id."""
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""
 
-    def window(self, parent: Item, ids: np.ndarray) -> Item:
-        """A new item for one window (token ids ``ids``) of ``parent``'s text."""
+    def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
+        """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
 
     def random(self) -> float:
         """A uniform draw in [0, 1)."""
 
     def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
         """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
+
+    def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
+        """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
 
 
 # ----------------------------------------------------------------------------- policy reading
@@ -140,6 +156,18 @@ class Reader:
         if value is not None and not (low <= value <= high):
             raise PolicyError(f"{self.where}.{key}: {value!r} is outside [{low}, {high}]")
         return value
+
+    def numbers_in(self, key: str, low: float, high: float) -> Tuple[List[float], bool]:
+        """A required number in ``[low, high]``, or a non-empty list of them (one per label);
+        returns ``(values, given_as_list)``."""
+        raw = self.get(key, object, required=True)
+        if not isinstance(raw, list):
+            return [self.number_in(key, low, high, required=True)], False
+        if not raw:
+            raise PolicyError(f"{self.where}.{key}: expected a number or a non-empty list of numbers")
+        names = tuple(f"{key}[{i}]" for i in range(len(raw)))
+        probe = Reader(dict(zip(names, raw)), self.where, names)
+        return [probe.number_in(k, low, high, required=True) for k in names], True
 
     def list_of(self, key: str, minimum: int) -> List[Any]:
         """A required list of at least ``minimum`` entries."""
@@ -206,7 +234,20 @@ def _never_declines(node: Node) -> bool:
     return False
 
 
-def _binds_anything(node: Node, head: Any) -> None:
+@dataclass(frozen=True)
+class BindContext:
+    """What checking a node against the repository needs (``policy.bind_heads``).
+
+    Attributes:
+        head: the policy's head: every answer has its columns.
+        tokenizer: the tokenizer model whose tokens ``switch`` ``tokens`` conditions count.
+    """
+
+    head: Head
+    tokenizer: str
+
+
+def _binds_anything(node: Node, ctx: BindContext) -> None:
     return None
 
 
@@ -224,8 +265,8 @@ class NodeKind:
         describe: one line for ``orchestrator policy check`` (without name and timeout).
         children: ``node -> [(label, child)]`` in rendering order (label may be "").
         declines: True when the node can leave texts unanswered.
-        bind: ``(node, head) -> None``: checks the node against the policy's head once the
-            repository's heads are known (``policy.bind_heads``); raises PolicyError.
+        bind: ``(node, BindContext) -> None``: checks the node against the policy's head
+            once the repository's heads are known (``policy.bind_heads``); raises PolicyError.
     """
 
     name: str
@@ -236,11 +277,20 @@ class NodeKind:
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
     declines: Callable[[Any], bool] = _never_declines
-    bind: Callable[[Any, Any], None] = _binds_anything
+    bind: Callable[[Any, BindContext], None] = _binds_anything
 
 
 #: kind name -> its definition; filled by ``orchestrator.runtime.nodes`` (its ``KINDS``).
 REGISTRY: Dict[str, NodeKind] = {}
+
+
+def descendants(node: Node) -> List[Node]:
+    """``node``'s descendants, depth first (``node`` itself not included)."""
+    out: List[Node] = []
+    for _, child in REGISTRY[node.kind].children(node):
+        out.append(child)
+        out.extend(descendants(child))
+    return out
 
 
 def may_decline(node: Node) -> bool:

@@ -5,13 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+from orchestrator.runtime.heads import Head
 from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
 
 
 @dataclass
 class CascadeNode(Node):
-    """Every text goes to the first stage; texts whose probability is strictly within
-    ``margin`` of their threshold go on to the next stage, and so on.
+    """Every text goes to the first stage; texts whose answer is unsure go on to the next
+    stage, and so on. Unsure (``heads.Head.unsure``): binary, the probability strictly
+    within ``margin`` of the threshold; multiclass, the top two probabilities less than
+    ``margin`` apart; multilabel, some label strictly within ``margin`` of its threshold.
 
     Policy keys: ``stages`` (2+ nodes), ``margin`` (required; a probability distance in
     [0, 1]: 0 never escalates, 1 escalates every text a stage does not fix a verdict for).
@@ -25,15 +28,18 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
     return CascadeNode(**common, stages=ctx.nodes(r, "stages", 2), margin=r.number_in("margin", 0.0, 1.0, required=True))
 
 
-def unsure(node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]:
-    """The items whose answer has no fixed verdict and lies within the margin."""
-    return [it for it in items if answers[it.idx].verdict is None and abs(answers[it.idx].probability - it.threshold) < node.margin]
+def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]:
+    """The items whose answer has no fixed verdict and is unsure by ``node.margin``."""
+    return [
+        it for it in items
+        if answers[it.idx].verdict is None and head.unsure(answers[it.idx].probabilities, it.threshold, node.margin)
+    ]
 
 
 async def _run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
     answers = await engine.run_node(node.stages[0], items)
     for stage in node.stages[1:]:
-        escalate = unsure(node, [it for it in items if it.idx in answers], answers)
+        escalate = unsure(engine.head, node, [it for it in items if it.idx in answers], answers)
         if not escalate:
             break
         engine.count("orchestrator_escalations_total", len(escalate), node=node.name)

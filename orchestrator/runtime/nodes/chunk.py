@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
-from orchestrator.runtime.scores import logit
+from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext, Reader, descendants
 
 AGGREGATIONS = ("length_weighted_mean", "mean", "max")
 
@@ -23,13 +23,15 @@ class ChunkNode(Node):
     policy's ``max_sequence_length``), ``stride`` (content tokens between window starts,
     1 .. window - 2; default 3/4 of the window's content), ``aggregation``
     (``length_weighted_mean``: mean weighted by window length in tokens, the default;
-    ``mean``; ``max``), ``node`` (required).
+    ``mean``; ``max``; each column by itself, ``heads.Head.combine``), ``node`` (required;
+    every model under it must use one tokenizer, since windows are token windows).
     """
 
     window: int = 128
     stride: int = 96
     aggregation: str = "length_weighted_mean"
     node: Optional[Node] = None
+    tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer (``policy.bind_heads``)
 
 
 def token_windows(ids: np.ndarray, max_length: int, stride: int) -> List[np.ndarray]:
@@ -65,18 +67,6 @@ def window_count(tokens: int, max_length: int, stride: int) -> int:
     return full + (1 if (full - 1) * stride + width < content else 0)
 
 
-def aggregate(probabilities: Sequence[float], lengths: Sequence[int], how: str) -> float:
-    """Combine the window probabilities of one text into one (see :data:`AGGREGATIONS`);
-    ``lengths`` are the windows' lengths in tokens."""
-    p = np.asarray(probabilities, dtype=np.float64)
-    if how == "max":
-        return float(p.max())
-    if how == "mean":
-        return float(p.mean())
-    w = np.asarray(lengths, dtype=np.float64)
-    return float((p * w).sum() / w.sum())
-
-
 def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
     window = r.number_in("window", 3, 1 << 20, ctx.max_sequence_length, kind=int)
     stride = r.number_in("stride", 1, window - 2, max(1, (window - 2) * 3 // 4), kind=int)
@@ -85,20 +75,37 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
     return ChunkNode(**common, window=window, stride=stride, aggregation=aggregation, node=inner)
 
 
+def _bind(node: ChunkNode, ctx: BindContext) -> None:
+    models = [n for n in descendants(node) if n.kind == "model"]
+    tokenizers = sorted({m.head.tokenizer for m in models})
+    if len(tokenizers) > 1:
+        raise PolicyError(
+            f"{node.name}: its models use different tokenizers ({', '.join(tokenizers)}); a chunk node windows one "
+            "tokenizer's tokens, so give each tokenizer its own chunk node"
+        )
+    node.tokenizer = tokenizers[0] if tokenizers else ctx.tokenizer
+    for m in models:
+        if node.window > m.head.max_length:
+            raise PolicyError(
+                f"{node.name}.window: {node.window} tokens, over model '{m.model}''s maximum of {m.head.max_length} "
+                "(its head.json max_length)"
+            )
+
+
 async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
-    await engine.ensure_tokens(items)
+    await engine.ensure_tokens(items, node.tokenizer)
     windows: List[Item] = []
     owner: Dict[int, int] = {}
     chunked = set()
     for it in items:
-        pieces = token_windows(it.ids, node.window, node.stride)
+        pieces = token_windows(it.ids(node.tokenizer), node.window, node.stride)
         if len(pieces) == 1:
             windows.append(it)
             owner[it.idx] = it.idx
             continue
         chunked.add(it.idx)
         for piece in pieces:
-            w = engine.window(it, piece)
+            w = engine.window(it, node.tokenizer, piece)
             windows.append(w)
             owner[w.idx] = it.idx
     if chunked:
@@ -107,15 +114,17 @@ async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     inner = await engine.run_node(node.node, windows)
     per_text: Dict[int, list] = {}
     for w in windows:
-        per_text.setdefault(owner[w.idx], []).append((inner[w.idx], int(w.ids.shape[0])))
+        per_text.setdefault(owner[w.idx], []).append((inner[w.idx], int(w.ids(node.tokenizer).shape[0])))
     answers: Answers = {}
     for idx, parts in per_text.items():
         if idx not in chunked:
             answers[idx] = parts[0][0]
             continue
-        p = aggregate([a.probability for a, _ in parts], [n for _, n in parts], node.aggregation)
+        how = "mean" if node.aggregation == "length_weighted_mean" else node.aggregation
+        weights = [n for _, n in parts] if node.aggregation == "length_weighted_mean" else None
+        p = engine.head.combine([a.probabilities for a, _ in parts], how, weights)
         routes = list(dict.fromkeys(a.route for a, _ in parts))
-        answers[idx] = Answer(p, logit(p), "chunked:" + "+".join(routes))
+        answers[idx] = Answer(p, "chunked:" + "+".join(routes))
     return answers
 
 
@@ -131,4 +140,5 @@ KIND = NodeKind(
     run=_run,
     describe=lambda node: f"chunk window={node.window} stride={node.stride} aggregation={node.aggregation}",
     children=_children,
+    bind=_bind,
 )

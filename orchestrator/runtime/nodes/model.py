@@ -10,7 +10,7 @@ import numpy as np
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
-from orchestrator.runtime.scores import logit, sigmoid
+from orchestrator.runtime.scores import logit
 
 #: Separates a model's name from a pinned version in targets and default routes
 #: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
@@ -118,6 +118,17 @@ def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
     return np.concatenate([ids[: max_length - 1], ids[-1:]])
 
 
+def _calibration(cal: Reader) -> Union[float, Tuple[float, ...]]:
+    """``logit(reference_threshold) - logit(threshold)``: one number, or a tuple, one per
+    label, when either key is a list (multilabel heads; a number stands for every label)."""
+    ref, ref_list = cal.numbers_in("reference_threshold", 1e-6, 1 - 1e-6)
+    own, own_list = cal.numbers_in("threshold", 1e-6, 1 - 1e-6)
+    if len(ref) != len(own) and 1 not in (len(ref), len(own)):
+        raise PolicyError(f"{cal.where}: {len(ref)} reference thresholds but {len(own)} thresholds")
+    shifts = tuple(logit(ref[min(i, len(ref) - 1)]) - logit(own[min(i, len(own) - 1)]) for i in range(max(len(ref), len(own))))
+    return shifts if ref_list or own_list else shifts[0]
+
+
 def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
     on_demand = None
     if "on_demand" in r.data:
@@ -127,12 +138,9 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
             idle_timeout_s=od.number_in("idle_timeout_s", 0.0, 86400.0, 300.0),
             retry_after_s=od.number_in("retry_after_s", 0.0, 86400.0, 30.0),
         )
-    shift = 0.0
+    shift: Union[float, Tuple[float, ...]] = 0.0
     if "calibration" in r.data:
-        cal = Reader(r.data["calibration"], f"{r.where}.calibration", ("reference_threshold", "threshold"))
-        ref = cal.number_in("reference_threshold", 1e-6, 1 - 1e-6, required=True)
-        own = cal.number_in("threshold", 1e-6, 1 - 1e-6, required=True)
-        shift = logit(ref) - logit(own)
+        shift = _calibration(Reader(r.data["calibration"], f"{r.where}.calibration", ("reference_threshold", "threshold")))
     model = r.get("model", str, required=True)
     if VERSION_SEP in model:
         raise PolicyError(f"{r.where}.model: {model!r} contains {VERSION_SEP!r}; name a version with the key 'version'")
@@ -150,17 +158,19 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
 
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
-    await engine.ensure_tokens(items)
-    z = (await engine.classify(node.target, items, node.max_length)).astype(np.float64) + node.logit_shift
-    return {it.idx: Answer(float(p), float(zz), node.route) for it, p, zz in zip(items, sigmoid(z), z)}
+    await engine.ensure_tokens(items, node.head.tokenizer)
+    logits = await engine.classify(node.target, items, node.max_length, node.head)
+    probs = node.head.probabilities(logits, np.asarray(node.logit_shift, dtype=np.float64))
+    return {it.idx: Answer(p, node.route) for it, p in zip(items, probs)}
 
 
 def _describe(node: ModelNode) -> str:
     extra = f" route={node.route}" if node.route != node.target else ""
     if node.on_demand:
         extra += f" on_demand(idle={node.on_demand.idle_timeout_s:g}s, retry={node.on_demand.retry_after_s:g}s)"
-    if node.logit_shift:
-        extra += f" logit_shift={node.logit_shift:+.4f}"
+    shifts = np.atleast_1d(np.asarray(node.logit_shift, dtype=np.float64))
+    if shifts.any():
+        extra += " logit_shift=" + ",".join(f"{x:+.4f}" for x in shifts)
     return f"model {node.target}{extra} max_length={node.max_length}"
 
 

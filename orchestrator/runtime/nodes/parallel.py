@@ -9,16 +9,17 @@ import numpy as np
 
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
-from orchestrator.runtime.scores import logit
 
 COMBINES = ("mean", "max", "vote")
 
 
 @dataclass
 class ParallelNode(Node):
-    """All ``nodes`` run concurrently on every text; ``combine`` joins their answers:
-    ``mean`` or ``max`` of the probabilities, or ``vote``: the share of nodes whose
-    probability reaches the threshold, positive when more than half do.
+    """All ``nodes`` run concurrently on every text; ``combine`` joins their answers column
+    by column (``heads.Head.combine``): ``mean`` or ``max`` of the probabilities, or
+    ``vote``: per column the share of nodes whose verdict is true there (the head's rule:
+    binary, probability >= threshold; multiclass, the node's top label; multilabel, per
+    label), a verdict of true where more than half of the nodes vote for it (a tie is false).
 
     Policy keys: ``nodes`` (2+), ``combine`` (default ``mean``).
     """
@@ -37,14 +38,12 @@ async def _run(engine: Engine, node: ParallelNode, items: List[Item]) -> Answers
     answers: Answers = {}
     for it in items:
         parts = [r[it.idx] for r in results]
-        probs = [a.probability for a in parts]
         route = f"parallel:{node.combine}(" + ",".join(a.route for a in parts) + ")"
         if node.combine == "vote":
-            share = sum(p >= it.threshold for p in probs) / len(probs)
-            answers[it.idx] = Answer(share, logit(share), route, share > 0.5)
+            share = np.mean([engine.final_verdicts(a, it) for a in parts], axis=0)
+            answers[it.idx] = Answer(share, route, share > 0.5)
         else:
-            p = float(np.mean(probs)) if node.combine == "mean" else float(max(probs))
-            answers[it.idx] = Answer(p, logit(p), route)
+            answers[it.idx] = Answer(engine.head.combine([a.probabilities for a in parts], node.combine), route)
     return answers
 
 

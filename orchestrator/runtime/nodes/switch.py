@@ -7,7 +7,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.heads import Head
+from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext, Reader
 
 
 @dataclass
@@ -20,8 +21,8 @@ class Condition:
             tokens included; an untokenized empty text counts 0).
         param_name, param_values: the request parameter ``param_name`` is one of
             ``param_values`` (the parameter must be declared in ``request_parameters``).
-        margin_below: |score probability - threshold| < this value (needs the switch's
-            ``score`` node).
+        margin_below: the score's answer is unsure by this margin (``heads.Head.unsure``;
+            binary: |probability - threshold| < margin_below; needs the switch's ``score`` node).
     """
 
     empty: Optional[bool] = None
@@ -36,17 +37,18 @@ class Condition:
         """True when the condition reads the token count."""
         return self.tokens_min is not None or self.tokens_max is not None
 
-    def matches(self, it: Item, score: Optional[Answer]) -> bool:
-        """True when ``it`` (with its ``score`` answer, if the switch has one) meets every key."""
+    def matches(self, it: Item, score: Optional[Answer], head: Head, tokenizer: str) -> bool:
+        """True when ``it`` (with its ``score`` answer, if the switch has one) meets every key;
+        tokens are counted with tokenizer model ``tokenizer``."""
         if self.empty is not None and (not it.text.strip()) != self.empty:
             return False
         if self.needs_tokens:
-            n = 0 if not it.text.strip() and it.ids is None else int(it.ids.shape[0])
+            n = 0 if not it.text.strip() and tokenizer not in it.tokens else int(it.ids(tokenizer).shape[0])
             if (self.tokens_min is not None and n < self.tokens_min) or (self.tokens_max is not None and n > self.tokens_max):
                 return False
         if self.param_name is not None and str(it.params.get(self.param_name, "")) not in self.param_values:
             return False
-        return self.margin_below is None or abs(score.probability - it.threshold) < self.margin_below
+        return self.margin_below is None or head.unsure(score.probabilities, it.threshold, self.margin_below)
 
     def text(self) -> str:
         """The condition in words, for ``orchestrator policy check``."""
@@ -88,6 +90,7 @@ class SwitchNode(Node):
     cases: List[Case] = field(default_factory=list)
     default: Optional[Node] = None
     score: Optional[Node] = None
+    tokenizer: str = ""  # counts ``tokens``: the policy's ``tokenizer`` (set by ``policy.bind_heads``)
 
 
 def _param(p: Reader, ctx: ParseContext, cond: Condition) -> None:
@@ -137,11 +140,11 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
 async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     scores = await engine.run_node(node.score, items) if node.score else {}
     if any(c.when.needs_tokens for c in node.cases):
-        await engine.ensure_tokens([it for it in items if it.text.strip()])
+        await engine.ensure_tokens([it for it in items if it.text.strip()], node.tokenizer)
     groups: List[List[Item]] = [[] for _ in node.cases]
     rest: List[Item] = []
     for it in items:
-        k = next((k for k, case in enumerate(node.cases) if case.when.matches(it, scores.get(it.idx))), None)
+        k = next((k for k, case in enumerate(node.cases) if case.when.matches(it, scores.get(it.idx), engine.head, node.tokenizer)), None)
         (rest if k is None else groups[k]).append(it)
     jobs = [engine.run_node(c.then, g) for c, g in zip(node.cases, groups) if g]
     if node.default and rest:
@@ -160,6 +163,10 @@ def _children(node: SwitchNode) -> List[Tuple[str, Node]]:
     return out + ([("default: ", node.default)] if node.default else [])
 
 
+def _bind(node: SwitchNode, ctx: BindContext) -> None:
+    node.tokenizer = ctx.tokenizer
+
+
 KIND = NodeKind(
     name="switch",
     node_type=SwitchNode,
@@ -169,4 +176,5 @@ KIND = NodeKind(
     describe=lambda node: "switch",
     children=_children,
     declines=lambda node: node.default is None and node.score is None,
+    bind=_bind,
 )

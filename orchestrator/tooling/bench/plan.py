@@ -29,7 +29,7 @@ SINGLE_CLASSIFIER_ROOT: dict = {
     ],
 }
 
-#: Policy option ``inline`` turned off: tokenizer and postprocess models through BLS.
+#: Policy option ``inline`` turned off: the tokenizer model through BLS.
 NO_INLINE: dict = {}
 
 #: The benchmark-only models added to the copy of the repository. ``base``: the model

@@ -315,8 +315,12 @@ class Engine:
             if k in refused:
                 results.append(refused[k])
                 continue
-            probs = np.stack([answers[it.idx].probabilities for it in its]).astype(np.float32)
-            verdicts = np.stack([self.final_verdicts(answers[it.idx], it) for it in its])
+            probs = np.stack([answers[it.idx].probabilities for it in its])
+            verdicts = self.head.verdicts(probs, np.stack([it.threshold for it in its]))
+            for row, it in enumerate(its):  # a constant's or a vote's own verdicts
+                if answers[it.idx].verdict is not None:
+                    verdicts[row] = answers[it.idx].verdict
+            probs = probs.astype(np.float32)
             routes = [answers[it.idx].route for it in its]
             for r in routes:
                 self.count("orchestrator_texts_total", route=r)

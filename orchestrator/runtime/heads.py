@@ -165,17 +165,21 @@ class Head:
             v &= top
         return v
 
-    def unsure(self, probabilities: np.ndarray, thresholds: np.ndarray, margin: float) -> bool:
-        """Whether one text's answer (probabilities [columns], thresholds [1] or [columns])
-        is within ``margin`` of a decision: binary ``|p - t| < margin``; multiclass: the
-        top two probabilities differ by less than ``margin``; multilabel: some label has
-        ``|p_k - t_k| < margin``. A cascade escalates such texts."""
-        p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+    def unsure(self, probabilities: np.ndarray, thresholds: np.ndarray, margin: float) -> np.ndarray:
+        """Whether each text's answer is within ``margin`` of a decision: bool [N] for
+        probabilities [N, columns] (or one text's [columns]: a 0-d bool) and thresholds
+        [N, 1] or [N, columns] (or [1]/[columns]). Binary: ``|p - t| < margin``;
+        multiclass: the top two probabilities differ by less than ``margin``; multilabel:
+        some label has ``|p_k - t_k| < margin``. A cascade escalates such texts."""
+        p = np.asarray(probabilities, dtype=np.float64)
+        single = p.ndim == 1
+        p = p.reshape(-1, self.columns)
         if self.kind == MULTICLASS:
-            top2 = np.sort(p)[-2:]
-            return bool(top2[1] - top2[0] < margin)
-        t = self.thresholds(thresholds, 1).reshape(-1)
-        return bool((np.abs(p - t) < margin).any())
+            top2 = np.sort(p, axis=1)[:, -2:]
+            out = top2[:, 1] - top2[:, 0] < margin
+        else:
+            out = (np.abs(p - self.thresholds(thresholds, p.shape[0])) < margin).any(axis=1)
+        return out[0] if single else out
 
     def flipped(self, a: np.ndarray, verdicts_a: np.ndarray, b: np.ndarray, verdicts_b: np.ndarray) -> bool:
         """Whether two answers of one text disagree: multiclass, another top label;

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
+import numpy as np
+
 from orchestrator.runtime.heads import Head
 from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
 
@@ -30,10 +32,12 @@ def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
 
 def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]:
     """The items whose answer has no fixed verdict and is unsure by ``node.margin``."""
-    return [
-        it for it in items
-        if answers[it.idx].verdict is None and head.unsure(answers[it.idx].probabilities, it.threshold, node.margin)
-    ]
+    open_ = [it for it in items if answers[it.idx].verdict is None]
+    if not open_:
+        return []
+    probs = np.stack([answers[it.idx].probabilities for it in open_])
+    thresholds = np.stack([np.broadcast_to(it.threshold, probs.shape[1:]) for it in open_])
+    return [it for it, u in zip(open_, head.unsure(probs, thresholds, node.margin)) if u]
 
 
 async def _run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:

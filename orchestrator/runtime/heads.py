@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -302,6 +302,16 @@ def read_head(model_dir: Union[str, Path]) -> Optional[Head]:
     except OSError as exc:
         raise HeadError(f"{path}: cannot read: {exc.strerror}") from None
     return Head.from_json(text, str(path))
+
+
+def repository_heads(repo: Union[str, Path], models: Sequence[str]) -> Dict[str, Head]:
+    """Model name -> head for each of ``models`` in the model repository ``repo``:
+    ``<repo>/<model>/head.json``, or :data:`LEGACY` where the model directory has none.
+
+    Raises:
+        HeadError: a ``head.json`` that is unreadable or invalid.
+    """
+    return {m: read_head(Path(repo) / m) or LEGACY for m in models}
 
 
 def head_of_parameters(params: Mapping[str, str]) -> Head:

@@ -68,7 +68,7 @@ import numpy as np
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
-from orchestrator.runtime.heads import LEGACY, Head, HeadError, read_head
+from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
@@ -88,16 +88,6 @@ def warmup_executes(config: dict) -> int:
     call)."""
     samples = config.get("model_warmup") or []
     return sum(max(1, int(s.get("count", 0) or 0)) for s in samples if int(s.get("batch_size", 0) or 0) >= 1)
-
-
-def repository_heads(repo: Path, policy) -> Dict[str, Head]:
-    """Model name -> head for every model ``policy`` names: ``<repo>/<model>/head.json``,
-    or the legacy one-logit head (``heads.LEGACY``) where the model directory has none.
-
-    Raises:
-        HeadError: a ``head.json`` that is unreadable or invalid.
-    """
-    return {n.model: read_head(repo / n.model) or LEGACY for n in policy.model_nodes()}
 
 
 def check_label_file(model_dir: Path, config: dict, policy, policy_file: Path) -> None:
@@ -147,7 +137,7 @@ class TritonPythonModel:
         path = policy_path(model_dir, config_parameters(config))
         try:
             self.policy = load_policy(path)
-            bind_heads(self.policy, repository_heads(model_dir.parent, self.policy))
+            bind_heads(self.policy, repository_heads(model_dir.parent, [n.model for n in self.policy.model_nodes()]))
         except (PolicyError, HeadError) as exc:
             raise ValueError(f"router: invalid routing policy: {exc}") from None
         check_label_file(model_dir, config, self.policy, path)

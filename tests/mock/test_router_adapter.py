@@ -1,0 +1,116 @@
+"""The router's Triton adapter (runtime/router.py) on the in-process mock: error codes and
+texts per request, the counters it keeps, retries of a failed batch one request at a time,
+and request ids on its BLS calls. Each behaviour here fails a test when it breaks, without
+starting a server."""
+
+from __future__ import annotations
+
+import shutil
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from orchestrator.testing.mock import InferenceRequest, InferError, MockTriton
+from tests.helpers import REPO, STRICT_VARIANT, add_router_variant, without_fallbacks
+
+TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain"]
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("adapter") / "model_repository"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    document["root"] = without_fallbacks(document["root"])
+    add_router_variant(repo, STRICT_VARIANT, document)
+    with MockTriton(repo) as m:
+        for name in ("tokenizer", "classifier", "classifier_fast", "router", STRICT_VARIANT):
+            m.load(name)
+        yield m
+
+
+def inputs(texts, threshold=0.5):
+    t = np.array([s if isinstance(s, bytes) else s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
+    return {"TEXT": t, "THRESHOLD": np.full((len(texts), 1), threshold, np.float32)}
+
+
+def counter(mock, family, **labels):
+    return mock.metric(family, {"router": "router", **labels}) or 0.0
+
+
+def settled(mock, family, want, **labels):
+    """The counter once the router's 0.5 s metric flush has reached ``want`` (or 3 s passed)."""
+    deadline = time.monotonic() + 3.0
+    while counter(mock, family, **labels) != want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.6)  # one more flush: a double count would show now
+    return counter(mock, family, **labels)
+
+
+def test_bad_input_is_invalid_arg_for_that_request_and_counted_once(mock):
+    errors = counter(mock, "orchestrator_requests_total", outcome="error")
+    ok = counter(mock, "orchestrator_requests_total", outcome="success")
+    with pytest.raises(InferError) as err:
+        mock.infer("router", inputs(TEXTS[:1], threshold=1.5))
+    assert err.value.code == "INVALID_ARG"
+    assert err.value.message == "router: THRESHOLD[0] = 1.5: must be a finite probability in [0, 1]"
+    assert settled(mock, "orchestrator_requests_total", errors + 1, outcome="error") == errors + 1
+    assert counter(mock, "orchestrator_requests_total", outcome="success") == ok
+
+
+def test_invalid_utf8_names_the_text_the_byte_and_its_offset(mock):
+    with pytest.raises(InferError) as err:
+        mock.infer("router", inputs([b"fine", b"abcd\xffz"]))
+    assert err.value.code == "INVALID_ARG"
+    assert err.value.message == "router: TEXT[1]: invalid UTF-8 (byte 0xff at offset 4)"
+
+
+def test_a_text_over_the_limit_is_refused_and_counted_by_limit(mock):
+    before = counter(mock, "orchestrator_rejected_requests_total", limit="max_text_bytes")
+    with pytest.raises(InferError) as err:
+        mock.infer("router", inputs([b"x" * 65537]))
+    assert err.value.code == "INVALID_ARG" and "65537 bytes, over the limit of 65536 bytes per text" in err.value.message
+    assert settled(mock, "orchestrator_rejected_requests_total", before + 1, limit="max_text_bytes") == before + 1
+
+
+def test_success_counts_one_per_request_and_each_text_by_route(mock):
+    ok = counter(mock, "orchestrator_requests_total", outcome="success")
+    routes_before = {r: counter(mock, "orchestrator_texts_total", route=r) for r in ("classifier_fast", "classifier", "empty")}
+    out = mock.infer("router", inputs(TEXTS + [""]))
+    routes = [r.decode() for r in out["ROUTE"].reshape(-1)]
+    assert settled(mock, "orchestrator_requests_total", ok + 1, outcome="success") == ok + 1
+    for r in set(routes):
+        assert counter(mock, "orchestrator_texts_total", route=r) - routes_before[r] == routes.count(r)
+
+
+def test_a_failing_batch_is_retried_one_request_at_a_time(mock):
+    """Two requests in one execute; the one that needs the failing model gets INTERNAL
+    naming it, the other its answer."""
+    mock.set_failure("classifier", "injected")
+    try:
+        fast = {"inputs": inputs(TEXTS), "parameters": {"route": "fast"}, "request_id": "a"}
+        accurate = {"inputs": inputs(TEXTS), "parameters": {"route": "accurate"}, "request_id": "b"}
+        mock.reset_calls()
+        first, second = mock.infer_batch(STRICT_VARIANT, [fast, accurate])
+    finally:
+        mock.clear_faults()
+    assert [c.batch_sizes for c in mock.calls if c.model == STRICT_VARIANT][0] == (3, 3)  # one execute for both
+    assert not isinstance(first, InferError) and [r.decode() for r in first["ROUTE"].reshape(-1)] == ["classifier_fast"] * 3
+    assert isinstance(second, InferError) and second.code == "INTERNAL"
+    assert second.message.startswith("router: ") and "model 'classifier' failed: injected" in second.message
+
+
+def test_request_ids_reach_every_bls_call(mock, monkeypatch):
+    seen = []
+    original = InferenceRequest.__init__
+
+    def record(self, *args, **kwargs):
+        seen.append((kwargs.get("model_name"), kwargs.get("request_id")))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(InferenceRequest, "__init__", record)
+    mock.infer("router", inputs(TEXTS), request_id="trace-7", parameters={"route": "accurate"})
+    assert seen and all(rid == "trace-7" for _, rid in seen)
+    assert {m for m, _ in seen} == {"classifier"}  # the shipped policy tokenizes inline

@@ -188,3 +188,45 @@ def byom_checkpoints(tmp_path_factory) -> Dict[str, Tuple[Path, np.ndarray]]:
     """``{name: (checkpoint_dir, expected probabilities [len(TEXTS), C])}`` for :data:`SPECS`."""
     pytest.importorskip("torch")
     return build_checkpoints(tmp_path_factory.mktemp("byom"))
+
+
+def export_all(checkpoints: Dict[str, Tuple[Path, np.ndarray]], repo: Path) -> dict:
+    """Export every checkpoint into ``repo`` under its name; ``{name: ExportResult}``."""
+    from orchestrator.tooling.modeling.export import export_checkpoint
+
+    return {name: export_checkpoint(str(ckpt), repo, name, quiet=True, tensorrt=False)
+            for name, (ckpt, _) in checkpoints.items()}
+
+
+def served_models(names) -> list:
+    """The models ``NAME_ensemble`` needs for each of ``names``, ensembles last."""
+    parts = [f"{n}_{suffix}" for n in names for suffix in ("tokenizer", "postprocess")]
+    return parts + list(names) + [f"{n}_ensemble" for n in names]
+
+
+def start_server(repo: Path, models):
+    """A started ``orchestrator.tooling.server.TritonServer`` on ``repo`` loading ``models``
+    (the caller stops it)."""
+    from orchestrator.tooling.server import TritonServer
+
+    return TritonServer(repo, models=list(models)).start()
+
+
+def infer(url: str, model: str, texts, thresholds: np.ndarray, class_count: int = 0):
+    """One HTTP request to an ensemble or router: ``(PROBABILITIES, VERDICTS)`` as numpy, or
+    with ``class_count`` the classification extension's ``score:index:label`` strings
+    instead of the probabilities."""
+    import tritonclient.http as http
+
+    client = http.InferenceServerClient(url)
+    try:
+        data = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
+        inputs = [http.InferInput("TEXT", list(data.shape), "BYTES"),
+                  http.InferInput("THRESHOLD", list(thresholds.shape), "FP32")]
+        inputs[0].set_data_from_numpy(data)
+        inputs[1].set_data_from_numpy(thresholds.astype(np.float32))
+        outputs = [http.InferRequestedOutput("PROBABILITIES", class_count=class_count), http.InferRequestedOutput("VERDICTS")]
+        result = client.infer(model, inputs, outputs=outputs)
+    finally:
+        client.close()
+    return result.as_numpy("PROBABILITIES"), result.as_numpy("VERDICTS")

@@ -228,3 +228,17 @@ def test_legacy_and_committed_heads():
     for model in ("postprocess", "ensemble"):
         config = repository.read_config(REPO / model / "config.pbtxt")
         assert [o.label_filename for o in config.output] == ["labels.txt", ""]
+
+
+def test_the_command_line(byom_checkpoints, tmp_path, capsys):  # noqa: F811
+    """`orchestrator export CKPT --name NAME --positive-label LABEL`, and its errors on stderr."""
+    from orchestrator.tooling.cli import main
+
+    repo = copy_repository(tmp_path / "model_repository")
+    ckpt = str(byom_checkpoints["distilbert2"][0])
+    assert main(["export", ckpt, "--name", "sst", "--repo", str(repo), "--positive-label", "LABEL_0", "--quiet"]) == 0
+    assert read_head(repo / "sst").positive_index == 0
+    assert main(["export", ckpt, "--name", "tokenizer", "--repo", str(repo), "--quiet"]) == 1
+    assert "bad model name 'tokenizer'" in capsys.readouterr().err
+    assert main(["export", str(tmp_path), "--name", "x", "--repo", str(repo), "--quiet"]) == 1
+    assert "without config.json: not a Hugging Face checkpoint" in capsys.readouterr().err

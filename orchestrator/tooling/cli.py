@@ -15,12 +15,15 @@ from orchestrator.tooling.cliutil import add_subcommand
 def _classify(args) -> int:
     from tritonclient.utils import InferenceServerException
 
-    from orchestrator.tooling.client import classify, format_prediction
+    from orchestrator.tooling.client import ServerUnavailable, classify, format_prediction
 
     try:
         predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold)
+    except ServerUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except InferenceServerException as exc:
-        print(f"error: {args.model}: {exc}", file=sys.stderr)
+        print(f"error: {args.model}: {exc.message() if hasattr(exc, 'message') else exc}", file=sys.stderr)
         return 1
     for pred in predictions:
         print(format_prediction(pred))
@@ -37,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def add_classify_arguments(cls):
         cls.add_argument("texts", nargs="+", help="texts to classify (one line of output each)")
-        cls.add_argument("--model", default="router", help="router (default) or ensemble")
+        cls.add_argument("--model", default="router", help="router (default), ensemble or NAME_ensemble")
         cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
         cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
         cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")

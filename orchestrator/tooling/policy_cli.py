@@ -1,10 +1,21 @@
 """``orchestrator policy check PATH`` and ``orchestrator policy show --url``.
 
-``policy check`` validates the policy offline, then checks every pinned model ``version``
-against a model repository: the version directory exists and the model's
-``version_policy`` (in the configuration Triton reads with ``--model-config-name``) serves
-it. The repository is ``--repo``, else the one holding the policy file (a policy beside a
-model's ``config.pbtxt``), else the project's ``model_repository``.
+``policy check`` validates the policy offline, then, against a model repository:
+
+- every pinned model ``version``: the version directory exists and the model's
+  ``version_policy`` (in the configuration Triton reads with ``--model-config-name``)
+  serves it;
+- with ``--repo``, or for a policy beside a model's configuration (a router's): every
+  model the policy names is in the repository, and the policy binds to the models' heads
+  (``orchestrator.runtime.policy.bind_heads`` with ``<repo>/<model>/head.json``, the
+  legacy one-logit head where there is none): one head for every answer, ``max_length``
+  within each model's, calibrations that fit. Errors are located
+  (``root.steps[1].stages[0].model: ...``). For a router's policy, its ``labels.txt`` (the
+  label file of its ``PROBABILITIES``) must list the policy's output labels;
+  ``--write-labels`` writes it.
+
+The repository is ``--repo``, else the one holding the policy file, else the project's
+``model_repository``.
 """
 
 from __future__ import annotations
@@ -12,12 +23,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from orchestrator.runtime import policy as P
+from orchestrator.runtime.heads import LABEL_FILE, LEGACY, Head, HeadError, read_head
 from orchestrator.tooling.errors import ConfigError
+from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
-from orchestrator.tooling.repository import ModelConfig, config_path, read_config
+from orchestrator.tooling.repository import ModelConfig, config_path, get_parameter, is_python_model, read_config
+
+POLICY_FILE = "policy.yaml"
 
 
 def served_versions(model_dir: Path, config: ModelConfig) -> List[int]:
@@ -61,6 +76,89 @@ def version_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "e
                 "{ specific: { versions: [1, 2] } })"
             )
     return errors
+
+
+def model_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
+    """One located message per ``model`` node whose model has no configuration in
+    ``repo`` (``root.steps[1].model: model 'x' is not in R``), and for a ``tokenizer`` or
+    ``postprocess`` the document names and the repository lacks (``policy.tokenizer``)."""
+    errors = []
+    for node in policy.model_nodes():
+        if config_path(repo / node.model, config_name) is None:
+            errors.append(f"{node.where}.model: model '{node.model}' is not in {repo}")
+    for key in ("tokenizer", "postprocess"):
+        inline = policy.inline_tokenizer if key == "tokenizer" else policy.inline_postprocess
+        name = policy.source.get(key)
+        if isinstance(name, str) and not inline and config_path(repo / name, config_name) is None:
+            errors.append(f"policy.{key}: model '{name}' is not in {repo}")
+    return errors
+
+
+def repository_heads(policy: P.Policy, repo: Path) -> Dict[str, Head]:
+    """The head of every model the policy's ``model`` nodes name: ``<repo>/<model>/head.json``,
+    :data:`~orchestrator.runtime.heads.LEGACY` where there is none.
+
+    Raises:
+        PolicyError: a ``head.json`` is invalid (located at the first node naming it).
+    """
+    heads = {}
+    for node in policy.model_nodes():
+        if node.model not in heads:
+            try:
+                heads[node.model] = read_head(repo / node.model) or LEGACY
+            except HeadError as exc:
+                raise P.PolicyError(f"{node.where}.model: {exc}") from None
+    return heads
+
+
+def bind_repository(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> tuple:
+    """``(head, errors)``: the policy's head when every model it names is in ``repo`` and
+    it binds to their heads (:func:`orchestrator.runtime.policy.bind_heads`), else None
+    and the located errors."""
+    errors = model_errors(policy, repo, config_name)
+    if errors:
+        return None, errors
+    try:
+        return P.bind_heads(policy, repository_heads(policy, repo)), []
+    except P.PolicyError as exc:
+        return None, [str(exc)]
+
+
+def router_policies(repo: Path, config_name: Optional[str] = "embedded") -> Dict[str, Path]:
+    """Router name -> its policy file, for every model directory of ``repo`` with a
+    Python-backend configuration and the policy file it names (parameter ``policy``,
+    default :data:`POLICY_FILE`) beside it."""
+    out = {}
+    for model_dir in sorted(p for p in Path(repo).iterdir() if p.is_dir() and not p.name.startswith(".")):
+        path = config_path(model_dir, config_name)
+        if path is None:
+            continue
+        try:
+            config = read_config(path)
+        except ConfigError:
+            continue
+        policy = model_dir / (get_parameter(config, "policy") or POLICY_FILE)
+        if is_python_model(config) and policy.is_file():
+            out[model_dir.name] = policy
+    return out
+
+
+def read_labels(path: Path) -> Optional[List[str]]:
+    """The labels of a label file, one a line; None when it does not exist."""
+    return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
+
+
+def _labels_declared(model_dir: Path, config_name: Optional[str]) -> bool:
+    path = config_path(model_dir, config_name)
+    try:
+        return path is not None and any(o.label_filename for o in read_config(path).output)
+    except ConfigError:
+        return False
+
+
+def _beside_a_model(policy_path: Path) -> bool:
+    model_dir = policy_path.resolve().parent
+    return (model_dir / "config.pbtxt").is_file() or (model_dir / "configs").is_dir()
 
 
 def _repository_for(policy_path: Path, repo: Optional[str]) -> Path:
@@ -107,6 +205,8 @@ def add_policy_arguments(parser) -> None:
                        "holding the policy file, else the project's model_repository)")
     check.add_argument("--model-config-name", default="embedded",
                        help="configuration whose version_policy counts (default: %(default)s; '' for config.pbtxt)")
+    check.add_argument("--write-labels", action="store_true",
+                       help="write the policy's output labels to labels.txt beside it (the router's label file)")
     show = sub.add_parser("show", help="print the policy a running router uses")
     show.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
     show.add_argument("--model", default="router")
@@ -114,24 +214,51 @@ def add_policy_arguments(parser) -> None:
     show.add_argument("--json", action="store_true", help="print the policy document as JSON instead of the graph")
 
 
+def check_command(args) -> int:
+    """``orchestrator policy check``: 0 when valid, 1 with located errors on stderr."""
+    path = Path(args.path)
+    try:
+        policy = P.load_policy(path)
+    except P.PolicyError as exc:
+        print(f"invalid policy: {exc}", file=sys.stderr)
+        return 1
+    print(P.describe(policy))
+    config_name = getattr(args, "model_config_name", "embedded") or None
+    repo = _repository_for(path, getattr(args, "repo", None))
+    errors = []
+    if any(n.version is not None for n in policy.model_nodes()):
+        errors += version_errors(policy, repo, config_name)
+        if not errors:
+            print(f"pinned model versions are served from {repo}")
+    router_dir = path.resolve().parent if _beside_a_model(path) else None
+    write = getattr(args, "write_labels", False)
+    if getattr(args, "repo", None) or router_dir is not None or write:
+        head, bind_errors = bind_repository(policy, repo, config_name)
+        errors += [e for e in bind_errors if e not in errors]
+        if head is not None:
+            models = sorted({n.model for n in policy.model_nodes()})
+            print(f"models {', '.join(models)} are in {repo}; every answer: {head.describe()}")
+            labels_path = path.resolve().parent / LABEL_FILE
+            have = read_labels(labels_path)
+            if write:
+                print(f"wrote {write_label_file(labels_path.parent, head)}: {', '.join(head.output_labels())}")
+            elif have is not None and have != list(head.output_labels()):
+                errors.append(f"{labels_path} lists {have}, but the policy answers {list(head.output_labels())}; "
+                              f"run `orchestrator policy check {args.path} --repo {repo} --write-labels`")
+            elif have is None and router_dir is not None and _labels_declared(router_dir, config_name):
+                errors.append(f"{labels_path} does not exist (its config's label_filename); "
+                              f"run `orchestrator policy check {args.path} --repo {repo} --write-labels`")
+    for error in errors:
+        print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
+    if errors:
+        return 1
+    print("policy is valid")
+    return 0
+
+
 def policy_command(args) -> int:
     if args.policy_command == "check":
-        try:
-            policy = P.load_policy(args.path)
-        except P.PolicyError as exc:
-            print(f"invalid policy: {exc}", file=sys.stderr)
-            return 1
-        print(P.describe(policy))
-        if any(n.version is not None for n in policy.model_nodes()):
-            repo = _repository_for(Path(args.path), getattr(args, "repo", None))
-            errors = version_errors(policy, repo, getattr(args, "model_config_name", "embedded") or None)
-            for error in errors:
-                print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
-            if errors:
-                return 1
-            print(f"pinned model versions are served from {repo}")
-        print("policy is valid")
-        return 0
+        return check_command(args)
     from tritonclient.utils import InferenceServerException
 
     from orchestrator.tooling.client import DEFAULT_URLS

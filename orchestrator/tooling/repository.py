@@ -42,6 +42,7 @@ __all__ = [
     "read_config",
     "format_config",
     "write_config",
+    "header_lines",
     "config_path",
     "list_models",
     "is_python_model",
@@ -87,6 +88,17 @@ def format_config(config: ModelConfig, header: Optional[Iterable[str]] = None) -
     """``config`` as pbtxt, preceded by ``header`` lines written as ``#`` comments."""
     lines = [f"# {h}".rstrip() for h in (header or ())]
     return "\n".join(lines + [text_format.MessageToString(config).rstrip()]) + "\n"
+
+
+def header_lines(path: PathLike) -> List[str]:
+    """The comment lines at the top of a configuration file, without their ``#``: what
+    :func:`write_config` takes as ``header`` to keep them when rewriting the file."""
+    lines = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    return lines
 
 
 def write_config(path: PathLike, config: ModelConfig, header: Optional[Iterable[str]] = None) -> Path:

@@ -1,7 +1,10 @@
 """``orchestrator serve`` (and ``python -m orchestrator.tooling.serve``): run the embedded
 Triton server in the foreground until Ctrl-C or SIGTERM.
 
-It prints the URLs and the log path once the server is ready, and stops the server (no
+Ports: Triton's standard 8000 (HTTP), 8001 (gRPC) and 8002 (metrics) where they are free
+on the host (:func:`standard_ports`), else a free port, and it says which it took instead;
+``--http-port`` and the others pin one (an error when it is taken). It prints the URLs and
+the log path once the server is ready, and stops the server (no
 process of its group left) on SIGINT or SIGTERM, also when started in the background by
 a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
 ``test_serve_stops_cleanly_on_signal``).
@@ -18,9 +21,37 @@ from pathlib import Path
 from typing import Sequence
 
 from orchestrator.tooling.paths import MODEL_REPOSITORY_NAME, default_model_repository
-from orchestrator.tooling.server import ServerError, TritonServer
+from orchestrator.tooling.server import ServerError, TritonServer, port_is_free
 
-__all__ = ["add_serve_arguments", "serve_command", "main"]
+__all__ = ["STANDARD_PORTS", "standard_ports", "add_serve_arguments", "serve_command", "main"]
+
+#: Triton's own defaults, which clients (and the README) expect.
+STANDARD_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
+
+
+def standard_ports(host: str, given: dict) -> tuple:
+    """``(ports, taken)``: for each of ``http``, ``grpc``, ``metrics`` the port given (not
+    None), else its :data:`STANDARD_PORTS` entry when free on ``host``, else None (the
+    server picks a free one); ``taken``: kind -> the standard port that was not free."""
+    probe = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    ports, taken = {}, {}
+    for kind, standard in STANDARD_PORTS.items():
+        if given.get(kind) is not None:
+            ports[kind] = given[kind]
+        elif standard not in given.values() and port_is_free(standard, probe):
+            ports[kind] = standard
+        else:
+            ports[kind] = None
+            taken[kind] = standard
+    return ports, taken
+
+
+def taken_notes(taken: dict, urls: dict) -> list:
+    """One line per standard port that was in use: which port the server took instead
+    (``urls``: kind -> ``host:port`` the server listens on)."""
+    return [f"port {standard} was in use, so {kind} took {urls[kind].rsplit(':', 1)[-1]} instead"
+            + (f" (clients: --url {urls[kind]})" if kind != "metrics" else "")
+            for kind, standard in taken.items()]
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -31,9 +62,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         help=f"model repository (default: ./{MODEL_REPOSITORY_NAME}, else the one in this checkout)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s, loopback)")
-    parser.add_argument("--http-port", type=int, default=None, help="HTTP port (default: a free port)")
-    parser.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: a free port)")
-    parser.add_argument("--metrics-port", type=int, default=None, help="metrics port (default: a free port)")
+    parser.add_argument("--http-port", type=int, default=None, help="HTTP port (default: 8000 when free, else a free port)")
+    parser.add_argument("--grpc-port", type=int, default=None, help="gRPC port (default: 8001 when free, else a free port)")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help="metrics port (default: 8002 when free, else a free port)")
     parser.add_argument(
         "--model",
         action="append",
@@ -75,13 +107,15 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
     """Run ``orchestrator serve``: start the server, print its URLs and log path, block
     until Ctrl-C or SIGTERM, stop it. Returns 0 after a clean stop, 1 on ServerError
     (message on stderr) or if the server dies while serving."""
+    host = getattr(args, "host", "127.0.0.1")
+    ports, taken = standard_ports(host, {k: getattr(args, f"{k}_port", None) for k in STANDARD_PORTS})
     server = TritonServer(
         _resolve_repository(getattr(args, "repo", None)),
         models=getattr(args, "model", None) or None,
-        host=getattr(args, "host", "127.0.0.1"),
-        http_port=getattr(args, "http_port", None),
-        grpc_port=getattr(args, "grpc_port", None),
-        metrics_port=getattr(args, "metrics_port", None),
+        host=host,
+        http_port=ports["http"],
+        grpc_port=ports["grpc"],
+        metrics_port=ports["metrics"],
         model_config_name=getattr(args, "model_config_name", "embedded") or None,
         log_path=getattr(args, "log_file", None),
         startup_timeout=getattr(args, "startup_timeout", 180.0),
@@ -109,6 +143,9 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
             if server.response_cache_bytes:
                 print(f"  cache    {server.response_cache_bytes / 2**20:g} MiB response cache")
             print(f"  log      {server.log_path}")
+            urls = {"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}
+            for note in taken_notes(taken, urls):
+                print(f"  note: {note}")
             print("Press Ctrl-C to stop.", flush=True)
             while server.running:
                 time.sleep(0.5)

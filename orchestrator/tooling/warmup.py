@@ -12,8 +12,11 @@ the held-out median length (:data:`SAMPLE_TEXT`, 26 tokens; the held-out split's
 is 27) in the shape its first request will have, batch 1:
 
     tokenizer     TEXT [1]                      the text
-    classifier*   input_ids, attention_mask [26]  its token ids and a mask of ones
-    postprocess   logits [1], THRESHOLD [1]     the logit 0.0 and the threshold 0.5
+    classifier*   input_ids, attention_mask [L]  its token ids (from the tokenizer its
+                                                head.json names; 26 for the demo's) and
+                                                a mask of ones
+    postprocess   logits [K], THRESHOLD [1]     K logits 0.0 (K: the width of its logits
+                                                input, 1 for the demo's) and threshold 0.5
     router        TEXT [1], THRESHOLD [1]       the text and the threshold NaN: the mark
                                                 by which the router knows its sample
                                                 (``orchestrator/runtime/router.py``, "Warmup")
@@ -50,6 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
+from orchestrator.runtime.heads import LEGACY, read_head
 from orchestrator.tooling.paths import default_model_repository
 from orchestrator.tooling.repository import ModelConfig, config_path, read_config
 
@@ -63,6 +67,7 @@ __all__ = [
     "string_bytes",
     "warmup_data",
     "warmup_sample",
+    "logits_width",
     "add_model_features",
     "write_warmup_files",
     "main",
@@ -107,12 +112,14 @@ def _sample_ids(tokenizer_dir: Path) -> np.ndarray:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return np.asarray(tokenizer(SAMPLE_TEXT)["input_ids"], dtype=np.int64)
+    return np.asarray(tokenizer(SAMPLE_TEXT, truncation=True)["input_ids"], dtype=np.int64)
 
 
-def warmup_data(kind: str, tokenizer_dir: Path) -> Dict[str, Tuple[str, List[int], bytes]]:
+def warmup_data(kind: str, tokenizer_dir: Optional[Path], logits: int = 1) -> Dict[str, Tuple[str, List[int], bytes]]:
     """Input name -> ``(data_type, dims without batch, file content)`` of the sample of
-    ``kind`` (see the module doc); ``tokenizer_dir``: the tokenizer files (classifier ids).
+    ``kind`` (see the module doc); ``tokenizer_dir``: the tokenizer files (classifier ids:
+    the model's own tokenizer, so every id is in its vocabulary); ``logits``: the logit
+    columns of a postprocess sample (the head's ``num_logits``; all 0.0).
 
     Raises:
         ValueError: an unknown kind.
@@ -124,7 +131,7 @@ def warmup_data(kind: str, tokenizer_dir: Path) -> Dict[str, Tuple[str, List[int
     if kind == "router":
         return {"TEXT": text, "THRESHOLD": ("TYPE_FP32", [1], np.array([np.nan], "<f4").tobytes())}
     if kind == "postprocess":
-        return {"logits": ("TYPE_FP32", [1], np.array([SAMPLE_LOGIT], "<f4").tobytes()), "THRESHOLD": threshold}
+        return {"logits": ("TYPE_FP32", [logits], np.full(logits, SAMPLE_LOGIT, "<f4").tobytes()), "THRESHOLD": threshold}
     if kind == "classifier":
         ids = _sample_ids(tokenizer_dir)
         dims = [int(ids.shape[0])]
@@ -133,11 +140,18 @@ def warmup_data(kind: str, tokenizer_dir: Path) -> Dict[str, Tuple[str, List[int
     raise ValueError(f"no warmup sample for model kind {kind!r}")
 
 
-def warmup_sample(kind: str, tokenizer_dir: Path) -> "model_config_pb2.ModelWarmup":
+def logits_width(config: ModelConfig) -> int:
+    """Columns of the ``logits`` input of a postprocess configuration: its fixed dim, 1
+    when it has none or a variable one (``[-1]``, the legacy one-logit postprocess)."""
+    dims = [list(i.dims) for i in config.input if i.name == "logits"]
+    return dims[0][0] if dims and len(dims[0]) == 1 and dims[0][0] > 0 else 1
+
+
+def warmup_sample(kind: str, tokenizer_dir: Optional[Path], logits: int = 1) -> "model_config_pb2.ModelWarmup":
     """The ``model_warmup`` entry of ``kind``: :data:`SAMPLE_NAME`, batch 1, one
     ``input_data_file`` per input named like the input."""
     sample = model_config_pb2.ModelWarmup(name=SAMPLE_NAME, batch_size=1)
-    for name, (data_type, dims, _) in warmup_data(kind, tokenizer_dir).items():
+    for name, (data_type, dims, _) in warmup_data(kind, tokenizer_dir, logits).items():
         entry = sample.inputs[name]
         entry.data_type = model_config_pb2.DataType.Value(data_type)
         entry.dims.extend(dims)
@@ -153,17 +167,17 @@ def add_model_features(config: ModelConfig, tokenizer_dir: Path) -> ModelConfig:
     if kind is None:
         return config
     del config.model_warmup[:]
-    config.model_warmup.append(warmup_sample(kind, tokenizer_dir))
+    config.model_warmup.append(warmup_sample(kind, tokenizer_dir, logits_width(config)))
     if kind in CACHED_KINDS:
         config.response_cache.enable = True
     return config
 
 
-def write_warmup_files(model_dir: Path, kind: str, tokenizer_dir: Path) -> List[Path]:
+def write_warmup_files(model_dir: Path, kind: str, tokenizer_dir: Optional[Path], logits: int = 1) -> List[Path]:
     """Write the sample's files of ``kind`` into ``<model_dir>/warmup/``; returns them."""
     out = []
     (model_dir / WARMUP_DIR).mkdir(exist_ok=True)
-    for name, (_, _, content) in warmup_data(kind, tokenizer_dir).items():
+    for name, (_, _, content) in warmup_data(kind, tokenizer_dir, logits).items():
         path = model_dir / WARMUP_DIR / name
         path.write_bytes(content)
         out.append(path)
@@ -177,7 +191,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--repo", type=Path, default=None, help="model repository (default: the project's)")
     args = parser.parse_args(argv)
     repo = args.repo or default_model_repository()
-    tokenizer_dir = repo / "tokenizer" / "1"
     for model_dir in sorted(p for p in repo.iterdir() if p.is_dir()):
         path = config_path(model_dir, "embedded")
         if path is None:
@@ -186,7 +199,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         kind = model_kind(config)
         if kind is None or not config.model_warmup:
             continue
-        for written in write_warmup_files(model_dir, kind, tokenizer_dir):
+        head = read_head(model_dir) or LEGACY  # a classifier's ids come from its own tokenizer
+        for written in write_warmup_files(model_dir, kind, repo / head.tokenizer / "1", logits_width(config)):
             print(written)
     return 0
 

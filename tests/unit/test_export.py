@@ -23,8 +23,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc.model_config_pb2 import TYPE_FP32, ModelInstanceGroup
 
+from orchestrator.runtime.heads import read_head
 from orchestrator.tooling.modeling import export as E
 from orchestrator.tooling.repository import read_config, write_config
+from orchestrator.tooling.warmup import warmup_sample
 from tests.helpers import REPO
 
 try:  # the `train` extra; `make test` alone installs neither
@@ -99,11 +101,12 @@ def torch_logits(ckpt: Path, texts, max_length: int):
 
 
 def served_logits(repo: Path, model: str, texts):
-    """What the served pipeline computes: the repository's tokenizer files, then the model."""
+    """What the served pipeline computes: the files of the tokenizer model the model's
+    head.json names, then the model."""
     import onnxruntime as ort
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(repo / "tokenizer" / "1"))
+    tok = AutoTokenizer.from_pretrained(str(repo / read_head(repo / model).tokenizer / "1"))
     enc = tok(texts, truncation=True, padding="longest", return_tensors="np")
     sess = ort.InferenceSession(str(repo / model / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     return sess.run(["logits"], {"input_ids": enc["input_ids"].astype(np.int64),
@@ -149,10 +152,17 @@ def test_fp16_keeps_io_dtypes_and_halves_the_weights(exported):
 
 @needs_train
 def test_configs_match_the_committed_layout(exported):
+    """Same settings as the committed classifier's; the warmup sample is made again with the
+    model's own tokenizer (the committed one has 26 ids of the demo tokenizer)."""
     _, repo, _ = exported
+    sample = warmup_sample("classifier", repo / "classifier_tokenizer" / "1")
+    assert list(sample.inputs["input_ids"].dims) != [26]
     for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
         for name in ("classifier", "classifier_fp16"):
-            assert read_config(repo / name / rel) == renamed(REPO / "classifier" / rel, name), f"{name}/{rel}"
+            got, want = read_config(repo / name / rel), renamed(REPO / "classifier" / rel, name)
+            assert list(got.model_warmup) == [sample], f"{name}/{rel}"
+            del got.model_warmup[:], want.model_warmup[:]
+            assert got == want, f"{name}/{rel}"
             assert (repo / name / rel).read_text().count("# exported by `orchestrator export`:") == 1
     assert (repo / "classifier_fp16" / "1" / "model.py").read_text() == (REPO / "classifier" / "1" / "model.py").read_text()
     assert not (repo / "classifier" / "configs" / "tensorrt.pbtxt").exists()  # no trtexec here
@@ -161,13 +171,22 @@ def test_configs_match_the_committed_layout(exported):
 
 
 @needs_train
-def test_tokenizer_files_replaced_and_equivalent(exported):
+def test_the_model_gets_its_own_tokenizer_and_the_shared_one_stays(exported):
     from transformers import AutoTokenizer
 
     ckpt, repo, _ = exported
-    tok_dir = repo / "tokenizer" / "1"
+    for rel in ("tokenizer.json", "vocab.txt", "config.pbtxt"):  # the demo models' tokenizer is untouched
+        assert (repo / "tokenizer" / "1" / rel if rel != "config.pbtxt" else repo / "tokenizer" / rel).read_bytes() == \
+            (REPO / "tokenizer" / "1" / rel if rel != "config.pbtxt" else REPO / "tokenizer" / rel).read_bytes()
+    tok_dir = repo / "classifier_tokenizer" / "1"
+    assert read_head(repo / "classifier").tokenizer == read_head(repo / "classifier_fp16").tokenizer == "classifier_tokenizer"
     assert (tok_dir / "model.py").read_text() == (REPO / "tokenizer" / "1" / "model.py").read_text()
-    assert not (tok_dir / "vocab.txt").exists() or len((tok_dir / "vocab.txt").read_text().split()) < 200
+    config = read_config(repo / "classifier_tokenizer" / "config.pbtxt")
+    want = read_config(REPO / "tokenizer" / "config.pbtxt")
+    want.name = "classifier_tokenizer"
+    want.parameters["max_length"].string_value = "48"
+    want.model_warmup[0].CopyFrom(config.model_warmup[0])  # same sample text, same shape
+    assert config == want
     saved = AutoTokenizer.from_pretrained(str(tok_dir))
     src = AutoTokenizer.from_pretrained(str(ckpt))
     assert saved.model_max_length == 48
@@ -180,9 +199,9 @@ def test_multiclass_export_records_num_labels(tmp_path):
     ckpt = make_checkpoint(tmp_path / "ckpt3", num_labels=3)
     repo = copy_repository(tmp_path / "model_repository")
     old_tokenizer = (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes()
-    res = E.export_checkpoint(str(ckpt), repo, "topic", max_length=32, tokenizer=False, quiet=True, tensorrt=False)
+    res = E.export_checkpoint(str(ckpt), repo, "topic", max_length=32, quiet=True, tensorrt=False)
     assert res.num_labels == 3 and res.variants == ["topic"]
-    assert (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes() == old_tokenizer  # --no-tokenizer
+    assert (repo / "tokenizer" / "1" / "tokenizer.json").read_bytes() == old_tokenizer
     for rel in ("config.pbtxt", "configs/embedded.pbtxt"):
         config = read_config(repo / "topic" / rel)
         assert config.name == "topic"
@@ -194,7 +213,7 @@ def test_multiclass_export_records_num_labels(tmp_path):
     config.instance_group[0].count = 2
     write_config(repo / "topic" / "config.pbtxt", config)
     E.export_checkpoint(str(make_checkpoint(tmp_path / "ckpt1", 1)), repo, "topic", max_length=32,
-                        tokenizer=False, quiet=True, tensorrt=False)
+                        quiet=True, tensorrt=False)
     config = read_config(repo / "topic" / "config.pbtxt")
     assert list(config.output[0].dims) == [1]
     assert [(g.count, g.kind) for g in config.instance_group] == [(2, ModelInstanceGroup.KIND_GPU)]
@@ -246,7 +265,7 @@ def test_tensorrt_plan_with_a_fake_trtexec(exported, tmp_path, monkeypatch):
     script.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     repo = copy_repository(tmp_path / "model_repository")
-    res = E.export_checkpoint(str(ckpt), repo, "classifier", fp16=True, tokenizer=False, quiet=True)
+    res = E.export_checkpoint(str(ckpt), repo, "classifier", fp16=True, quiet=True)
     assert set(res.tensorrt) == {"classifier", "classifier_fp16"}
     for name in ("classifier", "classifier_fp16"):
         assert (repo / name / "1" / "model.plan").is_file()
@@ -258,7 +277,7 @@ def test_tensorrt_plan_with_a_fake_trtexec(exported, tmp_path, monkeypatch):
     assert not calls[0].endswith("--fp16") and calls[1].endswith("--fp16")
     # without trtexec the stale plan and its config go away
     monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
-    E.export_checkpoint(str(ckpt), repo, "classifier", tokenizer=False, quiet=True)
+    E.export_checkpoint(str(ckpt), repo, "classifier", quiet=True)
     assert not (repo / "classifier" / "1" / "model.plan").exists()
     assert not (repo / "classifier" / "configs" / "tensorrt.pbtxt").exists()
 

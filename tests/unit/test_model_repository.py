@@ -71,7 +71,7 @@ def test_classifier_native_config_is_onnxruntime_on_the_gpu(name):
 def test_committed_classifier_configs_are_the_generators_output():
     expected = configs.committed_classifier_files(REPO)
     assert {_rel(p) for p in expected} == {f"model_repository/{n}/{rel}" for n in CLASSIFIERS
-                                           for rel in ("config.pbtxt", "configs/embedded.pbtxt")}
+                                           for rel in ("config.pbtxt", "configs/embedded.pbtxt", "head.json")}
     for path, text in expected.items():
         assert path.read_text(encoding="utf-8") == text, (
             f"{_rel(path)} differs from the generator: run `python -m orchestrator.tooling.modeling.configs`")

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from orchestrator.tooling.modeling import parity as P
+from tests.byom import byom_checkpoints  # noqa: F401
 from tests.helpers import FIXTURES, REPO
 
 FIX = FIXTURES / "parity"
@@ -299,3 +300,151 @@ def test_parity_command_argument_errors(tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------- real server
+
+
+# --------------------------------------------------------------------------- every head
+
+
+def head(kind, labels, positive=0, tokenizer="tokenizer"):
+    from orchestrator.runtime.heads import Head
+
+    return Head(kind, tuple(labels), positive, tokenizer, 0, 48)
+
+
+def test_two_logits_follow_the_heads_positive_label():
+    """The score is the positive logit minus the other: sigmoid of it is the softmax's
+    positive column, what the postprocess model serves (not sigmoid(logit[0]))."""
+    lg = np.array([[0.5, 2.0], [1.0, -1.0], [3.0, 3.0]], dtype=np.float32)
+    for pos in (0, 1):
+        h = head("binary", ["NEGATIVE", "POSITIVE"], pos)
+        np.testing.assert_allclose(P.probabilities(P.binary_scores(lg, h)), h.probabilities(lg)[:, 0], atol=1e-7)
+    y = np.array([1, 0, 1])
+    # positive column 1: probabilities 0.82, 0.12, 0.5; the two positives on top
+    r = P.compare(lg, {"c": lg[:, ::-1].copy()}, y, 0.9, "r", head("binary", ["NEGATIVE", "POSITIVE"], 1))
+    assert r["reference"]["threshold"] == 0.5
+    assert (r["reference"]["vs_labels"]["tp"], r["reference"]["vs_labels"]["fp"]) == (2, 0)
+    assert r["candidates"]["c"]["at_reference_threshold"]["vs_reference"]["flips"] == 2  # columns swapped
+    with pytest.raises(P.ParityError, match="no threshold reaches precision 0.9"):  # column 0 ranks them the other way
+        P.compare(lg, {}, y, 0.9, "r", head("binary", ["NEGATIVE", "POSITIVE"], 0))
+
+
+def test_multiclass_flips_are_changes_of_the_top_label():
+    h = head("multiclass", ["1 star", "2 stars", "3 stars"])
+    ref = np.array([[3, 0, 0], [0, 2, 1], [0, 1, 2], [1, 1.1, 0]], dtype=np.float32)
+    cand = np.array([[2.5, 0, 0], [0, 1, 2], [0, 1, 2.2], [1.2, 1.1, 0]], dtype=np.float32)  # texts 1 and 3 change
+    y = np.array([0, 1, 2, 0])
+    r = P.compare(ref, {"c": cand}, y, 0.9, "r", h)
+    c = r["candidates"]["c"]
+    assert c["at_reference_threshold"]["vs_reference"]["flips"] == 2
+    assert r["reference"]["vs_labels"]["accuracy"] == 0.75 and c["at_reference_threshold"]["vs_labels"]["accuracy"] == 0.75
+    assert c["best_threshold"] is None and c["operating_threshold"] == [0.0, 0.0, 0.0]
+    brute = sum(int(np.argmax(a) != np.argmax(b)) for a, b in zip(ref, cand))
+    assert brute == 2
+
+
+def test_multilabel_thresholds_per_label_and_flips_per_text():
+    h = head("multilabel", ["toxic", "insult"])
+    rng = np.random.RandomState(0)
+    n = 200
+    y = rng.rand(n, 2) < 0.4
+    ref = (rng.normal(0, 1.5, (n, 2)) + 2.5 * (y - 0.5)).astype(np.float32)
+    cand = (ref + rng.normal(0, 0.2, (n, 2))).astype(np.float32)
+    r = P.compare(ref, {"c": cand}, y, 0.8, "r", h)
+    t = r["reference"]["threshold"]
+    for k in range(2):  # each label's own threshold, by the binary rule on its column
+        assert t[k] == P.threshold_for_precision(h.probabilities(ref)[:, k].astype(np.float32), y[:, k], 0.8)
+    assert t[0] != t[1]
+    pr, pc = (h.probabilities(x).astype(np.float32) for x in (ref, cand))
+    vr, vc = pr >= np.float32(t), pc >= np.float32(t)
+    c = r["candidates"]["c"]
+    assert c["at_reference_threshold"]["vs_reference"]["flips"] == int(np.sum((vr != vc).any(axis=1))) > 0
+    best = c["best_threshold"]
+    assert best["vs_reference"]["flips"] <= c["at_reference_threshold"]["vs_reference"]["flips"]
+    assert c["operating_threshold"] == best["threshold"] and len(best["threshold"]) == 2
+    tp = int(np.sum(vr & y))
+    assert r["reference"]["vs_labels"]["tp"] == tp and r["reference"]["vs_labels"]["precision"] == pytest.approx(tp / vr.sum())
+
+
+def _model_with_head(repo, name, h):
+    from orchestrator.tooling.modeling.configs import write_head
+
+    (repo / name / "1").mkdir(parents=True)
+    write_head(repo / name, h)
+
+
+@pytest.mark.parametrize("cand, message", [
+    (head("multiclass", ["a", "b", "c"]), r"c has a multiclass \(3 labels: a, b, c\) head, r a binary .* same labels"),
+    (head("binary", ["NEGATIVE", "POSITIVE"], 0), "c has a binary .*'NEGATIVE'.* head, r a binary .*'POSITIVE'"),
+    (head("binary", ["NEGATIVE", "POSITIVE"], 1, "other_tokenizer"), "fed by tokenizer model 'other_tokenizer'"),
+])
+def test_unsupported_pairs_are_refused_before_scoring(tmp_path, monkeypatch, cand, message):
+    """No ONNX file exists here: a refusal after scoring would name the missing file instead."""
+    _model_with_head(tmp_path, "r", head("binary", ["NEGATIVE", "POSITIVE"], 1))
+    _model_with_head(tmp_path, "c", cand)
+    data = P.LabeledData(["x"] * 3, np.array([0, 1, 0]), "test")
+    monkeypatch.setattr(P.run, "score_all", lambda *a, **k: pytest.fail("scored"), raising=False)
+    with pytest.raises(P.ParityError, match=message):
+        P.run_parity("r", ["c"], data, tmp_path, None, quiet=True)
+
+
+def test_labels_that_do_not_fit_the_head_are_refused(tmp_path):
+    h = head("multilabel", ["toxic", "insult"])
+    path = tmp_path / "d.tsv"
+    path.write_text("label\ttext\ntoxic,insult\tyou idiot\n\tthanks\ninsult,rude\tbad\n")
+    with pytest.raises(P.ParityError, match=r"d.tsv:4: label 'insult,rude': expected a list of labels among"):
+        P.read_labeled(path, h)
+    path.write_text("label\ttext\ntoxic,insult\tyou idiot\n\tthanks\n")
+    assert P.read_labeled(path, h).labels.tolist() == [[True, True], [False, False]]
+    stars = head("multiclass", ["1 star", "2 stars", "3 stars"])
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a", "label": "2 stars"}\n{"text": "b", "label": 0}\n')
+    assert P.read_labeled(path, stars).labels.tolist() == [1, 0]
+    path.write_text('{"text": "a", "label": "6 stars"}\n')
+    with pytest.raises(P.ParityError, match="s.jsonl:1: label '6 stars' is neither one of"):
+        P.read_labeled(path, stars)
+    _model_with_head(tmp_path, "r", h)
+    _model_with_head(tmp_path, "c", h)
+    with pytest.raises(P.ParityError, match=r"labels of shape \[2\] for a multilabel"):
+        P.run_parity("r", ["c"], P.LabeledData(["a", "b"], np.array([0, 1]), "t"), tmp_path, None, quiet=True)
+
+
+@pytest.mark.parametrize("name", ["toxic6", "stars5", "bert2"])
+def test_parity_command_on_exported_heads(byom_checkpoints, tmp_path, capsys, name):  # noqa: F811
+    """`orchestrator parity` on an exported checkpoint and its fp16 copy, with labels for its
+    head: the report's probabilities are the head's, thresholds per label for multilabel."""
+    import shutil
+
+    from orchestrator.runtime.heads import read_head
+    from orchestrator.tooling.modeling import export as E
+    from tests.byom import TEXTS
+
+    pytest.importorskip("torch")
+    repo = tmp_path / "model_repository"
+    shutil.copytree(REPO / "tokenizer", repo / "tokenizer")  # a repository holds more than the models compared
+    E.export_checkpoint(str(byom_checkpoints[name][0]), repo, name, fp16=True, quiet=True, tensorrt=False)
+    h = read_head(repo / name)
+    data = tmp_path / "data.jsonl"
+    rows = []
+    for i, text in enumerate(TEXTS):
+        label = ([h.labels[(i + j) % len(h.labels)] for j in range(2)] if h.kind == "multilabel"
+                 else h.labels[i % len(h.labels)] if h.kind == "multiclass" else i % 2)
+        rows.append(json.dumps({"text": text, "label": label}))
+    data.write_text("\n".join(rows) + "\n")
+    out = tmp_path / "report"
+    parser = P.add_parity_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(["--reference", name, "--data", str(data), "--repo", str(repo), "--out", str(out),
+                              "--target-precision", "0.01", "--quiet"])
+    assert P.parity_command(args) == 0, capsys.readouterr().err
+    report = json.loads((out / "report.json").read_text())
+    assert report["head"] == json.loads(h.to_json())
+    thresholds = report["thresholds"][name]
+    if h.kind == "multilabel":
+        assert isinstance(thresholds, list) and len(thresholds) == 6
+    elif h.kind == "multiclass":
+        assert thresholds == [0.0] * 5
+    else:
+        assert isinstance(thresholds, float) and (out / "logits.png").is_file()
+    cand = report["result"]["candidates"][f"{name}_fp16"]
+    assert cand["logits"]["max_abs_diff"] <= FP16_TOLERANCE
+    assert f"reference {name}: threshold" in capsys.readouterr().out
+    assert (out / "report.md").read_text().startswith(f"# Parity report: `{name}_fp16` vs `{name}`")

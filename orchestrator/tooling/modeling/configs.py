@@ -34,6 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from tritonclient.grpc import model_config_pb2 as pb
 
+from orchestrator.runtime.heads import BINARY, HEAD_FILE, LABEL_FILE, LEGACY, Head, HeadError, read_head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.contract import INPUT_NAMES, OUTPUT_NAME, check_onnx_contract
@@ -48,6 +49,10 @@ __all__ = [
     "embedded_config",
     "tensorrt_config",
     "tokenizer_config",
+    "postprocess_config",
+    "ensemble_config",
+    "write_head",
+    "write_label_file",
     "classifier_header",
     "classifier_files",
     "write_classifier_configs",
@@ -122,6 +127,72 @@ def tokenizer_config(name: str = "tokenizer", padding: str = "longest", max_leng
     return config
 
 
+def postprocess_config(name: str, head: Head) -> ModelConfig:
+    """The postprocess model of ``head`` (``orchestrator.runtime.models.postprocess``):
+    ``logits`` FP32 [K] (K = ``head.num_logits``) and ``THRESHOLD`` FP32 [1] (binary) or
+    [-1] (one per text, or one per label: [K]) -> ``PROBABILITIES`` FP32 [C] with
+    ``label_filename`` :data:`LABEL_FILE` and ``VERDICTS`` BOOL [C] (C = ``head.columns``);
+    parameter ``head`` = ``head.to_json()``; one KIND_CPU instance; its warmup sample (K
+    logits 0.0, threshold 0.5; no response cache, ``orchestrator.tooling.warmup``)."""
+    from orchestrator.tooling.warmup import add_model_features
+
+    config = ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    config.dynamic_batching.SetInParent()
+    config.input.add(name=OUTPUT_NAME, data_type=pb.TYPE_FP32, dims=[head.num_logits])
+    config.input.add(name="THRESHOLD", data_type=pb.TYPE_FP32, dims=[1 if head.kind == BINARY else -1])
+    config.output.add(name="PROBABILITIES", data_type=pb.TYPE_FP32, dims=[head.columns], label_filename=LABEL_FILE)
+    config.output.add(name="VERDICTS", data_type=pb.TYPE_BOOL, dims=[head.columns])
+    config.parameters["head"].string_value = json.dumps(json.loads(head.to_json()))  # one line
+    config.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
+    return add_model_features(config, None)
+
+
+def ensemble_config(name: str, tokenizer: str, model: str, postprocess: str, head: Head,
+                    labels: bool = True) -> ModelConfig:
+    """The ensemble ``tokenizer`` -> ``model`` -> ``postprocess``, with the inputs and
+    outputs of the shipped ``ensemble``: ``TEXT`` STRING [1], ``THRESHOLD`` FP32 [1]
+    (binary) or [-1] (multiclass, multilabel: one per text or one per label) ->
+    ``PROBABILITIES`` FP32 [C] (``label_filename`` :data:`LABEL_FILE` with ``labels``),
+    ``VERDICTS`` BOOL [C]."""
+    config = ModelConfig(name=name, platform="ensemble", max_batch_size=MAX_BATCH_SIZE)
+    config.input.add(name="TEXT", data_type=pb.TYPE_STRING, dims=[1])
+    config.input.add(name="THRESHOLD", data_type=pb.TYPE_FP32, dims=[1 if head.kind == BINARY else -1])
+    probabilities = config.output.add(name="PROBABILITIES", data_type=pb.TYPE_FP32, dims=[head.columns])
+    if labels:
+        probabilities.label_filename = LABEL_FILE
+    config.output.add(name="VERDICTS", data_type=pb.TYPE_BOOL, dims=[head.columns])
+    steps = config.ensemble_scheduling.step
+    step = steps.add(model_name=tokenizer, model_version=-1)
+    step.input_map["TEXT"] = "TEXT"
+    for tensor in INPUT_NAMES:
+        step.output_map[tensor] = tensor
+    step = steps.add(model_name=model, model_version=-1)
+    for tensor in INPUT_NAMES:
+        step.input_map[tensor] = tensor
+    step.output_map[OUTPUT_NAME] = OUTPUT_NAME
+    step = steps.add(model_name=postprocess, model_version=-1)
+    step.input_map[OUTPUT_NAME] = OUTPUT_NAME
+    step.input_map["THRESHOLD"] = "THRESHOLD"
+    step.output_map["PROBABILITIES"] = "PROBABILITIES"
+    step.output_map["VERDICTS"] = "VERDICTS"
+    return config
+
+
+def write_head(model_dir: Path, head: Head) -> List[Path]:
+    """Write ``<model_dir>/head.json`` (``head.to_json()``); returns ``[path]``."""
+    path = Path(model_dir) / HEAD_FILE
+    write_atomic(path, head.to_json().encode("utf-8"), 0o644)
+    return [path]
+
+
+def write_label_file(model_dir: Path, head: Head, filename: str = LABEL_FILE) -> Path:
+    """Write ``<model_dir>/<filename>``, the label file of Triton's classification
+    extension: ``head.output_labels()``, one a line, in output column order."""
+    path = Path(model_dir) / filename
+    write_atomic(path, "".join(f"{x}\n" for x in head.output_labels()).encode("utf-8"), 0o644)
+    return path
+
+
 #: Repository-relative file -> (generator, what the file is: its header lines).
 CLASSIFIER_CONFIGS: Dict[str, tuple] = {
     "config.pbtxt": (native_config, (
@@ -181,29 +252,46 @@ def _update(path: Path, name: str, num_labels: int) -> ModelConfig:
 
 
 def write_classifier_configs(model_dir: Path, num_labels: int, comment: Optional[str] = None,
-                             tensorrt: bool = False, tokenizer_dir: Optional[Path] = None) -> List[Path]:
+                             tensorrt: bool = False, tokenizer_dir: Optional[Path] = None,
+                             head: Optional[Head] = None) -> List[Path]:
     """Write ``config.pbtxt``, ``configs/embedded.pbtxt`` (and with ``tensorrt``,
     ``configs/tensorrt.pbtxt``) of the classifier in ``model_dir``, named after the directory
-    (Triton requires it).
+    (Triton requires it), and with ``head`` its ``head.json``.
 
     A missing file is generated (with ``tokenizer_dir``: its warmup sample, whose data files
     go to ``<model_dir>/warmup/``, and the response cache); an existing one keeps its
-    settings, with the ``logits`` dims set to ``[num_labels]`` and the header replaced
-    (generated lines, what the file is, ``comment``). Returns the paths written.
+    settings, with the ``logits`` dims set to ``[num_labels]``, its warmup sample (if it
+    has one) made again from ``tokenizer_dir`` (the sample's length is that tokenizer's),
+    and the header replaced (generated lines, what the file is, ``comment``).
+    ``tokenizer_dir``: the files of the tokenizer the model was trained with (its head's
+    ``tokenizer`` model), so every warmup id is in the model's vocabulary. Returns the
+    paths written.
 
     Raises:
         ConfigError: an existing file is invalid, names another model, or has no single
-            FP32 ``logits`` output.
+            FP32 ``logits`` output; ``head`` has another number of logits than ``num_labels``.
     """
+    from orchestrator.tooling.warmup import warmup_sample
+
     model_dir = Path(model_dir)
+    if head is not None and head.num_logits != num_labels:
+        raise ConfigError(f"{model_dir}: the head has {head.num_logits} logit(s), the model {num_labels}")
     written = []
     for rel in CLASSIFIER_CONFIGS:
         if rel == "configs/tensorrt.pbtxt" and not tensorrt:
             continue
         path = model_dir / rel
-        config = _update(path, model_dir.name, num_labels) if path.is_file() else _generate(rel, model_dir.name, num_labels, tokenizer_dir)
+        if path.is_file():
+            config = _update(path, model_dir.name, num_labels)
+            if tokenizer_dir is not None and config.model_warmup:
+                del config.model_warmup[:]
+                config.model_warmup.append(warmup_sample("classifier", Path(tokenizer_dir)))
+        else:
+            config = _generate(rel, model_dir.name, num_labels, tokenizer_dir)
         path.parent.mkdir(parents=True, exist_ok=True)
         written.append(write_config(path, config, classifier_header(rel, comment)))
+    if head is not None:
+        written += write_head(model_dir, head)
     if tokenizer_dir is not None:
         from orchestrator.tooling.warmup import write_warmup_files
 
@@ -231,7 +319,10 @@ def _classifier_dirs(repo: Path) -> List[Path]:
 def committed_classifier_files(repo: Path, num_labels: Optional[Callable[[Path], int]] = None) -> Dict[Path, str]:
     """What :func:`main` writes for ``repo``: path -> generated text for every classifier
     directory (``num_labels`` from the ONNX file, the comment from ``export.json`` when
-    present, ``configs/tensorrt.pbtxt`` where ``1/model.plan`` exists).
+    present, ``configs/tensorrt.pbtxt`` where ``1/model.plan`` exists, the warmup ids from
+    the tokenizer its ``head.json`` names), and its ``head.json`` rewritten where it
+    exists (ConfigError when it is invalid or has another number of labels than the
+    model's logits).
 
     ``num_labels``: ``model.onnx`` path -> label count (default: the contract check).
     Raises ``ExportValidationError`` for an ONNX file that breaks the contract.
@@ -241,8 +332,17 @@ def committed_classifier_files(repo: Path, num_labels: Optional[Callable[[Path],
     for d in _classifier_dirs(Path(repo)):
         record = d / "export.json"
         comment = export_comment(json.loads(record.read_text())) if record.is_file() else None
-        tokenizer_dir = Path(repo) / "tokenizer" / "1"
-        files = classifier_files(d.name, count(d / "1" / "model.onnx"), comment,
+        try:
+            head = read_head(d) or LEGACY
+        except HeadError as exc:
+            raise ConfigError(str(exc)) from None
+        tokenizer_dir = Path(repo) / head.tokenizer / "1"  # the warmup ids: the model's own tokenizer
+        n = count(d / "1" / "model.onnx")
+        if (d / HEAD_FILE).is_file():
+            if head.num_logits != n:
+                raise ConfigError(f"{d / HEAD_FILE}: {head.num_logits} label(s), but {d.name}/1/model.onnx answers {n} logit(s)")
+            out[d / HEAD_FILE] = head.to_json()
+        files = classifier_files(d.name, n, comment,
                                  tensorrt=(d / "1" / "model.plan").is_file(),
                                  tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
         out.update({d / rel: text for rel, text in files.items()})

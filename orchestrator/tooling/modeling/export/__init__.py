@@ -3,39 +3,47 @@
 Usage::
 
     orchestrator export SOURCE --name classifier [--repo model_repository] [--fp16]
-                        [--max-length N] [--opset 17] [--no-tokenizer]
+                        [--positive-label LABEL] [--max-length N] [--opset 17]
     orchestrator export --fp16-from-onnx classifier [--repo model_repository]
 
 ``SOURCE`` is a local checkpoint directory (``save_pretrained`` output: ``config.json``,
-weights, tokenizer files) or a Hugging Face hub id, downloaded with
+weights, tokenizer files; a directory without tokenizer files is refused:
+:class:`SourceError` naming what it holds) or a Hugging Face hub id, downloaded with
 ``huggingface_hub.snapshot_download`` when the hub can be reached (:class:`SourceError`
 otherwise, naming both readings of ``SOURCE``).
 
-What it writes under ``<repo>`` (each file written to a temporary name, then moved):
+The model's head (``orchestrator.runtime.heads.head_from_hf_config``: binary, multiclass or
+multilabel from ``problem_type``, ``num_labels``, ``id2label``; ``--positive-label`` for two
+labels; regression is refused with :class:`ExportError`) decides what it writes around the
+model. Under ``<repo>``, for ``NAME`` (docs/export.md has the table):
 
-- ``<name>/1/model.onnx``: ``AutoModelForSequenceClassification`` (eager attention) exported
+- ``NAME/1/model.onnx``: ``AutoModelForSequenceClassification`` (eager attention) exported
   with the TorchScript exporter (``dynamo=False``, opset 17 by default, as
   ``orchestrator.tooling.modeling.train``). Inputs ``input_ids``, ``attention_mask`` int64
-  ``[batch, sequence]``; output ``logits`` float32 ``[batch, num_labels]``; batch and
-  sequence axes dynamic (:mod:`orchestrator.tooling.modeling.contract`). ``num_labels``
-  comes from the checkpoint's config: 1 for a binary single-logit model (sigmoid), 2 or
-  more for softmax logits.
-- ``<name>/config.pbtxt`` (native ``onnxruntime_onnx``, KIND_GPU) and
-  ``<name>/configs/embedded.pbtxt`` (Python backend, ``orchestrator.runtime.models.onnx_classifier``,
+  ``[batch, sequence]``; output ``logits`` float32 ``[batch, K]`` (K = the checkpoint's
+  ``num_labels``); batch and sequence axes dynamic (:mod:`orchestrator.tooling.modeling.contract`).
+- ``NAME/config.pbtxt`` (native ``onnxruntime_onnx``, KIND_GPU) and
+  ``NAME/configs/embedded.pbtxt`` (Python backend, ``orchestrator.runtime.models.onnx_classifier``,
   KIND_CPU) from :mod:`orchestrator.tooling.modeling.configs`, the generator of the
-  committed ``classifier``'s; output ``logits`` dims ``[num_labels]``. Existing files keep
-  their settings: only the ``logits`` dims and the comment header change.
-- ``<name>/1/model.py``: the one-line Python-backend adapter.
-- with ``--fp16``: ``<name>_fp16/`` the same, with ``1/model.onnx`` converted by
+  committed ``classifier``'s; output ``logits`` dims ``[K]``; warmup ids from the model's own
+  tokenizer. Existing files keep their settings: the ``logits`` dims, the warmup sample and
+  the comment header change. ``NAME/1/model.py``: the one-line adapter. ``NAME/head.json``.
+- ``NAME_tokenizer/``: the checkpoint's tokenizer as its own tokenizer model (files in
+  ``1/``, ``model_max_length`` = the export's max length); the shared ``tokenizer`` model is
+  never replaced.
+- ``NAME_postprocess/`` (parameter ``head``, ``labels.txt``) and ``NAME_ensemble/``
+  (``NAME_tokenizer`` -> ``NAME`` -> ``NAME_postprocess``): :mod:`.pipeline`.
+- with ``--fp16``: ``NAME_fp16/`` the same, with ``1/model.onnx`` converted by
   ``onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)``: weights
   and compute in float16, inputs and outputs keep int64 ids and float32 logits, so the
-  configs are identical apart from the name.
-- ``tokenizer/1/``: the checkpoint's tokenizer, saved with ``save_pretrained`` with
-  ``model_max_length`` set to the export's maximum sequence length (unless
-  ``--no-tokenizer``). The old tokenizer files are removed first (``model.py`` is kept).
-- with ``trtexec`` on ``PATH``: ``<name>/1/model.plan`` and ``<name>/configs/tensorrt.pbtxt``
+  configs are identical apart from the name; ``NAME_fp16_ensemble/``.
+- with ``trtexec`` on ``PATH``: ``NAME/1/model.plan`` and ``NAME/configs/tensorrt.pbtxt``
   (``platform: "tensorrt_plan"``; selected with ``--model-config-name=tensorrt``).
-- ``<name>/export.json``: provenance (source, sha256 of the files, validation numbers).
+- ``NAME/export.json``: provenance (source, labels, sha256 of the files, validation numbers).
+
+Then every other ensemble calling ``NAME`` is re-pointed to ``NAME_tokenizer`` and
+``NAME_postprocess``, and every router whose policy names ``NAME`` is checked against the
+models' heads (its ``labels.txt`` rewritten when the policy binds): :mod:`.pipeline`.
 
 Validation (on :data:`SAMPLE_TEXTS`, or ``--validation-texts``), :class:`ExportValidationError`
 on failure:
@@ -51,7 +59,8 @@ on failure:
   demo ``classifier``: see ``classifier_fp16/export.json``.
 
 Modules: :mod:`.validate` (the checks), :mod:`.convert` (fp16, TensorRT), :mod:`.source`
-(checkpoint, tokenizer, torch export), :mod:`.run` (the two exports), :mod:`.cli`.
+(checkpoint, tokenizer files, torch export), :mod:`.pipeline` (the models around the
+classifier, ensembles re-pointed, routers checked), :mod:`.run` (the two exports), :mod:`.cli`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--max-length", type=int, default=None,
                         help="truncation length in tokens (default: the tokenizer's model_max_length)")
     parser.add_argument("--opset", type=int, default=DEFAULT_OPSET, help="ONNX opset (default: %(default)s)")
-    parser.add_argument("--no-tokenizer", action="store_true", help="leave <repo>/tokenizer/1 as it is")
+    parser.add_argument("--positive-label", default=None, metavar="LABEL",
+                        help="binary checkpoints with 2 labels: the positive one (default: a label named "
+                             "'positive' in any case, else the second)")
     parser.add_argument("--fp16-tolerance", type=float, default=FP16_TOLERANCE,
                         help="max abs logit difference accepted for fp16 (default: %(default)s)")
     parser.add_argument("--validation-texts", type=Path, default=None,
@@ -55,6 +57,10 @@ def _summary(result: ExportResult, console) -> None:
                 table.add_row(variant, k.replace("max_abs_diff_", ""), f"{d:.3g}", f"{v['tolerance']:g}")
     console.print(table)
     total = sum(result.files.values())
+    if result.head:
+        console.print(f"head: {result.head['kind']}, labels {result.head['labels']}, tokenizer model "
+                      f"{result.head['tokenizer']}, max_length {result.head['max_length']}")
+    console.print(f"models: {', '.join(result.models)}")
     console.print(f"wrote {len(result.files)} files, {total:,} bytes under {result.repo}")
 
 
@@ -84,7 +90,7 @@ def export_command(args: argparse.Namespace) -> int:
                 return 2
             result = export_checkpoint(
                 args.source, repo, args.name or "classifier", fp16=args.fp16, max_length=args.max_length, opset=args.opset,
-                tokenizer=not args.no_tokenizer, texts=texts, fp16_tolerance=args.fp16_tolerance,
+                positive_label=args.positive_label, texts=texts, fp16_tolerance=args.fp16_tolerance,
                 tensorrt=trt, revision=args.revision, quiet=args.quiet, console=console,
             )
     except ExportError as e:

@@ -13,12 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from orchestrator.runtime.heads import BINARY, LEGACY, Head, HeadError, head_from_hf_config, read_head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import sha256_file, write_atomic
 from orchestrator.tooling.modeling.configs import export_comment, write_classifier_configs
 from orchestrator.tooling.modeling.contract import ExportError, SourceError, check_onnx_contract, ort_session
+from orchestrator.tooling.modeling.export import pipeline
 from orchestrator.tooling.modeling.export.convert import build_tensorrt_plan, convert_to_fp16
-from orchestrator.tooling.modeling.export.source import default_max_length, resolve_source, save_tokenizer, torch_export
+from orchestrator.tooling.modeling.export.source import (
+    check_tokenizer_files,
+    default_max_length,
+    resolve_source,
+    save_tokenizer,
+    torch_export,
+)
 from orchestrator.tooling.modeling.export.validate import (
     DEFAULT_OPSET,
     FP16_TOLERANCE,
@@ -38,7 +46,9 @@ class ExportResult:
     """What one export wrote and measured (also written as ``<name>/export.json``).
 
     ``validation``: per variant (``fp32``, ``fp16``) the max abs logit differences, in logits.
-    ``files``: repository-relative path -> bytes.
+    ``files``: repository-relative path -> bytes. ``head``: the head written (``head.json``
+    as a dict). ``models``: the model directories written. ``notes``: what changed
+    around them (ensembles re-pointed, routers checked), one line each.
     """
 
     name: str
@@ -51,7 +61,9 @@ class ExportResult:
     validation: dict = field(default_factory=dict)
     files: dict = field(default_factory=dict)
     tensorrt: Optional[dict] = None
-    tokenizer_written: bool = False
+    head: Optional[dict] = None
+    models: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- progress
@@ -103,25 +115,27 @@ class _Steps:
 # --------------------------------------------------------------------------- helpers
 
 
-# --------------------------------------------------------------------------- helpers
-
-
 def write_model_configs(
-    model_dir: Path, num_labels: int, comment: Optional[str] = None, tensorrt: bool = False
+    model_dir: Path, num_labels: int, comment: Optional[str] = None, tensorrt: bool = False,
+    head: Optional[Head] = None,
 ) -> list[Path]:
     """Write or update ``config.pbtxt``, ``configs/embedded.pbtxt`` (and with ``tensorrt``,
-    ``configs/tensorrt.pbtxt``) and ``1/model.py`` of the classifier in ``model_dir``.
+    ``configs/tensorrt.pbtxt``), ``1/model.py`` and, with ``head``, ``head.json`` of the
+    classifier in ``model_dir``.
 
     The configs come from :func:`orchestrator.tooling.modeling.configs.write_classifier_configs`
-    (the model name is the directory name; ``num_labels`` becomes the ``logits`` dims).
-    Returns the paths written. Raises :class:`ExportError` when an existing config is
-    invalid, names another model or has no single FP32 ``logits`` output.
+    (the model name is the directory name; ``num_labels`` becomes the ``logits`` dims); the
+    warmup ids from the tokenizer model the head names (``head``, else the directory's
+    ``head.json``, else the legacy ``tokenizer``). Returns the paths written. Raises
+    :class:`ExportError` when an existing config is invalid, names another model or has no
+    single FP32 ``logits`` output.
     """
     try:
-        tokenizer_dir = model_dir.parent / "tokenizer" / "1"  # warmup sample: the repository's tokenizer
+        served = head or read_head(model_dir) or LEGACY
+        tokenizer_dir = model_dir.parent / served.tokenizer / "1"  # warmup ids in the model's own vocabulary
         written = write_classifier_configs(model_dir, num_labels, comment, tensorrt=tensorrt,
-                                           tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None)
-    except ConfigError as e:
+                                           tokenizer_dir=tokenizer_dir if tokenizer_dir.is_dir() else None, head=head)
+    except (ConfigError, HeadError) as e:
         raise ExportError(str(e)) from None
     adapter = model_dir / "1" / "model.py"
     if not adapter.is_file() or adapter.read_text() != ADAPTER:
@@ -180,6 +194,51 @@ def read_texts(path: Optional[Path]) -> list[str]:
 # --------------------------------------------------------------------------- exports
 
 
+RESERVED_NAMES = ("tokenizer", "postprocess", "ensemble", "router")
+
+
+def _load_checkpoint(ckpt: Path):
+    """``(config, tokenizer, model)`` of a checkpoint directory (eager attention, eval mode).
+    Raises :class:`SourceError`."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # its "Loading weights" bar would break the display
+    try:
+        config = AutoConfig.from_pretrained(str(ckpt))
+        tok = AutoTokenizer.from_pretrained(str(ckpt))
+        model = AutoModelForSequenceClassification.from_pretrained(str(ckpt), attn_implementation="eager").eval()
+    except (OSError, ValueError, KeyError) as e:
+        raise SourceError(f"{ckpt}: cannot load a sequence classifier and tokenizer: {e}") from e
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    return config, tok, model
+
+
+def checkpoint_head(ckpt: Path, config, tok, name: str, max_length: int, positive_label: Optional[str]) -> Head:
+    """The head ``orchestrator export`` writes for ``name`` (tokenizer model
+    ``<name>_tokenizer``). Raises :class:`ExportError`: a head the router cannot serve
+    (regression), ``positive_label`` on a checkpoint that is not binary or not one of its
+    labels, a tokenizer with ids beyond the model's vocabulary or without a pad token."""
+    if tok.pad_token_id is None:
+        raise ExportError(f"{ckpt}: the tokenizer has no pad token; batches cannot be padded")
+    vocab = getattr(config, "vocab_size", None)
+    if vocab and len(tok) > vocab:
+        raise ExportError(f"{ckpt}: the tokenizer has {len(tok)} tokens but the model's embedding only {vocab}: "
+                          "they were not trained together")
+    try:
+        head = head_from_hf_config(config, pipeline.tokenizer_name(name), tok.pad_token_id, max_length, positive_label)
+    except HeadError as e:
+        raise ExportError(f"{ckpt}: {e}; the router and the postprocess model serve classifiers only "
+                          "(binary, multiclass, multilabel)") from None
+    if positive_label is not None and head.kind != BINARY:
+        raise ExportError(f"--positive-label {positive_label!r}: only for binary checkpoints (1 or 2 labels); "
+                          f"{ckpt} has a {head.describe()} head")
+    return head
+
+
 def export_checkpoint(  # noqa: C901 (the export's steps in order, each validated)
     source: str,
     repo: os.PathLike | str,
@@ -188,7 +247,7 @@ def export_checkpoint(  # noqa: C901 (the export's steps in order, each validate
     fp16: bool = False,
     max_length: Optional[int] = None,
     opset: int = DEFAULT_OPSET,
-    tokenizer: bool = True,
+    positive_label: Optional[str] = None,
     texts: Optional[Sequence[str]] = None,
     fp16_tolerance: float = FP16_TOLERANCE,
     tensorrt: Optional[bool] = None,
@@ -196,51 +255,40 @@ def export_checkpoint(  # noqa: C901 (the export's steps in order, each validate
     quiet: bool = False,
     console=None,
 ) -> ExportResult:
-    """Export the checkpoint ``source`` into ``repo`` as model ``name`` (and ``name_fp16``).
+    """Export the checkpoint ``source`` into ``repo`` as model ``name`` (and ``name_fp16``),
+    with its tokenizer, postprocess and ensemble models.
 
     See the module docstring for the files and checks. ``max_length`` (tokens, the
-    truncation length written into the tokenizer): default from :func:`_default_max_length`;
-    must not exceed the checkpoint's ``max_position_embeddings``. ``texts``: validation
-    texts (default :data:`SAMPLE_TEXTS`). ``tensorrt``: build a plan (default: when
-    ``trtexec`` is on ``PATH``).
+    truncation length written into the tokenizer): default from :func:`default_max_length`;
+    must not exceed the checkpoint's ``max_position_embeddings``. ``positive_label``: the
+    positive label of a two-label checkpoint (default: a label named ``positive``, else the
+    second). ``texts``: validation texts (default :data:`SAMPLE_TEXTS`). ``tensorrt``:
+    build a plan (default: when ``trtexec`` is on ``PATH``).
 
-    Raises :class:`SourceError`, :class:`ExportError`, :class:`ExportValidationError`.
+    Raises :class:`SourceError` (no checkpoint, no tokenizer files), :class:`ExportError`
+    (a head the router cannot serve, bad arguments), :class:`ExportValidationError`.
     """
     repo = Path(repo)
     if not repo.is_dir():
         raise ExportError(f"model repository {repo} does not exist")
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or name == "tokenizer":
-        raise ExportError(f"bad model name {name!r}")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or name in RESERVED_NAMES:
+        raise ExportError(f"bad model name {name!r} (letters, digits, _ . -; not one of {', '.join(RESERVED_NAMES)})")
     tensorrt = shutil.which("trtexec") is not None if tensorrt is None else tensorrt
     texts = list(texts) if texts is not None else list(SAMPLE_TEXTS)
     with _Steps(quiet, console) as steps:
         with steps.step(f"resolve {source}"):
             ckpt = resolve_source(source, revision)
+            check_tokenizer_files(ckpt)
         with steps.step("load model and tokenizer (transformers)"):
             import torch
-            from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-            from transformers.utils import logging as hf_logging
 
-            bars = hf_logging.is_progress_bar_enabled()
-            hf_logging.disable_progress_bar()  # its "Loading weights" bar would break the display
-            try:
-                config = AutoConfig.from_pretrained(str(ckpt))
-                tok = AutoTokenizer.from_pretrained(str(ckpt))
-                model = AutoModelForSequenceClassification.from_pretrained(
-                    str(ckpt), attn_implementation="eager"
-                ).eval()
-            except (OSError, ValueError, KeyError) as e:
-                raise SourceError(f"{ckpt}: cannot load a sequence classifier and tokenizer: {e}") from e
-            finally:
-                if bars:
-                    hf_logging.enable_progress_bar()
+            config, tok, model = _load_checkpoint(ckpt)
             num_labels = int(model.config.num_labels)
             positions = getattr(config, "max_position_embeddings", None)
             max_length = int(max_length or default_max_length(tok, config))
             if max_length < 2 or (positions and max_length > positions):
                 raise ExportError(f"--max-length {max_length} outside [2, max_position_embeddings={positions}]")
-            if tok.pad_token_id is None:
-                raise ExportError(f"{ckpt}: the tokenizer has no pad token; batches cannot be padded")
+            head = checkpoint_head(ckpt, config, tok, name, max_length, positive_label)
 
         def torch_ref(ids, mask):
             with torch.inference_mode():
@@ -280,44 +328,52 @@ def export_checkpoint(  # noqa: C901 (the export's steps in order, each validate
             for d in reversed(new_dirs if not ok else []):  # leave no empty model directories behind
                 if d.is_dir() and not any(d.iterdir()):
                     d.rmdir()
-        labels = [str(model.config.id2label.get(i, i)) for i in range(num_labels)]
         # what export.json records, and the configs' provenance comment derives from
         provenance = {"source": str(source), "checkpoint": str(ckpt), "model_class": type(model).__name__,
-                      "labels": labels, "opset": opset, "num_labels": num_labels, "max_length": max_length}
-        dirs = [model_dir]
+                      "labels": list(head.labels), "opset": opset, "num_labels": num_labels, "max_length": max_length}
+        variants = [name] + ([f"{name}_fp16"] if fp16 else [])
+        tok_model = repo / head.tokenizer
+        # the tokenizer first: the classifiers' warmup ids come from it
+        with steps.step(f"tokenizer model {head.tokenizer} (files in {head.tokenizer}/1)"):
+            save_tokenizer(tok, tok_model / "1", max_length, texts)
+        dirs = [tok_model]
         trt = {}
-        with steps.step(f"write configs of {name}"):
-            write_model_configs(model_dir, num_labels, export_comment({**provenance, "variant": "fp32"}),
-                                tensorrt=tensorrt)
-        if fp16:
-            with steps.step(f"write configs of {name}_fp16"):
-                write_model_configs(fp16_dir, num_labels, export_comment({**provenance, "variant": "fp16"}),
-                                    tensorrt=tensorrt)
-            dirs.append(fp16_dir)
+        for d, key in [(model_dir, "fp32")] + ([(fp16_dir, "fp16")] if fp16 else []):
+            with steps.step(f"write configs and head.json of {d.name}"):
+                write_model_configs(d, num_labels, export_comment({**provenance, "variant": key}),
+                                    tensorrt=tensorrt, head=head)
+            dirs.append(d)
         if not tensorrt:  # a plan from an earlier export would no longer match the new model
-            for d in [model_dir] + ([repo / f"{name}_fp16"] if fp16 else []):
+            for d in [model_dir] + ([fp16_dir] if fp16 else []):
                 _remove_stale_plan(d, steps)
         if tensorrt:
-            for d, is16 in [(model_dir, False)] + ([(repo / f"{name}_fp16", True)] if fp16 else []):
+            for d, is16 in [(model_dir, False)] + ([(fp16_dir, True)] if fp16 else []):
                 with steps.step(f"TensorRT plan {d.name}/1/model.plan (trtexec)"):
                     trt[d.name] = build_tensorrt_plan(model_dir / "1" / "model.onnx", d / "1" / "model.plan",
                                                       max_length, is16)
-        if tokenizer:
-            tok_dir = repo / "tokenizer" / "1"
-            with steps.step(f"tokenizer files -> {tok_dir}"):
-                save_tokenizer(tok, tok_dir, max_length, texts)
-            dirs.append(tok_dir)
-            others = sorted(p.parent.parent.name for p in repo.glob("*/1/model.onnx")
-                            if p.parent.parent.name not in (name, f"{name}_fp16"))
-            if others:
-                steps.note(f"[yellow]note:[/yellow] the tokenizer is shared; {', '.join(others)} now get "
-                           "this checkpoint's token ids (pass --no-tokenizer to keep the old tokenizer)")
+        post = pipeline.postprocess_name(name)
+        with steps.step(f"postprocess model {post} ({head.describe()})"):
+            pipeline.write_postprocess(repo, post, head)
+        dirs.append(repo / post)
+        for variant in variants:
+            ens = pipeline.ensemble_name(variant)
+            with steps.step(f"ensemble {ens}: {head.tokenizer} -> {variant} -> {post}"):
+                pipeline.write_ensemble(repo, ens, head.tokenizer, variant, post, head)
+            dirs.append(repo / ens)
+        notes = []
+        skip = {pipeline.ensemble_name(v) for v in variants}
+        for r in pipeline.repoint_ensembles(repo, variants, head.tokenizer, post, head, skip=skip):
+            notes += [f"{r.path.relative_to(repo)}: steps re-pointed: {'; '.join(r.changes)}"] if r.changes else []
+            notes += [f"warning: {p}" for p in r.problems]
+        notes += [c.message if c.binds else f"warning: {c.message}" for c in pipeline.check_routers(repo, variants)]
+        for note in notes:
+            steps.note(note)
         result = ExportResult(
             name=name, repo=str(repo), source=str(source), num_labels=num_labels, max_length=max_length,
-            opset=opset, variants=[name] + ([f"{name}_fp16"] if fp16 else []), validation=val,
-            tensorrt=trt or None, tokenizer_written=tokenizer,
+            opset=opset, variants=variants, validation=val, tensorrt=trt or None,
+            head=json.loads(head.to_json()), models=[d.name for d in dirs], notes=notes,
         )
-        for d, key in [(model_dir, "fp32")] + ([(repo / f"{name}_fp16", "fp16")] if fp16 else []):
+        for d, key in [(model_dir, "fp32")] + ([(fp16_dir, "fp16")] if fp16 else []):
             _record(result, d, {**provenance, "variant": key, "validation": val[key], "tensorrt": trt.get(d.name)})
         result.files = _files(repo, dirs)
     return result
@@ -338,9 +394,10 @@ def fp16_from_onnx(
     ``<name>_fp16``): model file, configs, adapter, ``export.json``.
 
     For models whose torch checkpoint was not kept (the demo models). Validated against the
-    fp32 ONNX model (onnxruntime) on ``texts`` tokenized by ``<repo>/tokenizer/1``: max abs
-    logit difference <= ``fp16_tolerance``. Raises :class:`ExportError` (missing files),
-    :class:`ExportValidationError`.
+    fp32 ONNX model (onnxruntime) on ``texts`` tokenized by the model's own tokenizer
+    (the tokenizer model its ``head.json`` names, ``tokenizer`` without one): max abs
+    logit difference <= ``fp16_tolerance``. The copy gets the same ``head.json``. Raises
+    :class:`ExportError` (missing files, invalid head), :class:`ExportValidationError`.
     """
     from transformers import AutoTokenizer
 
@@ -348,7 +405,11 @@ def fp16_from_onnx(
     src = repo / name / "1" / "model.onnx"
     if not src.is_file():
         raise ExportError(f"{src} does not exist")
-    tok_dir = repo / "tokenizer" / "1"
+    try:
+        head = read_head(repo / name)
+    except HeadError as e:
+        raise ExportError(str(e)) from None
+    tok_dir = repo / (head or LEGACY).tokenizer / "1"
     if not (tok_dir / "tokenizer_config.json").is_file():
         raise ExportError(f"{tok_dir}: no tokenizer files (needed for the validation texts)")
     out_name = out_name or f"{name}_fp16"
@@ -378,7 +439,7 @@ def fp16_from_onnx(
                       "converter": "onnxruntime.transformers.float16.convert_float_to_float16(keep_io_types=True)"}
         with steps.step(f"write configs of {out_name}"):
             write_model_configs(out_dir, num_labels, export_comment({**provenance, "num_labels": num_labels}),
-                                tensorrt=tensorrt)
+                                tensorrt=tensorrt, head=head)
         trt = None
         if not tensorrt:
             _remove_stale_plan(out_dir, steps)
@@ -388,6 +449,7 @@ def fp16_from_onnx(
         result = ExportResult(
             name=out_name, repo=str(repo), source=f"{name}/1/model.onnx", num_labels=num_labels,
             max_length=max_length, opset=None, variants=[out_name], validation=val, tensorrt=trt,
+            head=json.loads(head.to_json()) if head else None, models=[out_name],
         )
         _record(result, out_dir, {**provenance, "validation": val["fp16"], "tensorrt": (trt or {}).get(out_name)})
         result.files = _files(repo, [out_dir])

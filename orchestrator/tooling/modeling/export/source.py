@@ -12,16 +12,16 @@ from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.configs import tokenizer_config
 from orchestrator.tooling.modeling.contract import ExportValidationError, SourceError, encode
 from orchestrator.tooling.modeling.export.validate import SAMPLE_TEXTS
-from orchestrator.tooling.repository import write_config
+from orchestrator.tooling.repository import get_parameter, read_config, write_config
 
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 TOKENIZER_ADAPTER = '"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.tokenizer."""\n\n' \
                     "from orchestrator.runtime.models.tokenizer import TritonPythonModel  # noqa: F401\n"
 TOKENIZER_HEADER = (
-    "Text to token ids with transformers' fast tokenizer (files in 1/); written by `orchestrator export`",
-    "(orchestrator.tooling.modeling.configs.tokenizer_config). padding: \"longest\" (pad to the",
-    "request's longest text) or \"max_length\" (pad to max_length).",
+    "Text to token ids with transformers' fast tokenizer (files in 1/, truncation length: their",
+    "model_max_length); written by `orchestrator export` (orchestrator.tooling.modeling.configs.tokenizer_config).",
+    "padding: \"longest\" (pad to the request's longest text) or \"max_length\" (pad to max_length).",
 )
 
 
@@ -67,16 +67,52 @@ def default_max_length(tokenizer, config) -> int:
     return int(min(512, positions or 512))
 
 
-def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[str]) -> list[str]:
-    """Replace the tokenizer files in ``tok_dir`` with ``tokenizer`` (``model_max_length`` set
-    to ``max_length``); keep ``model.py``. Returns the file names written.
+#: Files that hold a tokenizer's vocabulary (``transformers``' names): the fast tokenizer's
+#: ``tokenizer.json``, WordPiece ``vocab.txt``, BPE ``vocab.json`` with ``merges.txt``,
+#: SentencePiece models.
+VOCABULARY_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model",
+                    "tokenizer.model")
+
+
+def check_tokenizer_files(checkpoint: Path) -> list[str]:
+    """The vocabulary files of the checkpoint directory (names), at least one.
+
+    Without them ``AutoTokenizer`` still loads, with a vocabulary of only the special
+    tokens, which turns every word into the unknown token: refused here.
+
+    Raises:
+        SourceError: no vocabulary file (the message lists what the directory holds and
+            what was expected), or ``vocab.json`` without ``merges.txt``.
+    """
+    checkpoint = Path(checkpoint)
+    present = sorted(p.name for p in checkpoint.iterdir() if p.is_file())
+    found = [n for n in VOCABULARY_FILES if n in present]
+    if not found:
+        raise SourceError(
+            f"{checkpoint}: no tokenizer files: none of {', '.join(VOCABULARY_FILES)} (it holds "
+            f"{', '.join(present) or 'nothing'}). Save the tokenizer the model was trained with next to it: "
+            "tokenizer.save_pretrained(DIR)"
+        )
+    if found == ["vocab.json"] and "merges.txt" not in present:
+        raise SourceError(f"{checkpoint}: vocab.json without merges.txt: a BPE tokenizer needs both")
+    return found
+
+
+def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[str], padding: str = "longest") -> list[str]:
+    """Make ``tok_dir`` (``<repo>/<model>/1``) the files of ``tokenizer`` with
+    ``model_max_length`` = ``max_length`` (the truncation length of the tokenizer model),
+    and its model: ``model.py`` and ``config.pbtxt`` (:func:`tokenizer_config`, named after
+    the directory; an existing one keeps its settings, with ``max_length`` and the warmup
+    sample made again) and the warmup files. Old tokenizer files are removed. Returns the
+    tokenizer file names written.
 
     The files are saved to a temporary directory and reloaded with ``AutoTokenizer`` first;
     :class:`ExportValidationError` (``tok_dir`` untouched) if the reloaded tokenizer encodes
-    one of ``texts`` differently from ``tokenizer`` truncating to ``max_length``. A missing
-    ``model.py`` or ``config.pbtxt`` of the ``tokenizer`` model is written too.
+    one of ``texts`` differently from ``tokenizer`` truncating to ``max_length``.
     """
     from transformers import AutoTokenizer
+
+    from orchestrator.tooling.warmup import add_model_features, write_warmup_files
 
     tokenizer.model_max_length = max_length
     tok_dir.mkdir(parents=True, exist_ok=True)
@@ -92,13 +128,23 @@ def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[st
                 old.unlink()
         for n in names:
             os.replace(Path(tmp, n), tok_dir / n)  # a rename out of a fresh temporary directory
-    if not (tok_dir / "model.py").is_file():
-        write_atomic(tok_dir / "model.py", TOKENIZER_ADAPTER.encode("utf-8"), 0o644)
-    if not (tok_dir.parent / "config.pbtxt").is_file():
-        from orchestrator.tooling.warmup import write_warmup_files
-
-        write_config(tok_dir.parent / "config.pbtxt", tokenizer_config(tok_dir.parent.name, tokenizer_dir=tok_dir), TOKENIZER_HEADER)
-        write_warmup_files(tok_dir.parent, "tokenizer", tok_dir)
+    write_atomic(tok_dir / "model.py", TOKENIZER_ADAPTER.encode("utf-8"), 0o644)
+    model_dir = tok_dir.parent
+    path = model_dir / "config.pbtxt"
+    if path.is_file():
+        config = read_config(path)
+        config.name = model_dir.name
+        pad_to = max_length
+        if get_parameter(config, "padding") == "max_length":  # the model refuses padding shorter than truncation
+            pad_to = max(max_length, int(get_parameter(config, "max_length") or 0))
+        config.parameters["max_length"].string_value = str(pad_to)
+        if config.model_warmup:
+            add_model_features(config, tok_dir)
+    else:
+        config = tokenizer_config(model_dir.name, padding=padding, max_length=max_length, tokenizer_dir=tok_dir)
+    write_config(path, config, TOKENIZER_HEADER)
+    if config.model_warmup:
+        write_warmup_files(model_dir, "tokenizer", tok_dir)
     return names
 
 

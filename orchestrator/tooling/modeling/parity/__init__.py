@@ -8,19 +8,33 @@ Usage::
         [--repo model_repository] [--out docs/parity]
     orchestrator parity --write-held-out FILE      # the held-out test split as TSV/JSONL
 
-Every text goes through the ``tokenizer`` and then each model, in the same batches of
+Every model compared must have the same head (``<repo>/<model>/head.json``, the legacy
+one-logit head without one: same kind, labels and positive label) and the same tokenizer
+model (the head's ``tokenizer``); otherwise :class:`ParityError` before any text is scored.
+Every text goes through that tokenizer and then each model, in the same batches of
 ``--batch-size`` (64, the repository's ``max_batch_size``) consecutive texts, each batch padded
-to its longest text, exactly as one request to the ``tokenizer`` model does. Backends:
+to its longest text, exactly as one request to the tokenizer model does. Backends:
 in-process (onnxruntime CPU sessions on ``<repo>/<model>/1/<onnx_file>`` plus the tokenizer
-files of ``<repo>/tokenizer/1``), or a Triton server through tritonclient HTTP (``--url``, or
+files of ``<repo>/<tokenizer>/1``), or a Triton server through tritonclient HTTP (``--url``, or
 ``--embedded-server`` to start :class:`orchestrator.tooling.server.TritonServer` on ``--repo``).
 ``--cross-check`` runs the other backend too and reports the largest logit difference
 between the two.
 
+Labels (``--data``): binary heads 0/1; multiclass heads the label's name or index;
+multilabel heads the list of labels that apply (:func:`read_labeled`). ``--held-out`` is
+binary.
+
+Multiclass and multilabel heads (:func:`compare_multi`): probabilities and verdicts by the
+head (``Head.probabilities``, ``Head.verdicts``); a flip is a text whose top label changed
+(multiclass) or with some label's verdict changed (multilabel, ``Head.flipped``);
+multilabel thresholds are per label (each label's column calibrated as below), multiclass
+answers are the top label (threshold 0). The rest of this section is the binary case.
+
 Definitions (all in the report):
 
-- score ``s``: the logit for single-logit (binary, sigmoid) models; ``logit[1] - logit[0]``
-  for two-logit (softmax) models, the log-odds of class 1. More labels: :class:`ParityError`.
+- score ``s``: the logit for single-logit (binary, sigmoid) models; the positive logit minus
+  the other for two-logit (softmax) models, the log-odds of the head's positive label, so
+  ``sigmoid(s)`` is the softmax's positive column, what the postprocess model serves.
 - probability ``p = sigmoid(s)``, computed in float64 and rounded to float32 (as the
   ``postprocess`` model does); verdict ``p >= t`` for a threshold ``t`` (as ``postprocess``).
 - logit deviation: ``d = candidate - reference`` over every logit; mean |d|, max d, min d
@@ -70,6 +84,7 @@ from orchestrator.tooling.modeling.parity.metrics import (
     best_matching_threshold,
     binary_scores,
     compare,
+    compare_multi,
     confusion_vs_reference,
     label_metrics,
     logit_deviation,
@@ -80,7 +95,7 @@ from orchestrator.tooling.modeling.parity.metrics import (
     threshold_logit,
 )
 from orchestrator.tooling.modeling.parity.report import plot_logits, render_markdown, write_report
-from orchestrator.tooling.modeling.parity.run import add_parity_arguments, main, parity_command, run_parity
+from orchestrator.tooling.modeling.parity.run import add_parity_arguments, main, parity_command, parity_head, run_parity
 
 __all__ = [
     "ParityError",
@@ -97,6 +112,8 @@ __all__ = [
     "threshold_for_precision",
     "best_matching_threshold",
     "compare",
+    "compare_multi",
+    "parity_head",
     "paired_ratio",
     "recommend",
     "InProcessBackend",

@@ -35,7 +35,7 @@ class InProcessBackend:
     """The tokenizer files and ONNX models of ``repo`` run in this process (CPU).
 
     ``encode(texts)``: int64 ``(input_ids, attention_mask)`` [n, L] like the ``tokenizer``
-    model (truncation to ``model_max_length``, padding to the longest text). ``run(model,
+    model (the files of ``<repo>/<tokenizer>/1``: the tokenizer model the models' heads name) (truncation to ``model_max_length``, padding to the longest text). ``run(model,
     ids, mask)``: float32 logits [n, K]. onnxruntime ``CPUExecutionProvider``,
     ``intra_op_num_threads`` = ``threads`` (default: the usable cores). Raises
     :class:`ParityError` for a missing model or tokenizer.
@@ -43,12 +43,13 @@ class InProcessBackend:
 
     kind = "in-process"
 
-    def __init__(self, repo: os.PathLike | str, models: Sequence[str], threads: Optional[int] = None):
+    def __init__(self, repo: os.PathLike | str, models: Sequence[str], threads: Optional[int] = None,
+                 tokenizer: str = "tokenizer"):
         import onnxruntime as ort
         from transformers import AutoTokenizer
 
         self.repo = Path(repo)
-        tok_dir = self.repo / "tokenizer" / "1"
+        tok_dir = self.repo / tokenizer / "1"
         if not (tok_dir / "tokenizer_config.json").is_file():
             raise ParityError(f"{tok_dir}: no tokenizer files")
         self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
@@ -75,7 +76,8 @@ class InProcessBackend:
 
 
 class TritonBackend:
-    """The ``tokenizer`` and classifier models of a Triton server, through tritonclient HTTP.
+    """The tokenizer model (``tokenizer``) and classifier models of a Triton server, through
+    tritonclient HTTP.
 
     Latency measured with it is a client round trip (HTTP, serialisation, the server's
     queue), not comparable with in-process numbers. Raises :class:`ParityError` if a model
@@ -84,20 +86,21 @@ class TritonBackend:
 
     kind = "triton"
 
-    def __init__(self, url: str, models: Sequence[str], timeout_s: float = 300.0):
+    def __init__(self, url: str, models: Sequence[str], timeout_s: float = 300.0, tokenizer: str = "tokenizer"):
         import tritonclient.http as httpclient
 
         self._http = httpclient
         self.url = url
+        self.tokenizer = tokenizer
         self.client = httpclient.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
-        for m in ["tokenizer", *models]:
+        for m in [tokenizer, *models]:
             try:
                 ready = self.client.is_model_ready(m)
             except Exception as e:  # connection refused etc.
                 raise ParityError(f"Triton server at {url}: {e}") from e
             if not ready:
                 raise ParityError(f"Triton server at {url}: model {m!r} is not ready")
-        self.description = f"Triton server at {url} (tritonclient HTTP): tokenizer, then each model"
+        self.description = f"Triton server at {url} (tritonclient HTTP): {tokenizer}, then each model"
 
     def _infer(self, model: str, arrays: Mapping[str, np.ndarray], outputs: Sequence[str]):
         from tritonclient.utils import InferenceServerException
@@ -115,7 +118,7 @@ class TritonBackend:
 
     def encode(self, texts: Sequence[str]):
         arr = np.array([t.encode("utf-8") for t in texts], dtype=np.object_).reshape(-1, 1)
-        ids, mask = self._infer("tokenizer", {"TEXT": arr}, ["input_ids", "attention_mask"])
+        ids, mask = self._infer(self.tokenizer, {"TEXT": arr}, ["input_ids", "attention_mask"])
         return ids.astype(np.int64), mask.astype(np.int64)
 
     def run(self, model: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -21,17 +21,21 @@ class ParityError(ToolingError):
 
 @dataclass
 class LabeledData:
-    """Texts with binary labels. ``labels``: int64 [n], 0 or 1. ``source``: where they came from."""
+    """Texts with labels. ``labels``: int64 [n], 0 or 1 (binary heads) or the label's index
+    (multiclass heads), or bool [n, K] (multilabel heads: which labels apply). ``source``:
+    where they came from."""
 
     texts: list
     labels: np.ndarray
     source: str
 
     def digest(self) -> str:
-        """sha256 over ``label TAB text LF`` lines: identifies the exact data of a report."""
+        """sha256 over ``label TAB text LF`` lines (a multilabel row as its 0/1 values joined
+        by commas): identifies the exact data of a report."""
         h = hashlib.sha256()
         for t, y in zip(self.texts, self.labels):
-            h.update(f"{int(y)}\t{t}\n".encode("utf-8"))
+            lab = ",".join(str(int(v)) for v in y) if np.ndim(y) else str(int(y))
+            h.update(f"{lab}\t{t}\n".encode("utf-8"))
         return h.hexdigest()
 
 
@@ -45,15 +49,46 @@ def _parse_label(value, where: str) -> int:
     raise ParityError(f"{where}: label {value!r} is not 0/1")
 
 
-def read_labeled(path: os.PathLike | str) -> LabeledData:
-    """Read labeled texts.
+def _parse_class(value, where: str, labels: Sequence[str]) -> int:
+    if isinstance(value, str) and value in labels:
+        return labels.index(value)
+    if isinstance(value, (int, str)) and not isinstance(value, bool) and str(value).strip().isdigit() \
+            and int(value) < len(labels):
+        return int(value)
+    raise ParityError(f"{where}: label {value!r} is neither one of {list(labels)} nor an index below {len(labels)}")
+
+
+def _parse_labels(value, where: str, labels: Sequence[str]) -> list:
+    names = [x.strip() for x in value.split(",") if x.strip()] if isinstance(value, str) else value
+    if not isinstance(names, list) or any(not isinstance(x, str) or x not in labels for x in names):
+        raise ParityError(f"{where}: label {value!r}: expected a list of labels among {list(labels)} "
+                          "(TSV: comma-separated, empty for none)")
+    return [x in names for x in labels]
+
+
+def label_parser(head=None):
+    """``parse(value, where)`` of one text's label for ``head`` (``orchestrator.runtime.heads``;
+    None or binary: 0/1)."""
+    if head is None or head.kind == "binary":
+        return _parse_label
+    if head.kind == "multiclass":
+        return lambda v, where: _parse_class(v, where, head.labels)
+    return lambda v, where: _parse_labels(v, where, head.labels)
+
+
+def read_labeled(path: os.PathLike | str, head=None) -> LabeledData:
+    """Read labeled texts for the models' ``head`` (default: binary).
 
     Formats (by extension): ``.jsonl`` one JSON object a line with ``text`` (string) and
-    ``label`` (0/1, true/false; other keys ignored); ``.tsv`` (or anything else) one
-    ``label<TAB>text`` a line, split at the first tab so texts may contain tabs, an optional
-    header line ``label<TAB>text``. Blank lines are skipped. Raises :class:`ParityError`
-    (file and line) on a malformed line, a label other than 0/1, or no data; ``OSError``.
+    ``label`` (other keys ignored); ``.tsv`` (or anything else) one ``label<TAB>text`` a
+    line, split at the first tab so texts may contain tabs, an optional header line
+    ``label<TAB>text``. Blank lines are skipped. Labels: binary heads 0/1 (true/false);
+    multiclass heads the label's name or index; multilabel heads the labels that apply
+    (JSON: a list of names; TSV: names separated by commas, empty for none). Raises
+    :class:`ParityError` (file and line) on a malformed line, a label that does not fit the
+    head, or no data; ``OSError``.
     """
+    parse = label_parser(head)
     path = Path(path)
     texts, labels = [], []
     for n, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):
@@ -69,7 +104,7 @@ def read_labeled(path: os.PathLike | str) -> LabeledData:
             if not isinstance(obj, dict) or not isinstance(obj.get("text"), str) or "label" not in obj:
                 raise ParityError(f"{where}: expected an object with string 'text' and 'label'")
             texts.append(obj["text"])
-            labels.append(_parse_label(obj["label"], where))
+            labels.append(parse(obj["label"], where))
         else:
             if "\t" not in line:
                 raise ParityError(f"{where}: expected label<TAB>text")
@@ -77,10 +112,11 @@ def read_labeled(path: os.PathLike | str) -> LabeledData:
             if n == 1 and lab.strip().lower() == "label":
                 continue
             texts.append(text)
-            labels.append(_parse_label(lab, where))
+            labels.append(parse(lab, where))
     if not texts:
         raise ParityError(f"{path}: no labeled texts")
-    return LabeledData(texts, np.asarray(labels, dtype=np.int64), f"file {path}")
+    dtype = bool if head is not None and head.kind == "multilabel" else np.int64
+    return LabeledData(texts, np.asarray(labels, dtype=dtype), f"file {path}")
 
 
 def write_labeled(path: os.PathLike | str, data: LabeledData, extra: Optional[Sequence[dict]] = None) -> Path:

@@ -7,6 +7,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from orchestrator.runtime.heads import BINARY, MULTICLASS, Head
 from orchestrator.runtime.scores import logit, sigmoid
 from orchestrator.tooling.modeling.parity.labeled import ParityError
 
@@ -16,15 +17,18 @@ SPEED_MARGIN = 0.05  # latency ratios within 5% count as equal speed
 SIZE_MARGIN = 0.9  # "smaller" means at most 90% of the reference's bytes
 
 
-def binary_scores(logits: np.ndarray) -> np.ndarray:
-    """float64 score [n] from logits [n, K]: ``logits[:, 0]`` (K = 1) or
-    ``logits[:, 1] - logits[:, 0]`` (K = 2). Raises :class:`ParityError` for other shapes."""
+def binary_scores(logits: np.ndarray, head: Optional[Head] = None) -> np.ndarray:
+    """float64 score [n] (log-odds of the positive label) from logits [n, K] of a binary
+    ``head``: the positive logit (K = 1), or the positive minus the other logit (K = 2,
+    so ``sigmoid(score)`` is the softmax's positive column). Without ``head``: positive
+    index 0 for one logit, 1 for two. Raises :class:`ParityError` for other shapes."""
     lg = np.asarray(logits, dtype=np.float64)
     if lg.ndim == 1:
         lg = lg[:, None]
     if lg.ndim != 2 or lg.shape[1] not in (1, 2):
-        raise ParityError(f"logits of shape {lg.shape}: parity needs a binary classifier (1 or 2 logits)")
-    return lg[:, 0] if lg.shape[1] == 1 else lg[:, 1] - lg[:, 0]
+        raise ParityError(f"logits of shape {lg.shape}: a binary head has 1 or 2 logits")
+    pos = head.positive_index if head is not None else lg.shape[1] - 1
+    return lg[:, pos] if lg.shape[1] == 1 else lg[:, pos] - lg[:, 1 - pos]
 
 
 def probabilities(scores: np.ndarray) -> np.ndarray:
@@ -73,7 +77,7 @@ def confusion_vs_reference(ref_verdicts: np.ndarray, cand_verdicts: np.ndarray) 
     return out
 
 
-def logit_deviation(ref_logits: np.ndarray, cand_logits: np.ndarray) -> dict:
+def logit_deviation(ref_logits: np.ndarray, cand_logits: np.ndarray, head: Optional[Head] = None) -> dict:
     """Deviation ``d = candidate - reference`` over every logit (float64): ``mean_abs_diff``,
     ``max_diff`` and ``min_diff`` (signed), ``max_abs_diff``, ``rms_diff``, plus
     ``max_abs_prob_diff`` of the probabilities and ``values`` (count). Raises
@@ -83,7 +87,10 @@ def logit_deviation(ref_logits: np.ndarray, cand_logits: np.ndarray) -> dict:
     if a.shape != b.shape:
         raise ParityError(f"logits shapes differ: reference {a.shape}, candidate {b.shape}")
     d = b - a
-    pa, pb = probabilities(binary_scores(a)), probabilities(binary_scores(b))
+    if head is None or head.kind == BINARY:
+        pa, pb = probabilities(binary_scores(a, head)), probabilities(binary_scores(b, head))
+    else:
+        pa, pb = head.probabilities(a).astype(np.float32), head.probabilities(b).astype(np.float32)
     return {
         "values": int(d.size),
         "mean_abs_diff": float(np.mean(np.abs(d))),
@@ -161,14 +168,20 @@ def compare(
     labels: np.ndarray,
     target_precision: float = DEFAULT_TARGET_PRECISION,
     reference: str = "reference",
+    head: Optional[Head] = None,
 ) -> dict:
     """All parity numbers (no timing): the ``reference`` block and one block per candidate.
 
-    ``ref_logits``, each of ``cand_logits``: float32 [n, K] (K = 1 or 2); ``labels`` int [n].
-    Raises :class:`ParityError` (shapes, binary only, unreachable target).
+    ``ref_logits``, each of ``cand_logits``: float32 [n, K]; ``labels``: int [n] (binary:
+    0/1; multiclass: the label's index) or bool [n, K] (multilabel). ``head``: the models'
+    head (default: binary, positive index 0 for one logit, 1 for two); multiclass and
+    multilabel heads: :func:`compare_multi`. Raises :class:`ParityError` (shapes,
+    unreachable target).
     """
+    if head is not None and head.kind != BINARY:
+        return compare_multi(ref_logits, cand_logits, labels, head, target_precision, reference)
     y = np.asarray(labels).astype(np.int64)
-    ref_p = probabilities(binary_scores(ref_logits))
+    ref_p = probabilities(binary_scores(ref_logits, head))
     if len(ref_p) != len(y):
         raise ParityError(f"{len(ref_p)} reference logits for {len(y)} labels")
     t_ref = threshold_for_precision(ref_p, y, target_precision)
@@ -183,8 +196,8 @@ def compare(
         "candidates": {},
     }
     for name, lg in cand_logits.items():
-        dev = logit_deviation(ref_logits, lg)
-        p = probabilities(binary_scores(lg))
+        dev = logit_deviation(ref_logits, lg, head)
+        p = probabilities(binary_scores(lg, head))
         v = p >= np.float32(t_ref)
         at_ref = {"threshold": t_ref, "vs_reference": confusion_vs_reference(ref_v, v),
                   "vs_labels": label_metrics(y, v)}
@@ -200,6 +213,75 @@ def compare(
             block["operating_threshold"] = t_best
         out["candidates"][name] = block
     return out
+
+
+def _flips(head: Head, pa: np.ndarray, va: np.ndarray, pb: np.ndarray, vb: np.ndarray) -> int:
+    return int(sum(head.flipped(pa[i], va[i], pb[i], vb[i]) for i in range(len(pa))))
+
+
+def compare_multi(
+    ref_logits: np.ndarray,
+    cand_logits: Mapping[str, np.ndarray],
+    labels: np.ndarray,
+    head: Head,
+    target_precision: float = DEFAULT_TARGET_PRECISION,
+    reference: str = "reference",
+) -> dict:
+    """:func:`compare` for multiclass and multilabel heads (probabilities, verdicts and
+    flips by ``head``: :meth:`Head.probabilities`, :meth:`Head.verdicts`, :meth:`Head.flipped`).
+
+    Multiclass (``labels`` int [n], the label's index): threshold 0 (the top label is the
+    answer); a flip is a text whose top label changed; ``vs_labels`` has the accuracy.
+    Multilabel (``labels`` bool [n, K]): per label the reference threshold of
+    :func:`threshold_for_precision` on that label's column (a list, one per label); a flip
+    is a text with some label's verdict changed; when a candidate flips, per label the
+    :func:`best_matching_threshold` of that column is its operating threshold.
+    ``vs_labels`` has micro-averaged counts over every (text, label).
+    """
+    y = np.asarray(labels)
+    n = len(y)
+    ref_p = head.probabilities(ref_logits).astype(np.float32)
+    if head.kind == MULTICLASS:
+        t_ref = [0.0] * head.columns
+        score = lambda p, v: {"accuracy": float(np.mean(p.argmax(axis=1) == y)), "precision": None}  # noqa: E731
+    else:
+        t_ref = [_label_threshold(ref_p[:, k], y[:, k], target_precision, head.labels[k]) for k in range(head.columns)]
+        score = lambda p, v: label_metrics(y.reshape(-1), v.reshape(-1))  # noqa: E731
+    rows = lambda t: np.tile(np.asarray(t, dtype=np.float32), (n, 1))  # noqa: E731
+    ref_v = head.verdicts(ref_p, rows(t_ref))
+    out = {"texts": int(n), "positives": int(y.sum()) if y.ndim == 2 else None, "target_precision": target_precision,
+           "head": head.describe(), "labels": list(head.output_labels()),
+           "reference": {"name": reference, "threshold": t_ref, "threshold_logit": None,
+                         "positive_verdicts": int(ref_v.sum()), "vs_labels": score(ref_p, ref_v),
+                         "at_0_5": score(ref_p, head.verdicts(ref_p, rows([0.5] * head.columns)))},
+           "candidates": {}}
+    for name, lg in cand_logits.items():
+        p = head.probabilities(lg).astype(np.float32)
+        v = head.verdicts(p, rows(t_ref))
+        at_ref = {"threshold": t_ref, "vs_reference": {"flips": _flips(head, ref_p, ref_v, p, v)}, "vs_labels": score(p, v)}
+        block = {"logits": logit_deviation(ref_logits, lg, head), "at_reference_threshold": at_ref,
+                 "best_threshold": None, "operating_threshold": t_ref}
+        if at_ref["vs_reference"]["flips"] and head.kind != MULTICLASS:
+            t_best = [best_matching_threshold(p[:, k], ref_v[:, k], t_ref[k])[0] for k in range(head.columns)]
+            vb = head.verdicts(p, rows(t_best))
+            block["best_threshold"] = {"threshold": t_best, "threshold_logit": None,
+                                       "vs_reference": {"flips": _flips(head, ref_p, ref_v, p, vb)},
+                                       "vs_labels": score(p, vb)}
+            block["operating_threshold"] = t_best
+        out["candidates"][name] = block
+    return out
+
+
+def _threshold_text(t, digits: int = 4) -> str:
+    """A threshold, or a list of them (one per label)."""
+    return f"{t:.{digits}f}" if isinstance(t, float) else "[" + ", ".join(f"{x:.{digits}f}" for x in t) + "]"
+
+
+def _label_threshold(p: np.ndarray, y: np.ndarray, target: float, label: str) -> float:
+    try:
+        return threshold_for_precision(p, y, target)
+    except ParityError as exc:
+        raise ParityError(f"label {label!r}: {exc}") from None
 
 
 def paired_ratio(candidate: Mapping, reference: Mapping) -> Optional[float]:
@@ -253,7 +335,7 @@ def recommend(
     ship = min(winners)[1] if winners else ref
     parts = []
     for name, ch in checks.items():
-        why = [f"{ch['flips']} flip(s) of {n} at threshold {ch['operating_threshold']:.4f} "
+        why = [f"{ch['flips']} flip(s) of {n} at threshold {_threshold_text(ch['operating_threshold'])} "
                f"(limit {ch['max_flips']:.1f}: {'ok' if ch['flips_ok'] else 'too many'})",
                "precision there " + (f"{ch['precision']:.4f}" if ch["precision"] is not None else "undefined")
                + f" (target {target})"]
@@ -266,7 +348,7 @@ def recommend(
         head = (f"Ship `{ref}` (the reference): no candidate both stays within the flip limit and is faster "
                 "(or as fast and smaller) in this run.")
     else:
-        head = (f"Ship `{ship}` with threshold {checks[ship]['operating_threshold']:.6f}: it stays within the flip "
+        head = (f"Ship `{ship}` with threshold {_threshold_text(checks[ship]['operating_threshold'], 6)}: it stays within the flip "
                 f"limit and is {'faster than' if checks[ship]['faster'] else 'as fast as and smaller than'} `{ref}` "
                 "in this run.")
     return {"ship": ship, "reason": head + " " + " ".join(parts), "candidates": checks,

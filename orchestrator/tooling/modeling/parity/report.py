@@ -204,15 +204,38 @@ def plot_logits(path: Path, ref_name: str, ref_scores: np.ndarray, cand_scores: 
     write_atomic(path, png.getvalue(), 0o644)
 
 
-def write_report(report: dict, out: Path, ref_scores: np.ndarray, cand_scores: Mapping[str, np.ndarray]) -> dict:
-    """Write ``report.json``, ``report.md``, ``logits.png``, ``thresholds.json`` into ``out``;
-    return ``{name: path}``."""
+def render_markdown_multi(report: dict) -> str:
+    """``report.md`` for a multiclass or multilabel head: flips, thresholds, recommendation."""
+    r = report["result"]
+    ref = r["reference"]["name"]
+    L = [f"# Parity report: {', '.join(f'`{c}`' for c in r['candidates'])} vs `{ref}`", "",
+         f"Created {report['created_utc']} UTC by `{report['command']}`.", "",
+         f"- Head: {r['head']}.", f"- Data: {report['data']['source']}; {report['data']['texts']:,} texts.",
+         f"- Backend: {report['backend']}.", "", "## Recommendation", "", report["recommendation"]["reason"], "",
+         "## Flips", "",
+         "A flip: a text whose top label changed (multiclass) or with some label's verdict changed (multilabel) "
+         "at the reference's thresholds (multilabel: per label, the smallest with precision >= "
+         f"{r['target_precision']} on that label's column).",
+         "", "| candidate | max \\|logit d\\| | max \\|probability d\\| | flips | operating thresholds |", "|---|---:|---:|---:|---|"]
+    for name, c in r["candidates"].items():
+        L.append(f"| `{name}` | {c['logits']['max_abs_diff']:.3g} | {c['logits']['max_abs_prob_diff']:.3g} | "
+                 f"{c['at_reference_threshold']['vs_reference']['flips']} | {c['operating_threshold']} |")
+    L += ["", "## Thresholds", "", "```json", json.dumps(report["thresholds"], indent=2), "```", ""]
+    return "\n".join(L)
+
+
+def write_report(report: dict, out: Path, ref_scores, cand_scores) -> dict:
+    """Write ``report.json``, ``report.md``, ``thresholds.json`` and, for binary heads
+    (``ref_scores`` given, in logits), ``logits.png`` into ``out``; return ``{name: path}``."""
     out.mkdir(parents=True, exist_ok=True)
-    paths = {k: out / k for k in ("report.json", "report.md", "logits.png", "thresholds.json")}
+    names = ("report.json", "report.md", "thresholds.json") + (("logits.png",) if ref_scores is not None else ())
+    paths = {k: out / k for k in names}
     paths["report.json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    paths["report.md"].write_text(render_markdown(report), encoding="utf-8")
+    multi = "head" in report["result"]
+    paths["report.md"].write_text(render_markdown_multi(report) if multi else render_markdown(report), encoding="utf-8")
     paths["thresholds.json"].write_text(json.dumps(report["thresholds"], indent=2) + "\n", encoding="utf-8")
-    plot_logits(paths["logits.png"], report["result"]["reference"]["name"], ref_scores, cand_scores,
-                report["result"]["reference"]["threshold"])
+    if ref_scores is not None:
+        plot_logits(paths["logits.png"], report["result"]["reference"]["name"], ref_scores, cand_scores,
+                    report["result"]["reference"]["threshold"])
     return paths
 

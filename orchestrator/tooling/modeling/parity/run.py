@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import os
 import shlex
 import sys
@@ -12,18 +13,61 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from orchestrator.runtime.heads import BINARY, LEGACY, Head, HeadError, read_head
 from orchestrator.tooling.files import sha256_file
 from orchestrator.tooling.modeling.parity.backends import BATCH_SIZE, InProcessBackend, TritonBackend, onnx_file, score_all
 from orchestrator.tooling.modeling.parity.labeled import LabeledData, ParityError, held_out_data, read_labeled, write_labeled
 from orchestrator.tooling.modeling.parity.metrics import (
     DEFAULT_MAX_FLIP_RATE,
     DEFAULT_TARGET_PRECISION,
+    _threshold_text,
     binary_scores,
     compare,
     recommend,
 )
 from orchestrator.tooling.modeling.parity.report import environment, write_report
 from orchestrator.tooling.paths import default_model_repository
+
+
+def parity_head(repo: Path, reference: str, candidates: Sequence[str]) -> Head:
+    """The head every model shares (``<repo>/<model>/head.json``, the legacy head without
+    one), checked before any text is scored.
+
+    Raises:
+        ParityError: a model's head is invalid, or differs from the reference's in kind,
+            labels or logits (parity compares the same answers), or names another tokenizer
+            model (parity feeds every model the same token ids).
+    """
+    try:
+        heads = {m: read_head(repo / m) or LEGACY for m in [reference, *candidates]}
+    except HeadError as exc:
+        raise ParityError(str(exc)) from None
+    ref = heads[reference]
+    for m in candidates:
+        h = heads[m]
+        if (h.kind, h.labels, h.positive_index) != (ref.kind, ref.labels, ref.positive_index):
+            raise ParityError(f"{m} has a {h.describe()} head, {reference} a {ref.describe()} head: "
+                              "parity compares models that answer the same labels")
+        if h.tokenizer != ref.tokenizer:
+            raise ParityError(f"{m} is fed by tokenizer model {h.tokenizer!r}, {reference} by {ref.tokenizer!r}: "
+                              "parity feeds every model the same token ids")
+    return ref
+
+
+def _plot_scores(logits: dict, reference: str, candidates: Sequence[str], head: Head) -> tuple:
+    """``(reference scores, {candidate: scores})`` in logits for the plot; binary heads only."""
+    if head.kind != BINARY:
+        return None, None
+    return binary_scores(logits[reference], head), {c: binary_scores(logits[c], head) for c in candidates}
+
+
+def _check_labels(data: LabeledData, head: Head) -> None:
+    want = (len(data.texts), head.columns) if head.kind == "multilabel" else (len(data.texts),)
+    if data.labels.shape != want:
+        raise ParityError(f"labels of shape {list(data.labels.shape)} for a {head.describe()} head; expected "
+                          f"{list(want)} (read the data with the head: read_labeled(path, head))")
+    if head.kind == "multiclass" and (data.labels.min() < 0 or data.labels.max() >= head.columns):
+        raise ParityError(f"labels outside [0, {head.columns}) for a {head.describe()} head")
 
 
 def run_parity(
@@ -33,6 +77,7 @@ def run_parity(
     repo: os.PathLike | str,
     out: Optional[os.PathLike | str],
     *,
+    head: Optional[Head] = None,
     target_precision: float = DEFAULT_TARGET_PRECISION,
     max_flip_rate: float = DEFAULT_MAX_FLIP_RATE,
     url: Optional[str] = None,
@@ -45,7 +90,9 @@ def run_parity(
     quiet: bool = False,
 ) -> dict:
     """Score ``data`` with every model, compare, recommend, and write the report to ``out``
-    (``None``: no files). Returns the report dict (what ``report.json`` holds).
+    (``None``: no files). Returns the report dict (what ``report.json`` holds). ``head``:
+    the models' head (default: :func:`parity_head`, checked before scoring; ``data``'s
+    labels must fit it: :func:`read_labeled` with the head).
 
     Main backend: in-process, or the server at ``url``, or an embedded server on ``repo``
     (``embedded_server``). ``cross_check``: also the other kind (in-process when the main one
@@ -63,6 +110,8 @@ def run_parity(
         raise ParityError("no candidates")
     if url and embedded_server:
         raise ParityError("give --url or --embedded-server, not both")
+    head = head or parity_head(repo, reference, candidates)
+    _check_labels(data, head)
     server = None
     console = Console(stderr=True, quiet=quiet)
     env = environment()
@@ -71,8 +120,8 @@ def run_parity(
         from orchestrator.tooling.server import TritonServer
 
         nonlocal server
-        console.print(f"starting the embedded Triton server on {repo} ({', '.join(['tokenizer', *models])})")
-        server = TritonServer(repo, models=["tokenizer", *models]).start()
+        console.print(f"starting the embedded Triton server on {repo} ({', '.join([head.tokenizer, *models])})")
+        server = TritonServer(repo, models=[head.tokenizer, *models]).start()
         return server.http_url
 
     def run_backend(backend, passes):
@@ -84,9 +133,9 @@ def run_parity(
 
     try:
         if url or embedded_server:
-            main = TritonBackend(url or start_server(), models)
+            main = TritonBackend(url or start_server(), models, tokenizer=head.tokenizer)
         else:
-            main = InProcessBackend(repo, models, threads)
+            main = InProcessBackend(repo, models, threads, tokenizer=head.tokenizer)
         try:
             logits, latency, batches = run_backend(main, timing_passes)
             main_desc = main.description
@@ -96,7 +145,8 @@ def run_parity(
             main.close()
         cc = None
         if cross_check:
-            other = InProcessBackend(repo, models, threads) if main_kind == "triton" else TritonBackend(start_server(), models)
+            other = (InProcessBackend(repo, models, threads, tokenizer=head.tokenizer) if main_kind == "triton"
+                     else TritonBackend(start_server(), models, tokenizer=head.tokenizer))
             try:
                 logits2, latency2, _ = run_backend(other, 1)
                 ids2 = [other.encode(data.texts[s : s + batch_size])[0] for s in range(0, min(len(data.texts), batch_size * 4), batch_size)]
@@ -119,7 +169,7 @@ def run_parity(
         if server is not None:
             server.stop()
 
-    result = compare(logits[reference], {c: logits[c] for c in candidates}, data.labels, target_precision, reference)
+    result = compare(logits[reference], {c: logits[c] for c in candidates}, data.labels, target_precision, reference, head)
     model_files = {}
     for m in models:
         p = onnx_file(repo / m)
@@ -132,6 +182,7 @@ def run_parity(
     report = {
         "created_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "command": command or "orchestrator parity",
+        "head": json.loads(head.to_json()),
         "data": {"source": data.source, "texts": len(data.texts), "positives": int(data.labels.sum()),
                  "sha256": data.digest()},
         "backend": main_desc,
@@ -148,8 +199,7 @@ def run_parity(
         "cross_check": cc,
     }
     if out is not None:
-        ref_s = binary_scores(logits[reference])
-        write_report(report, Path(out), ref_s, {c: binary_scores(logits[c]) for c in candidates})
+        write_report(report, Path(out), *_plot_scores(logits, reference, candidates, head))
     return report
 
 
@@ -211,13 +261,16 @@ def parity_command(args: argparse.Namespace) -> int:
         if (args.url or args.embedded_server or args.cross_check) and not 1 <= args.batch_size <= BATCH_SIZE:
             print(f"error: --batch-size must be in [1, {BATCH_SIZE}] (the models' max_batch_size)", file=sys.stderr)
             return 2
-        data = held_out_data()[0] if args.held_out else read_labeled(args.data)
         candidates = args.candidates or [f"{args.reference}_fp16"]
         repo = Path(args.repo) if args.repo else _default_repo()
+        head = parity_head(repo, args.reference, candidates)  # refused before any text is read or scored
+        if args.held_out and head.kind != BINARY:
+            raise ParityError(f"--held-out has binary labels; {args.reference} has a {head.describe()} head: pass --data")
+        data = held_out_data()[0] if args.held_out else read_labeled(args.data, head)
         command = "orchestrator parity " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "parity"
                                                        else sys.argv[1:])
         report = run_parity(
-            args.reference, candidates, data, repo, args.out, target_precision=args.target_precision,
+            args.reference, candidates, data, repo, args.out, head=head, target_precision=args.target_precision,
             max_flip_rate=args.max_flip_rate, url=args.url, embedded_server=args.embedded_server,
             cross_check=args.cross_check, batch_size=args.batch_size, timing_passes=args.timing_passes,
             threads=args.threads, command=command, quiet=args.quiet,
@@ -226,12 +279,12 @@ def parity_command(args: argparse.Namespace) -> int:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     r = report["result"]
-    print(f"reference {args.reference}: threshold {r['reference']['threshold']:.6f} for precision >= "
-          f"{r['target_precision']} on {r['texts']} texts")
+    print(f"reference {args.reference}: threshold {_threshold_text(r['reference']['threshold'], 6)} "
+          f"for precision >= {r['target_precision']} on {r['texts']} texts; head: {head.describe()}")
     for c, block in r["candidates"].items():
         g, a = block["logits"], block["at_reference_threshold"]["vs_reference"]
         print(f"{c}: mean |d| {g['mean_abs_diff']:.3g}, max |d| {g['max_abs_diff']:.3g}, flips {a['flips']}, "
-              f"operating threshold {block['operating_threshold']:.6f}")
+              f"operating threshold {_threshold_text(block['operating_threshold'], 6)}")
     print(report["recommendation"]["reason"])
     if args.out:
         print(f"report: {args.out}/report.md")

@@ -75,6 +75,7 @@ def entrypoint_server(test_repository, tmp_path_factory):
             "TRITONSERVER": str(embedded.server),
             "BIND_ADDRESS": "127.0.0.1",
             "HTTP_PORT": str(http), "GRPC_PORT": str(grpc), "METRICS_PORT": str(metrics),
+            "LOG_VERBOSE": "1",  # the key must stay out of Triton's verbose log too
         },
         stub_env=prepare_stub_environment(),
     )

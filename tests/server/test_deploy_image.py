@@ -10,11 +10,13 @@ it, the router answers inference as before, and 2.51 gets no --http-max-input-si
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
@@ -262,8 +264,6 @@ def image_env(tmp_path_factory):
 def test_the_images_packages_on_python_312_give_the_projects_answers(image_env, triton, tmp_path):
     """The router and the CPU classifiers run in the image's locked package set on Python 3.12
     (the embedded wheel's 3.12 stub, Triton 2.51) and answer as the project's own environment."""
-    import shutil
-
     from orchestrator.tooling.env.install import install_env
     from orchestrator.tooling.server import TritonServer
     from tests.helpers import REPO, call, routes
@@ -288,3 +288,43 @@ def test_the_images_packages_on_python_312_give_the_projects_answers(image_env, 
     assert routes(got) == routes(want)
     assert got["VERDICTS"].tolist() == want["VERDICTS"].tolist()
     np.testing.assert_allclose(got["PROBABILITIES"], want["PROBABILITIES"], rtol=0, atol=1e-5)
+
+
+def test_the_dockerfiles_pip_steps_run_as_written_on_python_312(tmp_path):
+    """The Dockerfile's own COPY and RUN pip lines, word for word, in a Python 3.12 venv in
+    place of the image's Python (/opt/... under tmp_path): the hashed lock installs with
+    --require-hashes --no-deps --ignore-installed, and the orchestrator package builds with
+    --no-index --no-build-isolation from the locked setuptools alone."""
+    from orchestrator.tooling.env.common import EnvError
+    from orchestrator.tooling.env.interpreters import find_python
+
+    try:
+        python = find_python(IMAGE_PY)
+    except EnvError as exc:
+        pytest.skip(f"no Python {IMAGE_PY} on this machine: {exc}")
+    root = tmp_path / "image"
+    venv = tmp_path / "venv"
+    subprocess.run([str(python.executable), "-m", "venv", str(venv)], check=True)
+    ran = []
+    for words in D._instructions(ROOT / "deploy" / "Dockerfile"):
+        args = [w for w in words[1:] if not w.startswith("--chmod")]
+        if words[0] == "COPY" and args[-1].startswith("/opt/orchestrator"):
+            dest = root / args[-1].lstrip("/")
+            for src in args[:-1]:
+                target = dest / Path(src).name if args[-1].endswith("/") else dest
+                target.parent.mkdir(parents=True, exist_ok=True)
+                if (ROOT / src).is_dir():
+                    shutil.copytree(ROOT / src, target, ignore=shutil.ignore_patterns("__pycache__"))
+                else:
+                    shutil.copy(ROOT / src, target)
+        elif words[0] == "RUN" and "pip" in words:
+            command = " ".join(args).split("&&")[0].split()  # the pip part; `rm -rf` cleans the image only
+            assert command[:4] == ["python3", "-m", "pip", "install"], command
+            command = [str(venv / "bin" / "python")] + [str(root) + w if w.startswith("/opt/") else w for w in command[1:]]
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
+            assert proc.returncode == 0, f"{' '.join(command)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
+            ran.append(command)
+    assert len(ran) == 2 and "--require-hashes" in ran[0] and "--no-build-isolation" in ran[1]
+    check = "import numpy, transformers, onnxruntime, tritonclient.grpc, yaml, orchestrator.runtime.router; print(numpy.__version__)"
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "1.26.4", proc.stderr[-2000:]

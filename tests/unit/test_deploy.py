@@ -504,6 +504,16 @@ def test_the_manifests_close_the_control_plane_and_the_network(schema_check):
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/dev/shm", "/tmp", "/var/run/secrets/orchestrator/admin"}
 
 
+def test_the_images_healthcheck_and_defaults_match_the_manifests():
+    """docker run without Kubernetes: the same readiness (the router's), key path and body bound."""
+    words = [w for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "HEALTHCHECK"]
+    assert len(words) == 1 and D.READY_PATH in " ".join(words[0])
+    env = " ".join(" ".join(w[1:]) for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "ENV")
+    assert "TRITON_ADMIN_KEY_FILE=/var/run/secrets/orchestrator/admin/admin-key" in env
+    assert f"HTTP_MAX_INPUT_SIZE={D.http_max_input_size()}" in env
+    assert "TRITON_ADMIN_UNRESTRICTED" not in env
+
+
 def _broken(rendered, rel, kind, breaker):
     docs = D.documents(rendered[rel])
     breaker(find(docs, kind))

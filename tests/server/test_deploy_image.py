@@ -160,6 +160,41 @@ def test_the_entrypoints_server_answers_over_http_and_grpc_and_serves_metrics(en
     assert router_successes() - before == 2
 
 
+def test_the_readiness_probe_follows_the_router_not_every_model(entrypoint_server):
+    """Why the probes ask /v2/models/router/ready and not /v2/health/ready (strict readiness),
+    measured on Triton 2.51 on the entrypoint's fresh server (this test runs before the other
+    admin calls): once any model was unloaded (what the router does to an idle on-demand model)
+    or failed to load (an optional on-demand model), /v2/health/ready says not ready for good
+    while the router serves; the router's endpoint says ready then, and not ready exactly
+    while the router is unloaded."""
+    base = f"http://127.0.0.1:{entrypoint_server['http']}"
+    admin = {"Content-Type": "application/json", **ADMIN}
+
+    def probes():
+        return get(base + D.READY_PATH), get(base + "/v2/health/ready")
+
+    def wait_router(ready):
+        deadline = time.monotonic() + 60
+        while (get(base + D.READY_PATH) == 200) != ready and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    assert probes() == (200, 200)
+    assert get(base + "/v2/repository/models/postprocess/load", "POST", admin, b"{}") == 200
+    assert get(base + "/v2/repository/models/postprocess/unload", "POST", admin, b"{}") == 200
+    deadline = time.monotonic() + 30
+    while get(base + "/v2/models/postprocess/ready") == 200 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert probes() == (200, 400)  # an idle-style unload: the old probe would take a serving pod out
+    assert get(base + "/v2/repository/models/router_bad_policy/load", "POST", admin, b"{}") == 400
+    assert probes() == (200, 400)  # a failed optional load: the router still serves
+    assert get(base + "/v2/repository/models/router/unload", "POST", admin, b"{}") == 200
+    wait_router(False)
+    assert probes()[0] != 200  # no router: out of service
+    assert get(base + "/v2/repository/models/router/load", "POST", admin, b"{}") == 200
+    wait_router(True)
+    assert probes() == (200, 400)  # back in service by the router's probe; never by the old one
+
+
 def test_the_admin_apis_refuse_anonymous_requests_and_serve_the_key(entrypoint_server):
     """HTTP: every restricted group answers 403 without the header `admin-key`, and serves the
     request with it; the health, metadata and inference APIs stay open. gRPC: a load without
@@ -183,7 +218,7 @@ def test_the_admin_apis_refuse_anonymous_requests_and_serve_the_key(entrypoint_s
     for method, path, body in restricted:
         assert get(base + path, method, json_body, body) == 403, path
         assert get(base + path, method, {**json_body, "admin-key": "wrong-" + KEY}, body) == 403, path
-    for path in ("/v2/health/live", "/v2/health/ready", D.READY_PATH, "/v2", "/v2/models/router"):
+    for path in ("/v2/health/live", D.READY_PATH, "/v2", "/v2/models/router"):
         assert get(base + path) == 200, path
     assert get(base + "/v2/models/tokenizer/ready") != 200  # the refused load did nothing
 
@@ -212,7 +247,6 @@ def test_the_admin_apis_refuse_anonymous_requests_and_serve_the_key(entrypoint_s
     assert get(base + D.READY_PATH) == 200  # the router was never unloaded
     log = entrypoint_server["log"].read_text()
     assert KEY not in log and log.count("admin-key=<redacted>") == 2
-
 
 def test_sigterm_stops_the_server_cleanly_within_the_grace_period(entrypoint_server):
     """What the kubelet does after preStop: SIGTERM to the container's process. Triton

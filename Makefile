@@ -94,3 +94,17 @@ deploy-tools: $(STAMP)
 
 deploy-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy check
+
+# --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
+# `make deploy-lock`: compile deploy/requirements-image.txt into deploy/requirements-image.lock
+# (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in
+# deploy/tools/requirements-supply.txt, in .cache/tools/supply). `make sbom`: the image's
+# CycloneDX SBOM from that lock and the Dockerfile's base image (SBOM=path, default
+# .cache/sbom/orchestrator-image.cdx.json).
+SBOM ?= .cache/sbom/orchestrator-image.cdx.json
+.PHONY: deploy-lock sbom
+deploy-lock: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy lock
+
+sbom: $(STAMP)
+	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)

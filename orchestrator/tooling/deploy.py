@@ -65,7 +65,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
-from orchestrator.runtime.policy import PolicyError, load_policy
+from orchestrator.runtime.heads import HeadError, repository_heads
+from orchestrator.runtime.policy import PolicyError, bind_heads, load_policy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import get_parameter, read_config
@@ -125,11 +126,15 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROU
 
 def router_policy(repo: Path, router: str):
     """The policy a router model reads: its config's parameter ``policy`` (default
-    ``policy.yaml``) relative to its model directory. Raises DeployError."""
+    ``policy.yaml``) relative to its model directory, bound to the repository's heads as
+    the router binds it (so the tokenizer models its models name are known). Raises
+    DeployError."""
     try:
         config = read_config(Path(repo) / router / "config.pbtxt")
-        return load_policy(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
-    except (ConfigError, PolicyError, OSError) as exc:
+        policy = load_policy(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
+        bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
+        return policy
+    except (ConfigError, PolicyError, HeadError, OSError) as exc:
         raise DeployError(f"router {router!r}: {exc}") from None
 
 

@@ -147,10 +147,10 @@ honest):
 """
 
 from orchestrator.testing.mock.errors import InferError, LoadError, TritonError, TritonModelException
-from orchestrator.testing.mock.logger import Logger, LogRecord
+from orchestrator.testing.mock.logger import Logger
 from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.pb_utils import install
-from orchestrator.testing.mock.records import Call
+from orchestrator.testing.mock.records import Call, LogRecord
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
 from orchestrator.testing.mock.server import MockTriton
 from orchestrator.testing.mock.tensors import Tensor

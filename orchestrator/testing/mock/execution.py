@@ -11,16 +11,13 @@ the stub's ``ProcessRequests``/``ProcessReturnedResponses`` (python_backend r24.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import os
 import time
-import traceback
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from orchestrator.testing.mock.context import running
 from orchestrator.testing.mock.ensemble import run_ensemble
-from orchestrator.testing.mock.errors import ErrorCode, TritonModelException
+from orchestrator.testing.mock.errors import ErrorCode, TritonModelException, format_exception
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.logger import LOGGER_NAME
 from orchestrator.testing.mock.records import BatchFailure, Call, Err, Ok, Req, Result
@@ -29,35 +26,13 @@ from orchestrator.testing.mock.validation import normalize
 from orchestrator.testing.mock.wire import config_to_protocol, dims_str
 
 if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.testing.mock.server import MockTriton
+    from orchestrator.testing.mock.host import Host
 
 _LOG = logging.getLogger(LOGGER_NAME)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STRICT_NOTE = (
     " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
     "pass strict_outputs=False to mirror it]"
 )
-
-
-def format_exception(exc: BaseException) -> str:
-    """Approximation of pybind11's ``error_already_set::what()`` for an execute error:
-    ``"Type: message"`` then ``At:`` with the model's frames, innermost first (frames of
-    the mock, asyncio and concurrent.futures left out)."""
-    text = f"{type(exc).__name__}: {exc}"
-    skip_dirs = (
-        _PACKAGE_DIR,
-        os.path.dirname(asyncio.__file__) + os.sep,
-        os.path.dirname(concurrent.futures.__file__) + os.sep,
-    )
-    frames = []
-    for frame, lineno in traceback.walk_tb(exc.__traceback__):
-        filename = frame.f_code.co_filename
-        if os.path.abspath(filename).startswith(skip_dirs):
-            continue
-        frames.append(f"  {filename}({lineno}): {frame.f_code.co_name}\n")
-    if frames:
-        text += "\n\nAt:\n" + "".join(reversed(frames))
-    return text
 
 
 def batch_signature(model: LoadedModel, req: Req) -> tuple:
@@ -224,10 +199,10 @@ def finish_outputs(model: LoadedModel, req: Req, response: InferenceResponse, st
 
 
 class Executor:
-    """Runs requests on the models of one :class:`MockTriton` (reads its
-    ``strict_outputs`` and ``instance_wait_timeout`` on every call)."""
+    """Runs requests on the models of one server (reads its ``strict_outputs`` and
+    ``instance_wait_timeout`` on every call)."""
 
-    def __init__(self, server: "MockTriton"):
+    def __init__(self, server: "Host"):
         self._server = server
 
     def run(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
@@ -238,14 +213,14 @@ class Executor:
         for i, req in enumerate(reqs):
             problem = normalize(model, req)
             if problem is None:
-                problem = server._faults.check(model.name, req)
+                problem = server.faults.check(model.name, req)
             if problem is not None:
                 results[i] = problem
             else:
                 pending.append(i)
         if model.is_ensemble:
             for i in pending:
-                results[i] = run_ensemble(model, reqs[i], server._models.get, self.run)
+                results[i] = run_ensemble(model, reqs[i], server.loaded, self.run)
         else:
             for batch in form_batches(model, pending, reqs):
                 for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch])):
@@ -270,10 +245,10 @@ class Executor:
                     ErrorCode.NOT_FOUND, "exec",
                 )
                 return [err] * n
-            delay = server._faults.delay(model.name)
+            delay = server.faults.delay(model.name)
             if delay > 0:
                 time.sleep(delay)
-            server._record_call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
+            server.recorder.call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
             requests = [InferenceRequest._for_execute(model, r) for r in reqs]
             try:
                 returned = self._call_execute(model, requests)

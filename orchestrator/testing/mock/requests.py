@@ -271,7 +271,7 @@ class InferenceRequest:
         caller = ctx.model if ctx is not None else None
         if caller is not None and (not caller.initialized or caller.finalizing):
             raise TritonModelException("BLS is only supported during the 'execute' function.")
-        response = server._bls_exec(self)
+        response = server.bls_exec(self)
         if decoupled:
             return _ResponseIterator(response)
         return response

@@ -373,6 +373,7 @@ def test_one_response_per_request(mock):
             in results[0].message)
     with pytest.raises(InferError, match="Expected a list in the execute return, found type '<class 'tuple'>'"):
         mock.infer("raiser", {"INPUT0": f32(1, 4)}, parameters={"mode": "tuple"})
+    mock.response_timeout = 0.1  # no response will come: do not wait the default 5 s
     with pytest.raises(InferError, match="returned no response for request 0"):
         mock.infer("raiser", {"INPUT0": f32(1, 4)}, parameters={"mode": "none"})
 

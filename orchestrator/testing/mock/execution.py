@@ -6,6 +6,13 @@ request waits up to ``instance_wait_timeout`` for it). An ``async def execute`` 
 the model's own event loop and the caller waits for it, as the r24.10 stub does
 (``run_coroutine_threadsafe(...).result()``). Messages of a failed ``execute`` follow
 the stub's ``ProcessRequests``/``ProcessReturnedResponses`` (python_backend r24.10).
+
+A request's ``timeout`` (microseconds) applies as in core r24.10's scheduler queue: only
+for a model whose ``dynamic_batching.default_queue_policy`` sets
+``default_timeout_microseconds`` (a request's own timeout counts when the policy has
+``allow_timeout_override`` and it is shorter), and only to the time spent waiting for
+the instance; an expired request is refused with ``Request timeout expired``
+(UNAVAILABLE), a running ``execute`` is never cut short.
 """
 
 from __future__ import annotations
@@ -33,6 +40,20 @@ _STRICT_NOTE = (
     " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
     "pass strict_outputs=False to mirror it]"
 )
+
+
+def queue_timeout_us(model: LoadedModel, req: Req) -> int:
+    """Microseconds ``req`` may wait for the instance of ``model`` (0: no limit), as
+    core r24.10's ``PolicyQueue::Enqueue``: the default timeout of the queue policy,
+    replaced by the request's own when overriding is allowed and it is shorter. With
+    ``timeout_action: DELAY`` nothing is refused (0)."""
+    policy = (model.config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    if policy.get("timeout_action", "REJECT") != "REJECT":
+        return 0
+    timeout = int(policy.get("default_timeout_microseconds") or 0)
+    if policy.get("allow_timeout_override") and 0 < req.timeout < timeout:
+        timeout = req.timeout
+    return timeout
 
 
 def batch_signature(model: LoadedModel, req: Req) -> tuple:
@@ -76,10 +97,13 @@ def form_batches(model: LoadedModel, indices: List[int], reqs: List[Req]) -> Lis
     return batches
 
 
-def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any) -> List[Any]:
+def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any,
+                      wait: float = 0.0) -> List[Any]:
     """Stub's ProcessReturnedResponses: checks, then one response (or Err) per request.
 
-    Raises BatchFailure where the stub fails the whole batch.
+    A request with None in the return gets what its response sender sends, waiting up
+    to ``wait`` seconds for it (Triton waits for ever). Raises BatchFailure where the
+    stub fails the whole batch.
     """
     if returned is not None:
         if not isinstance(returned, list):
@@ -111,8 +135,9 @@ def collect_responses(model: LoadedModel, requests: List[InferenceRequest], retu
             out.append(response)
             continue
         sender = request._sender
-        if sender._responses and sender._closed:
-            out.append(sender._responses[0])
+        final = sender._final(wait)
+        if final is not None:
+            out.append(final)
         elif sender._responses:
             out.append(Err(
                 f"mock_triton: model '{model.name}' sent a response for request {i} "
@@ -231,6 +256,7 @@ class Executor:
     def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
         server = self._server
         n = len(reqs)
+        enqueued = time.monotonic()
         if not model.lock.acquire(timeout=server.instance_wait_timeout):
             err = Err(
                 f"mock_triton: waited {server.instance_wait_timeout}s for the instance of model "
@@ -245,37 +271,56 @@ class Executor:
                     ErrorCode.NOT_FOUND, "exec",
                 )
                 return [err] * n
-            delay = server.faults.delay(model.name)
-            if delay > 0:
-                time.sleep(delay)
-            server.recorder.call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
-            requests = [InferenceRequest._for_execute(model, r) for r in reqs]
-            try:
-                returned = self._call_execute(model, requests)
-                responses = collect_responses(model, requests, returned)
-            except BatchFailure as failure:
-                return [self._batch_error(model, failure.message)] * n
-            except Exception as exc:
-                return [self._batch_error(model, format_exception(exc))] * n
-            results: List[Result] = []
-            for req, response in zip(reqs, responses):
-                if isinstance(response, Err):
-                    results.append(response)
-                elif response.has_error():
-                    error = response.error()
-                    assert error is not None
-                    results.append(Err(error.message(), error.code(), "exec"))
-                else:
-                    results.append(finish_outputs(model, req, response, server.strict_outputs))
-            return results
+            waited_us = (time.monotonic() - enqueued) * 1e6
+            limits = [queue_timeout_us(model, r) for r in reqs]
+            if any(0 < limit < waited_us for limit in limits):
+                expired = Err("Request timeout expired", ErrorCode.UNAVAILABLE, "exec")
+                keep = [i for i, limit in enumerate(limits) if not 0 < limit < waited_us]
+                results: List[Result] = [expired] * n
+                if keep:
+                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep])):
+                        results[i] = result
+                return results
+            return self._run_locked(model, reqs)
         finally:
             model.lock.release()
 
+    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+        """``execute`` on ``reqs`` (the caller holds the instance) and the results."""
+        server = self._server
+        delay = server.faults.delay(model.name)
+        if delay > 0:
+            time.sleep(delay)
+        server.recorder.call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
+        requests = [InferenceRequest._for_execute(model, r) for r in reqs]
+        responses: List[Any]
+        try:
+            returned = self._call_execute(model, requests)
+            responses = collect_responses(model, requests, returned, server.response_timeout)
+        except BatchFailure as failure:
+            responses = self._failed_batch(model, requests, failure.message)
+        except Exception as exc:
+            responses = self._failed_batch(model, requests, format_exception(exc))
+        results: List[Result] = []
+        for req, response in zip(reqs, responses):
+            if isinstance(response, Err):
+                results.append(response)
+            elif response.has_error():
+                error = response.error()
+                assert error is not None
+                results.append(Err(error.message(), error.code(), "exec"))
+            else:
+                results.append(finish_outputs(model, req, response, server.strict_outputs))
+        return results
+
     @staticmethod
-    def _batch_error(model: LoadedModel, message: str) -> Err:
+    def _failed_batch(model: LoadedModel, requests: List[InferenceRequest], message: str) -> List[Any]:
+        """The stub's answer to a failed ``execute``: the error for every request, except
+        those whose response sender already delivered a final response (they keep it)."""
         text = f"Failed to process the request(s) for model '{model.instance_name}', message: {message}"
-        _LOG.info("%s", text)
-        return Err(text, ErrorCode.INTERNAL, "exec")
+        _LOG.error("%s", text)  # Triton logs it as an error (pb_stub.cc)
+        error = Err(text, ErrorCode.INTERNAL, "exec")
+        return [r._sender._final() or error for r in requests]
 
     def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest]) -> Any:
         with running(self._server, model):

@@ -35,6 +35,7 @@ class Host(Protocol):
     auto_complete: bool
     strict_outputs: bool
     instance_wait_timeout: float
+    response_timeout: float
 
     @property
     def closed(self) -> bool: ...

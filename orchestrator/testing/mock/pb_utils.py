@@ -24,7 +24,9 @@ def load_model(model_name: str, config: str = "", files: Optional[dict] = None) 
 
     ``config`` (a JSON model configuration) overrides the file's configuration, as in
     Triton; ``files`` is not supported. Raises ``TritonModelException("Failed to load
-    model: ...")`` when the load fails.
+    model: Failed to process the request for model '<calling instance>', message: ...")``
+    when the load fails; the real 2.51 stub shows an unreadable byte after "message: ",
+    the mock the load error (see the package docs).
     """
     model_name, config = as_str(model_name), as_str(config)
     if not isinstance(model_name, str) or not isinstance(config, str):
@@ -46,7 +48,11 @@ def load_model(model_name: str, config: str = "", files: Optional[dict] = None) 
     try:
         server.load(model_name, config=config or None)
     except LoadError as exc:
-        raise TritonModelException(f"Failed to load model: {exc}") from None
+        caller = current_model()
+        raise TritonModelException(
+            "Failed to load model: Failed to process the request for model "
+            f"'{caller.instance_name if caller else ''}', message: {exc}"
+        ) from None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

@@ -46,7 +46,10 @@ class MockTriton:
     request waits for a busy model instance before failing (guards tests against
     deadlocks such as a model calling itself). ``log_verbose``: as tritonserver's
     ``--log-verbose``; at 0 (Triton's default) ``pb_utils.Logger`` VERBOSE messages are
-    dropped. Use as a context manager, or call :meth:`close`.
+    dropped. ``response_timeout``: seconds to wait, after ``execute`` returned None for
+    a request, for the response it sends later through the request's response sender
+    (Triton waits for ever; the mock then fails the request). Use as a context manager,
+    or call :meth:`close`.
     """
 
     def __init__(
@@ -59,6 +62,7 @@ class MockTriton:
         auto_complete: bool = True,
         instance_wait_timeout: float = 120.0,
         log_verbose: int = 0,
+        response_timeout: float = 5.0,
     ):
         install()
         self.model_repository = Path(model_repository).resolve()
@@ -68,6 +72,7 @@ class MockTriton:
         self.strict_outputs = strict_outputs
         self.auto_complete = auto_complete
         self.instance_wait_timeout = instance_wait_timeout
+        self.response_timeout = response_timeout
         self.recorder = Recorder(log_verbose)
         self.calls: List[Call] = self.recorder.calls
         self.logs: List[LogRecord] = self.recorder.logs

@@ -53,7 +53,7 @@ soak: $(STAMP)
 # "bench-features" section of docs/benchmarks.md and docs/bench/features.json.
 .PHONY: bench-features
 bench-features: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench_features --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.features --out docs $(BENCH_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack

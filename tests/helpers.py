@@ -218,16 +218,17 @@ def bench_results():
     """A complete, made-up ``results.json`` of ``make bench`` (every section, one error)."""
     from dataclasses import asdict
 
-    from orchestrator.tooling import bench
+    from orchestrator.tooling.bench.goals import compute_ratios, evaluate_goals
+    from orchestrator.tooling.bench.plan import BATCH_SIZES, FULL_SETTINGS, GRID_MODELS, LENGTH_MODELS
 
-    meas = bench_grid({(m, c): (100.0 * (i + 1), 10.0 / (i + 1)) for i, m in enumerate(bench.GRID_MODELS) for c in (1, 4, 16)})
+    meas = bench_grid({(m, c): (100.0 * (i + 1), 10.0 / (i + 1)) for i, m in enumerate(GRID_MODELS) for c in (1, 4, 16)})
     for m in meas:
         m.update(p90_ms=m["p50_ms"] * 2, p95_ms=m["p50_ms"] * 3, p99_ms=m["p50_ms"] * 4, stable=True, command="pa -m x")
     for d in ("short", "medium", "long"):
-        for model in bench.LENGTH_MODELS:
+        for model in LENGTH_MODELS:
             meas.append({"section": "length", "model": model, "dataset": d, "concurrency": 4, "batch_size": 1,
                          "throughput": 50.0, "p50_ms": 5.0, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0, "stable": False, "error": None})
-    for b in bench.BATCH_SIZES:
+    for b in BATCH_SIZES:
         meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": b,
                      "throughput": 40.0 * b, "p50_ms": 5.0 * b, "p90_ms": 6.0, "p95_ms": 7.0, "p99_ms": 8.0 * b, "stable": None, "error": None})
     meas.append({"section": "batch", "model": "router", "dataset": "held_out", "concurrency": 4, "batch_size": 64,
@@ -235,16 +236,16 @@ def bench_results():
     acc = {"ensemble": {"n": 10, "accuracy_pct": 80.0}, "router": {"n": 10, "accuracy_pct": 79.0, "routes": {"classifier_fast": 7, "classifier": 3}},
            "ensemble_pad512_agreement": {"n": 4, "same_verdicts": 4, "max_abs_probability_diff": 1e-7}}
     raw = {"classifier": {"p50_ms": 2.0, "p99_ms": 3.0, "calls": 10}, "classifier_fast": {"p50_ms": 1.0, "p99_ms": 1.5, "calls": 10}}
-    ratios = bench.compute_ratios(meas, acc, raw)
+    ratios = compute_ratios(meas, acc, raw)
     stats = {"n": 10, "tokens_min": 3, "tokens_p50": 20.0, "tokens_p90": 30.0, "tokens_max": 50, "over_limit": 0}
     return {
         "command": "python -m orchestrator.tooling.bench --out docs", "quick": False, "created_utc": "2026-01-01 00:00:00", "wall_s": 600.0,
         "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 8.0, "kernel": "k", "os": "o", "python": "3.11"},
         "load": {"before": [0.1, 0.2, 0.3], "after": [1.0, 1.0, 1.0]}, "git": "abc",
         "triton": {"version": "2.51.0"}, "software": {"perf_analyzer": "Perf Analyzer Version 2.41.0", "onnxruntime": "1"},
-        "settings": asdict(bench.FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
+        "settings": asdict(FULL_SETTINGS), "models": {"onnx": {"classifier": {"sha256": "f" * 64, "bytes": 1}}, "training": {}},
         "datasets": {"held_out": stats, "short": stats, "medium": stats, "long": stats},
-        "measurements": meas, "accuracy": acc, "raw": raw, "ratios": ratios, "goals": bench.evaluate_goals(ratios),
+        "measurements": meas, "accuracy": acc, "raw": raw, "ratios": ratios, "goals": evaluate_goals(ratios),
     }
 
 

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_subcommand(sub, "classify", "classify texts through a running server", add_classify_arguments, _classify)
 
-    from orchestrator.tooling.bench import add_bench_arguments, bench_command
+    from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command
     from orchestrator.tooling.env.commands import add_env_arguments, add_stub_arguments, env_command, stub_command
     from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command

@@ -373,6 +373,7 @@ def test_one_response_per_request(mock):
             in results[0].message)
     with pytest.raises(InferError, match="Expected a list in the execute return, found type '<class 'tuple'>'"):
         mock.infer("raiser", {"INPUT0": f32(1, 4)}, parameters={"mode": "tuple"})
+    mock.response_timeout = 0.1  # no response will come: do not wait the default 5 s
     with pytest.raises(InferError, match="returned no response for request 0"):
         mock.infer("raiser", {"INPUT0": f32(1, 4)}, parameters={"mode": "none"})
 
@@ -583,11 +584,13 @@ def test_metrics_follow_triton_rules(mock, pb):
     mock.load("add_one")
     mock.infer("add_one", {"INPUT0": f32(1, 4)})
     assert mock.metrics()["add_one_requests_total"] == {frozenset({("model", "add_one")}): 1.0}
-    gauge = pb.MetricFamily("queue_depth", "depth", pb.MetricFamily.GAUGE).Metric(labels={"q": "a"})
+    depth = pb.MetricFamily("queue_depth", "depth", pb.MetricFamily.GAUGE)
+    gauge = depth.Metric(labels={"q": "a"})
     gauge.set(5)
     gauge.increment(-2)
     assert gauge.value() == 3.0
-    counter = pb.MetricFamily("c_total", "c", pb.MetricFamily.COUNTER).Metric()
+    counts = pb.MetricFamily("c_total", "c", pb.MetricFamily.COUNTER)
+    counter = counts.Metric()
     with pytest.raises(pb.TritonModelException, match="non-negative"):
         counter.increment(-1)
     with pytest.raises(pb.TritonModelException, match="does not support Set"):
@@ -605,7 +608,10 @@ def test_metrics_follow_triton_rules(mock, pb):
     }
     del gauge
     gc.collect()
-    assert "queue_depth" not in mock.metrics()  # a series lives as long as its Metric object
+    assert mock.metric("queue_depth", {"q": "a"}) == 3.0  # the family keeps its metrics
+    del depth
+    gc.collect()
+    assert "queue_depth" not in mock.metrics()  # ... until the family object goes
     mock.unload("add_one")
     gc.collect()
     assert "add_one_requests_total" not in mock.metrics()
@@ -615,9 +621,12 @@ def test_logger_writes_to_logging_per_model(mock, pb, caplog):
     with caplog.at_level(logging.DEBUG, logger="orchestrator.testing.mock"):
         mock.load("add_one")
         pb.Logger.log_verbose("outside any model")
+        pb.Logger.log_info("info outside any model")
     by_logger = {(r.name, r.levelno, r.getMessage()) for r in caplog.records}
     assert ("orchestrator.testing.mock.add_one", logging.INFO, "add_one initialized") in by_logger
-    assert ("orchestrator.testing.mock.stub", logging.DEBUG, "outside any model") in by_logger
+    assert ("orchestrator.testing.mock.stub", logging.INFO, "info outside any model") in by_logger
+    # VERBOSE is dropped at Triton's default --log-verbose=0, in logging too
+    assert not any(message == "outside any model" for _, _, message in by_logger)
 
 
 def test_logger_records(mock, pb):
@@ -626,4 +635,10 @@ def test_logger_records(mock, pb):
     pb.Logger.log("verbose one", pb.Logger.VERBOSE)
     assert ("add_one", "INFO", "add_one initialized") in mock.logs
     assert (None, "WARNING", "from the test") in mock.logs
-    assert (None, "VERBOSE", "verbose one") in mock.logs
+    assert all(record.level != "VERBOSE" for record in mock.logs)  # --log-verbose=0
+
+
+def test_logger_keeps_verbose_records_when_asked(pb):
+    with MockTriton(REPO, log_verbose=1) as server:
+        pb.Logger.log_verbose("verbose one")
+        assert (None, "VERBOSE", "verbose one") in server.logs

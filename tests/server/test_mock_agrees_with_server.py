@@ -2,18 +2,26 @@
 
 This keeps the mock honest: the fast unit tests that use it are only as good as this
 agreement. Outputs must match (probabilities within 1e-5, verdicts and routes equal); a
-case that errors must error on both, with the same model-side message.
+case that errors must error on both, with the same model-side message. The second part
+runs the fixture models of tests/fixtures/mock/like_triton (the stub's API case by case:
+request timeouts, versions, metric families, arguments, load errors, helper modules,
+logs, the response sender, DLPack) on both.
 """
 
 from __future__ import annotations
+
+import json
+import shutil
 
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.testing.mock import InferError, MockTriton
+from orchestrator.testing.mock import InferError, LoadError, MockTriton
 from orchestrator.tooling.modeling import data
+from orchestrator.tooling.server import TritonServer
+from tests.mock.test_mock_like_triton import LIKE_TRITON, MODELS, probe_input, x_input
 
 pytestmark = pytest.mark.server
 
@@ -126,3 +134,125 @@ def test_downstream_failure_is_isolated_in_the_mock(mock):
     assert isinstance(strict[1], InferError) and "model 'classifier_fast' failed" in strict[1].message
     assert [r.decode() for r in shipped[1]["ROUTE"].reshape(-1)] == ["classifier"]
     np.testing.assert_allclose(shipped[1]["PROBABILITIES"], healthy["PROBABILITIES"], atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- the stub's API, case by case
+# The fixture models of tests/fixtures/mock/like_triton on a server of their own (some of
+# these uses of the stub are rough on Triton 2.51; a crash must not take the session's
+# server down) and on the mock, from the same copy, so file paths in messages agree.
+
+def _first_lines(node):
+    """The probe's answer with exception texts cut to their first line (pybind11 lists
+    the signature and the arguments after it, in its own words)."""
+    if isinstance(node, dict):
+        return {k: (v.splitlines()[0] if k == "message" and v else _first_lines(v)) for k, v in node.items()}
+    return node
+
+
+@pytest.fixture(scope="module")
+def like_triton(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("like_triton") / "repo"
+    shutil.copytree(LIKE_TRITON, repo)
+    with TritonServer(repo, models=list(MODELS), model_config_name=None) as server:
+        with MockTriton(repo, model_config_name=None, models=MODELS) as mock:
+            client = httpclient.InferenceServerClient(server.http_url, network_timeout=60)
+            yield server, client, mock
+            client.close()
+
+
+def _real_probe(client, case):
+    inputs = [httpclient.InferInput("CASE", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(probe_input(case)["CASE"])
+    return json.loads(client.infer("probe", inputs).as_numpy("OUT")[0])
+
+
+def _mock_probe(mock, case):
+    return json.loads(mock.infer("probe", probe_input(case))["OUT"][0])
+
+
+def _real_x(client, model, version=""):
+    inputs = [httpclient.InferInput("X", [1], "INT32")]
+    inputs[0].set_data_from_numpy(x_input()["X"])
+    try:
+        result = client.infer(model, inputs, model_version=version)
+    except InferenceServerException as exc:
+        return {"error": exc.message()}
+    return {name["name"]: result.as_numpy(name["name"]).tolist() for name in result.get_response()["outputs"]}
+
+
+def _mock_x(mock, model, version=""):
+    try:
+        result = mock.infer(model, x_input(), model_version=version)
+    except InferError as exc:
+        return {"error": exc.message}
+    return {name: array.tolist() for name, array in result.items()}
+
+
+# One case per kind of difference the mock had. Not probed here, because they bring the
+# real 2.51 server (or the probe's stub) down: Tensor.from_dlpack of a numpy array, a
+# metric family name used again with another kind, pb_utils.load_model of a failing model.
+PROBE_CASES = [
+    "timeout:slow", "timeout:slow_plain", "timeout:slow_nodefault", "timeout:idle",
+    "versions",
+    "metrics:shared", "metrics:deleted",
+    "arguments",
+    "dlpack:of_tensor", "dlpack:transposed", "dlpack:column_slice", "dlpack:numpy_transposed",
+]
+
+
+@pytest.mark.parametrize("case", PROBE_CASES)
+def test_the_stub_api_agrees(like_triton, case):
+    _, client, mock = like_triton
+    real, fake = _real_probe(client, case), _mock_probe(mock, case)
+    if case.startswith("timeout:"):  # the sleep echoed back is a float32 of the time slept
+        assert json_rounded(fake) == json_rounded(real)
+    else:
+        assert _first_lines(fake) == _first_lines(real)
+
+
+def json_rounded(node):
+    if isinstance(node, dict):
+        return {k: json_rounded(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [json_rounded(v) for v in node]
+    return round(node, 5) if isinstance(node, float) else node
+
+
+def test_load_errors_agree(like_triton):
+    """Through the repository API (pb_utils.load_model of a failing model is not probed:
+    it brings the 2.51 server down more often than not)."""
+    _, client, mock = like_triton
+    with pytest.raises(InferenceServerException) as real:
+        client.load_model("bad_init")
+    with pytest.raises(LoadError) as fake:
+        mock.load("bad_init")
+    assert str(fake.value) == real.value.message()
+    real_row = next(r for r in client.get_model_repository_index() if r["name"] == "bad_init")
+    fake_row = next(r for r in mock.repository_index() if r["name"] == "bad_init")
+    assert fake_row == real_row
+
+
+def test_versions_agree_for_clients(like_triton):
+    _, client, mock = like_triton
+    for version in ("", "1", "2", "3"):
+        assert _mock_x(mock, "versioned", version) == _real_x(client, "versioned", version)
+        assert mock.is_model_ready("versioned", version) == client.is_model_ready("versioned", version)
+    real_rows = [(r["version"], r["state"]) for r in client.get_model_repository_index() if r["name"] == "versioned"]
+    assert [(r["version"], r["state"]) for r in mock.repository_index() if r["name"] == "versioned"] == real_rows
+
+
+@pytest.mark.parametrize("model", ["helper_a", "helper_b", "late_sender", "send_then_raise"])
+def test_models_answer_alike(like_triton, model):
+    """Own helper modules per model; a response sent after execute returned, or before it
+    raised, answers the request."""
+    _, client, mock = like_triton
+    assert _mock_x(mock, model) == _real_x(client, model)
+
+
+def test_verbose_logs_are_dropped_by_both(like_triton):
+    server, client, mock = like_triton
+    assert _real_probe(client, "log") == _mock_probe(mock, "log")
+    server_log = server.log_path.read_text()
+    assert "probe log INFO line" in server_log and "probe log VERBOSE" not in server_log
+    kept = [(r.level, r.message) for r in mock.logs if r.model == "probe"]
+    assert ("INFO", "probe log INFO line") in kept and not any(level == "VERBOSE" for level, _ in kept)

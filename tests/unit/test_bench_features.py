@@ -1,4 +1,4 @@
-"""``orchestrator.tooling.bench_features`` offline: the repeated workload, the benchmark
+"""``orchestrator.tooling.bench.features`` offline: the repeated workload, the benchmark
 repository's copies and the report section (the measurements need a server: ``make
 bench-features``)."""
 
@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 from orchestrator.runtime.policy import load_policy
-from orchestrator.tooling.bench import FEATURES_END, FEATURES_START, BenchError, render_report
-from orchestrator.tooling.bench_features import make_features_repository, repeated_workload, write_section
+from orchestrator.tooling.bench.features import make_features_repository, repeated_workload, write_section
+from orchestrator.tooling.bench.plan import BenchError
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, render_report
 from orchestrator.tooling.repository import config_path, read_config
 
 

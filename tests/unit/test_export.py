@@ -342,7 +342,7 @@ def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path
 def test_one_validation_error_for_train_and_export_under_the_tooling_base():
     """Catching export's ExportValidationError catches train's (one class), and every error of
     the modeling and bench tooling is a ToolingError."""
-    from orchestrator.tooling import bench
+    from orchestrator.tooling.bench.plan import BenchError
     from orchestrator.tooling.errors import ToolingError
     from orchestrator.tooling.modeling import data as D
     from orchestrator.tooling.modeling import parity as P
@@ -351,7 +351,7 @@ def test_one_validation_error_for_train_and_export_under_the_tooling_base():
     assert T.ExportValidationError is E.ExportValidationError
     assert issubclass(E.ExportValidationError, E.ExportError) and issubclass(E.SourceError, E.ExportError)
     for cls in (E.ExportError, E.SourceError, E.ExportValidationError, T.ArtifactSizeError, T.BaselineNotBeatenError,
-                P.ParityError, bench.BenchError, D.DataUnavailableError, D.DataFormatError):
+                P.ParityError, BenchError, D.DataUnavailableError, D.DataFormatError):
         assert issubclass(cls, ToolingError), cls
     assert issubclass(D.DataFormatError, ValueError)  # as before, for callers that catch ValueError
     with pytest.raises(E.ExportValidationError, match=r"inputs \['input_ids'\], outputs \['y'\]"):

@@ -40,11 +40,14 @@ API summary (see the docstrings)::
     class LoadError(RuntimeError)                            # a model failed to load
     class MockTriton:
         __init__(model_repository, model_config_name="embedded", *, models=(),
-                 strict_outputs=True, auto_complete=True, instance_wait_timeout=120.0)
+                 strict_outputs=True, auto_complete=True, instance_wait_timeout=120.0,
+                 log_verbose=0, response_timeout=5.0)
         load(name, config=None); unload(name, unload_dependents=False); close()
-        infer(model, inputs, parameters=None, request_id="", *, outputs=None) -> dict
+        infer(model, inputs, parameters=None, request_id="", *, outputs=None,
+              model_version="") -> dict
         infer_batch(model, requests) -> list[dict | InferError]
-        is_model_ready(name, version=""); repository_index(); model_config(name); instance(name)
+        is_model_ready(name, version=""); repository_index(); model_config(name)
+        instance(name, version=-1)
         calls: list[Call]; calls_to(model); reset_calls()
         fail_next(model, message, count=1, code="INTERNAL"); set_failure(model, failure)
         set_delay(model, seconds); clear_faults(model=None)
@@ -62,18 +65,20 @@ Model code's ``pb_utils.Logger`` messages also go to the ``logging`` logger
 Modules, by concern::
 
     wire        datatype tables, BYTES (de)serialization, Triton's own pb_utils file
-    errors      TritonModelException, TritonError, InferError, LoadError
+    errors      TritonModelException, TritonError, InferError, LoadError, pybind-style errors
     tensors     pb_utils.Tensor, PreferredMemory
     requests    pb_utils.InferenceRequest/InferenceResponse, the response sender
-    logger      pb_utils.Logger, LogRecord
-    metrics     pb_utils.MetricFamily and the per-server registry
+    logger      pb_utils.Logger
+    metrics     pb_utils.MetricFamily and its metrics
+    metric_store the per-server metric registry and its snapshot
     pb_utils    load_model/unload_model/is_model_ready/get_model_dir, install()
+    host        Host: the server as the other modules see it (no module imports server)
     context     which server/model the running code belongs to
     config      reading (tooling.repository), normalizing, checking configurations
     instances   a loaded model, its instance and event loop
     loading     importing model.py, auto_complete_config, initialize/finalize
     ensemble    ensemble checks at load time and the step-by-step run
-    records     requests as the server holds them, results, Call
+    records     requests as the server holds them, results, Call, LogRecord, Recorder
     client      numpy inputs as tritonclient would send them
     validation  the core's request checks (InferenceRequest::Normalize)
     execution   batching rules, execute as the stub calls it, output checks
@@ -83,20 +88,28 @@ Modules, by concern::
 Where the mock differs from a real Triton 2.51 server (a mock must say where it is not
 honest):
 
-* One process, one instance. Every model gets a single ``TritonPythonModel`` instance
-  (``instance_group.count`` is ignored), all models share this interpreter's
-  ``sys.modules`` and globals (Triton gives every instance its own stub process), and
+* One process, one instance. Every model version gets a single ``TritonPythonModel``
+  instance (``instance_group.count`` is ignored). All models share this interpreter
+  (Triton gives every instance its own stub process): third-party modules and their
+  globals are shared. Modules a model imports from its own directories (``import helper``
+  for ``1/helper.py``) are its own: they are taken out of ``sys.modules`` after
+  ``model.py`` is imported, so another model's ``helper`` is never reused; one imported
+  lazily inside ``execute`` is not found, because Triton appends ``<model>/<version>`` and
+  ``<model>`` to ``sys.path`` for good and the mock only while ``model.py`` is imported.
   ``model.py`` is imported under a unique module name (``_mock_triton_models.<...>.model``)
-  with its version directory as package path, so ``from . import x`` works. Triton appends
-  ``<model>/1`` and ``<model>`` to ``sys.path`` for good; the mock does so only while
-  ``model.py`` is imported. ``args["model_instance_kind"]`` is taken from the config
+  with its version directory as package path, so ``from . import x`` works. ``args["model_instance_kind"]`` is taken from the config
   (``KIND_GPU`` -> ``"GPU"``); nothing checks that a GPU exists.
 * Executes of one model are serialized (one instance = one batch at a time). Requests
   sent concurrently (e.g. two ``async_exec`` to the same model under ``asyncio.gather``)
   are *not* merged into one batch as Triton's dynamic batcher might; each gets its own
   ``execute``. Only :meth:`MockTriton.infer_batch` forms batches, with the batcher's
-  rules (see there). ``preferred_batch_size``, queue delays, priorities, request timeouts
-  (``timeout=``) and cancellation are not modelled (``is_cancelled()`` is always False).
+  rules (see there). ``preferred_batch_size``, queue delays, priorities and cancellation
+  are not modelled (``is_cancelled()`` is always False). A request's ``timeout`` is
+  applied as core r24.10 applies it: only for a model whose
+  ``dynamic_batching.default_queue_policy`` sets ``default_timeout_microseconds`` (the
+  request's own counts with ``allow_timeout_override`` when shorter), only to the wait
+  for the busy instance, and the request is refused with ``Request timeout expired``
+  (UNAVAILABLE); ``MockTriton.infer`` sends no timeout.
 * ``async def execute`` runs on a per-model event loop in a daemon thread and the caller
   waits for it, as the r24.10 stub does (``run_coroutine_threadsafe(...).result()``);
   ``async_exec`` is ``loop.run_in_executor(None, exec)`` as in the stub. The stub also
@@ -123,13 +136,28 @@ honest):
   arrays of ``str`` are encoded to UTF-8 ``bytes`` like the client's
   ``serialize_byte_tensor``; numpy unicode arrays (``dtype '<U..'``) are refused, as the
   real client refuses them. Output BYTES tensors come back as object arrays of ``bytes``.
-* Load/unload are synchronous. Loading an already-READY model without a config override
-  is a no-op (Triton skips unmodified models); with ``config=`` it reloads. Decoupled
-  models and ``load_model(files=...)`` are not supported. ``auto_complete_config`` is
-  called when the class defines it (Triton's default, auto-complete enabled).
-* Metrics live in the :class:`MockTriton`, not in a Prometheus endpoint. As in Triton a
-  metric series disappears when the last ``Metric`` object for it is garbage-collected
-  (or its model is unloaded), so read ``metrics()`` before ``close()``.
+* Load/unload are synchronous. Every version the ``version_policy`` names is loaded and
+  served (``latest`` n, ``all``, ``specific``; BLS ``model_version``,
+  ``is_model_ready(name, "2")``, ``infer(model_version=...)``); when one version fails
+  the mock fails the whole load (not compared with Triton). Loading an already-READY model without a config override is a no-op
+  (Triton skips unmodified models); with ``config=`` it reloads. A failed load raises
+  :class:`LoadError` worded as Triton's repository API answers (``load failed for model
+  'm': version 1 is at UNAVAILABLE state: Internal: <error and At: frames>;``) and the
+  index shows Triton's reason. ``pb_utils.load_model`` of a failing model raises
+  ``TritonModelException("Failed to load model: Failed to process the request for model
+  '<calling instance>', message: <load error>")``: in the real 2.51 stub an unreadable
+  byte follows "message: ", and that failure brought the server down
+  (``boost::interprocess::lock_exception``) in most of our runs, so the mock keeps the
+  readable cause. Decoupled models and ``load_model(files=...)`` are not supported.
+  ``auto_complete_config`` is called when the class defines it (Triton's default,
+  auto-complete enabled).
+* Metrics live in the :class:`MockTriton`, not in a Prometheus endpoint. As in the stub,
+  a ``MetricFamily`` object keeps the metrics it made: a series lives until that family
+  object is deleted (or its model unloaded), and its metrics then raise
+  ``TritonModelException`` (``... the corresponding 'MetricFamily' has been deleted``);
+  read ``metrics()`` before ``close()``. A family name used again with the same kind
+  shares the first family (its help text stays); with another kind it raises (in the
+  real 2.51 server that refusal often crashed the server too; the mock only raises).
 * Input validation mirrors the core exactly, including its gap: with ``optional`` inputs
   only the *number* of inputs is checked, so a request that omits a required input but
   sends an optional one reaches ``execute`` (in Triton too).
@@ -138,19 +166,34 @@ honest):
   ``instance_wait_timeout``. ``InferenceRequest.exec()`` also works from test code outside
   any model (it uses the most recent open MockTriton); the real stub has no such case.
 * ``pb_utils.InferenceRequest(parameters=...)`` takes a ``dict`` only, as in r24.10; a
-  JSON string raises ``TritonModelException`` there and here.
+  JSON string raises ``TritonModelException`` there and here. Arguments pybind11 refuses
+  (``None``, a list for ``Tensor``'s array, an ``int`` version for ``is_model_ready``)
+  raise ``TypeError`` whose first line is pybind's ("__init__(): incompatible constructor
+  arguments. ..."); the lines after it (signature, arguments) are approximations.
+  ``str`` arguments also take UTF-8 ``bytes`` (``model_name=b"m"``), as in the stub.
+* ``pb_utils.Logger`` VERBOSE messages are dropped, as by a server at the default
+  ``--log-verbose=0``; ``MockTriton(log_verbose=1)`` keeps them.
 * Responses sent through ``request.get_response_sender()`` in a non-decoupled model are
-  delivered when ``execute`` returns, not immediately. A request that gets no response at
-  all fails with an error instead of hanging as it would in Triton.
+  delivered when ``execute`` returns, or, when it returned None for the request, as soon
+  as they are sent (from another thread, up to ``response_timeout`` seconds later); a
+  response sent before ``execute`` raised answers its request (the others get the
+  error), as in Triton. A request that gets no response at all fails with an error
+  after ``response_timeout`` instead of hanging as it would in Triton.
+* ``Tensor.from_dlpack`` makes a tensor whose ``as_numpy()`` is a writable view of the
+  producer's memory and refuses strides the stub refuses ("DLPack tensor is not
+  contiguous ..."; like the stub, only dimensions after the first are checked, but where
+  the stub would then read the memory as if contiguous the mock copies it correctly).
+  In the real 2.51 stub with numpy 1.x, ``from_dlpack`` of a *numpy array* (and so
+  ``to_dlpack`` of its result) crashed the stub process; the mock works.
 * GPU tensors, DLPack GPU exchange, BF16, shape tensors, request rescheduling,
   sequence batching state and model warmup are not supported.
 """
 
 from orchestrator.testing.mock.errors import InferError, LoadError, TritonError, TritonModelException
-from orchestrator.testing.mock.logger import Logger, LogRecord
+from orchestrator.testing.mock.logger import Logger
 from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.pb_utils import install
-from orchestrator.testing.mock.records import Call
+from orchestrator.testing.mock.records import Call, LogRecord
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
 from orchestrator.testing.mock.server import MockTriton
 from orchestrator.testing.mock.tensors import Tensor

@@ -12,7 +12,7 @@ int64 values as numbers, like the core's ``ModelConfigToJson``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from google.protobuf import json_format
 
@@ -151,9 +151,11 @@ def _fix_int64(descriptor: Any, data: dict) -> None:
                 data[field.name] = int(value)
 
 
-def pick_version(name: str, model_dir: Path, config: dict) -> str:
-    """The version directory Triton serves: the highest numeric one, within
-    ``version_policy.specific`` where given. Raises :class:`LoadError` when none fits."""
+def pick_versions(name: str, model_dir: Path, config: dict) -> List[str]:
+    """The version directories Triton serves under ``version_policy``, lowest first:
+    ``latest { num_versions: n }`` (the default, n = 1) the n highest, ``all`` every
+    numeric one, ``specific { versions }`` those listed that exist. Raises
+    :class:`LoadError` when none fits."""
     versions = sorted(
         int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()
     )
@@ -161,12 +163,15 @@ def pick_version(name: str, model_dir: Path, config: dict) -> str:
     if "specific" in policy:
         wanted = {int(v) for v in policy["specific"].get("versions", [])}
         versions = [v for v in versions if v in wanted]
+    elif "all" not in policy:
+        latest = int((policy.get("latest") or {}).get("num_versions") or 1)
+        versions = versions[-latest:]
     if not versions:
         raise LoadError(
             f"failed to load '{name}': at least one version must be available under the "
             f"version policy of model '{name}'"
         )
-    return str(versions[-1])
+    return [str(v) for v in versions]
 
 
 def validate_io(name: str, config: dict) -> None:

@@ -1,4 +1,4 @@
-"""Which :class:`MockTriton` (and which of its models) the running code belongs to.
+"""Which server (and which of its models) the running code belongs to.
 
 The real stub is one process per model instance, so ``pb_utils.load_model`` or a
 ``MetricFamily`` always reaches "its" server. In the mock every model shares one
@@ -14,35 +14,35 @@ import threading
 from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
+    from orchestrator.testing.mock.host import Host
     from orchestrator.testing.mock.instances import LoadedModel
-    from orchestrator.testing.mock.server import MockTriton
 
 
 class Ctx(NamedTuple):
-    server: "MockTriton"
+    server: "Host"
     model: Optional["LoadedModel"]
 
 
 CTX: contextvars.ContextVar[Optional[Ctx]] = contextvars.ContextVar(
     "mock_triton_ctx", default=None
 )
-_ACTIVE: List["MockTriton"] = []
+_ACTIVE: List["Host"] = []
 _ACTIVE_LOCK = threading.Lock()
 
 
-def activate(server: "MockTriton") -> None:
+def activate(server: "Host") -> None:
     """Make ``server`` the one code outside models reaches (until :func:`deactivate`)."""
     with _ACTIVE_LOCK:
         _ACTIVE.append(server)
 
 
-def deactivate(server: "MockTriton") -> None:
+def deactivate(server: "Host") -> None:
     with _ACTIVE_LOCK:
         if server in _ACTIVE:
             _ACTIVE.remove(server)
 
 
-def current_server() -> "MockTriton":
+def current_server() -> "Host":
     """The server of the running model, else the newest open one.
 
     Raises RuntimeError when no MockTriton is open.
@@ -52,7 +52,7 @@ def current_server() -> "MockTriton":
         return ctx.server
     with _ACTIVE_LOCK:
         for server in reversed(_ACTIVE):
-            if not server._closed:
+            if not server.closed:
                 return server
     raise RuntimeError(
         "no MockTriton is active: create MockTriton(model_repository) before using "
@@ -69,7 +69,7 @@ def current_model() -> Optional["LoadedModel"]:
 class running:
     """``with running(server, model):`` marks the code inside as ``model``'s code."""
 
-    def __init__(self, server: "MockTriton", model: Optional["LoadedModel"]):
+    def __init__(self, server: "Host", model: Optional["LoadedModel"]):
         self._ctx = Ctx(server, model)
         self._token: Any = None
 

@@ -116,21 +116,20 @@ def load_ensemble(model: LoadedModel, load: Callable[[str], LoadedModel]) -> Loa
 def run_ensemble(
     ensemble: LoadedModel,
     req: Req,
-    lookup: Callable[[str], Optional[LoadedModel]],
+    lookup: Callable[[str, int], Optional[LoadedModel]],
     run: Callable[[LoadedModel, List[Req]], List[Result]],
 ) -> Result:
     """Run ``req`` (already validated against the ensemble) through the steps.
 
-    ``lookup(name)``: the loaded model of that name or None; ``run(model, reqs)``: the
+    ``lookup(name, version)``: the READY model of that name and version (-1: the
+    highest) or None; ``run(model, reqs)``: the
     server's validation and execution. Step errors come back with stage ``"exec"`` (a
     client sees the composing model's message as is).
     """
     tensors: Dict[str, tuple] = {name: (dtype, array) for name, dtype, array in req.inputs}
     for step in ensemble.steps:
-        sub = lookup(step.model_name)
-        if sub is None or not sub.ready or (
-            step.model_version != -1 and str(step.model_version) != sub.version
-        ):
+        sub = lookup(step.model_name, step.model_version)
+        if sub is None or not sub.ready:
             return Err(
                 f"Request for unknown model: '{step.model_name}' has no available versions",
                 ErrorCode.NOT_FOUND, "exec",

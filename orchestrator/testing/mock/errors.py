@@ -3,7 +3,13 @@ the mock sees (:class:`InferError` responses, :class:`LoadError` on load)."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
+import os
+import traceback
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 class TritonModelException(Exception):
@@ -80,4 +86,58 @@ class InferError(Exception):
 
 
 class LoadError(RuntimeError):
-    """A model failed to load; the message names the model and the cause."""
+    """A model failed to load; the message names the model and the cause.
+
+    ``reason``: what the repository index shows for the model (Triton's state reason;
+    the message when not given).
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason or message
+
+
+def incompatible(function: str, signature: str, invoked_with: str, constructor: bool = False) -> TypeError:
+    """The ``TypeError`` pybind11 raises when no overload of a stub function accepts the
+    arguments (``None`` for an argument declared ``.none(false)``, a wrong type ...).
+
+    ``function``: the Python name (``"__init__"`` for constructors); ``signature``: the
+    one supported signature as pybind prints it; ``invoked_with``: the arguments shown.
+    """
+    what = "constructor" if constructor else "function"
+    return TypeError(
+        f"{function}(): incompatible {what} arguments. The following argument types are "
+        f"supported:\n    1. {signature}\n\nInvoked with: {invoked_with}"
+    )
+
+
+def as_str(value: object) -> object:
+    """What pybind11's ``std::string`` caster makes of ``value``: ``bytes`` decoded as
+    UTF-8 (as the stub accepts them), anything else unchanged for the caller to check."""
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value
+    return value
+
+
+def format_exception(exc: BaseException) -> str:
+    """Approximation of pybind11's ``error_already_set::what()`` for an execute error:
+    ``"Type: message"`` then ``At:`` with the model's frames, innermost first (frames of
+    the mock, asyncio and concurrent.futures left out)."""
+    text = f"{type(exc).__name__}: {exc}"
+    skip_dirs = (
+        _PACKAGE_DIR,
+        os.path.dirname(asyncio.__file__) + os.sep,
+        os.path.dirname(concurrent.futures.__file__) + os.sep,
+    )
+    frames = []
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        filename = frame.f_code.co_filename
+        if os.path.abspath(filename).startswith(skip_dirs):
+            continue
+        frames.append(f"  {filename}({lineno}): {frame.f_code.co_name}\n")
+    if frames:
+        text += "\n\nAt:\n" + "".join(reversed(frames))
+    return text

@@ -6,21 +6,25 @@ request waits up to ``instance_wait_timeout`` for it). An ``async def execute`` 
 the model's own event loop and the caller waits for it, as the r24.10 stub does
 (``run_coroutine_threadsafe(...).result()``). Messages of a failed ``execute`` follow
 the stub's ``ProcessRequests``/``ProcessReturnedResponses`` (python_backend r24.10).
+
+A request's ``timeout`` (microseconds) applies as in core r24.10's scheduler queue: only
+for a model whose ``dynamic_batching.default_queue_policy`` sets
+``default_timeout_microseconds`` (a request's own timeout counts when the policy has
+``allow_timeout_override`` and it is shorter), and only to the time spent waiting for
+the instance; an expired request is refused with ``Request timeout expired``
+(UNAVAILABLE), a running ``execute`` is never cut short.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
-import os
 import time
-import traceback
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from orchestrator.testing.mock.context import running
 from orchestrator.testing.mock.ensemble import run_ensemble
-from orchestrator.testing.mock.errors import ErrorCode, TritonModelException
+from orchestrator.testing.mock.errors import ErrorCode, TritonModelException, format_exception
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.logger import LOGGER_NAME
 from orchestrator.testing.mock.records import BatchFailure, Call, Err, Ok, Req, Result
@@ -29,35 +33,27 @@ from orchestrator.testing.mock.validation import normalize
 from orchestrator.testing.mock.wire import config_to_protocol, dims_str
 
 if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.testing.mock.server import MockTriton
+    from orchestrator.testing.mock.host import Host
 
 _LOG = logging.getLogger(LOGGER_NAME)
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _STRICT_NOTE = (
     " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
     "pass strict_outputs=False to mirror it]"
 )
 
 
-def format_exception(exc: BaseException) -> str:
-    """Approximation of pybind11's ``error_already_set::what()`` for an execute error:
-    ``"Type: message"`` then ``At:`` with the model's frames, innermost first (frames of
-    the mock, asyncio and concurrent.futures left out)."""
-    text = f"{type(exc).__name__}: {exc}"
-    skip_dirs = (
-        _PACKAGE_DIR,
-        os.path.dirname(asyncio.__file__) + os.sep,
-        os.path.dirname(concurrent.futures.__file__) + os.sep,
-    )
-    frames = []
-    for frame, lineno in traceback.walk_tb(exc.__traceback__):
-        filename = frame.f_code.co_filename
-        if os.path.abspath(filename).startswith(skip_dirs):
-            continue
-        frames.append(f"  {filename}({lineno}): {frame.f_code.co_name}\n")
-    if frames:
-        text += "\n\nAt:\n" + "".join(reversed(frames))
-    return text
+def queue_timeout_us(model: LoadedModel, req: Req) -> int:
+    """Microseconds ``req`` may wait for the instance of ``model`` (0: no limit), as
+    core r24.10's ``PolicyQueue::Enqueue``: the default timeout of the queue policy,
+    replaced by the request's own when overriding is allowed and it is shorter. With
+    ``timeout_action: DELAY`` nothing is refused (0)."""
+    policy = (model.config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    if policy.get("timeout_action", "REJECT") != "REJECT":
+        return 0
+    timeout = int(policy.get("default_timeout_microseconds") or 0)
+    if policy.get("allow_timeout_override") and 0 < req.timeout < timeout:
+        timeout = req.timeout
+    return timeout
 
 
 def batch_signature(model: LoadedModel, req: Req) -> tuple:
@@ -101,10 +97,13 @@ def form_batches(model: LoadedModel, indices: List[int], reqs: List[Req]) -> Lis
     return batches
 
 
-def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any) -> List[Any]:
+def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any,
+                      wait: float = 0.0) -> List[Any]:
     """Stub's ProcessReturnedResponses: checks, then one response (or Err) per request.
 
-    Raises BatchFailure where the stub fails the whole batch.
+    A request with None in the return gets what its response sender sends, waiting up
+    to ``wait`` seconds for it (Triton waits for ever). Raises BatchFailure where the
+    stub fails the whole batch.
     """
     if returned is not None:
         if not isinstance(returned, list):
@@ -136,8 +135,9 @@ def collect_responses(model: LoadedModel, requests: List[InferenceRequest], retu
             out.append(response)
             continue
         sender = request._sender
-        if sender._responses and sender._closed:
-            out.append(sender._responses[0])
+        final = sender._final(wait)
+        if final is not None:
+            out.append(final)
         elif sender._responses:
             out.append(Err(
                 f"mock_triton: model '{model.name}' sent a response for request {i} "
@@ -224,10 +224,10 @@ def finish_outputs(model: LoadedModel, req: Req, response: InferenceResponse, st
 
 
 class Executor:
-    """Runs requests on the models of one :class:`MockTriton` (reads its
-    ``strict_outputs`` and ``instance_wait_timeout`` on every call)."""
+    """Runs requests on the models of one server (reads its ``strict_outputs`` and
+    ``instance_wait_timeout`` on every call)."""
 
-    def __init__(self, server: "MockTriton"):
+    def __init__(self, server: "Host"):
         self._server = server
 
     def run(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
@@ -238,14 +238,14 @@ class Executor:
         for i, req in enumerate(reqs):
             problem = normalize(model, req)
             if problem is None:
-                problem = server._faults.check(model.name, req)
+                problem = server.faults.check(model.name, req)
             if problem is not None:
                 results[i] = problem
             else:
                 pending.append(i)
         if model.is_ensemble:
             for i in pending:
-                results[i] = run_ensemble(model, reqs[i], server._models.get, self.run)
+                results[i] = run_ensemble(model, reqs[i], server.loaded, self.run)
         else:
             for batch in form_batches(model, pending, reqs):
                 for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch])):
@@ -256,6 +256,7 @@ class Executor:
     def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
         server = self._server
         n = len(reqs)
+        enqueued = time.monotonic()
         if not model.lock.acquire(timeout=server.instance_wait_timeout):
             err = Err(
                 f"mock_triton: waited {server.instance_wait_timeout}s for the instance of model "
@@ -270,37 +271,56 @@ class Executor:
                     ErrorCode.NOT_FOUND, "exec",
                 )
                 return [err] * n
-            delay = server._faults.delay(model.name)
-            if delay > 0:
-                time.sleep(delay)
-            server._record_call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
-            requests = [InferenceRequest._for_execute(model, r) for r in reqs]
-            try:
-                returned = self._call_execute(model, requests)
-                responses = collect_responses(model, requests, returned)
-            except BatchFailure as failure:
-                return [self._batch_error(model, failure.message)] * n
-            except Exception as exc:
-                return [self._batch_error(model, format_exception(exc))] * n
-            results: List[Result] = []
-            for req, response in zip(reqs, responses):
-                if isinstance(response, Err):
-                    results.append(response)
-                elif response.has_error():
-                    error = response.error()
-                    assert error is not None
-                    results.append(Err(error.message(), error.code(), "exec"))
-                else:
-                    results.append(finish_outputs(model, req, response, server.strict_outputs))
-            return results
+            waited_us = (time.monotonic() - enqueued) * 1e6
+            limits = [queue_timeout_us(model, r) for r in reqs]
+            if any(0 < limit < waited_us for limit in limits):
+                expired = Err("Request timeout expired", ErrorCode.UNAVAILABLE, "exec")
+                keep = [i for i, limit in enumerate(limits) if not 0 < limit < waited_us]
+                results: List[Result] = [expired] * n
+                if keep:
+                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep])):
+                        results[i] = result
+                return results
+            return self._run_locked(model, reqs)
         finally:
             model.lock.release()
 
+    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+        """``execute`` on ``reqs`` (the caller holds the instance) and the results."""
+        server = self._server
+        delay = server.faults.delay(model.name)
+        if delay > 0:
+            time.sleep(delay)
+        server.recorder.call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
+        requests = [InferenceRequest._for_execute(model, r) for r in reqs]
+        responses: List[Any]
+        try:
+            returned = self._call_execute(model, requests)
+            responses = collect_responses(model, requests, returned, server.response_timeout)
+        except BatchFailure as failure:
+            responses = self._failed_batch(model, requests, failure.message)
+        except Exception as exc:
+            responses = self._failed_batch(model, requests, format_exception(exc))
+        results: List[Result] = []
+        for req, response in zip(reqs, responses):
+            if isinstance(response, Err):
+                results.append(response)
+            elif response.has_error():
+                error = response.error()
+                assert error is not None
+                results.append(Err(error.message(), error.code(), "exec"))
+            else:
+                results.append(finish_outputs(model, req, response, server.strict_outputs))
+        return results
+
     @staticmethod
-    def _batch_error(model: LoadedModel, message: str) -> Err:
+    def _failed_batch(model: LoadedModel, requests: List[InferenceRequest], message: str) -> List[Any]:
+        """The stub's answer to a failed ``execute``: the error for every request, except
+        those whose response sender already delivered a final response (they keep it)."""
         text = f"Failed to process the request(s) for model '{model.instance_name}', message: {message}"
-        _LOG.info("%s", text)
-        return Err(text, ErrorCode.INTERNAL, "exec")
+        _LOG.error("%s", text)  # Triton logs it as an error (pb_stub.cc)
+        error = Err(text, ErrorCode.INTERNAL, "exec")
+        return [r._sender._final() or error for r in requests]
 
     def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest]) -> Any:
         with running(self._server, model):

@@ -3,7 +3,10 @@
 A Python model's ``model.py`` is imported under a unique module name
 (``_mock_triton_models.<model>_v<version>_<random>.model``) with its version directory
 as the package path, ``auto_complete_config`` is applied when the class defines it, and
-``initialize(args)`` gets the stub's ``args``. Ensembles are checked and ordered by
+``initialize(args)`` gets the stub's ``args``. Every version the ``version_policy`` names
+is loaded. Top-level modules a model imports from its own directories (``import helper``
+for ``1/helper.py``) are its own, as in the stub's separate process: they are taken out
+of ``sys.modules`` after the import, so another model's ``helper`` is never reused. Ensembles are checked and ordered by
 :mod:`orchestrator.testing.mock.ensemble`.
 """
 
@@ -18,28 +21,31 @@ import sys
 import types
 import uuid
 import warnings
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Set
 
-from orchestrator.testing.mock.config import from_dict, normalize, pick_version, read, to_dict, validate_io
+from orchestrator.testing.mock.config import from_dict, normalize, pick_versions, read, to_dict, validate_io
 from orchestrator.testing.mock.context import CTX, Ctx, running
 from orchestrator.testing.mock.ensemble import load_ensemble
-from orchestrator.testing.mock.errors import LoadError
+from orchestrator.testing.mock.errors import LoadError, format_exception
 from orchestrator.testing.mock.instances import LoadedModel
-from orchestrator.testing.mock.logger import LOGGER_NAME, LogRecord
+from orchestrator.testing.mock.logger import LOGGER_NAME
+from orchestrator.testing.mock.records import LogRecord
 from orchestrator.testing.mock.wire import real_utils
 
 if TYPE_CHECKING:  # pragma: no cover
-    from orchestrator.testing.mock.server import MockTriton
+    from orchestrator.testing.mock.host import Host
 
 _LOG = logging.getLogger(LOGGER_NAME)
 _MODULE_ROOT = "_mock_triton_models"
 
 
-def build(server: "MockTriton", name: str, override: Optional[str]) -> LoadedModel:
-    """Read the configuration of ``name`` and load it (initialized, not yet ready).
+def build(server: "Host", name: str, override: Optional[str]) -> List[LoadedModel]:
+    """Read the configuration of ``name`` and load each version its ``version_policy``
+    names (initialized, not yet ready), lowest version first.
 
-    ``override``: a JSON configuration replacing the file. Raises :class:`LoadError`:
-    decoupled models and backends other than ``python`` (and ensembles) are refused.
+    ``override``: a JSON configuration replacing the file. Raises :class:`LoadError`
+    (after finalizing the versions already loaded): decoupled models and backends other
+    than ``python`` (and ensembles) are refused.
     """
     model_dir = server.model_repository / name
     proto, path = read(name, model_dir, server.model_config_name, override)
@@ -55,17 +61,27 @@ def build(server: "MockTriton", name: str, override: Optional[str]) -> LoadedMod
         )
     normalize(proto)
     data = to_dict(proto)
-    version = pick_version(name, model_dir, data)
-    server._set_state(name, "LOADING", "", version)
-    model = LoadedModel(name, model_dir, version, data, path)
+    versions = pick_versions(name, model_dir, data)
+    server.recorder.set_state(name, "LOADING", "", versions[-1])
     if proto.platform == "ensemble":
-        return load_ensemble(model, lambda step_model: _load_composing(server, step_model))
-    return _load_python(server, model)
+        model = LoadedModel(name, model_dir, versions[-1], data, path)
+        return [load_ensemble(model, lambda step_model: _load_composing(server, step_model))]
+    loaded: List[LoadedModel] = []
+    try:
+        for version in versions:
+            loaded.append(_load_python(server, LoadedModel(name, model_dir, version, data, path)))
+    except LoadError:
+        for model in loaded:
+            finalize(server, model)
+        raise
+    return loaded
 
 
-def _load_composing(server: "MockTriton", name: str) -> LoadedModel:
+def _load_composing(server: "Host", name: str) -> LoadedModel:
     server.load(name)
-    return server._models[name]
+    model = server.loaded(name)
+    assert model is not None
+    return model
 
 
 def _import_model(model: LoadedModel) -> types.ModuleType:
@@ -94,6 +110,9 @@ def _import_model(model: LoadedModel) -> types.ModuleType:
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
+    local = _local_names(model)
+    others = {k: sys.modules.pop(k) for k in list(sys.modules) if k.partition(".")[0] in local}
+    before = set(sys.modules)
     added = []
     dont_write_bytecode = sys.dont_write_bytecode
     sys.dont_write_bytecode = True  # as the stub does; keeps model repositories clean
@@ -110,7 +129,25 @@ def _import_model(model: LoadedModel) -> types.ModuleType:
                 sys.path.remove(entry)
             except ValueError:  # pragma: no cover
                 pass
+        for key in set(sys.modules) - before:
+            if key.partition(".")[0] in local:
+                del sys.modules[key]  # the model's module keeps its own reference
+        for key, other in others.items():
+            sys.modules.setdefault(key, other)
     return module
+
+
+def _local_names(model: LoadedModel) -> Set[str]:
+    """Top-level module names ``model.py`` can import from its version and model
+    directories (Triton puts both on ``sys.path``)."""
+    names: Set[str] = set()
+    for directory in (model.version_dir, model.model_dir):
+        if directory is None or not directory.is_dir():
+            continue
+        for entry in directory.iterdir():
+            if entry.suffix == ".py" or (entry.is_dir() and entry.name.isidentifier()):
+                names.add(entry.stem if entry.suffix == ".py" else entry.name)
+    return names
 
 
 def _drop_modules(model: LoadedModel) -> None:
@@ -139,7 +176,7 @@ def _auto_complete(model: LoadedModel, cls: Any) -> LoadedModel:
     return new
 
 
-def _load_python(server: "MockTriton", model: LoadedModel) -> LoadedModel:
+def _load_python(server: "Host", model: LoadedModel) -> LoadedModel:
     name, version = model.name, model.version
     token = CTX.set(Ctx(server, model))
     try:
@@ -172,14 +209,17 @@ def _load_python(server: "MockTriton", model: LoadedModel) -> LoadedModel:
         except Exception as exc:
             _drop_modules(model)
             model.stop_loop()
+            reason = f"Internal: {format_exception(exc)}"
             raise LoadError(
-                f"failed to load '{name}' version {version}: {type(exc).__name__}: {exc}"
+                f"load failed for model '{name}': version {version} is at UNAVAILABLE state: "
+                f"{reason};\n",
+                reason,
             ) from exc
     finally:
         CTX.reset(token)
 
 
-def finalize(server: "MockTriton", model: LoadedModel) -> None:
+def finalize(server: "Host", model: LoadedModel) -> None:
     """Call ``finalize`` (errors are logged, as Triton does), stop the model's event
     loop and drop its modules. The caller holds ``model.lock`` where it could."""
     if model.instance is not None and hasattr(model.instance, "finalize"):
@@ -191,7 +231,7 @@ def finalize(server: "MockTriton", model: LoadedModel) -> None:
                     result.close()
             except Exception as exc:  # Triton logs finalize errors and goes on
                 _LOG.error("model '%s' finalize failed: %s", model.name, exc)
-                server._record_log(
+                server.recorder.log(
                     LogRecord(model.name, "ERROR", f"finalize failed: {type(exc).__name__}: {exc}")
                 )
     model.stop_loop()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import NamedTuple, Optional
 
 from orchestrator.testing.mock.context import CTX, current_server
+from orchestrator.testing.mock.records import LogRecord
 
 #: Parent of the ``logging`` loggers the mock writes to (``<LOGGER_NAME>.<model>``).
 LOGGER_NAME = "orchestrator.testing.mock"
@@ -19,14 +19,6 @@ class LogLevel(enum.IntEnum):
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
-
-
-class LogRecord(NamedTuple):
-    """One ``pb_utils.Logger`` message: the model it came from (None outside models)."""
-
-    model: Optional[str]
-    level: str
-    message: str
 
 
 _PY_LEVELS = {
@@ -46,15 +38,16 @@ def _emit(level: LogLevel, message: str) -> None:
         server = current_server()
     except RuntimeError:
         server = None
-    if server is not None:
-        server._record_log(LogRecord(model_name, level.name, message))
+    if server is not None and not server.recorder.log(LogRecord(model_name, level.name, message)):
+        return  # Triton drops VERBOSE messages unless started with --log-verbose > 0
     logging.getLogger(f"{LOGGER_NAME}.{model_name or 'stub'}").log(_PY_LEVELS[level], message)
 
 
 class Logger:
     """Mirror of ``pb_utils.Logger``: messages go to ``MockTriton.logs`` and to the
     ``logging`` logger ``orchestrator.testing.mock.<model>`` (``.stub`` outside models;
-    VERBOSE is ``logging.DEBUG``)."""
+    VERBOSE is ``logging.DEBUG``). VERBOSE messages are dropped, as by a Triton started
+    with the default ``--log-verbose=0``, unless ``MockTriton(log_verbose=1)``."""
 
     LogLevel = LogLevel
     INFO = LogLevel.INFO

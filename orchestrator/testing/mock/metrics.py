@@ -1,113 +1,55 @@
 """``pb_utils.MetricFamily`` and its metrics, kept per :class:`MockTriton` (r24.10 rules).
 
 Names must match Prometheus' metric and label name patterns; a family name is shared
-only with the same kind and help text; counters only increase and cannot be set;
-histograms need strictly increasing ``buckets`` and only ``observe``. A series lives as
-long as a ``Metric`` object for it, a family as long as a ``MetricFamily`` object or one
-of its series, as in Triton (see the package docs). Read the values with
-:func:`snapshot` (``MockTriton.metrics()``).
+by families of the same kind (the first help text stays); counters only increase and
+cannot be set; histograms need strictly increasing ``buckets`` and only ``observe``. As
+in the stub's ``MetricFamily`` (which keeps every ``Metric`` it made), a series lives as
+long as the ``MetricFamily`` object it came from; once that object is deleted its
+metrics raise on every use. Read the values with
+:func:`~orchestrator.testing.mock.metric_store.snapshot` (``MockTriton.metrics()``).
 """
 
 from __future__ import annotations
 
-import enum
-import re
-import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
-from orchestrator.testing.mock.context import current_server
+from orchestrator.testing.mock.context import current_model, current_server
 from orchestrator.testing.mock.errors import TritonModelException
+from orchestrator.testing.mock.metric_store import (
+    LABEL_NAME_RE,
+    FamilyRecord,
+    MetricKind,
+    MetricRegistry,
+    Series,
+)
 
-
-class _MetricKind(enum.IntEnum):
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
-
-
-_METRIC_NAME_RE = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_LABEL_NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
-
-
-class _Series:
-    __slots__ = ("value", "bounds", "bucket_counts", "count", "sum", "refs")
-
-    def __init__(self, bounds: Optional[List[float]]):
-        self.value = 0.0
-        self.bounds = bounds
-        self.bucket_counts = [0] * (len(bounds) + 1) if bounds is not None else None
-        self.count = 0
-        self.sum = 0.0
-        self.refs = 0
-
-
-class _FamilyRecord:
-    __slots__ = ("name", "description", "kind", "series", "refs")
-
-    def __init__(self, name: str, description: str, kind: _MetricKind):
-        self.name = name
-        self.description = description
-        self.kind = kind
-        self.series: Dict[frozenset, _Series] = {}
-        self.refs = 0
-
-
-class MetricRegistry:
-    """The metric families of one MockTriton (one lock for all of them)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.RLock()
-        self.families: Dict[str, _FamilyRecord] = {}
-
-    def family(self, name: str, description: str, kind: _MetricKind) -> _FamilyRecord:
-        with self.lock:
-            if not _METRIC_NAME_RE.match(name):
-                raise TritonModelException(
-                    f"Error when creating MetricFamily: Invalid metric name '{name}'"
-                )
-            record = self.families.get(name)
-            if record is None:
-                record = _FamilyRecord(name, description, kind)
-                self.families[name] = record
-            elif record.kind != kind or record.description != description:
-                raise TritonModelException(
-                    "Error when creating MetricFamily: Family name already exists with "
-                    f"different type or help text ('{name}')"
-                )
-            record.refs += 1
-            return record
-
-    def release_family(self, record: _FamilyRecord) -> None:
-        with self.lock:
-            record.refs -= 1
-            if record.refs <= 0 and not record.series and self.families.get(record.name) is record:
-                del self.families[record.name]
-
-    def release_series(self, record: _FamilyRecord, key: frozenset) -> None:
-        with self.lock:
-            series = record.series.get(key)
-            if series is None:
-                return
-            series.refs -= 1
-            if series.refs <= 0:
-                del record.series[key]
-                if record.refs <= 0 and not record.series and self.families.get(record.name) is record:
-                    del self.families[record.name]
+_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+    "been deleted."
+)
 
 
 class _Metric:
     """Mirror of the ``Metric`` object returned by ``MetricFamily.Metric(...)``."""
 
-    def __init__(self, registry: MetricRegistry, family: _FamilyRecord, key: frozenset):
+    def __init__(self, registry: MetricRegistry, family: FamilyRecord, key: frozenset):
         self._registry = registry
         self._family = family
         self._key = key
+        self._cleared = False
 
-    def _series(self) -> _Series:
+    def _series(self, what: str) -> Series:
         series = self._family.series.get(self._key)
-        if series is None:  # pragma: no cover - defensive
-            raise TritonModelException("Could not get metric value. Metric has been invalidated.")
+        if self._cleared or series is None:
+            raise TritonModelException(f"Failed to {what} metric value: {_DELETED}")
         return series
+
+    def _clear(self) -> None:
+        """Drop this metric's series (its family object is going away)."""
+        if not self._cleared:
+            self._cleared = True
+            self._registry.release_series(self._family, self._key)
 
     @staticmethod
     def _number(value: Any, what: str) -> float:
@@ -119,15 +61,15 @@ class _Metric:
         value = self._number(value, "increment")
         kind = self._family.kind
         with self._registry.lock:
-            if kind == _MetricKind.COUNTER:
+            if kind == MetricKind.COUNTER:
                 if value < 0.0:
                     raise TritonModelException(
                         "Failed to increment metric value: TRITONSERVER_METRIC_KIND_COUNTER can "
                         "only be incremented monotonically by non-negative values."
                     )
-                self._series().value += value
-            elif kind == _MetricKind.GAUGE:
-                self._series().value += value
+                self._series("increment").value += value
+            elif kind == MetricKind.GAUGE:
+                self._series("increment").value += value
             else:
                 raise TritonModelException(
                     "Failed to increment metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does "
@@ -138,8 +80,8 @@ class _Metric:
         value = self._number(value, "set")
         kind = self._family.kind
         with self._registry.lock:
-            if kind == _MetricKind.GAUGE:
-                self._series().value = value
+            if kind == MetricKind.GAUGE:
+                self._series("set").value = value
             else:
                 raise TritonModelException(
                     f"Failed to set metric value: TRITONSERVER_METRIC_KIND_{kind.name} does not "
@@ -150,12 +92,12 @@ class _Metric:
         value = self._number(value, "observe")
         kind = self._family.kind
         with self._registry.lock:
-            if kind != _MetricKind.HISTOGRAM:
+            if kind != MetricKind.HISTOGRAM:
                 raise TritonModelException(
                     f"Failed to observe metric value: TRITONSERVER_METRIC_KIND_{kind.name} does "
                     "not support Observe"
                 )
-            series = self._series()
+            series = self._series("observe")
             assert series.bounds is not None and series.bucket_counts is not None
             index = len(series.bounds)
             for i, bound in enumerate(series.bounds):
@@ -168,18 +110,12 @@ class _Metric:
 
     def value(self) -> float:
         with self._registry.lock:
-            if self._family.kind == _MetricKind.HISTOGRAM:
+            if self._family.kind == MetricKind.HISTOGRAM:
                 raise TritonModelException(
                     "Failed to get metric value: TRITONSERVER_METRIC_KIND_HISTOGRAM does not "
                     "support Value"
                 )
-            return float(self._series().value)
-
-    def __del__(self) -> None:
-        try:
-            self._registry.release_series(self._family, self._key)
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
+            return float(self._series("get").value)
 
 
 class MetricFamily:
@@ -190,22 +126,26 @@ class MetricFamily:
     ``set``, ``observe`` and ``value`` and the r24.10 rules (counters never decrease and
     cannot be set; histograms need ``buckets`` and only ``observe``). Values go to the
     current :class:`MockTriton` (see :meth:`MockTriton.metrics`). Families are shared by
-    name, metrics by label set, as in Prometheus.
+    name (the first help text is kept; another kind raises ``TritonModelException``),
+    metrics by label set. Deleting this object clears the metrics it made: their series
+    disappear and using them raises ``TritonModelException``, as in the stub.
     """
 
-    COUNTER = _MetricKind.COUNTER
-    GAUGE = _MetricKind.GAUGE
-    HISTOGRAM = _MetricKind.HISTOGRAM
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
 
-    def __init__(self, name: str, description: str, kind: _MetricKind):
+    def __init__(self, name: str, description: str, kind: MetricKind):
         if not isinstance(name, str) or not isinstance(description, str):
             raise TypeError("MetricFamily(): name and description must be str")
-        if not isinstance(kind, _MetricKind):
+        if not isinstance(kind, MetricKind):
             raise TypeError(
                 "MetricFamily(): kind must be MetricFamily.COUNTER, GAUGE or HISTOGRAM"
             )
-        self._registry = current_server()._metrics
-        self._record = self._registry.family(name, description, kind)
+        self._registry = current_server().metric_registry
+        model = current_model()
+        self._record = self._registry.family(name, description, kind, model.instance_name if model else "")
+        self._metrics: List[_Metric] = []  # kept alive with the family, as the stub's metric_map_
 
     def Metric(self, labels: Optional[dict] = None, buckets: Optional[list] = None) -> _Metric:  # noqa: N802
         kind = self._record.kind
@@ -218,7 +158,7 @@ class MetricFamily:
                 raise TritonModelException(
                     "Error when creating Metric: label names and values must be strings"
                 )
-            if not _LABEL_NAME_RE.match(key) or key.startswith("__"):
+            if not LABEL_NAME_RE.match(key) or key.startswith("__"):
                 raise TritonModelException(
                     f"Error when creating Metric: Invalid label name '{key}'"
                 )
@@ -226,50 +166,30 @@ class MetricFamily:
         if buckets is not None:
             if not isinstance(buckets, list):
                 raise TritonModelException("Failed to create metric. Buckets must be a list.")
-            if kind in (_MetricKind.COUNTER, _MetricKind.GAUGE):
+            if kind in (MetricKind.COUNTER, MetricKind.GAUGE):
                 raise TritonModelException("Failed to create metric. Unexpected buckets found.")
             bounds = [float(b) for b in buckets]
             if any(b2 <= b1 for b1, b2 in zip(bounds, bounds[1:])):
                 raise TritonModelException(
                     "Error when creating Metric: Bucket Boundaries must be strictly sorted"
                 )
-        elif kind == _MetricKind.HISTOGRAM:
+        elif kind == MetricKind.HISTOGRAM:
             raise TritonModelException("Failed to create metric. Missing required buckets.")
         key = frozenset(labels.items())
         with self._registry.lock:
             series = self._record.series.get(key)
             if series is None:
-                series = _Series(bounds)
+                series = Series(bounds)
                 self._record.series[key] = series
             series.refs += 1
-        return _Metric(self._registry, self._record, key)
+        metric = _Metric(self._registry, self._record, key)
+        self._metrics.append(metric)
+        return metric
 
     def __del__(self) -> None:
         try:
+            for metric in self._metrics:
+                metric._clear()
             self._registry.release_family(self._record)
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
-
-
-def snapshot(registry: MetricRegistry) -> Dict[str, Dict[frozenset, Any]]:
-    """The values in ``registry``: ``{family: {frozenset(labels.items()): value}}``.
-
-    Counter and gauge values are floats; a histogram value is a dict ``{"count": int,
-    "sum": float, "buckets": {upper_bound: cumulative_count, ..., inf: count}}``.
-    """
-    out: Dict[str, Dict[frozenset, Any]] = {}
-    with registry.lock:
-        for name, family in registry.families.items():
-            values: Dict[frozenset, Any] = {}
-            for key, series in family.series.items():
-                if family.kind == _MetricKind.HISTOGRAM:
-                    assert series.bounds is not None and series.bucket_counts is not None
-                    cumulative, buckets = 0, {}
-                    for bound, n in zip(series.bounds + [float("inf")], series.bucket_counts):
-                        cumulative += n
-                        buckets[bound] = cumulative
-                    values[key] = {"count": series.count, "sum": series.sum, "buckets": buckets}
-                else:
-                    values[key] = series.value
-            out[name] = values
-    return out

@@ -11,7 +11,7 @@ import types
 from typing import Any, Dict, Optional
 
 from orchestrator.testing.mock.context import current_model, current_server
-from orchestrator.testing.mock.errors import LoadError, TritonError, TritonModelException
+from orchestrator.testing.mock.errors import LoadError, TritonError, TritonModelException, as_str, incompatible
 from orchestrator.testing.mock.logger import Logger
 from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
@@ -24,10 +24,16 @@ def load_model(model_name: str, config: str = "", files: Optional[dict] = None) 
 
     ``config`` (a JSON model configuration) overrides the file's configuration, as in
     Triton; ``files`` is not supported. Raises ``TritonModelException("Failed to load
-    model: ...")`` when the load fails.
+    model: Failed to process the request for model '<calling instance>', message: ...")``
+    when the load fails; the real 2.51 stub shows an unreadable byte after "message: ",
+    the mock the load error (see the package docs).
     """
-    if model_name is None or config is None:
-        raise TypeError("load_model(): model_name and config must not be None")
+    model_name, config = as_str(model_name), as_str(config)
+    if not isinstance(model_name, str) or not isinstance(config, str):
+        raise incompatible(
+            "load_model", "(model_name: str, config: str = '', files: object = None) -> None",
+            ", ".join(repr(a) for a in (model_name, config)),
+        )
     server = current_server()
     if files is not None:
         if not isinstance(files, dict):
@@ -42,20 +48,32 @@ def load_model(model_name: str, config: str = "", files: Optional[dict] = None) 
     try:
         server.load(model_name, config=config or None)
     except LoadError as exc:
-        raise TritonModelException(f"Failed to load model: {exc}") from None
+        caller = current_model()
+        raise TritonModelException(
+            "Failed to load model: Failed to process the request for model "
+            f"'{caller.instance_name if caller else ''}', message: {exc}"
+        ) from None
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Mirror of ``pb_utils.unload_model`` (synchronous in the mock)."""
-    if model_name is None:
-        raise TypeError("unload_model(): model_name must not be None")
+    model_name = as_str(model_name)
+    if not isinstance(model_name, str) or not isinstance(unload_dependents, bool):
+        raise incompatible(
+            "unload_model", "(model_name: str, unload_dependents: bool = False) -> None",
+            f"{model_name!r}, {unload_dependents!r}",
+        )
     current_server().unload(model_name, unload_dependents=unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Mirror of ``pb_utils.is_model_ready``."""
-    if model_name is None or model_version is None:
-        raise TypeError("is_model_ready(): arguments must not be None")
+    model_name, model_version = as_str(model_name), as_str(model_version)
+    if not isinstance(model_name, str) or not isinstance(model_version, str):
+        raise incompatible(
+            "is_model_ready", "(model_name: str, model_version: str = '') -> bool",
+            f"{model_name!r}, {model_version!r}",
+        )
     return current_server().is_model_ready(model_name, model_version)
 
 

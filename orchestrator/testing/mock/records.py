@@ -1,9 +1,11 @@
-"""What the mock server passes around: requests as Triton holds them, results, and the
-record of each ``execute()`` call."""
+"""What the mock server passes around: requests as Triton holds them, results, and what
+it records (each ``execute()`` call, ``pb_utils.Logger`` messages, model states) in a
+:class:`Recorder` handed to the parts that write them."""
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Union
+import threading
+from typing import Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -24,6 +26,48 @@ class Call(NamedTuple):
     def requests(self) -> int:
         """How many requests the call got."""
         return len(self.batch_sizes)
+
+
+class LogRecord(NamedTuple):
+    """One ``pb_utils.Logger`` message: the model it came from (None outside models)."""
+
+    model: Optional[str]
+    level: str
+    message: str
+
+
+class Recorder:
+    """What one server records, thread-safe: ``calls`` (:class:`Call`), ``logs``
+    (:class:`LogRecord`; VERBOSE ones only when ``log_verbose`` > 0, as Triton's
+    ``--log-verbose``) and each model's ``(state, reason, version)``."""
+
+    def __init__(self, log_verbose: int = 0):
+        self.log_verbose = log_verbose
+        self.lock = threading.Lock()
+        self.calls: List[Call] = []
+        self.logs: List[LogRecord] = []
+        self.states: Dict[str, Tuple[str, str, str]] = {}
+
+    def call(self, call: Call) -> None:
+        with self.lock:
+            self.calls.append(call)
+
+    def log(self, record: LogRecord) -> bool:
+        """Keep ``record`` unless Triton would drop it; True when kept."""
+        if record.level == "VERBOSE" and self.log_verbose <= 0:
+            return False
+        with self.lock:
+            self.logs.append(record)
+        return True
+
+    def set_state(self, name: str, state: str, reason: str = "", version: str = "") -> None:
+        with self.lock:
+            self.states[name] = (state, reason, version)
+
+    def state(self, name: str) -> Tuple[str, str, str]:
+        """``(state, reason, version)``; ``("", "", "")`` for a model never loaded."""
+        with self.lock:
+            return self.states.get(name, ("", "", ""))
 
 
 class Req:

@@ -14,7 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from orchestrator.testing.mock.context import CTX, current_server
-from orchestrator.testing.mock.errors import TritonError, TritonModelException
+from orchestrator.testing.mock.errors import TritonError, TritonModelException, as_str, incompatible
 from orchestrator.testing.mock.tensors import PreferredMemory, Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -35,8 +35,9 @@ _RELEASE_RESCHEDULE = 2
 
 
 class InferenceResponseSender:
-    """Response sender of a request in a non-decoupled model; what it sends is delivered
-    when ``execute`` returns (see the package docs)."""
+    """Response sender of a request in a non-decoupled model. Its response answers the
+    request even when sent after ``execute`` returned (from another thread), or before
+    ``execute`` raised, as in Triton 2.51."""
 
     def __init__(self, requested_output_names: Optional[set], usable: bool):
         self._usable = usable
@@ -44,6 +45,7 @@ class InferenceResponseSender:
         self._count = 0
         self._closed = False
         self._lock = threading.Lock()
+        self._done = threading.Event()  # set with TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
     def _update(self, response: Optional["InferenceResponse"], flags: int) -> None:
         if not self._usable:
@@ -83,6 +85,16 @@ class InferenceResponseSender:
         self._update(response, flags)
         if response is not None:
             self._responses.append(response)
+        if self._closed:
+            self._done.set()
+
+    def _final(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
+        """The response sent with (or before) COMPLETE_FINAL, waiting up to ``wait``
+        seconds for it; None when there is none (yet)."""
+        if wait > 0:
+            self._done.wait(wait)
+        with self._lock:
+            return self._responses[0] if self._closed and self._responses else None
 
     def is_cancelled(self) -> bool:
         return False
@@ -102,6 +114,19 @@ class _ResponseIterator:
 
 
 _REQUIRED: Any = object()
+_SIGNATURE = (
+    "c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
+    "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], "
+    "model_name: str, model_version: int = -1, flags: int = 0, timeout: int = 0, "
+    "preferred_memory: c_python_backend_utils.PreferredMemory = ..., "
+    "trace: c_python_backend_utils.InferenceTrace = ..., parameters: object = None)"
+)
+
+
+def _bad_arguments(detail: str) -> TypeError:
+    """pybind11's refusal of the constructor's arguments (the stub declares every
+    argument but ``parameters`` ``.none(false)``; ``str`` ones also take ``bytes``)."""
+    return incompatible("__init__", _SIGNATURE, detail, constructor=True)
 
 
 class InferenceRequest:
@@ -114,7 +139,10 @@ class InferenceRequest:
     ``TritonModelException`` (older releases accepted one). ``exec()`` returns an
     ``InferenceResponse`` (errors are *responses*, not exceptions); ``async_exec()``
     returns an awaitable (it must be called inside a running event loop). BLS from
-    ``initialize``/``finalize`` raises ``TritonModelException``.
+    ``initialize``/``finalize`` raises ``TritonModelException``. Arguments pybind11
+    refuses (``None`` where the stub declares ``.none(false)``, wrong types) raise
+    ``TypeError`` with pybind's "incompatible constructor arguments" text; ``str``
+    arguments also take ``bytes`` (UTF-8), as in the stub.
 
     Requests handed to ``execute`` are instances of this class too;
     ``requested_output_names()`` returns a ``set`` (pybind converts the C++ ``std::set``)
@@ -137,41 +165,35 @@ class InferenceRequest:
         trace: Optional[InferenceTrace] = None,
         parameters: Optional[dict] = None,
     ):
+        model_name, request_id = as_str(model_name), as_str(request_id)
         missing = [
             n for n, v in (("inputs", inputs), ("requested_output_names", requested_output_names),
                            ("model_name", model_name)) if v is _REQUIRED
         ]
         if missing:
-            raise TypeError(
-                "InferenceRequest(): incompatible constructor arguments; missing "
-                + ", ".join(missing)
-            )
+            raise _bad_arguments("missing " + ", ".join(missing))
         if not isinstance(request_id, str):
-            raise TypeError("InferenceRequest(): request_id must be str")
+            raise _bad_arguments(f"request_id={request_id!r}")
         if correlation_id is None:
-            raise TypeError("InferenceRequest(): correlation_id must not be None")
+            raise _bad_arguments("correlation_id=None")
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
-        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (list, tuple)):
-            raise TypeError("InferenceRequest(): inputs must be a list of pb_utils.Tensor")
-        for tensor in inputs:
-            if not isinstance(tensor, Tensor):
-                raise TypeError(
-                    "InferenceRequest(): inputs must be a list of pb_utils.Tensor, "
-                    f"found {type(tensor)}"
-                )
-        if isinstance(requested_output_names, (str, bytes)) or not isinstance(
-            requested_output_names, (list, tuple, set)
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, (list, tuple)) or not all(
+            isinstance(t, Tensor) for t in inputs
         ):
-            raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
-        for name in requested_output_names:
-            if not isinstance(name, str):
-                raise TypeError("InferenceRequest(): requested_output_names must be a list of str")
+            raise _bad_arguments(f"inputs={inputs!r}")
+        names = requested_output_names
+        if isinstance(names, (str, bytes)) or not isinstance(names, (list, tuple, set)):
+            raise _bad_arguments(f"requested_output_names={names!r}")
+        names = [as_str(n) for n in names]
+        if not all(isinstance(n, str) for n in names):
+            raise _bad_arguments(f"requested_output_names={requested_output_names!r}")
+        requested_output_names = names
         if not isinstance(model_name, str):
-            raise TypeError("InferenceRequest(): model_name must be str")
+            raise _bad_arguments(f"model_name={model_name!r}")
         for label, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"InferenceRequest(): {label} must be int")
+                raise _bad_arguments(f"{label}={value!r}")
         if parameters is None:
             parameters = {}
         if not isinstance(parameters, dict):
@@ -271,7 +293,7 @@ class InferenceRequest:
         caller = ctx.model if ctx is not None else None
         if caller is not None and (not caller.initialized or caller.finalizing):
             raise TritonModelException("BLS is only supported during the 'execute' function.")
-        response = server._bls_exec(self)
+        response = server.bls_exec(self)
         if decoupled:
             return _ResponseIterator(response)
         return response

@@ -2,8 +2,10 @@
 
 The work is done by collaborators: :mod:`~orchestrator.testing.mock.loading` (config,
 import, ``initialize``/``finalize``), :class:`~orchestrator.testing.mock.execution.Executor`
-(validation, batching, ``execute``), :class:`~orchestrator.testing.mock.faults.FaultInjector`
-and :class:`~orchestrator.testing.mock.metrics.MetricRegistry`.
+(validation, batching, ``execute``), :class:`~orchestrator.testing.mock.faults.FaultInjector`,
+:class:`~orchestrator.testing.mock.metric_store.MetricRegistry` and
+:class:`~orchestrator.testing.mock.records.Recorder`. They see the server only through
+:class:`~orchestrator.testing.mock.host.Host`, which :class:`MockTriton` implements.
 """
 
 from __future__ import annotations
@@ -23,10 +25,9 @@ from orchestrator.testing.mock.execution import Executor
 from orchestrator.testing.mock.faults import FaultInjector
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.loading import build, finalize
-from orchestrator.testing.mock.logger import LogRecord
-from orchestrator.testing.mock.metrics import MetricRegistry, snapshot
+from orchestrator.testing.mock.metric_store import MetricRegistry, snapshot
 from orchestrator.testing.mock.pb_utils import install
-from orchestrator.testing.mock.records import Call, Err, Req, to_client
+from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, to_client
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
 from orchestrator.testing.mock.tensors import Tensor
 
@@ -38,12 +39,17 @@ class MockTriton:
     one). ``model_config_name``: like tritonserver's ``--model-config-name``:
     ``<model>/configs/<name>.pbtxt`` is used when it exists, else ``<model>/config.pbtxt``
     (``None``/``""`` always uses config.pbtxt). Explicit model control: nothing is loaded
-    until :meth:`load` (or ``models=``, or ``pb_utils.load_model`` from a model).
+    until :meth:`load` (or ``models=``, or ``pb_utils.load_model`` from a model); a load
+    loads every version the model's ``version_policy`` names (default: the highest).
     ``strict_outputs``: see the package docs. ``auto_complete``: call a model class's
     ``auto_complete_config`` when it defines one. ``instance_wait_timeout``: seconds a
     request waits for a busy model instance before failing (guards tests against
-    deadlocks such as a model calling itself). Use as a context manager, or call
-    :meth:`close`.
+    deadlocks such as a model calling itself). ``log_verbose``: as tritonserver's
+    ``--log-verbose``; at 0 (Triton's default) ``pb_utils.Logger`` VERBOSE messages are
+    dropped. ``response_timeout``: seconds to wait, after ``execute`` returned None for
+    a request, for the response it sends later through the request's response sender
+    (Triton waits for ever; the mock then fails the request). Use as a context manager,
+    or call :meth:`close`.
     """
 
     def __init__(
@@ -55,6 +61,8 @@ class MockTriton:
         strict_outputs: bool = True,
         auto_complete: bool = True,
         instance_wait_timeout: float = 120.0,
+        log_verbose: int = 0,
+        response_timeout: float = 5.0,
     ):
         install()
         self.model_repository = Path(model_repository).resolve()
@@ -64,15 +72,15 @@ class MockTriton:
         self.strict_outputs = strict_outputs
         self.auto_complete = auto_complete
         self.instance_wait_timeout = instance_wait_timeout
-        self.calls: List[Call] = []
-        self.logs: List[LogRecord] = []
-        self._models: Dict[str, LoadedModel] = {}
-        self._states: Dict[str, tuple] = {}  # name -> (state, reason, version)
+        self.response_timeout = response_timeout
+        self.recorder = Recorder(log_verbose)
+        self.calls: List[Call] = self.recorder.calls
+        self.logs: List[LogRecord] = self.recorder.logs
+        self.faults = FaultInjector()
+        self.metric_registry = MetricRegistry()
+        self._models: Dict[str, Dict[str, LoadedModel]] = {}  # name -> version -> model
         self._load_order: List[str] = []
         self._load_lock = threading.RLock()
-        self._record_lock = threading.Lock()
-        self._faults = FaultInjector()
-        self._metrics = MetricRegistry()
         self._executor = Executor(self)
         self._closed = False
         activate(self)
@@ -89,22 +97,25 @@ class MockTriton:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this MockTriton is closed")
 
-    # -- records (also written by the package's Logger and Executor) ----------------------
-
-    def _record_call(self, call: Call) -> None:
-        with self._record_lock:
-            self.calls.append(call)
-
-    def _record_log(self, record: LogRecord) -> None:
-        with self._record_lock:
-            self.logs.append(record)
-
-    def _set_state(self, name: str, state: str, reason: str, version: str) -> None:
-        self._states[name] = (state, reason, version)
+    def loaded(self, name: str, version: Union[int, str] = -1) -> Optional[LoadedModel]:
+        """The READY model ``name`` in ``version`` (-1 or "": the highest), else None."""
+        versions = self._models.get(name)
+        if not versions:
+            return None
+        wanted = str(version)
+        if wanted in ("", "-1"):
+            model = versions[max(versions, key=int)]
+        else:
+            model = versions.get(wanted)
+        return model if model is not None and model.ready else None
 
     # -- model control ----------------------------------------------------------------
 
@@ -117,22 +128,22 @@ class MockTriton:
         """
         with self._load_lock:
             self._check_open()
-            current = self._models.get(name)
-            if current is not None and current.ready and config is None:
+            if self.loaded(name) is not None and config is None:
                 return
-            if current is not None:
+            if name in self._models:
                 self.unload(name)
             if not (self.model_repository / name).is_dir():
-                self._set_state(name, "UNAVAILABLE", "not found in the model repository", "")
+                self.recorder.set_state(name, "UNAVAILABLE", "not found in the model repository", "")
                 raise LoadError(f"failed to load '{name}', failed to poll from model repository")
             try:
-                model = build(self, name, config)
+                models = build(self, name, config)
             except LoadError as exc:
-                self._set_state(name, "UNAVAILABLE", str(exc), self._states.get(name, ("", "", ""))[2])
+                self.recorder.set_state(name, "UNAVAILABLE", exc.reason, self.recorder.state(name)[2])
                 raise
-            self._models[name] = model
-            model.ready = True
-            self._set_state(name, "READY", "", model.version)
+            self._models[name] = {m.version: m for m in models}
+            for model in models:
+                model.ready = True
+            self.recorder.set_state(name, "READY", "", models[-1].version)
             if name in self._load_order:
                 self._load_order.remove(name)
             self._load_order.append(name)
@@ -144,22 +155,25 @@ class MockTriton:
         model that is not loaded does nothing.
         """
         with self._load_lock:
-            model = self._models.pop(name, None)
-            if model is None:
+            versions = self._models.pop(name, None)
+            if not versions:
                 return
-            model.ready = False
-            self._set_state(name, "UNLOADING", "", model.version)
-            got_lock = model.lock.acquire(timeout=self.instance_wait_timeout)
-            try:
-                finalize(self, model)
-            finally:
-                if got_lock:
-                    model.lock.release()
-            self._set_state(name, "UNAVAILABLE", "unloaded", model.version)
+            models = sorted(versions.values(), key=lambda m: int(m.version), reverse=True)
+            for model in models:
+                model.ready = False
+            self.recorder.set_state(name, "UNLOADING", "", models[0].version)
+            for model in models:
+                got_lock = model.lock.acquire(timeout=self.instance_wait_timeout)
+                try:
+                    finalize(self, model)
+                finally:
+                    if got_lock:
+                        model.lock.release()
+            self.recorder.set_state(name, "UNAVAILABLE", "unloaded", models[0].version)
             if name in self._load_order:
                 self._load_order.remove(name)
             if unload_dependents:
-                for step_model in {s.model_name for s in model.steps}:
+                for step_model in {s.model_name for m in models for s in m.steps}:
                     self.unload(step_model, unload_dependents=True)
 
     def close(self) -> None:
@@ -175,37 +189,40 @@ class MockTriton:
             deactivate(self)
 
     def is_model_ready(self, name: str, version: Union[str, int] = "") -> bool:
-        """As ``pb_utils.is_model_ready``/the KServe ready endpoint."""
-        model = self._models.get(name)
-        if model is None or not model.ready:
-            return False
-        return str(version) in ("", "-1", model.version)
+        """As ``pb_utils.is_model_ready``/the KServe ready endpoint: ``version`` "" (or -1)
+        is the highest loaded version, else that version (every version the
+        ``version_policy`` names is served)."""
+        return self.loaded(name, version) is not None
 
     def repository_index(self) -> List[dict]:
         """Like Triton's repository index: every model directory with its state.
 
-        Items: ``{"name", "version", "state", "reason"}``; ``state`` is ``""`` for
-        models never loaded, else ``READY``/``UNAVAILABLE``/``LOADING``/``UNLOADING``.
+        Items: ``{"name", "version", "state", "reason"}``, one per served version of a
+        READY model (as Triton lists them); ``state`` is ``""`` for models never loaded,
+        else ``READY``/``UNAVAILABLE``/``LOADING``/``UNLOADING``.
         """
         names = sorted(p.name for p in self.model_repository.iterdir() if p.is_dir())
         out = []
         for name in names:
-            state, reason, version = self._states.get(name, ("", "", ""))
-            out.append({"name": name, "version": version, "state": state, "reason": reason})
+            state, reason, version = self.recorder.state(name)
+            served = sorted(self._models.get(name, {}), key=int) if state == "READY" else [version]
+            for each in served:
+                out.append({"name": name, "version": each, "state": state, "reason": reason})
         return out
 
     def model_config(self, name: str) -> dict:
         """The configuration dict handed to the loaded model (``json.loads(args["model_config"])``).
         Raises KeyError when it is not loaded."""
-        model = self._models.get(name)
+        model = self.loaded(name)
         if model is None:
             raise KeyError(f"model '{name}' is not loaded")
         return json.loads(model.config_json)
 
-    def instance(self, name: str) -> Any:
-        """The ``TritonPythonModel`` object of a loaded Python model (for white-box tests).
-        Raises KeyError when it is not loaded."""
-        model = self._models.get(name)
+    def instance(self, name: str, version: Union[int, str] = -1) -> Any:
+        """The ``TritonPythonModel`` object of a loaded Python model, its highest version
+        unless ``version`` is given (for white-box tests). Raises KeyError when it is not
+        loaded."""
+        model = self.loaded(name, version)
         if model is None or model.instance is None:
             raise KeyError(f"Python model '{name}' is not loaded")
         return model.instance
@@ -214,11 +231,11 @@ class MockTriton:
 
     def calls_to(self, model: str) -> List[tuple]:
         """Batch sizes of each ``execute()`` of ``model``, e.g. ``[(2,), (1, 1)]``."""
-        with self._record_lock:
+        with self.recorder.lock:
             return [c.batch_sizes for c in self.calls if c.model == model]
 
     def reset_calls(self) -> None:
-        with self._record_lock:
+        with self.recorder.lock:
             self.calls.clear()
 
     def fail_next(self, model: str, message: str = "injected failure", count: int = 1,
@@ -230,7 +247,7 @@ class MockTriton:
         ``message`` (BLS callers see it as ``response.error().message()``); ``code`` a
         Triton error code name (KeyError for an unknown one).
         """
-        self._faults.fail_next(model, message, count, code)
+        self.faults.fail_next(model, message, count, code)
 
     def set_failure(self, model: str, failure: Union[None, str, Callable[..., Any]],
                     code: str = "INTERNAL") -> None:
@@ -240,15 +257,15 @@ class MockTriton:
         ``f(inputs: dict[str, np.ndarray], parameters: dict) -> str | bool | None``: a
         string is the error message, ``True`` a default message, falsy lets it through.
         """
-        self._faults.set_failure(model, failure, code)
+        self.faults.set_failure(model, failure, code)
 
     def set_delay(self, model: str, seconds: Optional[float]) -> None:
         """Sleep ``seconds`` in each ``execute()`` of ``model`` (holding its instance)."""
-        self._faults.set_delay(model, seconds)
+        self.faults.set_delay(model, seconds)
 
     def clear_faults(self, model: Optional[str] = None) -> None:
         """Remove the faults of ``model`` (of every model when None)."""
-        self._faults.clear(model)
+        self.faults.clear(model)
 
     def metrics(self) -> Dict[str, Dict[frozenset, Any]]:
         """Custom metric values: ``{family: {frozenset(labels.items()): value}}``.
@@ -257,7 +274,7 @@ class MockTriton:
         ``{"count": int, "sum": float, "buckets": {upper_bound: cumulative_count, ...,
         inf: count}}``. A series exists while a ``Metric`` object for it is alive.
         """
-        return snapshot(self._metrics)
+        return snapshot(self.metric_registry)
 
     def metric(self, family: str, labels: Optional[dict] = None) -> Any:
         """One value of :meth:`metrics` (``None`` if absent)."""
@@ -265,12 +282,17 @@ class MockTriton:
 
     # -- inference --------------------------------------------------------------------
 
-    def _client_model(self, name: str) -> Union[LoadedModel, Err]:
+    def _client_model(self, name: str, version: str = "") -> Union[LoadedModel, Err]:
         self._check_open()
-        model = self._models.get(name)
-        if model is not None and model.ready:
+        model = self.loaded(name, version)
+        if model is not None:
             return model
-        if name in self._states and self._states[name][0] != "":
+        if version not in ("", "-1") and self.loaded(name) is not None:
+            return Err(
+                f"Request for unknown model: '{name}' version {version} is not found",
+                ErrorCode.NOT_FOUND, "notready",
+            )
+        if self.recorder.state(name)[0] != "":
             return Err(
                 f"Request for unknown model: '{name}' has no available versions",
                 ErrorCode.NOT_FOUND, "notready",
@@ -287,17 +309,19 @@ class MockTriton:
         request_id: str = "",
         *,
         outputs: Optional[Sequence[str]] = None,
+        model_version: str = "",
     ) -> Dict[str, np.ndarray]:
         """One inference request, as a client would send it. Raises :class:`InferError`.
 
         ``inputs``: name -> numpy array (full shape, batch dimension first for batching
         models). ``parameters``: KServe request parameters (str -> bool/int/float/str).
-        ``outputs``: output names to request (default: all). Returns name -> numpy array
+        ``outputs``: output names to request (default: all). ``model_version``: the
+        version to run ("": the highest served). Returns name -> numpy array
         (BYTES as object arrays of ``bytes``). Raises TypeError/ValueError for what
         tritonclient would refuse to send, RuntimeError once closed.
         """
         request = client_request(model, inputs, parameters, request_id, outputs)
-        target = self._client_model(model)
+        target = self._client_model(model, str(model_version))
         if isinstance(target, Err):
             raise InferError(target.message, target.code.name)
         result = to_client(self._executor.run(target, [request])[0])
@@ -328,16 +352,12 @@ class MockTriton:
             return [InferError(target.message, target.code.name) for _ in prepared]
         return [to_client(r) for r in self._executor.run(target, prepared)]
 
-    def _bls_exec(self, request: InferenceRequest) -> InferenceResponse:
+    def bls_exec(self, request: InferenceRequest) -> InferenceResponse:
         """``request.exec()`` from a model (or a test): the response, errors included."""
         name = request._model_name
         prefix = f"Model {name} - Error when running inference: "
-        model = self._models.get(name)
-        version = request._model_version
-        if (
-            self._closed or model is None or not model.ready
-            or (version != -1 and str(version) != model.version)
-        ):
+        model = None if self._closed else self.loaded(name, request._model_version)
+        if model is None:
             message = f"Failed for execute the inference request. Model '{name}' is not ready."
             return InferenceResponse(error=TritonError(prefix + message))
         req = Req(

@@ -7,7 +7,7 @@ from typing import Any, List
 
 import numpy as np
 
-from orchestrator.testing.mock.errors import TritonModelException
+from orchestrator.testing.mock.errors import TritonModelException, as_str, incompatible
 from orchestrator.testing.mock.wire import (
     PROTOCOL_TO_TRITON_INT,
     deserialize,
@@ -16,6 +16,42 @@ from orchestrator.testing.mock.wire import (
 )
 
 _KDLCPU = (1, 0)  # DLPack (device type kDLCPU, device 0)
+_SIGNATURE = "c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
+_NOT_SUPPORTED = (  # the stub's text, with the spaces its C++ line continuation leaves
+    "Provided tensor is not supported. Tensor must be a DLPack capsule         or have "
+    "`__dlpack__` and `__dlpack_device__` attributes"
+)
+_NOT_CONTIGUOUS = (
+    "DLPack tensor is not contiguous. Only contiguous DLPack tensors that are stored in "
+    "C-Order are supported."
+)
+
+
+class _Writable:
+    """Exposes ``array``'s memory as writable (the stub's ``from_dlpack`` tensors wrap the
+    producer's memory in a writable numpy array; numpy 1.x's ``from_dlpack`` is
+    read-only) and keeps ``array`` alive as the base of the new view."""
+
+    def __init__(self, array: np.ndarray):
+        self._array = array
+        interface = dict(array.__array_interface__)
+        interface["data"] = (interface["data"][0], False)
+        self.__array_interface__ = interface
+
+
+def _is_c_order(array: np.ndarray) -> bool:
+    """The stub's check of a DLPack tensor's strides (``FromDLPackCapsule``): every
+    dimension but the first must be laid out in C order (dimensions of size 1 skipped)."""
+    if array.itemsize == 0 or array.ndim < 2:
+        return True
+    expected = 1
+    for i in range(1, array.ndim):
+        dim = array.shape[array.ndim - i]
+        if dim != 1:
+            if array.strides[array.ndim - i] != expected * array.itemsize:
+                return False
+            expected *= dim
+    return True
 
 
 class _DLPackCapsule:
@@ -32,7 +68,9 @@ class _DLPackCapsule:
 class Tensor:
     """Mirror of ``pb_utils.Tensor(name, numpy_array)`` (CPU only).
 
-    As in the stub: the name must be non-empty; the dtype must be one Triton supports
+    As in the stub: ``numpy_array`` must be a ``numpy.ndarray`` and the name a ``str``
+    (or UTF-8 ``bytes``), else ``TypeError`` (pybind's "incompatible constructor
+    arguments"); the name must be non-empty; the dtype must be one Triton supports
     (numpy unicode ``<U`` arrays raise ``TritonModelException("NumPy dtype is not
     supported.")`` -- use ``dtype=object``); non-contiguous arrays are made contiguous;
     ``as_numpy()`` returns the array given; a BYTES tensor is serialized when created,
@@ -42,13 +80,12 @@ class Tensor:
     __slots__ = ("_name", "_dtype", "_array", "_serialized")
 
     def __init__(self, name: str, numpy_array: Any):
-        if not isinstance(name, str):
-            raise TypeError(
-                f"Tensor(): incompatible constructor arguments: name must be str, got {type(name)}"
-            )
+        name = as_str(name)
+        if not isinstance(name, str) or not isinstance(numpy_array, np.ndarray):
+            raise incompatible("__init__", _SIGNATURE, f"{name!r}, {numpy_array!r}", constructor=True)
         if name == "":
             raise TritonModelException("Tensor name cannot be an empty string.")
-        array = np.asarray(numpy_array)
+        array = numpy_array
         dtype = numpy_to_protocol(array.dtype)
         if dtype is None:
             raise TritonModelException("NumPy dtype is not supported.")
@@ -103,8 +140,25 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name: str, tensor: Any) -> "Tensor":
-        source = tensor if hasattr(tensor, "__dlpack__") else _DLPackCapsule(tensor)
-        return Tensor(name, np.from_dlpack(source))
+        """A tensor sharing the memory of ``tensor`` (a DLPack capsule or an object with
+        ``__dlpack__``/``__dlpack_device__``, CPU only), as the stub's ``from_dlpack``:
+        its ``as_numpy()`` is a writable view of that memory. Raises
+        ``TritonModelException`` for an empty name, an unsupported object, or strides the
+        stub refuses (not C order beyond the first dimension)."""
+        if name == "":
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        if type(tensor).__name__ == "PyCapsule":
+            source: Any = _DLPackCapsule(tensor)
+        elif hasattr(tensor, "__dlpack__") and hasattr(tensor, "__dlpack_device__"):
+            source = tensor
+        else:
+            raise TritonModelException(_NOT_SUPPORTED)
+        array = np.from_dlpack(source)
+        if not _is_c_order(array):
+            raise TritonModelException(_NOT_CONTIGUOUS)
+        if not array.flags.writeable:
+            array = np.asarray(_Writable(array))
+        return Tensor(name, array)
 
     def __repr__(self) -> str:
         return f"Tensor({self._name!r}, {self._dtype}, shape={self.shape()})"

@@ -3,7 +3,7 @@
 ``make bench`` or ``python -m orchestrator.tooling.bench [--quick] [--out docs]``:
 
 1. copies ``model_repository/`` to a temporary directory and adds the benchmark-only
-   variants of :data:`VARIANTS` (``tokenizer_pad512`` + ``ensemble_pad512``: the seeds'
+   variants of :data:`.plan.VARIANTS` (``tokenizer_pad512`` + ``ensemble_pad512``: the seeds'
    ensemble, padding every text to 512 tokens; ``router_single``: the router sending every
    text to ``classifier``, i.e. the routing overhead alone);
 2. starts one embedded Triton 2.51 server (:class:`orchestrator.tooling.server.TritonServer`) on it;
@@ -11,9 +11,9 @@
    ``ensemble``, ``router`` and ``router_single`` with tritonclient and scores their verdicts
    against the human labels (accuracy);
 4. runs Triton's load generator ``perf_analyzer`` (2.41.0, from the ``tritonclient==2.41.0``
-   wheel, installed by :func:`install_perf_analyzer` into ``.cache/tools/perf_analyzer/``)
+   wheel, installed by :func:`.perf_analyzer.install_perf_analyzer` into ``.cache/tools/perf_analyzer/``)
    against each model: gRPC, one text per request, ``--input-data`` JSON made of real
-   held-out texts (THRESHOLD 0.5), concurrency 1, 4 and 16 (:func:`bench_plan`), plus a
+   held-out texts (THRESHOLD 0.5), concurrency 1, 4 and 16 (:func:`.plan.bench_plan`), plus a
    length sweep (short, medium, over 128 tokens) and a client batch sweep (1, 4, 16);
 5. times the raw ONNX classifiers in this process through onnxruntime on the same token
    batches (the compute floor);
@@ -28,7 +28,7 @@ tritonclient for accuracy and routes, ``time.perf_counter`` around
 ``onnxruntime.InferenceSession.run`` for the raw floor, ``/proc`` and the server's metadata
 for the machine description.
 
-Errors: :class:`BenchError` (perf_analyzer cannot be installed or run, a variant cannot be
+Errors: :class:`.plan.BenchError` (perf_analyzer cannot be installed or run, a variant cannot be
 built, the data cannot be read); :class:`orchestrator.tooling.server.ServerError` from the server.
 A single perf_analyzer measurement that fails is recorded with its error and the run goes
 on; the report shows it as failed.
@@ -37,139 +37,7 @@ Modules: :mod:`.plan` (variants, levels, window settings, :class:`BenchError`),
 :mod:`.perf_analyzer` (install, run, parse), :mod:`.variants` (the benchmark repository),
 :mod:`.measurement` (input data, rounds, accuracy, the raw floor), :mod:`.goals` (ratios
 and goals), :mod:`.machine`, :mod:`.report` and :mod:`.plots` (``benchmarks.md`` and the
-PNGs), :mod:`.run` (one run), :mod:`.cli` (the command line; ``__main__``).
+PNGs), :mod:`.run` (one run), :mod:`.cli` (the command line; ``__main__``),
+:mod:`.features` (``make bench-features``: warmup, response cache and shadow cost).
+This package re-exports nothing: import from the module that defines a name.
 """
-
-from __future__ import annotations
-
-from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command, main
-from orchestrator.tooling.bench.goals import (
-    GOALS,
-    compute_ratios,
-    evaluate_goals,
-    paired_median,
-    paired_ratios,
-    ratio,
-)
-from orchestrator.tooling.bench.machine import cpu_model, machine_info
-from orchestrator.tooling.bench.measurement import (
-    RAW_SIZES,
-    RAW_SIZES_QUICK,
-    accuracy_summary,
-    classify_all,
-    combine_raw_rounds,
-    combine_rounds,
-    expected_latency_ms,
-    input_data_json,
-    latency_summary,
-    length_sets,
-    raw_floor_batches,
-    raw_floor_round,
-    time_raw_model,
-    token_batches,
-    write_input_data,
-)
-from orchestrator.tooling.bench.perf_analyzer import (
-    install_perf_analyzer,
-    measure,
-    parse_perf_csv,
-    perf_analyzer_command,
-    perf_analyzer_env,
-    perf_analyzer_version,
-    window_stats,
-)
-from orchestrator.tooling.bench.plan import (
-    BATCH_MODELS,
-    BATCH_SIZES,
-    CONCURRENCIES,
-    DEFAULT_TOOL_DIR,
-    FULL_SETTINGS,
-    GRID_MODELS,
-    GRID_ROUNDS,
-    LENGTH_BOUNDS,
-    LENGTH_MODELS,
-    MAX_SEQUENCE_LENGTH,
-    NO_INLINE,
-    QUICK_SETTINGS,
-    REPO,
-    ROOT,
-    SINGLE_CLASSIFIER_ROOT,
-    SWEEP_CONCURRENCY,
-    THRESHOLD,
-    VARIANTS,
-    BenchError,
-    PASettings,
-    Spec,
-    bench_plan,
-)
-from orchestrator.tooling.bench.plots import write_plots
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
-from orchestrator.tooling.bench.run import run_benchmark, write_outputs
-from orchestrator.tooling.bench.variants import make_bench_repository
-
-__all__ = [
-    "BATCH_MODELS",
-    "BATCH_SIZES",
-    "CONCURRENCIES",
-    "DEFAULT_TOOL_DIR",
-    "FULL_SETTINGS",
-    "GRID_MODELS",
-    "GRID_ROUNDS",
-    "LENGTH_BOUNDS",
-    "LENGTH_MODELS",
-    "MAX_SEQUENCE_LENGTH",
-    "NO_INLINE",
-    "QUICK_SETTINGS",
-    "REPO",
-    "ROOT",
-    "SINGLE_CLASSIFIER_ROOT",
-    "SWEEP_CONCURRENCY",
-    "THRESHOLD",
-    "VARIANTS",
-    "BenchError",
-    "PASettings",
-    "Spec",
-    "bench_plan",
-    "install_perf_analyzer",
-    "measure",
-    "parse_perf_csv",
-    "perf_analyzer_command",
-    "perf_analyzer_env",
-    "perf_analyzer_version",
-    "window_stats",
-    "make_bench_repository",
-    "RAW_SIZES",
-    "RAW_SIZES_QUICK",
-    "accuracy_summary",
-    "classify_all",
-    "combine_raw_rounds",
-    "combine_rounds",
-    "expected_latency_ms",
-    "input_data_json",
-    "latency_summary",
-    "length_sets",
-    "raw_floor_batches",
-    "raw_floor_round",
-    "time_raw_model",
-    "token_batches",
-    "write_input_data",
-    "GOALS",
-    "compute_ratios",
-    "evaluate_goals",
-    "paired_median",
-    "paired_ratios",
-    "ratio",
-    "cpu_model",
-    "machine_info",
-    "WHAT_WE_TRIED_END",
-    "FEATURES_START",
-    "FEATURES_END",
-    "WHAT_WE_TRIED_START",
-    "render_report",
-    "write_plots",
-    "run_benchmark",
-    "write_outputs",
-    "add_bench_arguments",
-    "bench_command",
-    "main",
-]

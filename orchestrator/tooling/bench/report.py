@@ -13,7 +13,7 @@ from orchestrator.tooling.bench.plan import CONCURRENCIES, GRID_MODELS, LENGTH_M
 
 WHAT_WE_TRIED_START = "<!-- what-we-tried:start (kept across runs: edit freely) -->"
 WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
-# The section `make bench-features` writes (orchestrator.tooling.bench_features), kept across runs.
+# The section `make bench-features` writes (orchestrator.tooling.bench.features), kept across runs.
 FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
 FEATURES_END = "<!-- bench-features:end -->"
 WHAT_WE_TRIED_PLACEHOLDER = """\

@@ -1,7 +1,7 @@
 """Benchmarks of the model-configuration features (issue 13): warmup, the response cache and
 the cost of a shadow node, each side by side in one run of one embedded server.
 
-``make bench-features`` or ``python -m orchestrator.tooling.bench_features [--quick] [--out docs]``:
+``make bench-features`` or ``python -m orchestrator.tooling.bench.features [--quick] [--out docs]``:
 
 1. copies ``model_repository/`` to a temporary directory and adds benchmark-only copies
    (:func:`make_features_repository`): ``<m>_warm`` and ``<m>_cold`` of the tokenizer,
@@ -54,13 +54,15 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import numpy as np
 import yaml
 
-from orchestrator.tooling.bench import FEATURES_END, FEATURES_START, BenchError, machine_info
+from orchestrator.tooling.bench.machine import machine_info
+from orchestrator.tooling.bench.plan import BenchError
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import read_config, write_config
 
 REPO = PROJECT_ROOT / "model_repository"
 WARM_MODELS = ("tokenizer", "classifier_fast", "postprocess", "router")
-COMMAND = "make bench-features  (python -m orchestrator.tooling.bench_features --out docs)"
+COMMAND = "make bench-features  (python -m orchestrator.tooling.bench.features --out docs)"
 REPEAT_SHARE = 0.3
 CACHE_CONCURRENCY = (1, 4)
 #: router copy -> the shadow example's ``sample`` (0: the same tree, never mirroring)
@@ -89,7 +91,7 @@ def _rewrite_configs(model_dir: Path, change: Callable, note: str) -> None:
     for cfg in [model_dir / "config.pbtxt", *sorted((model_dir / "configs").glob("*.pbtxt"))]:
         config = read_config(cfg)
         change(config)
-        write_config(cfg, config, header=[f"Benchmark copy (orchestrator.tooling.bench_features): {note}"])
+        write_config(cfg, config, header=[f"Benchmark copy (orchestrator.tooling.bench.features): {note}"])
 
 
 def _policy(model_dir: Path, document: Mapping) -> None:
@@ -443,7 +445,7 @@ def run(out: Path, quick: bool = False) -> dict:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench_features", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.features", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
     parser.add_argument("--quick", action="store_true", help="one warmup round and shorter workloads (a smoke run)")
     args = parser.parse_args(argv)

@@ -18,6 +18,14 @@ from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.stubs import StubWatch
 
+#: The longest extra wait before repairing a model that was repaired less than
+#: ``repair_interval_s`` ago (seconds): with a reload of 2.5-4 s here, at most one reload
+#: every 7 s or so for a stub that keeps dying.
+MAX_REPEAT_DELAY_S = 4.0
+#: Seconds after a repair ended in which a "stub not healthy" report is taken for one about
+#: the old instance (python_backend's 1 s health timeout, plus a margin).
+STALE_S = 1.5
+
 
 class ModelManager:
     """Loads ``on_demand`` models on first use, unloads them after their idle timeout, and
@@ -211,18 +219,29 @@ class ModelManager:
         stub: retried after ``retry_s`` (1), 2, 4 ... s, at most ``repair_interval_s``). The first
         attempt starts ``delay_s`` after the call, so the answers of the ``execute`` that
         found the stub dead (from a fallback) leave first; a model repaired less than
-        ``repair_interval_s`` ago waits twice as long each time (a stub that keeps dying
-        is not reloaded in a tight loop). Loads are sent only under explicit model
+        ``repair_interval_s`` ago waits twice as long each time, up to
+        :data:`MAX_REPEAT_DELAY_S` (a stub that keeps dying is not reloaded in a tight loop,
+        and one killed now and then still heals within seconds). Loads are sent only under explicit model
         control, for a model found in the server's repositories (a load that must fail can
         abort Triton 2.51, see :class:`ServerOptions`), and one repair per model at a time.
 
+        A failure reported less than :data:`STALE_S` after a repair of the model ended, while
+        the new stubs run, is not repaired again: a call waiting python_backend's 1 s health
+        timeout began before the new instance took over (the next failure, if real, starts
+        a repair).
+
         Returns:
-            True when a repair was started (False: one is under way, or none is possible).
+            True when a repair is under way (started now or before); False when none is
+            possible or the failure is stale.
         """
         now = time.monotonic()
         with self.guard:
-            if not self.control or model in self.loading:
+            if model in self.loading:
+                return self.control
+            if not self.control:
                 return False
+            if now - self.repaired.get(model, float("-inf")) < STALE_S and self.stubs.live(model):
+                return False  # stale: the new stubs run (a dead newest stub is not in live())
             missing = self.server.missing(model)
             if missing:
                 self.logger.log_warn(f"router: not reloading '{model}': {missing}")
@@ -232,7 +251,7 @@ class ModelManager:
             self.streak[model] = streak
             event = self.loading[model] = threading.Event()
         seen = self.stubs.ticks()  # a stub started after this replaced the dead one
-        delay = min(self.repair_interval_s, delay_s * 2 ** streak)
+        delay = min(self.repair_interval_s, MAX_REPEAT_DELAY_S, delay_s * 2 ** streak)
         self.logger.log_warn(
             f"router: the stub process of '{model}' is not healthy; repairing the model in {delay:.2f} s "
             f"(repository API over {self.control_api.via})"

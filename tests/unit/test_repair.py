@@ -156,7 +156,8 @@ def test_a_reload_that_starts_no_new_stub_is_a_counted_failure_and_is_retried(pr
     assert wait_for(lambda: len(metrics.outcomes()) >= 2)
     assert set(metrics.outcomes()) == {"failure"} and repaired == []
     assert any("no new stub process of 'classifier_fast' is up and ready" in line for line in log.lines)
-    assert m.repair("classifier_fast") is False  # one repair at a time: the retries are under way
+    assert m.repair("classifier_fast") is True  # under way: the retries go on, no second repair starts
+    assert sum(t.name == "orchestrator-repair" for t in threading.enumerate()) == 1
     control.behaviour = "new"  # the next try works
     assert wait_for(lambda: repaired == ["classifier_fast"])
     assert metrics.outcomes()[-1] == "success" and metrics.outcomes().count("success") == 1
@@ -268,3 +269,50 @@ def test_the_lock_is_held_by_one_holder_and_freed_on_release():
     a.release()
     assert b.acquire()
     b.release()
+
+
+def test_a_late_failure_from_the_old_instance_right_after_a_repair_is_not_repaired_again(proc):
+    """A call that waited python_backend's 1 s timeout on the old instance reports after the
+    repair ended: the new stub runs, so no second reload; a dead newest stub is repaired."""
+    control = Control(proc, "new")
+    m, repaired, metrics, _ = manager(proc, control)
+    kill(proc, 1001)
+    m.repair("classifier_fast", delay_s=0.0)
+    assert wait_for(lambda: repaired == ["classifier_fast"])
+    assert m.repair("classifier_fast") is False  # stale: stub 1003 runs
+    kill(proc, 1003)
+    assert m.repair("classifier_fast", delay_s=0.0) is True  # the new stub itself died
+    assert wait_for(lambda: len(repaired) == 2)
+    assert control.calls == ["classifier_fast"] * 2
+
+
+def test_the_breaker_holds_the_circuit_open_while_the_repair_runs():
+    from orchestrator.runtime.health import HALF_OPEN, OPEN, REPAIRING_OPEN_S, BreakerSettings, CircuitBreaker
+
+    class Clock:
+        t = 0.0
+
+        def __call__(self):
+            return self.t
+
+    clock, under_way = Clock(), {"m": True}
+    breaker = CircuitBreaker(BreakerSettings(open_s=5.0), on_unhealthy=lambda m: under_way[m], clock=clock)
+    breaker.on_failure("m", "Stub process 'm_0_0' is not healthy.")
+    clock.t = 6.0  # past open_s: without a repair this would probe
+    assert breaker.state("m") == OPEN
+    with pytest.raises(Exception, match="circuit open"):
+        breaker.before_call("m")
+    breaker.half_open("m")  # the repair ended
+    assert breaker.state("m") == HALF_OPEN
+    breaker.on_success("m")
+    under_way["m"] = False  # no repair possible (e.g. --model-control-mode=none): the usual cool-down
+    breaker.on_failure("m", "Stub process 'm_0_0' is not healthy.")
+    clock.t += 5.0
+    assert breaker.state("m") == HALF_OPEN
+    under_way["m"] = True
+    breaker.before_call("m")  # the probe
+    breaker.on_failure("m", "Stub process 'm_0_0' is not healthy.")  # it failed: a repair starts
+    clock.t += 6.0
+    assert breaker.state("m") == OPEN
+    clock.t += REPAIRING_OPEN_S  # a repair that never ends does not hold the circuit for ever
+    assert breaker.state("m") == HALF_OPEN

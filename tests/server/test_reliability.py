@@ -232,6 +232,32 @@ def test_a_killed_stub_is_seen_and_isolated(server, texts, healthy):
     assert find_stub(server.pid, FAST) is not None
 
 
+@pytest.mark.parametrize("via", ["grpc", "http"])
+def test_on_this_copy_a_plain_load_starts_nothing_and_the_forced_reload_a_new_stub(server, via, monkeypatch):
+    """Why the repair forces its reload: on a compiled, unchanged repository Triton 2.51
+    answers a plain load of a loaded model at once and keeps the old stub; the router's
+    reload (its loaded config with one parameter changed) starts a new one, over gRPC and
+    over HTTP, with the key the server's command line names."""
+    from pathlib import Path
+
+    from orchestrator.runtime import control as control_module
+    from orchestrator.runtime.control import RepositoryControl, ServerOptions
+
+    if via == "http":
+        monkeypatch.setattr(control_module, "_grpc_client", lambda: None)
+    control = RepositoryControl(None, ServerOptions.parse(server.command, Path.cwd()))
+    assert control.via == via
+    old = stub_pid(server, FAST)
+    start = time.monotonic()
+    control.load("classifier_fast")
+    assert time.monotonic() - start < 1.0 and stub_pid(server, FAST) == old
+    assert control.reload("classifier_fast", str(time.time_ns())) == "config"
+    new = stub_pid(server, FAST)
+    assert new != old
+    config = control.config("classifier_fast")
+    assert config["name"] == "classifier_fast" and "orchestrator_repair" in config["parameters"]
+
+
 def _text_input(arr):
     inp = httpclient.InferInput("TEXT", list(arr.shape), "BYTES")
     inp.set_data_from_numpy(arr)

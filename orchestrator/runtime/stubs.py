@@ -14,9 +14,9 @@ A stub's command line (python_backend ``StubLauncher::Launch``, the same argumen
     triton_python_backend_stub <repo>/<model>/<version>/model.py <shm region> <shm size>
         <shm growth> <server pid> <backend dir> <ipc handle> <instance name> <runtime dir>
 
-names its model (the directory above the version) and instance (``<model>_<group>_<index>``;
-the stub that auto-completes a configuration is named after the model alone and is not an
-instance). r24.10 starts it through ``bash -c "exec ..."`` (with an execution environment,
+names its model (the directory above the version) and instance (``<model>_<group>_<index>``,
+or ``<group name>_<index>`` when the ``instance_group`` has a name; the stub that
+auto-completes a configuration is named after the model alone and is not an instance). r24.10 starts it through ``bash -c "exec ..."`` (with an execution environment,
 ``source <env>/bin/activate && exec env LD_LIBRARY_PATH=... <stub> ...``), so for a moment
 the child is ``bash`` or ``env``; from r25.08 it is ``execv``'d directly. Either way, only a
 process whose ``argv[0]`` is the stub binary counts (:func:`parse_stub_argv`).
@@ -64,6 +64,8 @@ def parse_stub_argv(argv) -> Optional[Tuple[str, str]]:
     if len(argv) < 3 or Path(argv[0]).name != STUB_BINARY or len(Path(argv[1]).parts) < 3:
         return None
     model = Path(argv[1]).parts[-3]
+    if len(argv) >= 10:  # the instance name's place in both releases (an instance_group may name it)
+        return None if argv[8] == model else (model, argv[8])
     instance = next((a for a in argv[2:] if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", a)), None)
     return None if instance is None else (model, instance)
 

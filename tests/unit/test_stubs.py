@@ -176,6 +176,8 @@ def test_stub_command_lines_of_both_releases_name_model_and_instance():
     # the stub that auto-completes a config is named after the model, not an instance
     assert parse_stub_argv(R2410[:8] + ["classifier_fast", "DEFAULT"]) is None
     assert parse_stub_argv(R2410[:2]) is None and parse_stub_argv([]) is None
+    named = R2508[:8] + ["fast_group_0", R2508[9]]  # instance_group { name: "fast_group" }
+    assert parse_stub_argv(named) == ("classifier_fast", "fast_group_0")
 
 
 def test_a_stub_reaped_by_a_readiness_check_is_not_reported_but_a_repair_still_sees_its_replacement(proc):

@@ -43,7 +43,8 @@ def restricted_args(key: str, groups: Sequence[str] = RESTRICTED_GROUPS, header:
 
 def freeze(repository: Path) -> Path:
     """Compile every ``.py`` under ``repository`` to bytecode (``__pycache__``, as an image
-    build does) and make the tree read-only; returns ``repository``. :func:`thaw` undoes
+    build does) and make the tree read-only; returns ``repository``. (Root ignores the
+    modes, but with valid bytecode in place a stub has nothing to write anyway.) :func:`thaw` undoes
     the read-only part (to delete the copy). Raises OSError."""
     repository = Path(repository)
     if not compileall.compile_dir(str(repository), quiet=1, workers=1):

@@ -214,16 +214,17 @@ class ModelManager:
            started after the reload was sent and the server reports the model ready.
 
         Outcomes, counted in ``orchestrator_model_reloads_total{model,outcome}``:
-        ``success``, ``already_repaired`` (step 2), ``unverified`` (the load succeeded
-        but ``/proc`` cannot show stubs: no retry), ``failure`` (refused, failed, or no new
-        stub: retried after ``retry_s`` (1), 2, 4 ... s, at most ``repair_interval_s``). The first
-        attempt starts ``delay_s`` after the call, so the answers of the ``execute`` that
-        found the stub dead (from a fallback) leave first; a model repaired less than
-        ``repair_interval_s`` ago waits twice as long each time, up to
-        :data:`MAX_REPEAT_DELAY_S` (a stub that keeps dying is not reloaded in a tight loop,
-        and one killed now and then still heals within seconds). Loads are sent only under explicit model
-        control, for a model found in the server's repositories (a load that must fail can
-        abort Triton 2.51, see :class:`ServerOptions`), and one repair per model at a time.
+        ``success``, ``already_repaired`` (step 2), ``unverified`` (the load succeeded but
+        ``/proc`` cannot show stubs: no retry), ``failure`` (refused, failed, or no new
+        stub: retried after ``retry_s``, then twice as long each time, at most
+        ``repair_interval_s`` seconds). The first attempt starts ``delay_s`` seconds after
+        the call, so the answers of the ``execute`` that found the stub dead (from a
+        fallback) leave first; a model repaired less than ``repair_interval_s`` ago waits
+        twice as long each time, up to :data:`MAX_REPEAT_DELAY_S` (a stub that keeps dying
+        is not reloaded in a tight loop, one killed now and then still heals within
+        seconds). Loads are sent only under explicit model control, for a model found in
+        the server's repositories (a load that must fail can abort Triton 2.51, see
+        :class:`ServerOptions`), and one repair per model at a time.
 
         A failure reported less than :data:`STALE_S` after a repair of the model ended, while
         the new stubs run, is not repaired again: a call waiting python_backend's 1 s health

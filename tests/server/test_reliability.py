@@ -31,7 +31,7 @@ from orchestrator.tooling.modeling import data
 from orchestrator.tooling.soak.procs import find_stub, read_proc
 from tests.helpers import call, make_test_repository, routes, rss_bytes, stub_pid
 
-MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_strict", "router_ondemand"]
+MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_strict", "router_ondemand", "router_pair"]
 FAST = "classifier_fast_0_0"
 HEAL_S = 10.0  # issue 18: a killed stub heals within 10 s
 
@@ -41,12 +41,26 @@ def server(tmp_path_factory):
     from orchestrator.tooling.server import TritonServer
 
     repo = make_test_repository(tmp_path_factory.mktemp("reliability") / "model_repository")
+    _add_router_pair(repo)
     production.freeze(repo)
     try:
         with TritonServer(repo, models=MODELS, control_key=production.new_key()) as srv:
             yield srv
     finally:
         production.thaw(repo)
+
+
+def _add_router_pair(repo):
+    """``router_pair``: the shipped router with two instances (two repairers in one server)."""
+    import yaml
+
+    from orchestrator.tooling import repository
+    from tests.helpers import REPO, add_router_variant
+
+    dest = add_router_variant(repo, "router_pair", yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    config = repository.read_config(dest / "config.pbtxt")
+    config.instance_group[0].count = 2
+    repository.write_config(dest / "config.pbtxt", config, ["Test-only: the shipped router with two instances."])
 
 
 @pytest.fixture(scope="module")
@@ -207,6 +221,46 @@ def test_a_stub_killed_while_an_execute_waits_on_it(server, texts, healthy):
     new_log = server.log_path.read_bytes()[offset:].decode("utf-8", "replace")
     assert "Stub process 'classifier_fast_0_0' is not healthy." in new_log  # python_backend's own error, not the watch's
     _wait_healed(server, texts, healthy_fast, pid, killed)
+
+
+def test_two_router_instances_repair_a_dead_stub_once(server, texts, healthy):
+    """Both instances of router_pair call classifier_fast; after the kill, one reloads it
+    and the other does not reload it again (it waits for the first's lock, or its report
+    comes after the repair)."""
+    healthy_fast, _ = healthy
+    stop = threading.Event()
+    seen_routes = []
+
+    def traffic():
+        while not stop.is_set():
+            seen_routes.extend(routes(call(server, "router_pair", texts[:6])))
+
+    workers = [threading.Thread(target=traffic) for _ in range(4)]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1.0)  # both instances busy
+        offset = len(server.log_path.read_bytes())
+        old, killed = _kill(server)
+        new = None
+        while time.monotonic() - killed < HEAL_S + 5 and new is None:
+            pid = find_stub(server.pid, FAST)
+            new = pid if pid not in (None, old) else None
+            time.sleep(0.05)
+        time.sleep(3.0)  # both instances past the kill, with traffic
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(60)
+    assert new is not None
+    log = server.log_path.read_bytes()[offset:].decode("utf-8", "replace")
+    assert log.count("loading: classifier_fast") == 1, log[-3000:]  # one reload
+    assert log.count("router 'router_pair': circuit of 'classifier_fast' closed -> open") >= 1
+    success = _metric(server, "orchestrator_model_reloads_total", router="router_pair", model="classifier_fast", outcome="success")
+    assert success == 1
+    assert server.metric("orchestrator_model_reloads_total", router="router_pair", model="classifier_fast", outcome="failure") == 0
+    assert "classifier_fast" in seen_routes
+    _wait_healed(server, texts, healthy_fast, old, time.monotonic())
 
 
 def test_on_demand_loads_work_with_the_control_plane_restricted(server, texts):

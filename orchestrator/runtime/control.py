@@ -15,6 +15,16 @@ is done (measured here: 2 and 4 of 4 HTTP client connections waited a 1.6-1.7 s 
 gRPC one did; docs/reliability.md). A load over gRPC keeps clients of both protocols
 answering. It needs ``tritonclient[grpc]`` in the stub's environment; without it the
 router uses HTTP.
+
+A restricted control plane (``--grpc-restricted-protocol`` / ``--http-restricted-api``,
+every flag, each ``<group>[,<group>...]:<key>=<value>``): each request carries the key of
+the group it calls, as ``triton-grpc-protocol-<key>`` over gRPC (Triton's prefix) and as
+``<key>`` over HTTP; a refusal raises :class:`ControlError` with ``refused`` set.
+
+Why :meth:`RepositoryControl.reload` and not a load: Triton (2.51 and through r26.06)
+skips a load of a loaded model whose files did not change, and applies a configuration
+that differs only in its instance groups in place; only a configuration that differs
+elsewhere makes it load new instances (core ``ConfigChangeRequiresReload``).
 """
 
 from __future__ import annotations

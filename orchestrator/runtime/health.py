@@ -68,8 +68,9 @@ class BreakerSettings:
             (default 5).
         reload_unhealthy: reload a model whose stub is not healthy (needs
             ``--model-control-mode=explicit``; default true).
-        reload_interval_s: at most one such reload per model in this many seconds
-            (default 30).
+        reload_interval_s: seconds (default 30): the longest wait between two attempts of
+            a repair that keeps failing, and how long a repaired model must stay up before
+            its next repair starts without extra delay (``ondemand.ModelManager.repair``).
         watch_stubs: before each call, look in ``/proc`` whether the model's
             Python-backend stub has exited, and fail the call at once if so instead of
             waiting python_backend's 1 s health timeout (``stubs.StubWatch``; default true).

@@ -15,6 +15,16 @@ is done (measured here: 2 and 4 of 4 HTTP client connections waited a 1.6-1.7 s 
 gRPC one did; docs/reliability.md). A load over gRPC keeps clients of both protocols
 answering. It needs ``tritonclient[grpc]`` in the stub's environment; without it the
 router uses HTTP.
+
+A restricted control plane (``--grpc-restricted-protocol`` / ``--http-restricted-api``,
+every flag, each ``<group>[,<group>...]:<key>=<value>``): each request carries the key of
+the group it calls, as ``triton-grpc-protocol-<key>`` over gRPC (Triton's prefix) and as
+``<key>`` over HTTP; a refusal raises :class:`ControlError` with ``refused`` set.
+
+Why :meth:`RepositoryControl.reload` and not a load: Triton (2.51 and through r26.06)
+skips a load of a loaded model whose files did not change, and applies a configuration
+that differs only in its instance groups in place; only a configuration that differs
+elsewhere makes it load new instances (core ``ConfigChangeRequiresReload``).
 """
 
 from __future__ import annotations
@@ -46,13 +56,14 @@ class ServerOptions:
             (``--http-address``, ``--http-port``, default port 8000; a wildcard address
             becomes 127.0.0.1), or None when HTTP is off (``--allow-http=false``) or the
             command line is unknown.
-        http_header: ``(key, value)`` the server requires on model-repository requests
-            (``--http-restricted-api=model-repository:<key>=<value>``), or None.
         grpc: ``(host, port)`` of the server's gRPC endpoint (``--grpc-address``,
             ``--grpc-port``, default port 8001; a wildcard address becomes 127.0.0.1), or
             None when gRPC is off (``--allow-grpc=false``) or the command line is unknown.
-        grpc_header: ``(key, value)`` for ``--grpc-restricted-protocol=model-repository:<key>=<value>``,
-            or None.
+        http_restricted: ``(group, header, value)`` for every API group of every
+            ``--http-restricted-api=<group>[,<group>...]:<key>=<value>`` flag: an HTTP
+            request to that group must carry the header ``<key>: <value>``.
+        grpc_restricted: the same for ``--grpc-restricted-protocol``; the header is the
+            gRPC metadata key ``triton-grpc-protocol-<key>`` (Triton adds the prefix).
 
     Why the router reads them: in Triton 2.51 (python_backend ``ProcessMessage``) a
     ``pb_utils.load_model`` that fails frees the error text in shared memory before the
@@ -66,15 +77,17 @@ class ServerOptions:
     mode: Optional[str] = None
     repositories: Optional[tuple] = None
     http: Optional[Tuple[str, int]] = None
-    http_header: Optional[Tuple[str, str]] = None
     grpc: Optional[Tuple[str, int]] = None
-    grpc_header: Optional[Tuple[str, str]] = None
+    http_restricted: Tuple[Tuple[str, str, str], ...] = ()
+    grpc_restricted: Tuple[Tuple[str, str, str], ...] = ()
 
     @classmethod
     def parse(cls, argv: Sequence[str], cwd: Path) -> "ServerOptions":
         """Options from ``tritonserver`` arguments (``--flag=value`` or ``--flag value``;
-        the last occurrence of a flag wins, as in Triton)."""
+        the last occurrence of a flag wins, as in Triton, except the restriction flags,
+        which all count, as in Triton)."""
         mode, repositories, flags = "none", [], {}
+        restricted: dict = {"--http-restricted-api": [], "--grpc-restricted-protocol": []}
         args = list(argv[1:])
         for i, arg in enumerate(args):
             flag, eq, value = arg.partition("=")
@@ -82,15 +95,26 @@ class ServerOptions:
                 value = args[i + 1] if i + 1 < len(args) else ""
             if flag in ("--model-repository", "--model-store"):
                 repositories.append(value)
+            elif flag in restricted:
+                restricted[flag] += parse_restriction(value)
             elif flag.startswith("--"):
                 flags[flag] = value.strip()
         mode = flags.get("--model-control-mode", mode).lower()
         local = None
         if repositories and not any("://" in r for r in repositories):
             local = tuple((cwd / r).resolve() for r in repositories)
-        return cls(mode, local,
-                   _endpoint(flags, "http", 8000), _restricted_header(flags.get("--http-restricted-api", "")),
-                   _endpoint(flags, "grpc", 8001), _restricted_header(flags.get("--grpc-restricted-protocol", "")))
+        grpc_restricted = tuple((group, GRPC_HEADER_PREFIX + key.lower(), value)
+                                for group, key, value in restricted["--grpc-restricted-protocol"])
+        return cls(mode, local, _endpoint(flags, "http", 8000), _endpoint(flags, "grpc", 8001),
+                   tuple(restricted["--http-restricted-api"]), grpc_restricted)
+
+    def header(self, protocol: str, group: str = "model-repository") -> Optional[Tuple[str, str]]:
+        """``(header, value)`` that a ``protocol`` (``http`` or ``grpc``) request to API
+        ``group`` must carry, or None when the group is not restricted."""
+        for g, key, value in self.http_restricted if protocol == "http" else self.grpc_restricted:
+            if g == group:
+                return key, value
+        return None
 
     @classmethod
     def of_parent(cls) -> "ServerOptions":
@@ -144,23 +168,57 @@ def _grpc_client():
     return module
 
 
-def _restricted_header(value: str) -> Optional[Tuple[str, str]]:
-    """``(key, value)`` from ``<apis>:<key>=<value>`` when the apis include model-repository."""
-    apis, _, header = value.partition(":")
-    key, eq, val = header.partition("=")
-    if eq and "model-repository" in [a.strip() for a in apis.split(",")]:
-        return key.strip(), val.strip()
-    return None
+#: What Triton puts before the key of ``--grpc-restricted-protocol`` (server
+#: ``src/grpc/grpc_server.h``, ``kRestrictedProtocolHeaderTemplate``).
+GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
+
+
+def parse_restriction(spec: str) -> list:
+    """``[(group, key, value), ...]`` from one restriction flag's value
+    ``<group>[,<group>...]:<key>=<value>``, split as Triton splits it (at the first ``:``,
+    then the first ``=``); ``[]`` when malformed (Triton would not start)."""
+    groups, colon, setting = spec.partition(":")
+    key, eq, value = setting.partition("=")
+    if not (colon and eq and groups and key and value):
+        return []
+    return [(group, key, value) for group in groups.split(",") if group]
 
 
 class ControlError(RuntimeError):
-    """A load or unload request failed; the message is the server's."""
+    """A load, unload or config request failed; the message is the server's.
+
+    Attributes:
+        refused: True when the server refused the request for want of the restricted
+            API's key (HTTP 403, gRPC "This protocol is restricted"), not because the
+            model failed.
+    """
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
+
+
+#: The config parameter a repair changes so that Triton reloads the model
+#: (:meth:`RepositoryControl.reload`); its value is the repair's time in ns.
+REPAIR_PARAMETER = "orchestrator_repair"
+
+
+def repair_config(config: dict, stamp: str) -> dict:
+    """``config`` (the model configuration as JSON) with parameter :data:`REPAIR_PARAMETER`
+    set to ``stamp``: different from the loaded configuration outside ``instance_group``
+    and ``version_policy``, so Triton loads new instances instead of skipping the load
+    (core ``ConfigChangeRequiresReload``)."""
+    out = dict(config)
+    out["parameters"] = {**(config.get("parameters") or {}), REPAIR_PARAMETER: {"string_value": stamp}}
+    return out
 
 
 class RepositoryControl:
     """Load and unload models through the server's repository API: over gRPC when the server
     has a gRPC endpoint and the stub's environment has ``tritonclient[grpc]``, else over
     HTTP, else through ``pb_utils`` (see the module docstring for why in this order).
+    Requests to a restricted API group carry the key the server's command line names
+    (:meth:`ServerOptions.header`).
 
     Args:
         pb: ``triton_python_backend_utils`` (the last resort).
@@ -180,67 +238,132 @@ class RepositoryControl:
             return "grpc"
         return "http" if self.server.http else "pb_utils"
 
-    def load(self, model: str) -> None:
-        """Load (or reload, when loaded) ``model``; blocks until done.
+    def load(self, model: str, config: Optional[dict] = None) -> None:
+        """Load (or reload, when loaded) ``model``; blocks until done. ``config``: a model
+        configuration (JSON) that replaces the repository's for this load. Triton 2.51
+        returns at once and changes nothing when ``model`` is loaded, its directory did
+        not change and ``config`` is None or differs only in its instance groups; see
+        :meth:`reload`.
 
         Raises:
             ControlError: the server refused or the load failed.
         """
-        self._send(model, "load")
+        self._send(model, "load", config)
 
     def unload(self, model: str) -> None:
-        """Unload ``model`` (not its dependents).
+        """Unload ``model`` (not its dependents); returns before the model is unloaded.
 
         Raises:
             ControlError: the server refused.
         """
         self._send(model, "unload")
 
-    def _send(self, model: str, action: str) -> None:
+    def config(self, model: str) -> dict:
+        """The loaded configuration of ``model`` as JSON (the ``model-config`` API).
+
+        Raises:
+            ControlError: the server refused or does not know the model, or there is no
+                endpoint to ask (``pb_utils`` has no such call).
+        """
         via = self.via
         if via == "grpc":
-            self._grpc(model, action)
+            return self._grpc(model, "config")
+        if via == "http":
+            return self._http(model, "config")
+        raise ControlError("the server has no HTTP or gRPC endpoint to read a model configuration from")
+
+    def reload(self, model: str, stamp: str) -> str:
+        """Reload ``model`` with new instances (new stub processes), a load Triton cannot
+        skip: over gRPC or HTTP, a load carrying the model's loaded configuration with
+        parameter :data:`REPAIR_PARAMETER` = ``stamp`` (:func:`repair_config`); Triton
+        keeps the old instances until the new ones are ready. Through ``pb_utils`` (no
+        endpoint), an unload and then a load. Blocks until done; returns how
+        (``config`` or ``unload+load``).
+
+        Raises:
+            ControlError: the server refused, or reading the configuration or the load
+                failed.
+        """
+        if self.via == "pb_utils":
+            self.unload(model)
+            self.load(model)
+            return "unload+load"
+        self.load(model, repair_config(self.config(model), stamp))
+        return "config"
+
+    def _send(self, model: str, action: str, config: Optional[dict] = None) -> None:
+        via = self.via
+        if via == "grpc":
+            self._grpc(model, action, config)
         elif via == "http":
-            self._post(model, action, {} if action == "load" else {"parameters": {"unload_dependents": False}})
+            if action == "load":
+                body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
+            else:
+                body = {"parameters": {"unload_dependents": False}}
+            self._http(model, action, body)
         else:
             try:
-                getattr(self.pb, f"{action}_model")(model_name=model)
+                getattr(self.pb, f"{action}_model")(model_name=model, **({} if config is None else {"config": json.dumps(config)}))
             except Exception as exc:  # the stub raises TritonModelException
                 raise ControlError(str(exc)) from None
 
-    def _grpc(self, model: str, action: str) -> None:
+    def _grpc(self, model: str, action: str, config: Optional[dict] = None):
         tc = _grpc_client()
         host, port = self.server.grpc
-        headers = dict([self.server.grpc_header]) if self.server.grpc_header else None
+        header = self.server.header("grpc", "model-config" if action == "config" else "model-repository")
+        headers = dict([header]) if header else None
         client = tc.InferenceServerClient(f"{host}:{port}")
         try:
             if action == "load":
-                client.load_model(model, headers=headers, client_timeout=self.timeout_s)
-            else:
+                extra = {} if config is None else {"config": json.dumps(config)}
+                client.load_model(model, headers=headers, client_timeout=self.timeout_s, **extra)
+            elif action == "unload":
                 client.unload_model(model, headers=headers, unload_dependents=False, client_timeout=self.timeout_s)
+            else:
+                return client.get_model_config(model, headers=headers, as_json=True, client_timeout=self.timeout_s)["config"]
         except tc.InferenceServerException as exc:
+            message = exc.message() or str(exc)
+            if "restricted" in message:  # Triton answers UNAVAILABLE: not a dead endpoint
+                raise ControlError(_refused(action, model, message, header, "--grpc-restricted-protocol"), refused=True) from None
             if exc.status() == "StatusCode.UNAVAILABLE":
-                raise ControlError(f"the server's gRPC endpoint {host}:{port} did not answer: {exc.message()}") from None
-            raise ControlError(exc.message()) from None
+                raise ControlError(f"the server's gRPC endpoint {host}:{port} did not answer: {message}") from None
+            raise ControlError(message) from None
         finally:
             client.close()
 
-    def _post(self, model: str, action: str, body: dict) -> None:
+    def _http(self, model: str, action: str, body: Optional[dict] = None):
         host, port = self.server.http
-        url = f"http://{host}:{port}/v2/repository/models/{urllib.parse.quote(model, safe='')}/{action}"
+        quoted = urllib.parse.quote(model, safe="")
+        header = self.server.header("http", "model-config" if action == "config" else "model-repository")
         headers = {"Content-Type": "application/json"}
-        if self.server.http_header:
-            headers[self.server.http_header[0]] = self.server.http_header[1]
-        request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+        if header:
+            headers[header[0]] = header[1]
+        if action == "config":
+            url, data, method = f"http://{host}:{port}/v2/models/{quoted}/config", None, "GET"
+        else:
+            url, data, method = f"http://{host}:{port}/v2/repository/models/{quoted}/{action}", json.dumps(body).encode(), "POST"
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                response.read()
+            with _OPENER.open(request, timeout=self.timeout_s) as response:
+                text = response.read()
         except urllib.error.HTTPError as exc:
             text = exc.read().decode("utf-8", "replace")
             try:
                 text = json.loads(text).get("error", text)
             except ValueError:
                 pass
+            if exc.code == 403:
+                raise ControlError(_refused(action, model, text or "HTTP 403", header, "--http-restricted-api"), refused=True) from None
             raise ControlError(text or f"HTTP {exc.code}") from None
         except OSError as exc:
             raise ControlError(f"the server's HTTP endpoint {host}:{port} did not answer: {exc}") from None
+        return json.loads(text) if action == "config" else None
+
+
+# No proxies: an http_proxy in the stub's environment must not see loopback requests.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _refused(action: str, model: str, message: str, header: Optional[Tuple[str, str]], flag: str) -> str:
+    sent = f"sent the key of {header[0]!r}" if header else f"no {flag} flag of the server covers this API group"
+    return f"the server refused the {action} of '{model}': {message} ({sent})"

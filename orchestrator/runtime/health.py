@@ -11,7 +11,8 @@ unknown. Errors a retry cannot cure are raised as ``DownstreamError(retryable=Fa
 
 When a circuit opens because the model's stub is not healthy, ``on_unhealthy`` is called
 with the model's name (the router reloads the model there, see ``ondemand.ModelManager``);
-a successful reload ends the cool-down. A circuit opened because the model was not ready
+while that repair is under way the circuit stays open (no probe reaches the old instance),
+and its end ends the cool-down. A circuit opened because the model was not ready
 (unloaded) asks ``ready_check`` (``pb_utils.is_model_ready``, at most every 0.5 s) while
 open, so it probes as soon as an operator loads the model again.
 
@@ -38,6 +39,10 @@ _NOT_READY = ("is not ready", "not at ready state", "unavailable", "not found", 
 _UNAVAILABLE = _STUB_DEAD + _NOT_READY
 #: Seconds between two ``ready_check`` calls for one open circuit.
 READY_CHECK_INTERVAL_S = 0.5
+#: The cool-down (seconds, if longer than ``open_s``) of a circuit whose model is being
+#: repaired: a probe during the reload would reach the old, dead instance (Triton routes to
+#: it until the new one is ready) and wait 1 s for nothing; the repair's end probes at once.
+REPAIRING_OPEN_S = 30.0
 
 
 def stub_is_dead(message: str) -> bool:
@@ -63,8 +68,9 @@ class BreakerSettings:
             (default 5).
         reload_unhealthy: reload a model whose stub is not healthy (needs
             ``--model-control-mode=explicit``; default true).
-        reload_interval_s: at most one such reload per model in this many seconds
-            (default 30).
+        reload_interval_s: seconds (default 30): the longest wait between two attempts of
+            a repair that keeps failing, and how long a repaired model must stay up before
+            its next repair starts without extra delay (``ondemand.ModelManager.repair``).
         watch_stubs: before each call, look in ``/proc`` whether the model's
             Python-backend stub has exited, and fail the call at once if so instead of
             waiting python_backend's 1 s health timeout (``stubs.StubWatch``; default true).
@@ -85,6 +91,7 @@ class _Circuit:
     last_error: str = ""
     probing: bool = False
     checked_at: float = float("-inf")
+    repairing: bool = False
 
 
 class CircuitBreaker:
@@ -94,7 +101,9 @@ class CircuitBreaker:
         settings: thresholds and cool-down.
         on_change: ``(model, old_state, new_state, reason)`` after every state change
             (logging and metrics).
-        on_unhealthy: ``(model)`` when a circuit opens because the model's stub is dead.
+        on_unhealthy: ``(model) -> bool`` when a circuit opens because the model's stub is
+            dead; True means a repair is under way, and the circuit then stays open until
+            :meth:`half_open` (at most :data:`REPAIRING_OPEN_S`).
         ready_check: ``(model) -> bool``, whether the server reports the model ready.
         stub_check: ``(model) -> error text or None``, asked before each call let through:
             a text means the model's stub has exited, and the call fails with it at once.
@@ -126,9 +135,12 @@ class CircuitBreaker:
             c = self.circuits.get(model)
             if c is None:
                 return CLOSED
-            if c.state == OPEN and self.clock() - c.opened_at >= self.settings.open_s:
+            if c.state == OPEN and self.clock() - c.opened_at >= self._cool_down(c):
                 return HALF_OPEN
             return c.state
+
+    def _cool_down(self, c: _Circuit) -> float:
+        return max(self.settings.open_s, REPAIRING_OPEN_S) if c.repairing else self.settings.open_s
 
     def before_call(self, model: str) -> None:
         """Let a call to ``model`` through, or fail it fast.
@@ -143,7 +155,7 @@ class CircuitBreaker:
             if c.state == CLOSED:
                 return
             now = self.clock()
-            left = self.settings.open_s - (now - c.opened_at)
+            left = self._cool_down(c) - (now - c.opened_at)
             if c.state == OPEN and left > 0 and self._back(model, c, now):
                 left = 0.0
             if c.state == OPEN and left <= 0:
@@ -200,14 +212,18 @@ class CircuitBreaker:
         if opened is not None:
             self._changed(model, opened, OPEN, message)
         if opened is not None and stub_is_dead(message) and self.on_unhealthy:
-            self.on_unhealthy(model)
+            if self.on_unhealthy(model):
+                with self.lock:
+                    c.repairing = c.state == OPEN
 
     def half_open(self, model: str) -> None:
         """End the cool-down now (the model was repaired): the next call probes it."""
         with self.lock:
             c = self.circuits.get(model)
-            if c is not None and c.state == OPEN:
-                c.opened_at = self.clock() - self.settings.open_s
+            if c is not None:
+                c.repairing = False
+                if c.state == OPEN:
+                    c.opened_at = self.clock() - self.settings.open_s
 
     def _changed(self, model: str, old: str, new: str, reason: str) -> None:
         if self.on_change:

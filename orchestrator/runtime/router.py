@@ -194,10 +194,11 @@ class TritonPythonModel:
         name, _ = split_target(model)
         return None if name == self.name else self.stub_watch.dead(name)
 
-    def _unhealthy(self, model: str) -> None:
+    def _unhealthy(self, model: str) -> bool:
         name, _ = split_target(model)
         if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.name:
-            self.models.repair(name)
+            return self.models.repair(name)  # True: under way, the breaker holds the circuit open
+        return False
 
     async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
                      alone: bool = False):

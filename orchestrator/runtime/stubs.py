@@ -8,15 +8,30 @@ visible in ``/proc`` (Linux, Triton's platform): a stub that has exited (a zombi
 is seen in microseconds, and the call fails at once with the same message, which opens the
 circuit and starts the repair as the real error would (``health.CircuitBreaker``).
 
-A stub's command line (Triton 2.51)::
+A stub's command line (python_backend ``StubLauncher::Launch``, the same arguments in r24.10
+= Triton 2.51 and in r25.08 and later)::
 
     triton_python_backend_stub <repo>/<model>/<version>/model.py <shm region> <shm size>
-        <shm growth> <server pid> <backend dir> <ipc handle> <instance name> DEFAULT
+        <shm growth> <server pid> <backend dir> <ipc handle> <instance name> <runtime dir>
 
-names its model (the directory above the version) and instance (``<model>_<group>_<index>``).
+names its model (the directory above the version) and instance (``<model>_<group>_<index>``,
+or ``<group name>_<index>`` when the ``instance_group`` has a name; the stub that
+auto-completes a configuration is named after the model alone and is not an instance). r24.10 starts it through ``bash -c "exec ..."`` (with an execution environment,
+``source <env>/bin/activate && exec env LD_LIBRARY_PATH=... <stub> ...``), so for a moment
+the child is ``bash`` or ``env``; from r25.08 it is ``execv``'d directly. Either way, only a
+process whose ``argv[0]`` is the stub binary counts (:func:`parse_stub_argv`).
+
 When a model is reloaded, the old and the new stub share the instance name; the newest one
 (by start time) is the instance's stub. Models with no stub (another backend, not loaded) are
 never reported. Any error reading ``/proc`` means "unknown": the call goes ahead.
+
+Which dead stubs are seen: Triton 2.51 never reaps a stub that died, so it stays a zombie
+and is reported until a reload replaces it. From r25.12 python_backend's instance readiness
+check (``StubActive``: ``waitpid(WNOHANG)``, run by a model or server readiness request,
+``pb_utils.is_model_ready`` included) reaps it; a reaped stub is indistinguishable here from
+one an unload stopped, so it is not reported, and the call to it takes python_backend's 1 s
+health timeout before it fails (``Stub process '<instance>' is not healthy.``), which opens
+the circuit and starts the repair as well.
 """
 
 from __future__ import annotations
@@ -40,6 +55,29 @@ RECHECK_S = 0.2
 #: 13 us per stub here, so under load the calls of the next 20 ms share it (a stub that dies
 #: in that window costs its first call the 1 s health timeout, as without the watch).
 CHECK_S = 0.02
+
+
+def parse_stub_argv(argv) -> Optional[Tuple[str, str]]:
+    """``(model, instance)`` from a process's command line when it is a Python-backend
+    model instance's stub (module docstring), else None (another program, the ``bash`` or
+    ``env`` that starts a stub in Triton 2.51, a stub that auto-completes a config)."""
+    if len(argv) < 3 or Path(argv[0]).name != STUB_BINARY or len(Path(argv[1]).parts) < 3:
+        return None
+    model = Path(argv[1]).parts[-3]
+    if len(argv) >= 10:  # the instance name's place in both releases (an instance_group may name it)
+        return None if argv[8] == model else (model, argv[8])
+    instance = next((a for a in argv[2:] if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", a)), None)
+    return None if instance is None else (model, instance)
+
+
+def clock_ticks(proc: Path | str = "/proc") -> Optional[int]:
+    """Now, in the unit of a process's start time (clock ticks since boot, from
+    ``<proc>/uptime``); None when unreadable."""
+    try:
+        uptime = float((Path(proc) / "uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return int(uptime * os.sysconf("SC_CLK_TCK"))
 
 
 def read_stat(pid: int, proc: Path | str = "/proc") -> Optional[Tuple[int, str, int]]:
@@ -110,6 +148,26 @@ class StubWatch:
         name, pid = exited[0]
         return f"Stub process '{name}' is not healthy (process {pid} has exited; seen in /proc before the call)"
 
+    def live(self, model: str) -> Optional[Dict[str, Tuple[int, int]]]:
+        """A fresh look (a full scan, a few ms): instance -> ``(pid, start time in clock
+        ticks)`` of the newest live stub of each of ``model``'s instances; ``{}`` when it has
+        none (not loaded, every stub exited, or a zombie the router never saw alive); None
+        when the watch is disabled or ``/proc`` is unreadable."""
+        if self.server_pid is None:
+            return None
+        try:
+            with self.lock:
+                self._scan(self.clock())
+                self.alive_at.pop(model, None)
+                return {name: (pid, start) for name, pid, state in self._states(model) if state == "alive"
+                        for start in [self.stubs[model][name][1]]}
+        except Exception:  # a repair must not fail over a look at /proc
+            return None
+
+    def ticks(self) -> Optional[int]:
+        """Now in clock ticks since boot (:func:`clock_ticks` of this watch's ``/proc``)."""
+        return clock_ticks(self.proc)
+
     def _states(self, model: str) -> list:
         """``(instance, pid, state)`` of the model's known stubs; state ``alive``,
         ``exited`` (a zombie: it died and the server has not reaped it) or ``gone`` (reaped,
@@ -136,12 +194,10 @@ class StubWatch:
                 argv = [a.decode("utf-8", "replace") for a in (self.proc / entry / "cmdline").read_bytes().split(b"\0") if a]
             except OSError:
                 continue
-            if len(argv) < 3 or Path(argv[0]).name != STUB_BINARY or len(Path(argv[1]).parts) < 3:
+            parsed = parse_stub_argv(argv)
+            if parsed is None:
                 continue
-            model = Path(argv[1]).parts[-3]
-            instance = next((a for a in argv[2:] if re.fullmatch(rf"{re.escape(model)}_\d+_\d+", a)), None)
-            if instance is None:
-                continue
+            model, instance = parsed
             have = found.setdefault(model, {}).get(instance)
             if have is None or stat[2] >= have[1]:
                 found[model][instance] = (int(entry), stat[2])

@@ -199,6 +199,10 @@ class TritonServer:
     (``--cache-config=local,size=N`` with the wheel's cache directory); it serves the models
     whose configuration has ``response_cache { enable: true }`` (the classifiers, see
     :mod:`orchestrator.tooling.warmup`). None or 0: no cache.
+    ``control_key``: restrict the control plane as the shipped image does
+    (:func:`orchestrator.tooling.production.restricted_args`: model repository, model
+    config, shared memory, statistics, trace and logging need the header ``admin-key``);
+    this object's own loads, unloads and index requests send it. None: unrestricted.
 
     Usage::
 
@@ -222,6 +226,7 @@ class TritonServer:
         env: Mapping[str, str] | None = None,
         cache_dir: str | os.PathLike | None = None,
         response_cache_bytes: int | None = None,
+        control_key: str | None = None,
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.models = list(models) if models is not None else None
@@ -232,6 +237,7 @@ class TritonServer:
         self.env = dict(env or {})
         self.cache_dir = Path(cache_dir).resolve() if cache_dir else default_cache_dir()
         self.response_cache_bytes = int(response_cache_bytes or 0)
+        self.control_key = control_key
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self._ports: dict[str, int] = {k: v for k, v in self._requested_ports.items() if v is not None}
         self._log_path = Path(log_path).resolve() if log_path else None
@@ -352,6 +358,10 @@ class TritonServer:
             if not (embedded.caches / "local").is_dir():
                 raise ServerError(f"the nvidia-pytriton wheel has no local response cache under {embedded.caches}")
             cmd += [f"--cache-config=local,size={self.response_cache_bytes}", f"--cache-dir={embedded.caches}"]
+        if self.control_key:
+            from orchestrator.tooling.production import restricted_args
+
+            cmd += restricted_args(self.control_key)
         cmd += self.extra_args  # last, so they can override the flags above
         return cmd
 
@@ -524,12 +534,21 @@ class TritonServer:
 
         return httpclient.InferenceServerClient(self.http_url, **kwargs)
 
+    def control_headers(self, protocol: str = "http") -> dict | None:
+        """The headers a control-plane request needs (``protocol``: ``http`` or ``grpc``);
+        None when the server runs without ``control_key``."""
+        if not self.control_key:
+            return None
+        from orchestrator.tooling.production import KEY_HEADER
+
+        return {(KEY_HEADER if protocol == "http" else f"triton-grpc-protocol-{KEY_HEADER}"): self.control_key}
+
     def _control(self, action: str, name: str) -> None:
         from tritonclient.utils import InferenceServerException
 
         client = self.client(network_timeout=max(self.startup_timeout, 60.0))
         try:
-            getattr(client, f"{action}_model")(name)
+            getattr(client, f"{action}_model")(name, headers=self.control_headers())
         except InferenceServerException as exc:
             raise self.failure(f"{action} of model {name!r} failed: {exc.message()}") from exc
         finally:
@@ -569,7 +588,7 @@ class TritonServer:
         never loaded have only ``name``."""
         client = self.client()
         try:
-            return list(client.get_model_repository_index())
+            return list(client.get_model_repository_index(headers=self.control_headers()))
         finally:
             client.close()
 

@@ -1,10 +1,11 @@
 """The fault-injection soak, short version (``orchestrator soak --short``), on a real server.
 
-One run (module fixture, about a minute): its own tritonserver on a copy of
-model_repository, HTTP and gRPC client threads, ``classifier`` unloaded and loaded again,
-the ``classifier_fast`` stub SIGKILLed (found as a child of the server this run started,
-by its instance-name argument, never by name), the ``router`` reloaded, 20 requests with
-an 8 MiB text. Asserted: the bounds of issue 11 that hold on a busy 2-core machine; the
+One run (module fixture, about a minute): its own tritonserver on a read-only copy of
+model_repository with its bytecode compiled before the first load and the control plane
+restricted as in the image (``orchestrator.tooling.production``), HTTP and gRPC client
+threads, ``classifier`` unloaded and loaded again, the ``classifier_fast`` stub SIGKILLed
+twice in a row (found as a child of the server this run started, by its instance-name
+argument, never by name), the ``router`` reloaded, 20 requests with an 8 MiB text. Asserted: the bounds of issue 11 that hold on a busy 2-core machine; the
 latency ratios are in the report (docs/reliability.md), not here.
 """
 
@@ -66,11 +67,15 @@ def test_killed_stub_texts_answered_by_classifier_soon_after_the_kill(soak):
     assert soak["recovery"]["to_classifier_s"] <= 5.0, _why(soak, "recovery", "events")
 
 
-def test_classifier_fast_healthy_again_within_30s(soak):
+def test_classifier_fast_healthy_again_within_30s_after_each_kill(soak):
     rec = soak["recovery"]
     assert rec["to_fast_s"] is not None and rec["to_fast_s"] <= 30.0, _why(soak, "recovery", "events")
-    # a new stub process, started by the server on the router's reload request
-    assert rec["new_stub"] is not None and rec["new_stub"]["after_s"] <= 30.0
+    # each kill: a new stub process, started by the server on the router's forced reload
+    # (a plain load starts none on this compiled, unchanged copy), and classifier_fast answering
+    assert [h["kill"] for h in rec["heals"]] == [1, 2], _why(soak, "recovery", "events")
+    for heal in rec["heals"]:
+        assert heal["new_pid"] not in (None, heal["pid"]) and heal["fast_after_s"] <= 30.0, _why(soak, "recovery", "events")
+    assert rec["heals"][1]["pid"] == rec["heals"][0]["new_pid"]  # the second kill hit the repaired stub
 
 
 def test_oversized_text_refused_with_invalid_arg(soak):

@@ -12,14 +12,13 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
 
 from orchestrator.runtime import control as control_module
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
+from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
@@ -105,7 +104,7 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
     out = subprocess.run([str(server), "-c", parent, "--model-repository=repo", "--model-control-mode=explicit"],
                          cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert out.returncode == 0, out.stderr
-    expected = ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000), None, ("127.0.0.1", 8001))
+    expected = ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000), ("127.0.0.1", 8001))
     assert out.stdout.strip() == str(expected)
 
 
@@ -145,34 +144,89 @@ def test_with_unknown_options_the_load_is_sent_as_before():
 
 def test_parse_finds_the_http_endpoint_and_its_repository_header(tmp_path):
     default = ServerOptions.parse(["tritonserver", "--model-repository=/m"], tmp_path)
-    assert default.http == ("127.0.0.1", 8000) and default.http_header is None
+    assert default.http == ("127.0.0.1", 8000) and default.header("http") is None
     argv = ["tritonserver", "--http-address", "10.1.2.3", "--http-port=9000",
             "--http-restricted-api=model-repository,health:admin-key=s3cret"]
     options = ServerOptions.parse(argv, tmp_path)
-    assert options.http == ("10.1.2.3", 9000) and options.http_header == ("admin-key", "s3cret")
-    assert ServerOptions.parse(["tritonserver", "--http-restricted-api=health:k=v"], tmp_path).http_header is None
+    assert options.http == ("10.1.2.3", 9000) and options.header("http") == ("admin-key", "s3cret")
+    assert ServerOptions.parse(["tritonserver", "--http-restricted-api=health:k=v"], tmp_path).header("http") is None
     assert ServerOptions.parse(["tritonserver", "--allow-http=false"], tmp_path).http is None
 
 
-def test_parse_finds_the_grpc_endpoint_and_its_repository_header(tmp_path):
+def test_parse_finds_the_grpc_endpoint_and_its_prefixed_repository_header(tmp_path):
     default = ServerOptions.parse(["tritonserver", "--model-repository=/m"], tmp_path)
-    assert default.grpc == ("127.0.0.1", 8001) and default.grpc_header is None
+    assert default.grpc == ("127.0.0.1", 8001) and default.header("grpc") is None
     argv = ["tritonserver", "--grpc-address=0.0.0.0", "--grpc-port", "9001",
             "--grpc-restricted-protocol=model-repository:admin-key=s3cret"]
     options = ServerOptions.parse(argv, tmp_path)
-    assert options.grpc == ("127.0.0.1", 9001) and options.grpc_header == ("admin-key", "s3cret")
-    assert options.http_header is None  # the HTTP restriction is a flag of its own
+    # Triton expects the key under its prefix (a bare 'admin-key' is refused as UNAVAILABLE)
+    assert options.grpc == ("127.0.0.1", 9001) and options.header("grpc") == ("triton-grpc-protocol-admin-key", "s3cret")
+    assert options.header("http") is None  # the HTTP restriction is a flag of its own
     assert ServerOptions.parse(["tritonserver", "--allow-grpc=false"], tmp_path).grpc is None
 
 
+def test_every_restriction_flag_counts_and_each_group_gets_its_own_key(tmp_path):
+    """The image's flags (comma-separated groups, one flag per protocol) and several flags
+    per protocol: Triton reads all of them (a group may appear in only one)."""
+    groups = "model-repository,model-config,shared-memory,statistics,trace,logging"
+    image = ServerOptions.parse(["tritonserver", f"--http-restricted-api={groups}:admin-key=K1",
+                                 f"--grpc-restricted-protocol={groups}:admin-key=K1"], tmp_path)
+    for group in groups.split(","):
+        assert image.header("http", group) == ("admin-key", "K1")
+        assert image.header("grpc", group) == ("triton-grpc-protocol-admin-key", "K1")
+    assert image.header("http", "inference") is None and image.header("grpc", "health") is None
+    several = ServerOptions.parse([
+        "tritonserver", "--grpc-restricted-protocol=model-config:cfg-key=C",
+        "--grpc-restricted-protocol", "model-repository,logging:Repo-Key=a=b",  # the value may hold '='
+        "--grpc-restricted-protocol=statistics:stats=S",
+        "--http-restricted-api=statistics:s=1", "--http-restricted-api=model-repository:repo=R",
+    ], tmp_path)
+    assert several.header("grpc") == ("triton-grpc-protocol-repo-key", "a=b")  # gRPC metadata keys are lower case
+    assert several.header("grpc", "model-config") == ("triton-grpc-protocol-cfg-key", "C")
+    assert several.header("grpc", "statistics") == ("triton-grpc-protocol-stats", "S")
+    assert several.header("http") == ("repo", "R") and several.header("http", "statistics") == ("s", "1")
+    assert several.header("http", "model-config") is None
+
+
+def test_parse_restriction_splits_as_triton_does():
+    assert parse_restriction("model-repository,trace:k=v") == [("model-repository", "k", "v"), ("trace", "k", "v")]
+    assert parse_restriction("a:k=v=w") == [("a", "k", "v=w")]
+    for malformed in ("", "model-repository", "model-repository:k", "model-repository:=v", ":k=v", "g:k="):
+        assert parse_restriction(malformed) == [], malformed
+
+
+CONFIG = {"name": "classifier", "backend": "python", "max_batch_size": 64,
+          "parameters": {"onnx_file": {"string_value": "model.onnx"}}}
+RESTRICTED = "This API is restricted, expecting header 'admin-key'"
+
+
 class _Repository(BaseHTTPRequestHandler):
-    """A stand-in for Triton's repository API: records requests, refuses model 'bad'."""
+    """A stand-in for Triton's HTTP repository and model-config APIs, restricted to the key
+    ``k`` in header ``admin-key`` as Triton does it (403): records requests, refuses
+    model 'bad'."""
 
     seen: list = []
+
+    def _refuse_without_key(self) -> bool:
+        if self.headers.get("admin-key") == "k":
+            return False
+        self.send_response(403)
+        self.end_headers()
+        self.wfile.write(json.dumps({"error": RESTRICTED}).encode())
+        return True
+
+    def do_GET(self):  # noqa: N802 (http.server's name)
+        _Repository.seen.append((self.path, self.headers.get("admin-key"), None))
+        if not self._refuse_without_key():
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(json.dumps(CONFIG).encode())
 
     def do_POST(self):  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers["Content-Length"]))
         _Repository.seen.append((self.path, self.headers.get("admin-key"), json.loads(body)))
+        if self._refuse_without_key():
+            return
         if "/bad/" in self.path:
             self.send_response(400)
             self.end_headers()
@@ -195,40 +249,79 @@ def repository_api():
     httpd.shutdown()
 
 
+def _http_only(port, key=True):
+    restricted = (("model-repository", "admin-key", "k"), ("model-config", "admin-key", "k")) if key else ()
+    return ServerOptions("explicit", None, ("127.0.0.1", port), None, restricted)
+
+
 def test_loads_go_through_the_http_repository_api(repository_api, monkeypatch):
     monkeypatch.setattr(control_module, "_grpc_client", lambda: None)  # no tritonclient[grpc] in the stub's env
-    assert RepositoryControl(FakePb(), ServerOptions("explicit", None, ("127.0.0.1", 1), None, ("127.0.0.1", 2))).via == "http"
+    assert RepositoryControl(FakePb(), ServerOptions("explicit", None, ("127.0.0.1", 1), ("127.0.0.1", 2))).via == "http"
     pb = FakePb()
-    control = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", repository_api), ("admin-key", "k")))
+    control = RepositoryControl(pb, _http_only(repository_api))
     control.load("classifier")
     control.unload("spare")
     with pytest.raises(ControlError, match=r"^failed to load 'bad': no version is available$"):
         control.load("bad")
-    assert _Repository.seen == [
+    assert control.reload("classifier", "123") == "config"
+    override = json.loads(_Repository.seen[-1][2]["parameters"]["config"])
+    assert _Repository.seen[:-1] == [
         ("/v2/repository/models/classifier/load", "k", {}),
         ("/v2/repository/models/spare/unload", "k", {"parameters": {"unload_dependents": False}}),
         ("/v2/repository/models/bad/load", "k", {}),
+        ("/v2/models/classifier/config", "k", None),
     ]
+    assert _Repository.seen[-1][:2] == ("/v2/repository/models/classifier/load", "k")
+    assert override == repair_config(CONFIG, "123")
     assert pb.requests == []  # pb_utils.load_model (it holds the stub's GIL) is not used
     unreachable = RepositoryControl(pb, ServerOptions("explicit", None, ("127.0.0.1", 1)))
     with pytest.raises(ControlError, match="did not answer"):
         unreachable.load("classifier")
 
 
+def test_an_http_refusal_is_reported_as_a_refusal(repository_api, monkeypatch):
+    monkeypatch.setattr(control_module, "_grpc_client", lambda: None)
+    control = RepositoryControl(FakePb(), _http_only(repository_api, key=False))
+    with pytest.raises(ControlError) as info:
+        control.load("classifier")
+    assert info.value.refused and "did not answer" not in str(info.value)
+    assert str(info.value) == (f"the server refused the load of 'classifier': {RESTRICTED} "
+                               "(no --http-restricted-api flag of the server covers this API group)")
+
+
+def test_repair_config_changes_one_parameter_and_keeps_the_rest():
+    out = repair_config(CONFIG, "42")
+    assert out["parameters"] == {"onnx_file": {"string_value": "model.onnx"}, "orchestrator_repair": {"string_value": "42"}}
+    assert {k: v for k, v in out.items() if k != "parameters"} == {k: v for k, v in CONFIG.items() if k != "parameters"}
+    assert CONFIG["parameters"] == {"onnx_file": {"string_value": "model.onnx"}}  # not changed in place
+    assert repair_config({"name": "m"}, "1")["parameters"] == {"orchestrator_repair": {"string_value": "1"}}
+
+
 class _GrpcRepository:
-    """A stand-in for Triton's gRPC repository API (Triton's own messages, from
-    tritonclient's service_pb2): records requests, refuses model 'bad'."""
+    """A stand-in for Triton's gRPC repository and model-config APIs (Triton's own messages,
+    from tritonclient's service_pb2), restricted as ``--grpc-restricted-protocol=
+    model-repository,model-config:admin-key=k`` makes Triton: UNAVAILABLE without the
+    header ``triton-grpc-protocol-admin-key: k``. Records requests, refuses model 'bad'."""
+
+    HEADER = "triton-grpc-protocol-admin-key"
 
     def __init__(self):
         import grpc
-        from tritonclient.grpc import service_pb2
+        from google.protobuf import json_format
+        from tritonclient.grpc import model_config_pb2, service_pb2
 
         self.seen = []
 
         def handler(action, response):
             def handle(request, context):
-                key = dict(context.invocation_metadata()).get("admin-key")
-                self.seen.append((action, request.model_name, key, dict(request.parameters)))
+                metadata = dict(context.invocation_metadata())
+                self.seen.append((action, request.name if action == "config" else request.model_name,
+                                  metadata.get(self.HEADER), metadata.get("admin-key"),
+                                  None if action == "config" else dict(request.parameters)))
+                if metadata.get(self.HEADER) != "k":
+                    context.abort(grpc.StatusCode.UNAVAILABLE, f"This protocol is restricted, expecting header '{self.HEADER}'")
+                if action == "config":
+                    return response(config=json_format.ParseDict(CONFIG, model_config_pb2.ModelConfig()))
                 if request.model_name == "bad":
                     context.abort(grpc.StatusCode.INVALID_ARGUMENT, "failed to load 'bad': no version is available")
                 return response()
@@ -239,7 +332,7 @@ class _GrpcRepository:
                 handler(action, getattr(service_pb2, f"{name}Response")),
                 request_deserializer=getattr(service_pb2, f"{name}Request").FromString,
                 response_serializer=getattr(service_pb2, f"{name}Response").SerializeToString)
-            for name, action in (("RepositoryModelLoad", "load"), ("RepositoryModelUnload", "unload"))
+            for name, action in (("RepositoryModelLoad", "load"), ("RepositoryModelUnload", "unload"), ("ModelConfig", "config"))
         }
         self.server = grpc.server(cf.ThreadPoolExecutor(2))
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("inference.GRPCInferenceService", methods),))
@@ -247,40 +340,62 @@ class _GrpcRepository:
         self.server.start()
 
 
+def _options(http_port, grpc_port, flag="model-repository,model-config:admin-key=k"):
+    argv = ["tritonserver", "--model-control-mode=explicit", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+            f"--grpc-restricted-protocol={flag}"]
+    return ServerOptions.parse(argv, Path("/"))
+
+
 def test_loads_go_through_the_grpc_repository_api_first(repository_api):
     grpc_api = _GrpcRepository()
     try:
         pb = FakePb()
-        options = ServerOptions("explicit", None, ("127.0.0.1", repository_api), None, ("127.0.0.1", grpc_api.port), ("admin-key", "k"))
-        control = RepositoryControl(pb, options)
+        control = RepositoryControl(pb, _options(repository_api, grpc_api.port))
         assert control.via == "grpc"
         control.load("classifier")
         control.unload("spare")
         with pytest.raises(ControlError, match=r"^failed to load 'bad': no version is available$"):
             control.load("bad")
-        assert [s[:3] for s in grpc_api.seen] == [("load", "classifier", "k"), ("unload", "spare", "k"), ("load", "bad", "k")]
-        assert "unload_dependents" in grpc_api.seen[1][3] and not grpc_api.seen[1][3]["unload_dependents"].bool_param
+        assert control.reload("classifier", "7") == "config"
+        # the key under Triton's gRPC prefix, never the bare key
+        assert [s[:4] for s in grpc_api.seen] == [("load", "classifier", "k", None), ("unload", "spare", "k", None),
+                                                  ("load", "bad", "k", None), ("config", "classifier", "k", None),
+                                                  ("load", "classifier", "k", None)]
+        assert "unload_dependents" in grpc_api.seen[1][4] and not grpc_api.seen[1][4]["unload_dependents"].bool_param
+        override = json.loads(grpc_api.seen[-1][4]["config"].string_param)
+        assert override["parameters"]["orchestrator_repair"] == {"string_value": "7"}
+        assert override["name"] == "classifier" and override["max_batch_size"] in (64, "64")
         assert _Repository.seen == [] and pb.requests == []  # neither HTTP nor pb_utils
     finally:
         grpc_api.server.stop(0)
-    unreachable = RepositoryControl(FakePb(), ServerOptions("explicit", None, None, None, ("127.0.0.1", 1)))
+    unreachable = RepositoryControl(FakePb(), ServerOptions("explicit", None, None, ("127.0.0.1", 1)))
     with pytest.raises(ControlError, match="gRPC endpoint 127.0.0.1:1 did not answer"):
         unreachable.load("classifier")
 
 
-def test_repair_reloads_once_per_interval_and_only_models_in_a_repository(tmp_path):
+def test_a_grpc_refusal_is_reported_as_a_refusal_not_as_a_dead_endpoint(repository_api):
+    grpc_api = _GrpcRepository()
+    try:
+        # the key of another group only: the repository API refuses
+        control = RepositoryControl(FakePb(), _options(repository_api, grpc_api.port, "model-config:admin-key=k"))
+        with pytest.raises(ControlError) as info:
+            control.load("classifier")
+        assert info.value.refused and "did not answer" not in str(info.value)
+        assert str(info.value) == ("the server refused the load of 'classifier': This protocol is restricted, expecting "
+                                   "header 'triton-grpc-protocol-admin-key' (no --grpc-restricted-protocol flag of the "
+                                   "server covers this API group)")
+        wrong = RepositoryControl(FakePb(), _options(repository_api, grpc_api.port, "model-repository:admin-key=wrong"))
+        with pytest.raises(ControlError, match=r"refused the unload of 'spare': .* \(sent the key of 'triton-grpc-protocol-admin-key'\)"):
+            wrong.unload("spare")
+    finally:
+        grpc_api.server.stop(0)
+
+
+def test_repair_is_refused_for_models_in_no_repository_and_without_explicit_control(tmp_path):
     (tmp_path / "classifier").mkdir()
-    pb, repaired = FakePb(ready={"classifier"}), []
-    log = Log()
-    m = ModelManager(pb, {}, Metrics(pb, "r"), log, server=ServerOptions("explicit", (tmp_path,)),
-                     repair_interval_s=60, on_repaired=repaired.append)
-    assert m.repair("classifier") is True
-    for _ in range(50):
-        if repaired:
-            break
-        time.sleep(0.02)
-    assert repaired == ["classifier"] and pb.requests == [("load", "classifier")]  # no HTTP endpoint known: pb_utils
-    assert m.repair("classifier") is False  # within the interval
+    pb, log = FakePb(ready={"classifier"}), Log()
+    m = ModelManager(pb, {}, Metrics(pb, "r"), log, server=ServerOptions("explicit", (tmp_path,)))
     assert m.repair("absent") is False and any("not reloading 'absent'" in line for line in log.lines)
     none = ModelManager(FakePb(), {}, Metrics(pb, "r"), Log(), server=ServerOptions("none", (tmp_path,)))
     assert none.repair("classifier") is False
+    assert pb.requests == []

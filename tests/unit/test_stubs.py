@@ -151,3 +151,59 @@ def test_the_policy_switches_the_watch_and_checks_its_type():
     assert policy({"watch_stubs": False}).breaker.watch_stubs is False
     with pytest.raises(PolicyError, match=r"^policy\.circuit_breaker\.watch_stubs"):
         policy({"watch_stubs": "yes"})
+
+
+# Stub command lines as python_backend's StubLauncher::Launch builds them (src/stub_launcher.cc).
+R2410 = ["/opt/tritonserver/backends/python/triton_python_backend_stub", "/models/classifier_fast/1/model.py",
+         "triton_python_backend_shm_region_7", "1048576", "1048576", "77", "/opt/tritonserver/backends/python", "336",
+         "classifier_fast_0_0", "DEFAULT"]
+# r25.08 and later: execv'd directly (no bash), a model's own stub, a runtime model directory
+R2508 = ["/models/classifier_fast/triton_python_backend_stub", "/models/classifier_fast/1/model.py",
+         "triton_python_backend_shm_region_2f1e", "16777216", "1048576", "77", "/opt/tritonserver/backends/python",
+         "4096", "classifier_fast_1_3", "/opt/tritonserver/backends/python"]
+
+
+def test_stub_command_lines_of_both_releases_name_model_and_instance():
+    from orchestrator.runtime.stubs import parse_stub_argv
+
+    assert parse_stub_argv(R2410) == ("classifier_fast", "classifier_fast_0_0")
+    assert parse_stub_argv(R2508) == ("classifier_fast", "classifier_fast_1_3")
+    custom = R2508[:1] + ["/models/classifier_fast/1/other.py"] + R2508[2:]  # default_model_filename
+    assert parse_stub_argv(custom) == ("classifier_fast", "classifier_fast_1_3")
+    # r24.10 starts it through bash (with an env: source activate && exec env ... stub): not a stub yet
+    assert parse_stub_argv(["bash", "-c", " exec " + " ".join(R2410)]) is None
+    assert parse_stub_argv(["env", "LD_LIBRARY_PATH=/env/lib", *R2410]) is None
+    # the stub that auto-completes a config is named after the model, not an instance
+    assert parse_stub_argv(R2410[:8] + ["classifier_fast", "DEFAULT"]) is None
+    assert parse_stub_argv(R2410[:2]) is None and parse_stub_argv([]) is None
+    named = R2508[:8] + ["fast_group_0", R2508[9]]  # instance_group { name: "fast_group" }
+    assert parse_stub_argv(named) == ("classifier_fast", "fast_group_0")
+
+
+def test_a_stub_reaped_by_a_readiness_check_is_not_reported_but_a_repair_still_sees_its_replacement(proc):
+    """From r25.12 a readiness request reaps a dead stub (StubActive: waitpid WNOHANG): no
+    zombie is left, which looks like an unload here, so the call goes ahead (and fails after
+    python_backend's 1 s); the repair's fresh look finds no live stub until the new one."""
+    clock = Clock()
+    watch = StubWatch(SERVER, proc.root, clock)
+    assert watch.dead("classifier_fast") is None
+    proc.die(100, 500)
+    proc.reap(100)
+    clock.t += 2 * max(stubs.RECHECK_S, stubs.CHECK_S)
+    assert watch.dead("classifier_fast") is None
+    assert watch.live("classifier_fast") == {}
+    proc.add(300, "classifier_fast", "classifier_fast_0_0", start=900)
+    assert watch.live("classifier_fast") == {"classifier_fast_0_0": (300, 900)}
+    assert watch.live("classifier") == {"classifier_0_0": (101, 501)}  # not another server's (pid 200)
+    assert StubWatch(None, proc.root, clock).live("classifier") is None  # disabled: cannot tell
+
+
+def test_clock_ticks_read_uptime(tmp_path):
+    import os
+
+    from orchestrator.runtime.stubs import clock_ticks
+
+    (tmp_path / "uptime").write_text("12.34 56.78\n")
+    assert clock_ticks(tmp_path) == int(12.34 * os.sysconf("SC_CLK_TCK"))
+    assert clock_ticks(tmp_path / "absent") is None
+    assert clock_ticks() > 0  # this machine's /proc

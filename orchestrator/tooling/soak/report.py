@@ -188,6 +188,11 @@ def goals(summary: Mapping) -> List[dict]:
         {"goal": "classifier_fast answers again without an operator",
          "measured": None if rec["to_fast_s"] is None else f"{rec['to_fast_s']:.2f} s",
          "bound": f"<= {KILL_TO_HEALTHY_S:g} s", "met": at_most(rec["to_fast_s"], KILL_TO_HEALTHY_S)},
+        {"goal": "every kill healed by a new stub process, `classifier_fast` answering again (slowest heal)",
+         "measured": _heals_measured(rec.get("heals") or []),
+         "bound": f"<= {KILL_TO_HEALTHY_S:g} s each",
+         "met": None if not rec.get("heals") else all(h.get("new_pid") and h.get("fast_after_s") is not None
+                                                       and h["fast_after_s"] <= KILL_TO_HEALTHY_S for h in rec["heals"])},
         {"goal": "an 8 MiB text refused at once with INVALID_ARG",
          "measured": f"{over['invalid_arg']}/{over['sent']} INVALID_ARG, slowest {over['latency_ms']['max']} ms",
          "bound": f"all, <= {OVERSIZED_AT_ONCE_S * 1000:g} ms",
@@ -202,6 +207,13 @@ def goals(summary: Mapping) -> List[dict]:
          "met": None if probe_max is None or not healthy_all else probe_max <= LATENCY_RATIO * healthy_all},
     ]
     return out
+
+
+def _heals_measured(heals: Sequence[Mapping]) -> Optional[str]:
+    if not heals:
+        return None
+    done = [h["fast_after_s"] for h in heals if h.get("new_pid") and h.get("fast_after_s") is not None]
+    return f"{len(done)}/{len(heals)} healed" + (f", slowest {max(done):.2f} s" if done else "")
 
 
 def _git_revision() -> Optional[str]:
@@ -236,7 +248,7 @@ def summarize(result: Mapping, command: str = "orchestrator soak") -> dict:
         "mismatched_examples": [{"request_id": r.spec.request_id, "carried": r.mismatched_ids[:3]}
                                 for r in records if r.mismatched_ids][:10],
         "recovery": {**recovery(records, result.get("kill_time"), pool, result.get("margin")),
-                     "new_stub": result.get("new_stub")},
+                     "new_stub": result.get("new_stub"), "heals": list(result.get("heals") or [])},
         "oversized": oversized_summary(result.get("oversized") or []),
         "rss": dict(result.get("rss") or {}),
         "events": result["events"],
@@ -292,6 +304,9 @@ def _fault_lines(summary: Mapping) -> List[str]:
             f"- SIGKILL of the `classifier_fast` stub -> first `classifier` answer for a text that needed `classifier_fast`: "
             f"{_sec(rec['to_classifier_s'])}; -> `classifier_fast` answering again: {_sec(rec['to_fast_s'])}; "
             f"new stub process: {rec['new_stub'] or 'none seen'}.",
+            *[f"- Kill {h['kill']} at {h['at_s']:.1f} s (stub {h['pid']}): new stub process "
+              f"{h['new_pid'] or 'none'} after {_sec(h['new_stub_after_s'])}, `classifier_fast` answering again after "
+              f"{_sec(h['fast_after_s'])}." for h in rec.get("heals") or []],
             f"- {over['sent']} oversized requests ({cfg['oversized_bytes']} bytes, one text): {over['outcomes']}; latency p50 "
             f"{_ms(over['latency_ms']['p50'])} ms, max {_ms(over['latency_ms']['max'])} ms. Message: `{over['example_message']}`",
             f"- Probe requests (one short text) sent while an oversized one was in flight: {over['probe_in_flight']}, "

@@ -7,15 +7,22 @@ Schedule (phases in order; a request belongs to the phase in which it was sent):
 2. ``classifier_unloaded``: ``classifier`` unloaded through the repository API, traffic
    for ``unloaded_s`` seconds, loaded again, ``settle_s`` seconds.
 3. ``stub_killed``: the ``classifier_fast`` stub (a child of the server this run started,
-   found by its instance-name argument) gets SIGKILL; the phase lasts until
-   ``classifier_fast`` answers a request sent after the kill (or ``recovery_timeout_s``),
-   then ``after_kill_s`` seconds (short, so the phase is mostly the time the stub was
-   dead). No operator action: the router's own recovery is measured.
-4. ``router_reload``: the loaded ``router`` is loaded again (repository API), then
-   ``settle_s`` seconds.
+   found by its instance-name argument) gets SIGKILL, ``kills`` times in a row: each time
+   until a new stub process runs and ``classifier_fast`` answers a request sent after that
+   kill (or ``recovery_timeout_s``), then ``after_kill_s`` seconds (short, so the phase is
+   mostly the time the stub was dead). No operator action: the router's own repair is
+   measured, one heal per kill.
+4. ``router_reload``: the loaded ``router`` is reloaded with new instances (repository
+   API, its configuration with one parameter changed), then ``settle_s`` seconds.
 5. ``oversized``: ``oversized_count`` requests with one text of ``oversized_bytes`` bytes,
    one after another (HTTP and gRPC in turn); 10 ms after each is sent, a normal one-text
    request (a probe) is sent and timed. The router stub's RSS is read before and after.
+
+The server runs under the shipped image's conditions (:mod:`orchestrator.tooling.production`):
+the repository copy's bytecode compiled before the first load and the copy read-only (a
+plain load of a loaded model then starts no new stub in Triton 2.51, so only a forced
+reload heals), the control plane restricted to a key with the image's flags; the soak's own
+loads and unloads send the key.
 
 The run stops by itself: after the schedule, at ``max_duration_s`` (remaining phases are
 skipped) or after ``max_requests`` requests.
@@ -34,6 +41,7 @@ from typing import Callable, Dict, List, Optional
 
 import yaml
 
+from orchestrator.tooling import production
 from orchestrator.tooling.errors import ToolingError
 from orchestrator.tooling.soak import procs
 from orchestrator.tooling.soak.clients import Client, make_inputs, result_fields
@@ -80,6 +88,7 @@ class SoakConfig:
     unloaded_s: float = 30.0
     settle_s: float = 20.0
     after_kill_s: float = 2.0
+    kills: int = 3
     recovery_timeout_s: float = 60.0
     oversized_count: int = 20
     oversized_bytes: int = 8 * 1024 * 1024
@@ -96,7 +105,7 @@ class SoakConfig:
 FULL = SoakConfig()
 #: The version in ``make test`` (tests/server/test_soak.py): well under a minute of traffic.
 SHORT = SoakConfig(
-    http_threads=2, grpc_threads=2, healthy_s=4.0, unloaded_s=3.0, settle_s=2.0, recovery_timeout_s=35.0,
+    http_threads=2, grpc_threads=2, healthy_s=4.0, unloaded_s=3.0, settle_s=2.0, kills=2, recovery_timeout_s=35.0,
     client_timeout_s=20.0, max_duration_s=100.0, max_requests=20_000, n_short=96, n_long=8,
 )
 
@@ -135,6 +144,7 @@ class Soak:
         self.deadline = self.t0 + config.max_duration_s
         self.kill_time: Optional[float] = None
         self.new_stub: Optional[dict] = None
+        self.heals: List[dict] = []
         self.oversized: List[dict] = []
         self.rss: dict = {}
         self._encoded = [t.encode("utf-8") for t in pool.texts]
@@ -209,8 +219,11 @@ class Soak:
     # ------------------------------------------------------------------ faults
 
     def control(self, action: str, model: str) -> None:
-        """``load`` or ``unload`` ``model`` through gRPC's repository API; an unload waits
-        until the model is no longer ready (at most 60 s).
+        """``load``, ``reload`` or ``unload`` ``model`` through gRPC's repository API with
+        the server's key; an unload waits until the model is no longer ready (at most 60 s).
+        ``reload`` sends the loaded configuration with one parameter changed
+        (``control.repair_config``): the repository copy is read-only and compiled, so a
+        plain load of a loaded model would do nothing (Triton 2.51).
 
         Not through HTTP: Triton 2.51 runs an HTTP load/unload on the HTTP worker thread
         that received it until the load ends, and an HTTP inference request that the same
@@ -218,11 +231,20 @@ class Soak:
         with a router reload waited the whole 6-8 s of the load; none did with the load
         sent over gRPC). That would be a stall of the operator's making, not the router's.
         """
+        import json
+
         import tritonclient.grpc as grpcclient
 
+        from orchestrator.runtime.control import repair_config
+
         client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        headers = self.server.control_headers("grpc")
         try:
-            getattr(client, f"{action}_model")(model)
+            if action == "reload":
+                config = client.get_model_config(model, headers=headers, as_json=True)["config"]
+                client.load_model(model, headers=headers, config=json.dumps(repair_config(config, str(time.time_ns()))))
+            else:
+                getattr(client, f"{action}_model")(model, headers=headers)
             deadline = time.monotonic() + 60.0
             while action == "unload" and client.is_model_ready(model) and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -243,33 +265,49 @@ class Soak:
 
     def kill_fast_stub(self) -> None:
         self.enter("stub_killed")
+        for i in range(self.config.kills):
+            if time.monotonic() >= self.deadline or self.stop.is_set():
+                self.skipped.append(f"kills {i + 1}..{self.config.kills}")
+                break
+            self._kill_and_heal(i + 1)
+            self._sleep(self.config.after_kill_s)
+
+    def _kill_and_heal(self, n: int) -> None:
+        """One SIGKILL; wait for a new stub and a ``classifier_fast`` answer to a request
+        sent after the kill; record the heal."""
         pid = procs.kill_stub(self.server.pid, FAST_INSTANCE)
-        self.kill_time = kill = time.monotonic()
-        self.event("SIGKILL classifier_fast stub", pid=pid)
+        kill = time.monotonic()
+        if self.kill_time is None:
+            self.kill_time = kill
+        self.event(f"SIGKILL classifier_fast stub ({n} of {self.config.kills})", pid=pid)
+        heal: dict = {"kill": n, "at_s": round(kill - self.t0, 3), "pid": pid, "new_pid": None, "new_stub_after_s": None,
+                      "fast_after_s": None}
         end = min(kill + self.config.recovery_timeout_s, self.deadline)
-        back = None
         while time.monotonic() < end and not self.stop.is_set():
-            if self.new_stub is None:
+            if heal["new_pid"] is None:
                 new = procs.find_stub(self.server.pid, FAST_INSTANCE)
                 if new is not None and new != pid:
-                    self.new_stub = {"pid": new, "after_s": round(time.monotonic() - kill, 3)}
-                    self.event("new classifier_fast stub", **self.new_stub)
+                    heal.update(new_pid=new, new_stub_after_s=round(time.monotonic() - kill, 3))
+                    self.event("new classifier_fast stub", pid=new, after_s=heal["new_stub_after_s"])
             back = self.ledger.first(lambda r: r.sent >= kill and r.outcome == "ok"
                                      and any(route_model(x) == FAST for x in r.routes or ()))
-            if back is not None:
+            if back is not None and heal["new_pid"] is not None:
+                heal["fast_after_s"] = round(back.done - kill, 3)
                 break
-            time.sleep(0.1)
-        if back is None:
+            time.sleep(0.05)
+        if heal["fast_after_s"] is None:
             self.event("classifier_fast not answering", waited_s=round(time.monotonic() - kill, 3))
         else:
-            self.event("classifier_fast answers again", after_s=round(back.done - kill, 3))
-        self._sleep(self.config.after_kill_s)
+            self.event("classifier_fast answers again", after_s=heal["fast_after_s"])
+        if self.new_stub is None and heal["new_pid"] is not None:
+            self.new_stub = {"pid": heal["new_pid"], "after_s": heal["new_stub_after_s"]}
+        self.heals.append(heal)
 
     def reload_router(self) -> None:
         self.enter("router_reload")
         before = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         t = time.monotonic()
-        self.control("load", "router")
+        self.control("reload", "router")
         after = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         self.event("router reloaded", took_s=round(time.monotonic() - t, 3), stub_pid_before=before, stub_pid_after=after)
         self._sleep(self.config.settle_s)
@@ -372,6 +410,7 @@ class Soak:
             "phase_starts": {k: v - self.t0 for k, v in self.phase_starts.items()},
             "kill_time": self.kill_time,
             "new_stub": self.new_stub,
+            "heals": self.heals,
             "oversized": self.oversized,
             "rss": self.rss,
             "skipped": self.skipped,
@@ -416,13 +455,14 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
         tmp = tempfile.TemporaryDirectory(prefix="soak-")
         workdir = Path(tmp.name)
     try:
-        repo = copy_repository(source, Path(workdir) / "model_repository")
+        repo = production.freeze(copy_repository(source, Path(workdir) / "model_repository"))
         policy = yaml.safe_load((repo / "router" / "policy.yaml").read_text())
         margin = cascade_margin(policy)
         models = models_to_load(policy)
         pool = build_pool(config.n_short, config.n_long, seed=config.seed)
-        server = TritonServer(repo, models=models)
-        log(f"[soak] starting tritonserver on a copy of {source} (models: {', '.join(models)})")
+        server = TritonServer(repo, models=models, control_key=production.new_key())
+        log(f"[soak] starting tritonserver on a read-only, compiled copy of {source} with the control plane "
+            f"restricted (models: {', '.join(models)})")
         server.start()
         try:
             send, client = reference_sender(server)
@@ -439,5 +479,6 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
         result.update(pool=pool, margin=margin, models=models, server_log=str(server.log_path))
         return result
     finally:
+        production.thaw(Path(workdir) / "model_repository")
         if tmp is not None:
             tmp.cleanup()

@@ -360,7 +360,7 @@ def describe(policy: Policy) -> str:
     )
     lines.append(
         f"circuit breaker: open after {cb.consecutive_failures} failures in a row, probe after {cb.open_s:g} s, "
-        + (f"reload a model whose stub died (at most every {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
+        + (f"reload a model whose stub died (failed tries retried with back-off up to {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
         + (", dead stubs seen in /proc before a call" if cb.watch_stubs else "")
     )
 

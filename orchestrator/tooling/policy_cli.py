@@ -80,17 +80,26 @@ def version_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "e
 
 def model_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
     """One located message per ``model`` node whose model has no configuration in
-    ``repo`` (``root.steps[1].model: model 'x' is not in R``), and for a ``tokenizer`` or
-    ``postprocess`` the document names and the repository lacks (``policy.tokenizer``)."""
+    ``repo`` (``root.steps[1].model: model 'x' is not in R``), and for the ``tokenizer``
+    the document names when the repository lacks it (``policy.tokenizer``)."""
     errors = []
     for node in policy.model_nodes():
         if config_path(repo / node.model, config_name) is None:
             errors.append(f"{node.where}.model: model '{node.model}' is not in {repo}")
-    for key in ("tokenizer", "postprocess"):
-        inline = policy.inline_tokenizer if key == "tokenizer" else policy.inline_postprocess
-        name = policy.source.get(key)
-        if isinstance(name, str) and not inline and config_path(repo / name, config_name) is None:
-            errors.append(f"policy.{key}: model '{name}' is not in {repo}")
+    if policy.tokenizer and config_path(repo / policy.tokenizer, config_name) is None:
+        errors.append(f"policy.tokenizer: model '{policy.tokenizer}' is not in {repo}")
+    return errors
+
+
+def tokenizer_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
+    """After binding: the tokenizer models the policy's heads name must be in ``repo``
+    (called through BLS), or have their files in ``<tokenizer>/1`` (``inline``)."""
+    errors = []
+    for name in policy.tokenizers():
+        if policy.inline_tokenizer and not (repo / name / "1" / "tokenizer_config.json").is_file():
+            errors.append(f"policy.inline.tokenizer: no tokenizer files in {repo / name / '1'} (tokenizer model '{name}', from the heads)")
+        elif not policy.inline_tokenizer and config_path(repo / name, config_name) is None:
+            errors.append(f"tokenizer model '{name}' (named by the heads) is not in {repo}")
     return errors
 
 
@@ -119,9 +128,11 @@ def bind_repository(policy: P.Policy, repo: Path, config_name: Optional[str] = "
     if errors:
         return None, errors
     try:
-        return P.bind_heads(policy, repository_heads(policy, repo)), []
+        head = P.bind_heads(policy, repository_heads(policy, repo))
     except P.PolicyError as exc:
         return None, [str(exc)]
+    errors = tokenizer_errors(policy, repo, config_name)
+    return (None, errors) if errors else (head, [])
 
 
 def router_policies(repo: Path, config_name: Optional[str] = "embedded") -> Dict[str, Path]:

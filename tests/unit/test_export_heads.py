@@ -212,7 +212,7 @@ def test_replacing_classifier_repoints_the_ensemble_and_checks_the_routers(byom_
             "positive label 'POSITIVE'); classifier_fast: binary (1 logit, positive label 'positive'). The policy no "
             "longer binds: root.steps[1].cases[0].then.nodes[1].node.max_length: 128 tokens, over model "
             "'classifier''s maximum of 48") in notes
-    assert not (repo / "router" / "labels.txt").exists()
+    assert (repo / "router" / "labels.txt").read_text() == "positive\n"  # as shipped: that policy no longer binds
     assert "router_short (router_short/policy.yaml) names classifier" in notes and "They agree" in notes
     assert (repo / "router_short" / "labels.txt").read_text() == "positive\n"
 

@@ -18,10 +18,13 @@ from tests.helpers import REPO
 @pytest.fixture
 def repo(tmp_path):
     """classifier and classifier_fast (demo heads, no ONNX files), a 3-class model 'stars',
-    a two-label model 'sst2' (positive label 'POSITIVE', 64 tokens) and a router."""
+    a two-label model 'sst2' (positive label 'POSITIVE', 64 tokens), their tokenizer models
+    and a router."""
     repo = tmp_path / "model_repository"
-    for name in ("classifier", "classifier_fast", "router"):
+    for name in ("classifier", "classifier_fast", "router", "tokenizer"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
+    for name in ("stars_tokenizer", "sst2_tokenizer"):  # the heads' own tokenizer models
+        shutil.copytree(REPO / "tokenizer", repo / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name, head in {"stars": Head("multiclass", ("1 star", "2 stars", "3 stars"), 0, "stars_tokenizer", 0, 512),
                        "sst2": Head("binary", ("NEGATIVE", "POSITIVE"), 1, "sst2_tokenizer", 0, 64)}.items():
         shutil.copytree(REPO / "classifier", repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))

@@ -101,6 +101,7 @@ def versioned_repository(tmp_path, policy_line):
     repo = tmp_path / "model_repository"
     repo.mkdir()
     shutil.copytree(REPO / "classifier", repo / "classifier", ignore=shutil.ignore_patterns("*.onnx"))
+    shutil.copytree(REPO / "tokenizer", repo / "tokenizer", ignore=shutil.ignore_patterns("__pycache__"))
     (repo / "classifier" / "2").mkdir()
     for path in configs("classifier"):
         target = repo / "classifier" / path.relative_to(REPO / "classifier")
@@ -142,6 +143,7 @@ def test_policy_check_finds_the_repository_of_a_policy_beside_a_model(tmp_path, 
     repo = versioned_repository(tmp_path, "version_policy: { all: { } }\n")
     (repo / "router").mkdir()
     shutil.copy(REPO / "router" / "config.pbtxt", repo / "router" / "config.pbtxt")
+    shutil.copy(REPO / "router" / "labels.txt", repo / "router" / "labels.txt")
     path = repo / "router" / "policy.yaml"
     path.write_text(yaml.safe_dump(pinned(2)))
     assert main(["policy", "check", str(path)]) == 0

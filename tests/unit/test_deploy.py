@@ -280,7 +280,7 @@ def policy_models(document):
 
     walk(document["root"])
     inline = document.get("inline") or {}
-    bls = ([] if inline.get("tokenizer") else ["tokenizer"]) + ([] if inline.get("postprocess") else ["postprocess"])
+    bls = [] if inline.get("tokenizer") else ["tokenizer"]  # the demo models' heads name it; no postprocess hop
     return list(dict.fromkeys(bls + found)), on_demand
 
 

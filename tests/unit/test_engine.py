@@ -177,3 +177,6 @@ def test_a_text_over_the_window_limit_refuses_only_its_request():
     assert isinstance(refused, LimitError) and refused.limit == "max_windows_per_text"
     assert str(refused) == ("TEXT[0]: 32 tokens make 7 windows, over the limit of 3 windows per text "
                             "(policy limits.max_windows_per_text)")
+    at_cap = " ".join(["good"] * 14)  # 16 tokens: exactly 3 windows of 8 at stride 4, the limit itself
+    [answered] = asyncio.run(engine.run([Work([at_cap], thr, {})]))
+    assert answered.routes == ["chunked:fast"]

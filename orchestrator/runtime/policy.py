@@ -23,7 +23,7 @@ Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, gene
 ``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
 (``health.BreakerSettings``) and ``defaults`` (kind -> keys every node of that kind gets
 unless it sets them: ``defaults: {chunk: {window: 128, stride: 96}}``). Both files are
-written by ``python -m orchestrator.runtime.policy`` (``--check`` compares).
+written by ``python -m orchestrator.runtime.policy_docs`` (``--check`` compares).
 
 Every answer of a policy has its models' head (``heads.Head``, from ``<model>/head.json``):
 :func:`bind_heads` checks the policy against the repository's heads when the router loads
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime import schema as S
@@ -51,7 +51,6 @@ from orchestrator.runtime.request import Limits
 
 __all__ = [
     "Policy", "PolicyError", "OnDemand", "TOP", "parse_policy", "read_document", "load_policy", "describe", "bind_heads",
-    "json_schema", "markdown",
 ]
 
 
@@ -254,22 +253,6 @@ def parse_policy(document: Any) -> Policy:
     )
 
 
-def _kind_structs() -> Dict[str, Tuple[str, S.Struct]]:
-    return {name: (kind.doc, kind.spec) for name, kind in N.KINDS.items()}
-
-
-def json_schema() -> Dict[str, Any]:
-    """The JSON Schema (draft-07) of policy documents, from :data:`TOP` and ``nodes.KINDS``
-    (published as ``docs/policy.schema.json``). It checks every key's type, bounds and
-    presence; :func:`parse_policy` also checks rules across keys (see ``schema``)."""
-    return S.json_schema(TOP, _kind_structs())
-
-
-def markdown() -> str:
-    """The policy format as Markdown tables (``docs/policy.md``), from the same declarations."""
-    return S.markdown(TOP, S.Struct("node", N.COMMON_KEYS, target=Node), _kind_structs())
-
-
 def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
     """Give every ``model`` node its model's head and check that the policy can answer with
     them; returns the policy's head (the one every answer has; set as ``policy.head``).
@@ -406,33 +389,3 @@ def describe(policy: Policy) -> str:
     if od:
         lines.append("on-demand models: " + ", ".join(f"{m} (idle {o.idle_timeout_s:g}s)" for m, o in od.items()))
     return "\n".join(lines)
-
-
-def _main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m orchestrator.runtime.policy [--check] [--docs DIR]``: write (or compare)
-    ``docs/policy.schema.json`` and ``docs/policy.md``; returns 1 when a file is not current."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.runtime.policy")
-    parser.add_argument("--docs", default=str(Path(__file__).resolve().parents[2] / "docs"))
-    parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a file differs")
-    args = parser.parse_args(argv)
-    stale = 0
-    for name, text in generated_docs().items():
-        path = Path(args.docs) / name
-        if not args.check:
-            path.write_text(text, encoding="utf-8")
-            print(f"wrote {path}")
-        elif not path.is_file() or path.read_text(encoding="utf-8") != text:
-            print(f"{path}: not current (run python -m orchestrator.runtime.policy)")
-            stale = 1
-    return stale
-
-
-def generated_docs() -> Dict[str, str]:
-    """File name (under ``docs/``) -> its generated text: the JSON Schema and the table."""
-    return {"policy.schema.json": json.dumps(json_schema(), indent=2) + "\n", "policy.md": markdown()}
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())

@@ -6,12 +6,12 @@ A mapping of a policy document (the top level, a node kind, ``limits``, a switch
 - the parser: :meth:`Struct.read` validates a mapping and returns its values, raising
   :class:`~orchestrator.runtime.errors.PolicyError` with the key's location
   (``root.steps[1].stages[0].model: required key is missing``);
-- the JSON Schema (:func:`json_schema`, published as ``docs/policy.schema.json``) that
-  editors use to validate and complete ``policy.yaml``;
-- the reference table (:func:`markdown`, ``docs/policy.md``).
+- the JSON Schema (:meth:`Type.json`; ``policy_docs.json_schema``, published as
+  ``docs/policy.schema.json``) that editors use to validate and complete ``policy.yaml``;
+- the reference table (:meth:`Type.text`; ``policy_docs.markdown``, ``docs/policy.md``).
 
-Both files are generated (``python -m orchestrator.runtime.policy``) and tests check that
-the committed ones are current. Defaults are not written here: a key's default is the
+Both files are generated (``python -m orchestrator.runtime.policy_docs``) and tests check
+that the committed ones are current. Defaults are not written here: a key's default is the
 default of the dataclass field it fills (``Limits.max_text_bytes``,
 ``ChunkNode.aggregation``), a field whose default is :data:`REQUIRED` makes its key
 required, and a key with ``computed`` gets its value from the kind's build step (the text
@@ -36,7 +36,7 @@ from orchestrator.runtime.errors import PolicyError
 
 __all__ = [
     "REQUIRED", "check_required", "Type", "Int", "Number", "Bool", "Str", "Choice", "Const", "AnyOf", "Probabilities",
-    "Strings", "Params", "NodeRef", "Nodes", "ListOf", "TrueOr", "Struct", "Key", "json_schema", "markdown",
+    "Strings", "Params", "NodeRef", "Nodes", "ListOf", "TrueOr", "Struct", "Key", "key_json", "json_text",
 ]
 
 
@@ -551,105 +551,3 @@ def key_json(key: Key) -> Dict[str, Any]:
     if key.default is not None and _plain(key.default) is not None and not isinstance(key.type, Struct):
         out["default"] = _plain(key.default)
     return out
-
-
-def default_text(key: Key) -> str:
-    """The default column of ``docs/policy.md``."""
-    if key.required:
-        return "required"
-    if key.computed:
-        return key.computed
-    if isinstance(key.type, Struct) and key.type.always:
-        return f"see `{key.type.name}`"
-    if key.default is None or (isinstance(key.default, (dict, list, tuple)) and not key.default):
-        return "—"
-    return f"`{json_text(key.default)}`"
-
-
-# ----------------------------------------------------------------------------- documents
-
-
-def json_schema(top: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> Dict[str, Any]:
-    """The JSON Schema (draft-07) of a policy document.
-
-    Args:
-        top: the top-level mapping.
-        node_kinds: kind name -> (one line of doc, the kind's mapping with the common keys).
-    """
-    kinds = list(node_kinds)
-    node = {
-        "type": "object",
-        "description": "A policy node: 'kind' selects its keys.",
-        "required": ["kind"],
-        "properties": {"kind": {"enum": kinds, "description": "the node kind"}},
-        "allOf": [
-            {"if": {"required": ["kind"], "properties": {"kind": {"const": k}}}, "then": {"$ref": f"#/definitions/{k}"}}
-            for k in kinds
-        ],
-    }
-    definitions: Dict[str, Any] = {"node": node}
-    for k, (doc, struct) in node_kinds.items():
-        d = struct.json()
-        d["properties"]["kind"] = {"const": k, "description": doc}
-        d["description"] = doc
-        definitions[k] = d
-    out = {
-        "$schema": "http://json-schema.org/draft-07/schema#",
-        "$id": "https://github.com/orchestrator/orchestrator/docs/policy.schema.json",
-        "title": "orchestrator routing policy",
-        "description": "The router's routing policy (model_repository/router/policy.yaml). Generated from "
-                       "orchestrator/runtime/schema.py by 'python -m orchestrator.runtime.policy'; do not edit.",
-    }
-    out.update(top.json())
-    out["definitions"] = definitions
-    return out
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _table(struct: Struct) -> List[str]:
-    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for k in struct.keys:
-        lines.append(f"| `{k.name}` | {_cell(k.type.text())} | {_cell(default_text(k))} | {_cell(k.doc)} |")
-    return lines
-
-
-def _nested(struct: Struct, seen: set, level: str) -> List[str]:
-    out: List[str] = []
-    for k in struct.keys:
-        for inner in k.type.structs():
-            if inner.name in seen:
-                continue
-            seen.add(inner.name)
-            out += ["", f"{level} `{inner.name}`", ""] + ([inner.doc, ""] if inner.doc else []) + _table(inner)
-            out += _nested(inner, seen, level)
-    return out
-
-
-def markdown(top: Struct, common: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> str:
-    """``docs/policy.md``: a table per mapping (top level, nested blocks, every kind)."""
-    lines = [
-        "# Policy format",
-        "",
-        "<!-- Generated from orchestrator/runtime/schema.py, policy.py and nodes/*.py by",
-        "     `python -m orchestrator.runtime.policy`; a test checks it is current. Do not edit. -->",
-        "",
-        "The router's routing policy (`model_repository/router/policy.yaml`), key by key. The same",
-        "declaration gives the parser and the JSON Schema `docs/policy.schema.json` (editors: the",
-        "`# yaml-language-server: $schema=...` line at the top of a policy file). The parser also",
-        "checks what a schema cannot: unique node names, `stride` below `window - 1`, `param`",
-        "values declared in `request_parameters`, steps that can never run, a `switch` without",
-        "`default` outside a `sequence`, and, at router load, the models' heads.",
-        "",
-        "## Top level",
-        "",
-    ]
-    seen: set = set()
-    lines += _table(top) + _nested(top, seen, "###")
-    lines += ["", "## Node kinds", "", "Keys every node has:", ""] + _table(common)
-    for name, (doc, struct) in node_kinds.items():
-        own = Struct(struct.name, [k for k in struct.keys if k.name not in {c.name for c in common.keys}])
-        lines += ["", f"### `{name}`", "", doc, ""] + _table(own) + _nested(own, seen, "####")
-    return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.runtime import policy as P
+from orchestrator.runtime import policy_docs as D
 from orchestrator.runtime import schema as S
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.heads import LEGACY, Head
@@ -179,18 +180,18 @@ def schema_errors(schema, doc):
 
 
 def test_the_published_schema_is_a_valid_draft7_schema():
-    jsonschema.Draft7Validator.check_schema(P.json_schema())
+    jsonschema.Draft7Validator.check_schema(D.json_schema())
 
 
 def test_schema_and_parser_accept_the_same_valid_documents():
-    schema = P.json_schema()
+    schema = D.json_schema()
     for name, doc in valid_documents().items():
         assert parser_accepts(doc), name
         assert schema_errors(schema, doc) == [], name
 
 
 def test_schema_and_parser_reject_every_mutation_of_the_declaration():
-    schema = jsonschema.Draft7Validator(P.json_schema())
+    schema = jsonschema.Draft7Validator(D.json_schema())
     count = 0
     for name, doc in valid_documents().items():
         for label, bad in mutations(doc):
@@ -212,7 +213,7 @@ def test_parser_errors_keep_their_locations():
 
 
 def test_head_dependent_values_are_a_number_or_a_list_in_the_schema():
-    schema = P.json_schema()
+    schema = D.json_schema()
     for probability in (0.5, [0.1, 0.8, 0.1]):
         doc = {"version": 1, "root": {"kind": "constant", "probability": probability}}
         assert parser_accepts(doc) and not schema_errors(schema, doc)
@@ -227,11 +228,11 @@ def test_head_dependent_values_are_a_number_or_a_list_in_the_schema():
 @pytest.mark.parametrize("name", ["policy.schema.json", "policy.md"])
 def test_generated_docs_are_current(name):
     path = ROOT / "docs" / name
-    assert path.read_text(encoding="utf-8") == P.generated_docs()[name], "run: python -m orchestrator.runtime.policy"
+    assert path.read_text(encoding="utf-8") == D.generated_docs()[name], "run: python -m orchestrator.runtime.policy_docs"
 
 
 def test_docs_table_gives_each_default_from_its_dataclass():
-    md = P.markdown()
+    md = D.markdown()
     assert "| `idle_timeout_s` | number in [0, 86400] | `300` |" in md  # OnDemand.idle_timeout_s
     assert "| `max_text_bytes` | integer in [1, 2147483648] | `65536` |" in md  # Limits
     assert "| `margin` | number in [0, 1] | required |" in md  # CascadeNode.margin = REQUIRED
@@ -344,12 +345,12 @@ def test_a_new_kind_is_its_module_and_one_table_line(monkeypatch):
     # rendered
     assert "[p] prefix fast keep=2" in P.describe(policy)
     # validated by the schema and documented, from the same declaration
-    schema = P.json_schema()
+    schema = D.json_schema()
     assert schema_errors(schema, doc) == []
     too_long = copy.deepcopy(doc)
     too_long["root"]["nodes"][0]["keep"] = 100
     assert schema_errors(schema, too_long) and not parser_accepts(too_long)
-    assert "### `prefix`" in P.markdown() and "| `keep` | integer in [1, 64] | `4` |" in P.markdown()
+    assert "### `prefix`" in D.markdown() and "| `keep` | integer in [1, 64] | `4` |" in D.markdown()
     # the published schema (without the toy kind) refuses it
     published = json.loads((ROOT / "docs" / "policy.schema.json").read_text())
     assert schema_errors(published, doc)

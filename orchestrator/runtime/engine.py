@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -89,8 +89,7 @@ class Engine:
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
 
-    def fork(self, infer: InferFn, *, models: Union[ModelManager, None, object] = _SAME,
-             metrics: Union[Metrics, None, object] = _SAME) -> "Engine":
+    def fork(self, infer: InferFn, *, models: Any = _SAME, metrics: Any = _SAME) -> "Engine":
         """A twin sharing this engine's policy, tokenizers (and their lock), metrics and
         on-demand manager, with its own ``infer``, window counter and random draws, and
         no background queue (a ``shadow`` node inside a candidate answers without

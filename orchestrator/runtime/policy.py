@@ -109,7 +109,10 @@ class Policy:
         models their heads', ``tokens`` conditions and windows the policy's ``tokenizer``,
         by default the first model's)."""
         default = self.tokenizer or (self.head.tokenizer if self.head else LEGACY.tokenizer)
-        names = [t or default for n in self.nodes() for t in N.KINDS[n.kind].tokens(n)]
+        nodes = self.nodes()
+        calling = [n for n in nodes if N.KINDS[n.kind].calls(n)]  # the models' tokenizers come first
+        rest = [n for n in nodes if not N.KINDS[n.kind].calls(n)]
+        names = [t or default for n in calling + rest for t in N.KINDS[n.kind].tokens(n)]
         return list(dict.fromkeys(names))
 
     def windows(self) -> List[Windows]:

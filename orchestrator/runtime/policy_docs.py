@@ -62,7 +62,6 @@ def _json_schema(top: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> D
         definitions[k] = d
     out = {
         "$schema": "http://json-schema.org/draft-07/schema#",
-        "$id": "https://github.com/orchestrator/orchestrator/docs/policy.schema.json",
         "title": "orchestrator routing policy",
         "description": "The router's routing policy (model_repository/router/policy.yaml). Generated from "
                        "orchestrator/runtime/schema.py by 'python -m orchestrator.runtime.policy_docs'; do not edit.",

@@ -233,16 +233,17 @@ class Const(Type):
 
 
 class AnyOf(Type):
-    """The first of ``types`` that the value's Python type fits (``bool`` for
-    :class:`Bool`, else the last one); its errors are the last type's."""
+    """The first of ``types`` that reads the value; when none does, the last one's error."""
 
     def __init__(self, *types: Type):
         self.types = types
 
     def read(self, value: Any, where: str, ctx: Any) -> Any:
         for t in self.types[:-1]:
-            if isinstance(t, Bool) and isinstance(value, bool):
-                return value
+            try:
+                return t.read(value, where, ctx)
+            except PolicyError:
+                pass
         return self.types[-1].read(value, where, ctx)
 
     def json(self) -> Dict[str, Any]:

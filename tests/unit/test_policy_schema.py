@@ -354,3 +354,12 @@ def test_a_new_kind_is_its_module_and_one_table_line(monkeypatch):
     # the published schema (without the toy kind) refuses it
     published = json.loads((ROOT / "docs" / "policy.schema.json").read_text())
     assert schema_errors(published, doc)
+
+
+def test_tokenizers_come_from_what_kinds_declare_models_first():
+    doc = {"version": 1, "tokenizer": "tok_b", "root": {"kind": "sequence", "steps": [
+        {"kind": "switch", "cases": [{"when": {"tokens": {"max": 3}}, "then": {"kind": "constant", "probability": 0.1}}]},
+        model("fast")]}}
+    policy = P.parse_policy(doc)
+    assert policy.tokenizers() == ["tokenizer", "tok_b"]  # the model's (its head), then the switch's tokens condition
+    assert policy.models() == ["tokenizer", "tok_b", "fast"] and policy.windows() == []

@@ -7,8 +7,10 @@ from the tokenizer model's files, or one batched BLS call to the tokenizer model
 classification (rows sorted by length, padded per call with the tokenizer's pad id, split
 at ``bls_max_batch_size`` rows, sent concurrently), the policy's head
 (``heads.Head``: probabilities and verdicts of every answer), metrics, node timeouts and
-the background queue of ``shadow`` nodes (``mirror.Mirror``). Downstream calls go through
-the ``infer`` function it is given, so tests drive it with a fake one.
+the background queue of ``shadow`` nodes (``mirror.Mirror``). What it sets up for a policy
+comes from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``,
+``background``), never from their names. Downstream calls go through the ``infer``
+function it is given, so tests drive it with a fake one.
 """
 
 from __future__ import annotations

@@ -90,14 +90,12 @@ class SwitchNode(Node):
 
 def _condition(values: Dict[str, Any], where: str) -> Condition:
     tokens, param = values["tokens"] or {}, values["param"]
-    return Condition(
-        empty=values["empty"],
-        tokens_min=tokens.get("min"),
-        tokens_max=tokens.get("max"),
-        param_name=param["name"] if param else None,
-        param_values=tuple([param["equals"]] if param and param["equals"] is not None else (param or {}).get("in") or ()),
-        margin_below=values["margin_below"],
-    )
+    cond = Condition(empty=values["empty"], tokens_min=tokens.get("min"), tokens_max=tokens.get("max"),
+                     margin_below=values["margin_below"])
+    if param is not None:  # exactly one of equals / in (the struct's one_of)
+        cond.param_name = param["name"]
+        cond.param_values = (param["equals"],) if param["equals"] is not None else tuple(param["in"])
+    return cond
 
 
 #: A case's ``when``: every key given must hold.

@@ -7,8 +7,10 @@ from the tokenizer model's files, or one batched BLS call to the tokenizer model
 classification (rows sorted by length, padded per call with the tokenizer's pad id, split
 at ``bls_max_batch_size`` rows, sent concurrently), the policy's head
 (``heads.Head``: probabilities and verdicts of every answer), metrics, node timeouts and
-the background queue of ``shadow`` nodes (``mirror.Mirror``). Downstream calls go through
-the ``infer`` function it is given, so tests drive it with a fake one.
+the background queue of ``shadow`` nodes (``mirror.Mirror``). What it sets up for a policy
+comes from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``,
+``background``), never from their names. Downstream calls go through the ``infer``
+function it is given, so tests drive it with a fake one.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -29,9 +31,7 @@ from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
-from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node
-from orchestrator.runtime.nodes.chunk import window_count
-from orchestrator.runtime.nodes.model import split_target, truncate
+from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
 from orchestrator.runtime.request import Result, Work
@@ -41,6 +41,8 @@ from orchestrator.runtime.request import Result, Work
 # ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
 # may block the event loop (the router then uses the blocking BLS ``exec``).
 InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
+
+_SAME = object()  # Engine.fork: keep this engine's value
 
 
 class Engine:
@@ -69,7 +71,7 @@ class Engine:
     ):
         self.policy = policy
         if policy.head is None:  # not bound to a repository: every model has the legacy head
-            bind_heads(policy, {n.model: LEGACY for n in policy.model_nodes()})
+            bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
         self.head: Head = policy.head
         self.tokenizers: Dict[str, object] = {}
         self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
@@ -84,20 +86,23 @@ class Engine:
         self.models = models
         self.counter = 0
         self.rng = random.Random()
-        self.chunkings = sorted({(n.window, n.stride, n.tokenizer) for n in policy.nodes() if n.kind == "chunk"})
+        self.windowing = policy.windows()  # what the nodes that window texts declared
         self.mirror_runner: Optional[Mirror] = None
-        if any(n.kind == "shadow" for n in policy.nodes()):
+        if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
 
-    def fork(self, infer: InferFn, **overrides) -> "Engine":
+    def fork(self, infer: InferFn, *, models: Any = _SAME, metrics: Any = _SAME) -> "Engine":
         """A twin sharing this engine's policy, tokenizers (and their lock), metrics and
         on-demand manager, with its own ``infer``, window counter and random draws, and
-        no shadow queue (a ``shadow`` node inside a candidate answers without mirroring).
-        ``overrides``: attributes to replace too (``models=None``, ``metrics=None``)."""
+        no background queue (a ``shadow`` node inside a candidate answers without
+        mirroring). ``models``, ``metrics``: replace the on-demand manager or the metrics
+        (None: none; the router's warmup runs without either)."""
         twin = copy.copy(self)
         twin.infer, twin.counter, twin.rng, twin.mirror_runner = infer, 0, random.Random(), None
-        for name, value in overrides.items():
-            setattr(twin, name, value)
+        if models is not _SAME:
+            twin.models = models
+        if metrics is not _SAME:
+            twin.metrics = metrics
         return twin
 
     def close(self) -> None:
@@ -274,11 +279,12 @@ class Engine:
 
     def _window_error(self, work: Work, items: Sequence[Item]) -> Optional[InputError]:
         """An InputError when a text of ``work`` would make more windows than
-        ``limits.max_windows_per_text`` in any chunk node of the policy."""
+        ``limits.max_windows_per_text`` in any node of the policy that windows texts
+        (``NodeKind.windows``)."""
         cap = self.policy.limits.max_windows_per_text
         for i, it in enumerate(items):
-            counts = [(window_count(int(it.tokens[t].shape[0]), w, s), int(it.tokens[t].shape[0]))
-                      for w, s, t in self.chunkings if t in it.tokens]
+            counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
+                      for w in self.windowing if w.tokenizer in it.tokens]
             windows, tokens = max(counts, default=(1, 0))
             if windows > cap:
                 return LimitError(
@@ -304,7 +310,7 @@ class Engine:
         texts = [it for items in per_work for it in items if it.text.strip()]
         for tokenizer in self.token_kinds:
             await self.ensure_tokens(texts, tokenizer)
-        refused = {k: e for k, items in enumerate(per_work) if self.chunkings and (e := self._window_error(works[k], items))}
+        refused = {k: e for k, items in enumerate(per_work) if self.windowing and (e := self._window_error(works[k], items))}
         items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
         answers = await self.run_node(self.policy.root, items)
         missing = [it.idx for it in items if it.idx not in answers]

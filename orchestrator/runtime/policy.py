@@ -16,36 +16,14 @@ Whether a pinned ``version`` exists in the model repository and is served by the
 repository); the router itself finds out at the first call (a BLS error names the model
 and version).
 
-Top-level keys:
-    version               1
-    description           free text
-    root                  NODE (required)
-    tokenizer             the tokenizer model whose tokens ``switch`` ``tokens`` conditions
-                          count (default: the first model's, from its head). Model and
-                          chunk nodes always use their own model's tokenizer (its head).
-    inline                ``tokenizer: true``: tokenize in the router's process with each
-                          tokenizer model's own files (``<repository>/<tokenizer>/1``)
-                          instead of a BLS call, saving one round trip per ``execute``;
-                          a path (the older form, e.g. ``../tokenizer/1``) is accepted
-                          when it is those files. ``postprocess: true`` (the only value):
-                          kept for older policies; the router always turns logits into
-                          answers with its models' heads (``orchestrator.runtime.heads``,
-                          the postprocess model's own functions) in-process.
-    max_sequence_length   tokens (default 128, the demo tokenizer's ``model_max_length``);
-                          at most each model's ``max_length`` (its head)
-    bls_max_batch_size    rows per BLS call (default 64, the downstream models'
-                          ``max_batch_size``)
-    request_parameters    request parameter name -> the values clients may send; ``param``
-                          conditions may only use these, and a request with another value
-                          is refused, so clients choose among routes and never name a model
-    ignored_parameters    request parameters accepted and ignored (``fnmatch`` patterns, e.g.
-                          headers forwarded by ``--http-header-forward-pattern``); any
-                          other parameter that is not declared is refused
-    limits                input sizes (``request.Limits``): ``max_text_bytes`` (65536),
-                          ``max_request_bytes`` (4194304), ``max_windows_per_text`` (256)
-    circuit_breaker       per downstream model (``health.BreakerSettings``):
-                          ``consecutive_failures`` (3), ``open_s`` (5), ``reload_unhealthy``
-                          (true), ``reload_interval_s`` (30), ``watch_stubs`` (true)
+Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, generated:
+``docs/policy.md``, and as JSON Schema for editors: ``docs/policy.schema.json``):
+``version``, ``description``, ``root`` (required), ``tokenizer``, ``inline``,
+``max_sequence_length``, ``bls_max_batch_size``, ``request_parameters``,
+``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
+(``health.BreakerSettings``) and ``defaults`` (kind -> keys every node of that kind gets
+unless it sets them: ``defaults: {chunk: {window: 128, stride: 96}}``). Both files are
+written by ``python -m orchestrator.runtime.policy_docs`` (``--check`` compares).
 
 Every answer of a policy has its models' head (``heads.Head``, from ``<model>/head.json``):
 :func:`bind_heads` checks the policy against the repository's heads when the router loads
@@ -63,19 +41,17 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
+from orchestrator.runtime import schema as S
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.health import BreakerSettings
-from orchestrator.runtime.nodes.base import BindContext, Node, ParseContext, Reader
-from orchestrator.runtime.nodes.model import ModelNode, OnDemand
+from orchestrator.runtime.nodes.base import BindContext, ModelCall, Node, ParseContext, Windows
+from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.request import Limits
 
-__all__ = ["Policy", "PolicyError", "OnDemand", "parse_policy", "read_document", "load_policy", "describe", "bind_heads"]
-
-TOP_LEVEL_KEYS = (
-    "version", "root", "tokenizer", "max_sequence_length", "bls_max_batch_size",
-    "request_parameters", "description", "inline", "ignored_parameters", "limits", "circuit_breaker",
-)
+__all__ = [
+    "Policy", "PolicyError", "OnDemand", "TOP", "parse_policy", "read_document", "load_policy", "describe", "bind_heads",
+]
 
 
 @dataclass
@@ -96,6 +72,7 @@ class Policy:
         breaker: circuit breaker settings.
         source: the validated document, for ``policy show``.
         head: the head of every answer, set by :func:`bind_heads` (None before).
+        version: the policy format's version.
     """
 
     root: Node
@@ -109,78 +86,134 @@ class Policy:
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
     source: Dict[str, Any] = field(default_factory=dict)
     head: Optional[Head] = None
+    version: int = 1
 
     def nodes(self) -> List[Node]:
         """Every node, depth first from the root."""
         return list(N.walk(self.root))
 
+    def calls(self) -> List[ModelCall]:
+        """Every model call of the policy's nodes (``NodeKind.calls``), depth first."""
+        return [c for n in self.nodes() for c in N.KINDS[n.kind].calls(n)]
+
     def models(self) -> List[str]:
         """Every downstream call target of the policy (BLS), tokenizer models included
         unless tokenization is inline: model names, ``name@version`` for pinned versions
-        (``nodes.model.target``)."""
+        (``nodes.base.target``)."""
         names = [] if self.inline_tokenizer else self.tokenizers()
-        names += [n.target for n in self.nodes() if isinstance(n, ModelNode)]
+        names += [c.target for c in self.calls()]
         return list(dict.fromkeys(names))
 
     def tokenizers(self) -> List[str]:
-        """The tokenizer models the policy needs: its models' (their heads), the
-        ``tokenizer`` of ``tokens`` conditions when a switch has one."""
-        names = [n.head.tokenizer for n in self.model_nodes()]
-        if any(getattr(c.when, "needs_tokens", False) for n in self.nodes() if n.kind == "switch" for c in n.cases):
-            names.append(self.tokenizer or (names[0] if names else "tokenizer"))
+        """The tokenizer models the policy's nodes read tokens of (``NodeKind.tokens``:
+        models their heads', ``tokens`` conditions and windows the policy's ``tokenizer``,
+        by default the first model's)."""
+        default = self.tokenizer or (self.head.tokenizer if self.head else LEGACY.tokenizer)
+        nodes = self.nodes()
+        calling = [n for n in nodes if N.KINDS[n.kind].calls(n)]  # the models' tokenizers come first
+        rest = [n for n in nodes if not N.KINDS[n.kind].calls(n)]
+        names = [t or default for n in calling + rest for t in N.KINDS[n.kind].tokens(n)]
         return list(dict.fromkeys(names))
 
-    def model_nodes(self) -> List[ModelNode]:
-        """Every ``model`` node, depth first (shadow candidates included)."""
-        return [n for n in self.nodes() if isinstance(n, ModelNode)]
+    def windows(self) -> List[Windows]:
+        """How the policy's nodes window texts (``NodeKind.windows``), one per node that does."""
+        return [w for n in self.nodes() if (w := N.KINDS[n.kind].windows(n)) is not None]
+
+    def model_nodes(self) -> List[Node]:
+        """Every node that calls a model itself (``NodeKind.calls``: ``model`` nodes),
+        depth first (shadow candidates included)."""
+        return [n for n in self.nodes() if N.KINDS[n.kind].calls(n)]
 
     def on_demand(self) -> Dict[str, OnDemand]:
         """Models marked ``on_demand``, with their settings (the first mention wins)."""
         out: Dict[str, OnDemand] = {}
-        for n in self.nodes():
-            if isinstance(n, ModelNode) and n.on_demand is not None:
-                out.setdefault(n.model, n.on_demand)
+        for c in self.calls():
+            if c.on_demand is not None:
+                out.setdefault(c.model, c.on_demand)
         return out
 
 
-def _request_parameters(r: Reader) -> Dict[str, Tuple[str, ...]]:
-    params: Dict[str, Tuple[str, ...]] = {}
-    for name, values in (r.get("request_parameters", dict, {}) or {}).items():
-        if not isinstance(values, list) or not values or not all(isinstance(v, str) and v for v in values):
-            raise PolicyError(f"policy.request_parameters.{name}: expected a non-empty list of strings")
-        params[str(name)] = tuple(values)
-    return params
+def _inline(values: Dict[str, Any], where: str) -> Union[bool, str, None]:
+    return values["tokenizer"] or None
 
 
-def _limits(r: Reader) -> Limits:
-    d = Limits()
-    lr = Reader(r.get("limits", dict, {}) or {}, "policy.limits", ("max_text_bytes", "max_request_bytes", "max_windows_per_text"))
-    return Limits(
-        max_text_bytes=lr.number_in("max_text_bytes", 1, 1 << 31, d.max_text_bytes, kind=int),
-        max_request_bytes=lr.number_in("max_request_bytes", 1, 1 << 31, d.max_request_bytes, kind=int),
-        max_windows_per_text=lr.number_in("max_windows_per_text", 1, 1 << 20, d.max_windows_per_text, kind=int),
-    )
+#: The ``inline`` mapping; read as the policy's ``inline_tokenizer``.
+INLINE = S.Struct(
+    "inline",
+    [
+        S.Key("tokenizer", S.AnyOf(S.Bool(), S.Str()), "`true`: tokenize in the router's process with each tokenizer "
+              "model's own files (`<repository>/<tokenizer>/1`) instead of a BLS call, one round trip fewer per "
+              "execute; a path (the older form, e.g. `../tokenizer/1`) is accepted when it is those files", nullable=True),
+        S.Key("postprocess", S.Const(S.Bool(), True, "false is no longer offered: the router turns logits into answers "
+              "with each model's head (orchestrator.runtime.heads) in-process; delete the key"),
+              "kept for older policies: the router always turns logits into answers with its models' heads in-process"),
+    ],
+    build=_inline,
+    always=True,
+    doc="What the router does in its own process instead of a BLS call.",
+)
 
+#: The ``limits`` mapping (defaults: ``request.Limits``).
+LIMITS = S.Struct(
+    "limits",
+    [
+        S.Key("max_text_bytes", S.Int(1, 1 << 31), "UTF-8 bytes per text (64 KiB is about 10,000 English words); "
+              "checked before decoding"),
+        S.Key("max_request_bytes", S.Int(1, 1 << 31), "UTF-8 bytes of all texts of one request (4 MiB: 64 texts, "
+              "the router's max_batch_size, of 64 KiB)"),
+        S.Key("max_windows_per_text", S.Int(1, 1 << 20), "windows a chunk node may make of one text (256: about "
+              "24,600 tokens at window 128, stride 96), which bounds a text's model time"),
+    ],
+    target=Limits,
+    build=lambda values, where: Limits(**values),
+    always=True,
+    doc="Input sizes the router accepts; a request over one gets INVALID_ARG naming the text, its size and the limit.",
+)
 
-def _breaker(r: Reader) -> BreakerSettings:
-    d = BreakerSettings()
-    keys = ("consecutive_failures", "open_s", "reload_unhealthy", "reload_interval_s", "watch_stubs")
-    br = Reader(r.get("circuit_breaker", dict, {}) or {}, "policy.circuit_breaker", keys)
-    return BreakerSettings(
-        consecutive_failures=br.number_in("consecutive_failures", 1, 1000, d.consecutive_failures, kind=int),
-        open_s=br.number_in("open_s", 0.0, 3600.0, d.open_s),
-        reload_unhealthy=br.get("reload_unhealthy", bool, d.reload_unhealthy),
-        reload_interval_s=br.number_in("reload_interval_s", 0.0, 86400.0, d.reload_interval_s),
-        watch_stubs=br.get("watch_stubs", bool, d.watch_stubs),
-    )
+#: The ``circuit_breaker`` mapping (defaults: ``health.BreakerSettings``).
+BREAKER = S.Struct(
+    "circuit_breaker",
+    [
+        S.Key("consecutive_failures", S.Int(1, 1000), "failures in a row that open a model's circuit (at once when "
+              "the model cannot serve: stub dead, not ready)"),
+        S.Key("open_s", S.Number(0.0, 3600.0), "seconds an open circuit fails fast before one probe call"),
+        S.Key("reload_unhealthy", S.Bool(), "reload a model whose stub process died (needs "
+              "`--model-control-mode=explicit`)"),
+        S.Key("reload_interval_s", S.Number(0.0, 86400.0), "seconds between reloads of one model"),
+        S.Key("watch_stubs", S.Bool(), "see a dead stub in /proc before calling it instead of waiting Triton's "
+              "1 s health timeout"),
+    ],
+    target=BreakerSettings,
+    build=lambda values, where: BreakerSettings(**values),
+    always=True,
+    doc="Per downstream model (docs/reliability.md).",
+)
 
-
-def _ignored_parameters(r: Reader) -> Tuple[str, ...]:
-    patterns = r.get("ignored_parameters", list, [])
-    for i, p in enumerate(patterns):
-        if not isinstance(p, str) or not p:
-            raise PolicyError(f"policy.ignored_parameters[{i}]: expected a non-empty string, got {p!r}")
-    return tuple(patterns)
+#: The top level of a policy document; ``root`` is read last (its nodes need the rest).
+TOP = S.Struct(
+    "policy",
+    [
+        S.Key("version", S.Const(S.Int(1, 1 << 20), 1, "{value} is not supported (expected 1)"), "the format's version"),
+        S.Key("description", S.Str(empty=True), "free text"),
+        S.Key("tokenizer", S.Str(), "the tokenizer model whose tokens `switch` `tokens` conditions count "
+              "(model and chunk nodes always use their models' own, from their heads)",
+              computed="the first model's, from its head"),
+        S.Key("inline", INLINE, "in-process work instead of BLS calls", nullable=True),
+        S.Key("max_sequence_length", S.Int(3, 1 << 20), "tokens: default `max_length` of model nodes and `window` "
+              "of chunk nodes (the demo tokenizer's `model_max_length`); at most each model's `max_length` (its head)"),
+        S.Key("bls_max_batch_size", S.Int(1, 1 << 20), "rows per BLS call (the downstream models' `max_batch_size`)"),
+        S.Key("request_parameters", S.Params(), "request parameter name -> the values clients may send; `param` "
+              "conditions may only use these, and a request with another value is refused", nullable=True),
+        S.Key("ignored_parameters", S.Strings(), "request parameters accepted and ignored (`fnmatch` patterns, e.g. "
+              "headers forwarded by `--http-header-forward-pattern`); any other undeclared parameter is refused"),
+        S.Key("limits", LIMITS, "input sizes", nullable=True),
+        S.Key("circuit_breaker", BREAKER, "circuit breaker settings", attr="breaker", nullable=True),
+        S.Key("defaults", N.KindDefaults(), "kind -> keys every node of that kind gets unless it sets them, e.g. "
+              "`{chunk: {window: 128, stride: 96}}` (optional keys without nodes; not `name`)", nullable=True),
+        S.Key("root", S.NodeRef(), "the node every text enters", location="root"),
+    ],
+    target=Policy,
+)
 
 
 def _check_declining(root: Node) -> None:
@@ -188,48 +221,38 @@ def _check_declining(root: Node) -> None:
         raise PolicyError("root: some texts may get no answer (a switch without default ends the policy)")
     for node in N.walk(root):
         for child in N.children(node):
-            if N.may_decline(child) and node.kind != "sequence":
+            if N.may_decline(child) and not N.KINDS[node.kind].accepts_declining:
                 raise PolicyError(f"{child.name}: a switch without default may only be a step of a sequence")
 
 
 def parse_policy(document: Any) -> Policy:
-    """Validate a policy document (the parsed YAML/JSON) and build the node tree.
+    """Validate a policy document (the parsed YAML/JSON) against :data:`TOP` and the node
+    kinds, and build the node tree.
 
     Raises:
         PolicyError: the first problem found, with its location.
     """
-    r = Reader(document, "policy", TOP_LEVEL_KEYS)
-    inline = Reader(r.get("inline", dict, {}) or {}, "policy.inline", ("tokenizer", "postprocess"))
-    if inline.get("postprocess", bool, True) is not True:
-        raise PolicyError(
-            "policy.inline.postprocess: false is no longer offered: the router turns logits into answers with each "
-            "model's head (orchestrator.runtime.heads) in-process; delete the key"
-        )
-    inline_tokenizer = inline.data.get("tokenizer")
-    if inline_tokenizer is not None and not (inline_tokenizer is True or inline_tokenizer is False):
-        inline_tokenizer = inline.get("tokenizer", str)
-    if "postprocess" in r.data:
-        raise PolicyError("policy.postprocess: no longer a key: each model's head decides its answers (delete the key)")
-    version = r.get("version", int, 1)
-    if version != 1:
-        raise PolicyError(f"policy.version: {version} is not supported (expected 1)")
-    params = _request_parameters(r)
-    max_len = r.number_in("max_sequence_length", 3, 1 << 20, 128, kind=int)
+    TOP.check(document, "policy")
+    v = {k.name: TOP.read_key(k, document, "policy", None) for k in TOP.keys if k.name != "root"}
     names: Dict[str, str] = {}
-    ctx = ParseContext(max_len, params, lambda data, where: N.parse_node(data, where, ctx, names))
-    root = ctx.parse_node(r.get("root", dict, required=True), "root")
+    ctx = ParseContext(
+        v["max_sequence_length"], v["request_parameters"], lambda data, where: N.parse_node(data, where, ctx, names),
+        v["defaults"] or {},
+    )
+    root = TOP.read_key(TOP.key("root"), document, "policy", ctx)
     _check_declining(root)
     return Policy(
         root=root,
-        tokenizer=r.get("tokenizer", str),
-        max_sequence_length=max_len,
-        bls_max_batch_size=r.number_in("bls_max_batch_size", 1, 1 << 20, 64, kind=int),
-        request_parameters=params,
-        inline_tokenizer=inline_tokenizer or None,
-        ignored_parameters=_ignored_parameters(r),
-        limits=_limits(r),
-        breaker=_breaker(r),
+        tokenizer=v["tokenizer"],
+        max_sequence_length=v["max_sequence_length"],
+        bls_max_batch_size=v["bls_max_batch_size"],
+        request_parameters=v["request_parameters"],
+        inline_tokenizer=v["inline"],
+        ignored_parameters=tuple(v["ignored_parameters"]),
+        limits=v["limits"],
+        breaker=v["circuit_breaker"],
         source=json.loads(json.dumps(document)),
+        version=v["version"],
     )
 
 
@@ -258,32 +281,26 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
     Raises:
         PolicyError: the first problem found, with its location.
     """
-    model_nodes = policy.model_nodes()
-    if not model_nodes:  # constants only: one column, as a binary head answers
+    calls = policy.calls()
+    if not calls:  # constants only: one column, as a binary head answers
         policy.head = LEGACY
         return LEGACY
-    for node in model_nodes:
-        if node.model not in heads:
-            raise PolicyError(f"{node.where}.model: model '{node.model}' is not in the model repository")
-        node.head = heads[node.model]
-    first = model_nodes[0]
-    for node in model_nodes:
-        if not node.head.compatible(first.head):
+    for call in calls:
+        if call.model not in heads:
+            raise PolicyError(f"{call.where}.model: model '{call.model}' is not in the model repository")
+    first = calls[0]
+    head = heads[first.model]
+    for call in calls:
+        if not heads[call.model].compatible(head):
             raise PolicyError(
-                f"{node.where}.model: '{node.model}' has a {node.head.describe()} head, but '{first.model}' "
-                f"({first.where}) has a {first.head.describe()} head; a router answers every text with one head"
+                f"{call.where}.model: '{call.model}' has a {heads[call.model].describe()} head, but '{first.model}' "
+                f"({first.where}) has a {head.describe()} head; a router answers every text with one head"
             )
-        if node.max_length > node.head.max_length:
-            raise PolicyError(
-                f"{node.where}.max_length: {node.max_length} tokens, over model '{node.model}''s maximum of "
-                f"{node.head.max_length} (its head.json max_length); lower max_sequence_length or the node's max_length"
-            )
-        node.check_calibration()
-    ctx = BindContext(first.head, policy.tokenizer or first.head.tokenizer)
-    for node in policy.nodes():
+    ctx = BindContext(head, policy.tokenizer or head.tokenizer, {c.model: heads[c.model] for c in calls})
+    for node in reversed(policy.nodes()):  # children first: a chunk reads its models' heads
         N.KINDS[node.kind].bind(node, ctx)
-    policy.head = first.head
-    return first.head
+    policy.head = head
+    return head
 
 
 def inline_tokenizer_dirs(policy: Policy, model_dir: Path) -> Dict[str, Path]:

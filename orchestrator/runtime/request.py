@@ -62,13 +62,14 @@ class Limits:
     byte limits are checked before anything is decoded or tokenized, so rejected input
     costs no tokenizer or model time and leaves no memory behind.
 
+    The field defaults below are the policy keys' defaults (``policy.LIMITS`` reads them;
+    docs/policy.md shows them with each key's meaning).
+
     Attributes:
-        max_text_bytes: UTF-8 bytes per text (default 65536 = 64 KiB, about 10,000 English
-            words; the demo corpus's longest text has 855 bytes).
-        max_request_bytes: UTF-8 bytes of all texts of one request (default 4 MiB = 64
-            texts, the router's ``max_batch_size``, of 64 KiB).
-        max_windows_per_text: windows a ``chunk`` node may make of one text (default 256:
-            about 24,600 tokens at window 128, stride 96), which bounds a text's model time.
+        max_text_bytes: UTF-8 bytes per text (the demo corpus's longest text has 855 bytes).
+        max_request_bytes: UTF-8 bytes of all texts of one request.
+        max_windows_per_text: windows a ``chunk`` node may make of one text, which bounds a
+            text's model time.
     """
 
     max_text_bytes: int = 65536

@@ -1,21 +1,23 @@
-"""What every node kind shares: the node and item types, typed policy reading, and the
-:class:`NodeKind` record that ties a kind's dataclass, validation and handler together.
+"""What every node kind shares: the node and item types, and the :class:`NodeKind` record
+that ties a kind's dataclass, keys (``schema.Key``), build step, handler and needs together.
 
 A node receives a list of :class:`Item` (texts, or windows of texts) and returns an
 :class:`Answer` per item it answers, keyed by ``Item.idx``. Handlers reach the rest of the
-router only through the :class:`Engine` protocol below.
+router only through the :class:`Engine` protocol below. What a kind needs from the engine
+and the policy (tokens of a tokenizer, windows, model calls, background work, children
+that may decline) it declares in its ``NodeKind``; the engine and the policy read those
+declarations and never test a kind's name.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import Head
+from orchestrator.runtime.schema import Key, Number, Str, Struct, check_required
 
 
 @dataclass
@@ -28,11 +30,90 @@ class Node:
             path in the policy tree, e.g. ``root.steps[1]``).
         timeout_ms: milliseconds; the node fails (``DownstreamError``) when it takes longer.
             None: no limit.
+        where: the node's location in the policy document (``root.steps[1]``), for errors
+            found after parsing (``policy.bind_heads``).
+
+    Raises:
+        TypeError: (construction) a field whose default is ``schema.REQUIRED`` was not given.
     """
 
     kind: str
     name: str
     timeout_ms: Optional[float] = None
+    where: str = ""
+
+    def __post_init__(self) -> None:
+        check_required(self)
+
+
+#: Keys every node has (``kind`` is checked before them: it selects the others).
+COMMON_KEYS: Tuple[Key, ...] = (
+    Key("kind", Str(), "the node kind: one of the kinds below"),
+    Key("name", Str(), "unique in the policy; used in metrics, errors and routes", computed="its path in the tree, e.g. `root.steps[1]`"),
+    Key("timeout_ms", Number(above=0.0), "milliseconds; the node fails (a fallback may answer) when it takes longer"),
+)
+
+#: Separates a model's name from a pinned version in targets and default routes
+#: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
+VERSION_SEP = "@"
+
+
+def target(model: str, version: Optional[int] = None) -> str:
+    """The downstream call target of a model: ``model`` (Triton's choice of version: the
+    highest ready one) or ``model@version`` (that version). Circuit breakers, metrics
+    labels and errors use it, so two versions of one model are told apart."""
+    return f"{model}{VERSION_SEP}{version}" if version is not None else model
+
+
+def split_target(name: str) -> Tuple[str, Optional[int]]:
+    """``(model, version or None)`` of a :func:`target` string."""
+    model, sep, version = name.rpartition(VERSION_SEP)
+    if sep and model and version.isdigit():
+        return model, int(version)
+    return name, None
+
+
+def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
+    """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
+    truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
+    if ids.shape[0] <= max_length:
+        return ids
+    return np.concatenate([ids[: max_length - 1], ids[-1:]])
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """A downstream model a node calls itself (not through its children).
+
+    Attributes:
+        model: the model's name in the repository.
+        version: the pinned version, or None (Triton's highest ready one).
+        where: the location of the node that names it (errors say ``<where>.model``).
+        on_demand: its on-demand settings (``nodes.model.OnDemand``), or None.
+    """
+
+    model: str
+    version: Optional[int]
+    where: str
+    on_demand: Any = None
+
+    @property
+    def target(self) -> str:
+        """The call target (see :func:`target`)."""
+        return target(self.model, self.version)
+
+
+@dataclass(frozen=True)
+class Windows:
+    """A node splits texts into windows of one tokenizer's tokens.
+
+    Attributes:
+        tokenizer: the tokenizer model whose tokens are windowed.
+        count: ``tokens -> windows`` a text of that many tokens becomes.
+    """
+
+    tokenizer: str
+    count: Callable[[int], int]
 
 
 @dataclass
@@ -120,88 +201,6 @@ class Engine(Protocol):
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
 
 
-# ----------------------------------------------------------------------------- policy reading
-
-
-class Reader:
-    """Typed access to one mapping of a policy document, with its location for errors.
-
-    Raises:
-        PolicyError: ``data`` is not a mapping, or has a key outside ``allowed``.
-    """
-
-    def __init__(self, data: Any, where: str, allowed: Tuple[str, ...]):
-        if not isinstance(data, Mapping):
-            raise PolicyError(f"{where}: expected a mapping, got {type(data).__name__}")
-        unknown = [k for k in data if k not in allowed]
-        if unknown:
-            raise PolicyError(f"{where}.{unknown[0]}: unknown key (expected one of: {', '.join(allowed)})")
-        self.data, self.where = data, where
-
-    def get(self, key: str, kind: type, default: Any = None, required: bool = False) -> Any:
-        """The value of ``key`` checked to be a ``kind`` (float: finite number; str: non-empty).
-
-        Raises:
-            PolicyError: the key is missing and required, or its value has the wrong type.
-        """
-        if key not in self.data:
-            if required:
-                raise PolicyError(f"{self.where}.{key}: required key is missing")
-            return default
-        return _typed(self.data[key], kind, f"{self.where}.{key}")
-
-    def number_in(self, key: str, low: float, high: float, default: Any = None, required: bool = False, kind: type = float) -> Any:
-        """Like :meth:`get` for a number that must lie in ``[low, high]``."""
-        value = self.get(key, kind, default, required)
-        if value is not None and not (low <= value <= high):
-            raise PolicyError(f"{self.where}.{key}: {value!r} is outside [{low}, {high}]")
-        return value
-
-    def numbers_in(self, key: str, low: float, high: float) -> Tuple[List[float], bool]:
-        """A required number in ``[low, high]``, or a non-empty list of them (one per label);
-        returns ``(values, given_as_list)``."""
-        raw = self.get(key, object, required=True)
-        if not isinstance(raw, list):
-            return [self.number_in(key, low, high, required=True)], False
-        if not raw:
-            raise PolicyError(f"{self.where}.{key}: expected a number or a non-empty list of numbers")
-        names = tuple(f"{key}[{i}]" for i in range(len(raw)))
-        probe = Reader(dict(zip(names, raw)), self.where, names)
-        return [probe.number_in(k, low, high, required=True) for k in names], True
-
-    def list_of(self, key: str, minimum: int) -> List[Any]:
-        """A required list of at least ``minimum`` entries."""
-        items = self.get(key, list, required=True)
-        if len(items) < minimum:
-            raise PolicyError(f"{self.where}.{key}: needs at least {minimum} entries, got {len(items)}")
-        return items
-
-    def choice(self, key: str, options: Tuple[str, ...], default: str) -> str:
-        """A string that must be one of ``options``."""
-        value = self.get(key, str, default)
-        if value not in options:
-            raise PolicyError(f"{self.where}.{key}: {value!r}, expected one of {', '.join(options)}")
-        return value
-
-
-def _typed(value: Any, kind: type, where: str) -> Any:
-    if kind is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise PolicyError(f"{where}: expected a finite number, got {value!r}")
-        return float(value)
-    if kind is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PolicyError(f"{where}: expected an integer, got {value!r}")
-        return value
-    if kind is bool and not isinstance(value, bool):
-        raise PolicyError(f"{where}: expected true or false, got {value!r}")
-    if kind is str and (not isinstance(value, str) or not value):
-        raise PolicyError(f"{where}: expected a non-empty string, got {value!r}")
-    if kind is list and not isinstance(value, list):
-        raise PolicyError(f"{where}: expected a list, got {type(value).__name__}")
-    return value
-
-
 @dataclass
 class ParseContext:
     """What parsing one node needs beyond its own mapping.
@@ -210,15 +209,14 @@ class ParseContext:
         max_sequence_length: the policy's default token limit (tokens).
         request_parameters: request parameter name -> the values clients may send.
         parse_node: parses a child node document at a location (the policy parser's own).
+        defaults: kind name -> keys every node of that kind gets unless it sets them
+            (the policy's ``defaults``, already validated).
     """
 
     max_sequence_length: int
     request_parameters: Mapping[str, Tuple[str, ...]]
     parse_node: Callable[[Any, str], Node]
-
-    def nodes(self, r: Reader, key: str, minimum: int) -> List[Node]:
-        """Parse the list of child nodes under ``key`` (at least ``minimum``)."""
-        return [self.parse_node(n, f"{r.where}.{key}[{i}]") for i, n in enumerate(r.list_of(key, minimum))]
+    defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- the kind record
@@ -241,43 +239,84 @@ class BindContext:
     Attributes:
         head: the policy's head: every answer has its columns.
         tokenizer: the tokenizer model whose tokens ``switch`` ``tokens`` conditions count.
+        heads: model name -> its head, for every model the policy calls.
     """
 
     head: Head
     tokenizer: str
+    heads: Mapping[str, Head] = field(default_factory=dict)
 
 
 def _binds_anything(node: Node, ctx: BindContext) -> None:
     return None
 
 
+def _no_tokens(node: Node) -> Tuple[str, ...]:
+    return ()
+
+
+def _no_windows(node: Node) -> Optional[Windows]:
+    return None
+
+
+def _no_calls(node: Node) -> Tuple[ModelCall, ...]:
+    return ()
+
+
 @dataclass(frozen=True)
 class NodeKind:
-    """One node kind, defined once.
+    """One node kind, defined once: its keys, build step, handler and what it needs.
 
     Attributes:
         name: the ``kind`` value in a policy.
-        node_type: its dataclass (fields and units in its docstring).
-        keys: the keys its mapping may have besides ``kind``, ``name`` and ``timeout_ms``.
-        parse: ``(reader, context, common) -> node``: validation; ``common`` holds the
-            :class:`Node` fields; raises PolicyError with the location.
+        node_type: its dataclass; a field's default is its key's default
+            (``schema.REQUIRED``: the key is required).
+        doc: one line for the docs (``docs/policy.md``, the JSON Schema).
+        keys: its keys besides ``kind``, ``name`` and ``timeout_ms`` (``schema.Key``: type,
+            bounds, meaning), in reading order.
+        build: ``(values, context, common) -> node``: ``values`` are the keys read and
+            validated (defaults filled in; None for an absent key without one), ``common``
+            the :class:`Node` fields; checks what spans keys and computes ``computed``
+            defaults; raises PolicyError with the location (``common["where"]``).
         run: ``async (engine, node, items) -> answers``: the handler.
         describe: one line for ``orchestrator policy check`` (without name and timeout).
         children: ``node -> [(label, child)]`` in rendering order (label may be "").
         declines: True when the node can leave texts unanswered.
         bind: ``(node, BindContext) -> None``: checks the node against the policy's head
-            once the repository's heads are known (``policy.bind_heads``); raises PolicyError.
+            once the repository's heads are known (``policy.bind_heads``; children are
+            bound before their parent); raises PolicyError.
+        tokens: ``node -> tokenizer models`` whose ids the node reads; the engine tokenizes
+            every text with them once per ``execute`` ("": the policy's ``tokenizer``).
+        windows: ``node -> Windows or None``: the node splits texts into windows (the
+            engine refuses texts over ``limits.max_windows_per_text`` before running).
+        calls: ``node -> (ModelCall, ...)``: models the node calls itself (the policy's
+            ``models()``, ``on_demand()`` and heads come from these).
+        background: the node hands work to the engine's background queue
+            (``Engine.mirror``); the engine starts one only for policies that have such a node.
+        accepts_declining: its children may leave texts unanswered (a ``sequence`` passes
+            them to its next step); elsewhere such a child is refused.
+        spec: (derived) the kind's mapping: common keys and ``keys``, defaults resolved.
     """
 
     name: str
     node_type: type
-    keys: Tuple[str, ...]
-    parse: Callable[[Reader, ParseContext, Dict[str, Any]], Node]
+    doc: str
+    keys: Tuple[Key, ...]
+    build: Callable[[Dict[str, Any], ParseContext, Dict[str, Any]], Node]
     run: Handler
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
     declines: Callable[[Any], bool] = _never_declines
     bind: Callable[[Any, BindContext], None] = _binds_anything
+    tokens: Callable[[Any], Tuple[str, ...]] = _no_tokens
+    windows: Callable[[Any], Optional[Windows]] = _no_windows
+    calls: Callable[[Any], Tuple[ModelCall, ...]] = _no_calls
+    background: bool = False
+    accepts_declining: bool = False
+    spec: Struct = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "spec", Struct(self.name, COMMON_KEYS + tuple(self.keys), target=self.node_type, doc=self.doc))
 
 
 #: kind name -> its definition; filled by ``orchestrator.runtime.nodes`` (its ``KINDS``).

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from orchestrator.runtime.heads import Head
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Key, Nodes, Number
 
 
 @dataclass
@@ -17,17 +18,15 @@ class CascadeNode(Node):
     stage, and so on. Unsure (``heads.Head.unsure``): binary, the probability strictly
     within ``margin`` of the threshold; multiclass, the top two probabilities less than
     ``margin`` apart; multilabel, some label strictly within ``margin`` of its threshold.
-
-    Policy keys: ``stages`` (2+ nodes), ``margin`` (required; a probability distance in
-    [0, 1]: 0 never escalates, 1 escalates every text a stage does not fix a verdict for).
+    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
     """
 
-    stages: List[Node] = field(default_factory=list)
-    margin: float = 0.15
+    stages: List[Node] = REQUIRED
+    margin: float = REQUIRED
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
-    return CascadeNode(**common, stages=ctx.nodes(r, "stages", 2), margin=r.number_in("margin", 0.0, 1.0, required=True))
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
+    return CascadeNode(**common, stages=values["stages"], margin=values["margin"])
 
 
 def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers) -> List[Item]:
@@ -58,8 +57,13 @@ def _children(node: CascadeNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="cascade",
     node_type=CascadeNode,
-    keys=("stages", "margin"),
-    parse=_parse,
+    doc="A first stage for all texts, later stages only for texts within `margin` of their threshold.",
+    keys=(
+        Key("stages", Nodes(2), "nodes in order: the first answers every text, each next one the texts still unsure"),
+        Key("margin", Number(0.0, 1.0), "a probability distance: 0 never escalates, 1 escalates every text a stage "
+            "does not fix a verdict for (multiclass: the top two probabilities closer than this)"),
+    ),
+    build=_build,
     run=_run,
     describe=lambda node: f"cascade margin={node.margin:g}",
     children=_children,

@@ -3,12 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from functools import partial
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext, Reader, descendants
+from orchestrator.runtime.nodes.base import (
+    REGISTRY,
+    Answer,
+    Answers,
+    BindContext,
+    Engine,
+    Item,
+    Node,
+    NodeKind,
+    ParseContext,
+    Windows,
+    descendants,
+)
+from orchestrator.runtime.schema import REQUIRED, Choice, Int, Key, NodeRef
 
 AGGREGATIONS = ("length_weighted_mean", "mean", "max")
 
@@ -17,20 +31,15 @@ AGGREGATIONS = ("length_weighted_mean", "mean", "max")
 class ChunkNode(Node):
     """Texts longer than ``window`` tokens are split into overlapping windows (see
     :func:`token_windows`) that ``node`` classifies; the text's probability aggregates the
-    windows'. ``ROUTE`` gets the prefix ``chunked:``.
-
-    Policy keys: ``window`` (tokens per window, special tokens included; default the
-    policy's ``max_sequence_length``), ``stride`` (content tokens between window starts,
-    1 .. window - 2; default 3/4 of the window's content), ``aggregation``
-    (``length_weighted_mean``: mean weighted by window length in tokens, the default;
-    ``mean``; ``max``; each column by itself, ``heads.Head.combine``), ``node`` (required;
-    every model under it must use one tokenizer, since windows are token windows).
+    windows'. ``ROUTE`` gets the prefix ``chunked:``. Keys: :data:`KIND` ``.keys``
+    (docs/policy.md); every model under ``node`` must use one tokenizer, since windows are
+    token windows.
     """
 
-    window: int = 128
-    stride: int = 96
+    window: int = REQUIRED
+    stride: int = REQUIRED
     aggregation: str = "length_weighted_mean"
-    node: Optional[Node] = None
+    node: Node = REQUIRED
     tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer (``policy.bind_heads``)
 
 
@@ -67,27 +76,28 @@ def window_count(tokens: int, max_length: int, stride: int) -> int:
     return full + (1 if (full - 1) * stride + width < content else 0)
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
-    window = r.number_in("window", 3, 1 << 20, ctx.max_sequence_length, kind=int)
-    stride = r.number_in("stride", 1, window - 2, max(1, (window - 2) * 3 // 4), kind=int)
-    aggregation = r.choice("aggregation", AGGREGATIONS, "length_weighted_mean")
-    inner = ctx.parse_node(r.get("node", dict, required=True), f"{r.where}.node")
-    return ChunkNode(**common, window=window, stride=stride, aggregation=aggregation, node=inner)
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
+    window = values["window"] or ctx.max_sequence_length
+    stride = values["stride"] or max(1, (window - 2) * 3 // 4)
+    if not 1 <= stride <= window - 2:  # the schema cannot compare two keys
+        raise PolicyError(f"{common['where']}.stride: {stride!r} is outside [1, {window - 2}]")
+    return ChunkNode(**common, window=window, stride=stride, aggregation=values["aggregation"], node=values["node"])
 
 
 def _bind(node: ChunkNode, ctx: BindContext) -> None:
-    models = [n for n in descendants(node) if n.kind == "model"]
-    tokenizers = sorted({m.head.tokenizer for m in models})
+    calls = [c for n in descendants(node) for c in REGISTRY[n.kind].calls(n)]
+    heads = {c.model: ctx.heads.get(c.model, ctx.head) for c in calls}
+    tokenizers = sorted({h.tokenizer for h in heads.values()})
     if len(tokenizers) > 1:
         raise PolicyError(
             f"{node.name}: its models use different tokenizers ({', '.join(tokenizers)}); a chunk node windows one "
             "tokenizer's tokens, so give each tokenizer its own chunk node"
         )
     node.tokenizer = tokenizers[0] if tokenizers else ctx.tokenizer
-    for m in models:
-        if node.window > m.head.max_length:
+    for model, head in heads.items():
+        if node.window > head.max_length:
             raise PolicyError(
-                f"{node.name}.window: {node.window} tokens, over model '{m.model}''s maximum of {m.head.max_length} "
+                f"{node.name}.window: {node.window} tokens, over model '{model}''s maximum of {head.max_length} "
                 "(its head.json max_length)"
             )
 
@@ -135,10 +145,21 @@ def _children(node: ChunkNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="chunk",
     node_type=ChunkNode,
-    keys=("window", "stride", "aggregation", "node"),
-    parse=_parse,
+    doc="Overlapping token windows of long texts, classified by `node`, aggregated per text; `ROUTE` gets `chunked:`.",
+    keys=(
+        Key("window", Int(3, 1 << 20), "tokens per window, special tokens included",
+            computed="the policy's `max_sequence_length`"),
+        Key("stride", Int(1, 1 << 20), "content tokens between window starts, 1 .. `window` - 2",
+            computed="3/4 of the window's content, `(window - 2) * 3 // 4`"),
+        Key("aggregation", Choice(AGGREGATIONS), "how window answers become the text's, each column by itself: "
+            "`length_weighted_mean` (weighted by window length in tokens), `mean`, `max`"),
+        Key("node", NodeRef(), "classifies the windows; its models must share one tokenizer"),
+    ),
+    build=_build,
     run=_run,
     describe=lambda node: f"chunk window={node.window} stride={node.stride} aggregation={node.aggregation}",
     children=_children,
     bind=_bind,
+    tokens=lambda node: (node.tokenizer,),
+    windows=lambda node: Windows(node.tokenizer, partial(window_count, max_length=node.window, stride=node.stride)),
 )

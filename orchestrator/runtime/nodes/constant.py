@@ -8,32 +8,28 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Bool, Key, Probabilities, Str
 
 
 @dataclass
 class ConstantNode(Node):
-    """Answer every text with fixed probabilities.
+    """Answer every text with fixed probabilities (keys: :data:`KIND` ``.keys``, docs/policy.md).
 
-    Policy keys: ``probability`` (required: a probability in [0, 1] for every output column,
-    or a list with one per column of the policy's head), ``verdict`` (bool, for every
-    column; default: the head's rule on the probabilities and the client's thresholds),
-    ``route`` (default the node's name).
+    Attributes:
+        probability: one probability for every output column, or one per column.
+        verdict: a fixed verdict for every column, or None (the head's rule decides).
+        route: the ``ROUTE`` value.
     """
 
-    probability: Tuple[float, ...] = (0.5,)
+    probability: Tuple[float, ...] = REQUIRED
     verdict: Optional[bool] = None
-    route: str = ""
+    route: str = REQUIRED
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ConstantNode:
-    values, _ = r.numbers_in("probability", 0.0, 1.0)
-    return ConstantNode(
-        **common,
-        probability=tuple(values),
-        verdict=r.get("verdict", bool),
-        route=r.get("route", str, common["name"]),
-    )
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ConstantNode:
+    probability, _ = values["probability"]
+    return ConstantNode(**common, probability=tuple(probability), verdict=values["verdict"], route=values["route"] or common["name"])
 
 
 def _bind(node: ConstantNode, ctx: BindContext) -> None:
@@ -60,8 +56,15 @@ def _describe(node: ConstantNode) -> str:
 KIND = NodeKind(
     name="constant",
     node_type=ConstantNode,
-    keys=("probability", "verdict", "route"),
-    parse=_parse,
+    doc="Answer without a model.",
+    keys=(
+        Key("probability", Probabilities(0.0, 1.0), "the answer's probability for every output column, or a list "
+            "with one per column of the policy's head"),
+        Key("verdict", Bool(), "a fixed verdict for every column; absent: the head's rule on the probabilities and "
+            "the client's thresholds"),
+        Key("route", Str(), "the `ROUTE` value", computed="the node's name"),
+    ),
+    build=_build,
     run=_run,
     describe=_describe,
     bind=_bind,

@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.errors import DownstreamError
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Key, Nodes
 
 
 @dataclass
 class FallbackNode(Node):
     """Try ``nodes`` in order; the next one answers when one fails, times out or its
-    model is not ready (any ``DownstreamError``).
-
-    Policy keys: ``nodes`` (2+).
+    model is not ready (any ``DownstreamError``). Keys: :data:`KIND` ``.keys``.
     """
 
-    nodes: List[Node] = field(default_factory=list)
+    nodes: List[Node] = REQUIRED
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
-    return FallbackNode(**common, nodes=ctx.nodes(r, "nodes", 2))
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
+    return FallbackNode(**common, nodes=values["nodes"])
 
 
 async def _run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
@@ -44,8 +43,9 @@ def _children(node: FallbackNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="fallback",
     node_type=FallbackNode,
-    keys=("nodes",),
-    parse=_parse,
+    doc="Try nodes in order: the next one answers when one fails, times out or its model is not ready.",
+    keys=(Key("nodes", Nodes(2), "the nodes, in the order they are tried"),),
+    build=_build,
     run=_run,
     describe=lambda node: "fallback",
     children=_children,

@@ -9,60 +9,87 @@ import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import LEGACY, Head
-from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import (
+    VERSION_SEP,
+    Answer,
+    Answers,
+    BindContext,
+    Engine,
+    Item,
+    ModelCall,
+    Node,
+    NodeKind,
+    ParseContext,
+    split_target,
+    target,
+    truncate,
+)
+from orchestrator.runtime.schema import REQUIRED, Int, Key, Number, Probabilities, Str, Struct, TrueOr
 from orchestrator.runtime.scores import logit
 
-#: Separates a model's name from a pinned version in targets and default routes
-#: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
-VERSION_SEP = "@"
-
-
-def target(model: str, version: Optional[int] = None) -> str:
-    """The downstream call target of a model node: ``model`` (Triton's choice of version:
-    the highest ready one) or ``model@version`` (that version). Circuit breakers, metrics
-    labels and errors use it, so two versions of one model are told apart."""
-    return f"{model}{VERSION_SEP}{version}" if version is not None else model
-
-
-def split_target(name: str) -> Tuple[str, Optional[int]]:
-    """``(model, version or None)`` of a :func:`target` string."""
-    model, sep, version = name.rpartition(VERSION_SEP)
-    if sep and model and version.isdigit():
-        return model, int(version)
-    return name, None
+# target, split_target and truncate live in base (the engine uses them); kept importable here.
+__all__ = ["ModelNode", "OnDemand", "KIND", "VERSION_SEP", "target", "split_target", "truncate"]
 
 
 @dataclass
 class OnDemand:
-    """Load a model with ``pb_utils.load_model`` on first use, unload it when idle.
+    """Load a model with ``pb_utils.load_model`` on first use, unload it when idle (the
+    ``on_demand`` key; its keys' meanings: :data:`ON_DEMAND`).
 
     Attributes:
-        idle_timeout_s: seconds without use before the router unloads a model it loaded
-            (default 300).
-        retry_after_s: seconds after a failed load before the next load is tried
-            (default 30).
+        idle_timeout_s: seconds without use before the router unloads a model it loaded.
+        retry_after_s: seconds after a failed load before the next load is tried.
     """
 
     idle_timeout_s: float = 300.0
     retry_after_s: float = 30.0
 
 
+#: The ``on_demand`` mapping (defaults: :class:`OnDemand`'s fields).
+ON_DEMAND = Struct(
+    "model.on_demand",
+    [
+        Key("idle_timeout_s", Number(0.0, 86400.0), "seconds without use before the router unloads a model it loaded"),
+        Key("retry_after_s", Number(0.0, 86400.0), "seconds after a failed load before the next load is tried"),
+    ],
+    target=OnDemand,
+    build=lambda values, where: OnDemand(**values),
+    doc="Load the model with `pb_utils.load_model` on first use (concurrent first uses share one load), "
+        "unload it when idle; needs `--model-control-mode=explicit`.",
+)
+
+
+def _calibration(values: Dict[str, Any], where: str) -> Union[float, Tuple[float, ...]]:
+    """``logit(reference_threshold) - logit(threshold)``: one number, or a tuple, one per
+    label, when either key is a list (multilabel heads; a number stands for every label)."""
+    (ref, ref_list), (own, own_list) = values["reference_threshold"], values["threshold"]
+    if len(ref) != len(own) and 1 not in (len(ref), len(own)):
+        raise PolicyError(f"{where}: {len(ref)} reference thresholds but {len(own)} thresholds")
+    shifts = tuple(logit(ref[min(i, len(ref) - 1)]) - logit(own[min(i, len(own) - 1)]) for i in range(max(len(ref), len(own))))
+    return shifts if ref_list or own_list else shifts[0]
+
+
+_THRESHOLD = Probabilities(1e-6, 1 - 1e-6)
+
+#: The ``calibration`` mapping; read as the logit shift.
+CALIBRATION = Struct(
+    "model.calibration",
+    [
+        Key("reference_threshold", _THRESHOLD, "the reference model's operating threshold (one, or one per label)",
+            required=True),
+        Key("threshold", _THRESHOLD, "this variant's threshold that reproduces the reference's verdicts there, "
+                                     "e.g. from `orchestrator parity` (one, or one per label)", required=True),
+    ],
+    build=_calibration,
+    doc="A variant's own threshold: its logits are shifted by `logit(reference_threshold) - logit(threshold)`, "
+        "so a client sending the reference threshold gets this variant's verdicts at `threshold`. Binary and "
+        "multilabel heads only.",
+)
+
+
 @dataclass
 class ModelNode(Node):
-    """Classify every text with one model.
-
-    Policy keys: ``model`` (name, required), ``version`` (an integer >= 1: call that
-    version of the model, as Triton users ship a new version next to the old one with
-    ``version_policy: { specific: { versions: [1, 2] } }``; default: no version, Triton
-    calls the highest ready version), ``route`` (the ``ROUTE`` value; default the model
-    name, ``<model>@<version>`` when ``version`` is set, e.g. ``classifier@1``: a bare
-    model name in ``ROUTE`` always means the latest version),
-    ``max_length`` (tokens; longer inputs are truncated as the ensemble's
-    tokenizer does; default the policy's ``max_sequence_length``), ``on_demand``
-    (``{idle_timeout_s, retry_after_s}``, see :class:`OnDemand`; ``true`` for the
-    defaults), ``calibration`` (``{reference_threshold, threshold}``: this variant's
-    threshold that reproduces the reference model's verdicts at the reference threshold,
-    e.g. from ``orchestrator parity``).
+    """Classify every text with one model (its keys: :data:`KIND` ``.keys``, docs/policy.md).
 
     Attributes:
         model: the model's name in the repository.
@@ -73,19 +100,16 @@ class ModelNode(Node):
         logit_shift: added to the model's logits: ``logit(reference_threshold) -
             logit(threshold)`` from ``calibration`` (0 without), so comparing with the
             client's threshold gives the reference model's verdicts.
-        where: the node's location in the policy document (``root.steps[1]``), for
-            errors found after parsing (``orchestrator policy check`` against a repository).
         head: the model's head (``heads.Head``), bound from the repository's
             ``<model>/head.json`` by ``policy.bind_heads`` (default: the legacy one-logit head).
     """
 
-    model: str = ""
+    model: str = REQUIRED
     version: Optional[int] = None
-    route: str = ""
-    max_length: int = 0
+    route: str = REQUIRED
+    max_length: int = REQUIRED
     on_demand: Optional[OnDemand] = None
     logit_shift: Union[float, Tuple[float, ...]] = 0.0
-    where: str = ""
     head: Head = LEGACY
 
     def check_calibration(self) -> None:
@@ -106,55 +130,33 @@ class ModelNode(Node):
 
     @property
     def target(self) -> str:
-        """The downstream call target (see :func:`target`)."""
+        """The downstream call target (see :func:`~orchestrator.runtime.nodes.base.target`)."""
         return target(self.model, self.version)
 
 
-def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
-    """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
-    truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
-    if ids.shape[0] <= max_length:
-        return ids
-    return np.concatenate([ids[: max_length - 1], ids[-1:]])
-
-
-def _calibration(cal: Reader) -> Union[float, Tuple[float, ...]]:
-    """``logit(reference_threshold) - logit(threshold)``: one number, or a tuple, one per
-    label, when either key is a list (multilabel heads; a number stands for every label)."""
-    ref, ref_list = cal.numbers_in("reference_threshold", 1e-6, 1 - 1e-6)
-    own, own_list = cal.numbers_in("threshold", 1e-6, 1 - 1e-6)
-    if len(ref) != len(own) and 1 not in (len(ref), len(own)):
-        raise PolicyError(f"{cal.where}: {len(ref)} reference thresholds but {len(own)} thresholds")
-    shifts = tuple(logit(ref[min(i, len(ref) - 1)]) - logit(own[min(i, len(own) - 1)]) for i in range(max(len(ref), len(own))))
-    return shifts if ref_list or own_list else shifts[0]
-
-
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
-    on_demand = None
-    if "on_demand" in r.data:
-        raw = r.data["on_demand"]
-        od = Reader({} if raw is True else raw, f"{r.where}.on_demand", ("idle_timeout_s", "retry_after_s"))
-        on_demand = OnDemand(
-            idle_timeout_s=od.number_in("idle_timeout_s", 0.0, 86400.0, 300.0),
-            retry_after_s=od.number_in("retry_after_s", 0.0, 86400.0, 30.0),
-        )
-    shift: Union[float, Tuple[float, ...]] = 0.0
-    if "calibration" in r.data:
-        shift = _calibration(Reader(r.data["calibration"], f"{r.where}.calibration", ("reference_threshold", "threshold")))
-    model = r.get("model", str, required=True)
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:
+    model, version = values["model"], values["version"]
     if VERSION_SEP in model:
-        raise PolicyError(f"{r.where}.model: {model!r} contains {VERSION_SEP!r}; name a version with the key 'version'")
-    version = r.number_in("version", 1, 1 << 62, kind=int)
+        raise PolicyError(f"{common['where']}.model: {model!r} contains {VERSION_SEP!r}; name a version with the key 'version'")
     return ModelNode(
         **common,
         model=model,
         version=version,
-        route=r.get("route", str, target(model, version)),
-        max_length=r.number_in("max_length", 3, 1 << 20, ctx.max_sequence_length, kind=int),
-        on_demand=on_demand,
-        logit_shift=shift,
-        where=r.where,
+        route=values["route"] or target(model, version),
+        max_length=values["max_length"] or ctx.max_sequence_length,
+        on_demand=values["on_demand"],
+        logit_shift=values["calibration"] if values["calibration"] is not None else 0.0,
     )
+
+
+def _bind(node: ModelNode, ctx: BindContext) -> None:
+    node.head = ctx.heads.get(node.model, node.head)
+    if node.max_length > node.head.max_length:
+        raise PolicyError(
+            f"{node.where}.max_length: {node.max_length} tokens, over model '{node.model}''s maximum of "
+            f"{node.head.max_length} (its head.json max_length); lower max_sequence_length or the node's max_length"
+        )
+    node.check_calibration()
 
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
@@ -177,8 +179,22 @@ def _describe(node: ModelNode) -> str:
 KIND = NodeKind(
     name="model",
     node_type=ModelNode,
-    keys=("model", "version", "route", "max_length", "on_demand", "calibration"),
-    parse=_parse,
+    doc="Classify with one model, or one version of it, through BLS (loaded on demand, calibrated).",
+    keys=(
+        Key("model", Str(), "the model's name in the repository (no `@`: pin a version with `version`)"),
+        Key("version", Int(1, 1 << 62), "call this version of the model (served next to others with "
+            "`version_policy: { specific: { versions: [1, 2] } }`); absent: Triton calls the highest ready version"),
+        Key("route", Str(), "the `ROUTE` value of its answers",
+            computed="the model's name, `<model>@<version>` with `version`"),
+        Key("max_length", Int(3, 1 << 20), "tokens per input row, special tokens included; longer inputs are "
+            "truncated as the tokenizer does", computed="the policy's `max_sequence_length`"),
+        Key("on_demand", TrueOr(ON_DEMAND), "load the model on first use and unload it when idle"),
+        Key("calibration", CALIBRATION, "this variant's own threshold (see `model.calibration`)"),
+    ),
+    build=_build,
     run=_run,
     describe=_describe,
+    bind=_bind,
+    tokens=lambda node: (node.head.tokenizer,),
+    calls=lambda node: (ModelCall(node.model, node.version, node.where, node.on_demand),),
 )

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
 
 from orchestrator.runtime.concurrency import gather
-from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Choice, Key, Nodes
 
 COMBINES = ("mean", "max", "vote")
 
@@ -20,17 +21,15 @@ class ParallelNode(Node):
     ``vote``: per column the share of nodes whose verdict is true there (the head's rule:
     binary, probability >= threshold; multiclass, the node's top label; multilabel, per
     label), a verdict of true where more than half of the nodes vote for it (a tie is false).
-
-    Policy keys: ``nodes`` (2+), ``combine`` (default ``mean``).
+    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
     """
 
-    nodes: List[Node] = field(default_factory=list)
+    nodes: List[Node] = REQUIRED
     combine: str = "mean"
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ParallelNode:
-    nodes = ctx.nodes(r, "nodes", 2)
-    return ParallelNode(**common, nodes=nodes, combine=r.choice("combine", COMBINES, "mean"))
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ParallelNode:
+    return ParallelNode(**common, nodes=values["nodes"], combine=values["combine"])
 
 
 async def _run(engine: Engine, node: ParallelNode, items: List[Item]) -> Answers:
@@ -54,8 +53,13 @@ def _children(node: ParallelNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="parallel",
     node_type=ParallelNode,
-    keys=("nodes", "combine"),
-    parse=_parse,
+    doc="Fan out to every node concurrently and combine their answers column by column.",
+    keys=(
+        Key("nodes", Nodes(2), "the nodes; each answers every text"),
+        Key("combine", Choice(COMBINES), "`mean` or `max` of the probabilities, or `vote`: the share of nodes whose "
+            "verdict is true, true where more than half vote for it"),
+    ),
+    build=_build,
     run=_run,
     describe=lambda node: f"parallel combine={node.combine}",
     children=_children,

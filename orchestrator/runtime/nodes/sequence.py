@@ -2,29 +2,29 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader, may_decline
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, may_decline
+from orchestrator.runtime.schema import REQUIRED, Key, Nodes
 
 
 @dataclass
 class SequenceNode(Node):
     """Run ``steps`` in order: each step answers what it can, texts a step leaves
-    unanswered (a ``switch`` without ``default``) go to the next step.
-
-    Policy keys: ``steps`` (1+ nodes; every step but the last must be able to decline).
+    unanswered (a ``switch`` without ``default``) go to the next step. Keys: :data:`KIND`
+    ``.keys``; every step but the last must be able to decline.
     """
 
-    steps: List[Node] = field(default_factory=list)
+    steps: List[Node] = REQUIRED
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
-    steps = ctx.nodes(r, "steps", 1)
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> SequenceNode:
+    steps = values["steps"]
     for i, step in enumerate(steps[:-1]):
         if not may_decline(step):
-            raise PolicyError(f"{r.where}.steps[{i + 1}]: unreachable, steps[{i}] answers every text")
+            raise PolicyError(f"{common['where']}.steps[{i + 1}]: unreachable, steps[{i}] answers every text")
     return SequenceNode(**common, steps=steps)
 
 
@@ -50,10 +50,12 @@ def _declines(node: SequenceNode) -> bool:
 KIND = NodeKind(
     name="sequence",
     node_type=SequenceNode,
-    keys=("steps",),
-    parse=_parse,
+    doc="Steps in order; a step may leave texts (a `switch` without `default`) for the next one.",
+    keys=(Key("steps", Nodes(1), "the steps; every step but the last must be able to leave texts unanswered"),),
+    build=_build,
     run=_run,
     describe=lambda node: "sequence",
     children=_children,
     declines=_declines,
+    accepts_declining=True,
 )

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.runtime.schema import REQUIRED, Int, Key, NodeRef, Number
 
 
 @dataclass
@@ -22,17 +23,17 @@ class ShadowNode(Node):
     run, the batch is dropped and counted (``orchestrator_shadow_dropped_total``). Its
     errors and timeouts are counted (``orchestrator_shadow_errors_total``), never
     raised. Give the candidate a ``timeout_ms`` so a hung model cannot hold the queue.
+    Keys: :data:`KIND` ``.keys`` (docs/policy.md); the sample is chosen per request like
+    ``split``'s branch (:func:`~orchestrator.runtime.nodes.split.split_fraction` of this
+    node's name, random for requests without an id).
 
-    Policy keys: ``primary`` (node, required: it answers), ``candidate`` (node,
-    required: it is compared), ``sample`` (the fraction of requests mirrored, in [0, 1];
-    default 1; chosen per request like ``split``: deterministic per request id,
-    :func:`~orchestrator.runtime.nodes.split.split_fraction` of this node's name,
-    random for requests without an id), ``queue_size`` (texts, 1 .. 1048576, default
-    256: queued or running candidate texts of this node per router instance).
+    Attributes:
+        sample: the fraction of requests mirrored, in [0, 1].
+        queue_size: texts queued or running for the candidate, per router instance.
     """
 
-    primary: Optional[Node] = None
-    candidate: Optional[Node] = None
+    primary: Node = REQUIRED
+    candidate: Node = REQUIRED
     sample: float = 1.0
     queue_size: int = 256
 
@@ -49,16 +50,8 @@ def mirrored(engine: Engine, node: ShadowNode, items: List[Item]) -> List[Item]:
     return [it for it in items if chosen[it.req]]
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> ShadowNode:
-    primary = ctx.parse_node(r.get("primary", dict, required=True), f"{r.where}.primary")
-    candidate = ctx.parse_node(r.get("candidate", dict, required=True), f"{r.where}.candidate")
-    return ShadowNode(
-        **common,
-        primary=primary,
-        candidate=candidate,
-        sample=r.number_in("sample", 0.0, 1.0, 1.0),
-        queue_size=r.number_in("queue_size", 1, 1 << 20, 256, kind=int),
-    )
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ShadowNode:
+    return ShadowNode(**common, **values)
 
 
 async def _run(engine: Engine, node: ShadowNode, items: List[Item]) -> Answers:
@@ -76,10 +69,18 @@ def _children(node: ShadowNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="shadow",
     node_type=ShadowNode,
-    keys=("primary", "candidate", "sample", "queue_size"),
-    parse=_parse,
+    doc="Answer from `primary`; run `candidate` on a sample of the requests in the background and compare in metrics.",
+    keys=(
+        Key("primary", NodeRef(), "answers every text"),
+        Key("candidate", NodeRef(), "compared with the primary in the background; never changes or delays an answer"),
+        Key("sample", Number(0.0, 1.0), "the fraction of requests mirrored, deterministic per request id"),
+        Key("queue_size", Int(1, 1 << 20), "texts queued or running for the candidate per router instance; a batch "
+            "that does not fit is dropped and counted"),
+    ),
+    build=_build,
     run=_run,
     describe=lambda node: f"shadow sample={node.sample:g} queue_size={node.queue_size}",
     children=_children,
     declines=lambda node: False,
+    background=True,
 )

@@ -3,24 +3,38 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
 from orchestrator.runtime.concurrency import gather
-from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Key, ListOf, NodeRef, Number, Struct
 
 
 @dataclass
 class SplitNode(Node):
     """Send each request's texts to one branch, chosen by weight: deterministic per
     request id (:func:`split_fraction`) when the request has one, random otherwise.
+    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
 
-    Policy keys: ``branches``: 2+ ``{weight, node}``; weights are positive numbers,
-    normalized by their sum (90 and 10 give a 90 %/10 % split).
+    Attributes:
+        branches: ``(weight, node)`` pairs; weights are normalized by their sum.
     """
 
-    branches: List[Tuple[float, Node]] = field(default_factory=list)
+    branches: List[Tuple[float, Node]] = REQUIRED
+
+
+#: One ``{weight, node}`` entry of ``branches``.
+BRANCH = Struct(
+    "split.branches[]",
+    [
+        Key("weight", Number(above=0.0, high=1e9), "a positive number; weights are normalized by their sum "
+            "(90 and 10 give a 90 %/10 % split)", required=True),
+        Key("node", NodeRef(), "answers the requests this branch gets", required=True),
+    ],
+    build=lambda values, where: (values["weight"], values["node"]),
+    doc="One branch of a split.",
+)
 
 
 def split_fraction(node_name: str, request_id: str) -> float:
@@ -41,15 +55,8 @@ def branch_of(weights: Sequence[float], x: float) -> int:
     return len(weights) - 1
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
-    branches = []
-    for i, b in enumerate(r.list_of("branches", 2)):
-        br = Reader(b, f"{r.where}.branches[{i}]", ("weight", "node"))
-        weight = br.number_in("weight", 0.0, 1e9, required=True)
-        if weight <= 0:
-            raise PolicyError(f"{br.where}.weight: must be > 0")
-        branches.append((weight, ctx.parse_node(br.get("node", dict, required=True), f"{br.where}.node")))
-    return SplitNode(**common, branches=branches)
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
+    return SplitNode(**common, branches=values["branches"])
 
 
 async def _run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
@@ -75,8 +82,9 @@ def _children(node: SplitNode) -> List[Tuple[str, Node]]:
 KIND = NodeKind(
     name="split",
     node_type=SplitNode,
-    keys=("branches",),
-    parse=_parse,
+    doc="A weighted A/B or canary split: each request's texts go to one branch, deterministic per request id.",
+    keys=(Key("branches", ListOf(BRANCH, 2), "the branches (2+)"),),
+    build=_build,
     run=_run,
     describe=lambda node: "split",
     children=_children,

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import Head
-from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext, Reader
+from orchestrator.runtime.nodes.base import Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext
+from orchestrator.runtime.schema import REQUIRED, Bool, Int, Key, ListOf, NodeRef, Number, Str, Strings, Struct
 
 
 @dataclass
@@ -76,65 +77,83 @@ class Case:
 
 @dataclass
 class SwitchNode(Node):
-    """First matching case wins.
-
-    Policy keys: ``cases`` (1+ ``{when: CONDITION, then: NODE}``), ``default`` (NODE for
-    the rest; without it the rest stays unanswered, so such a switch may only be a step
-    of a ``sequence``), ``score`` (NODE run first on all texts, whose answer stands for
-    texts no case takes and whose probability ``margin_below`` reads). CONDITION keys:
-    ``empty`` (bool), ``tokens`` (``{min, max}``), ``param`` (``{name, equals}`` or
-    ``{name, in: [..]}``), ``margin_below`` (a probability distance); see
-    :class:`Condition`.
+    """First matching case wins. Keys: :data:`KIND` ``.keys`` (docs/policy.md); without
+    ``default`` (and ``score``) the rest stays unanswered, so such a switch may only be a
+    step of a ``sequence``; ``margin_below`` needs ``score``.
     """
 
-    cases: List[Case] = field(default_factory=list)
+    cases: List[Case] = REQUIRED
     default: Optional[Node] = None
     score: Optional[Node] = None
     tokenizer: str = ""  # counts ``tokens``: the policy's ``tokenizer`` (set by ``policy.bind_heads``)
 
 
-def _param(p: Reader, ctx: ParseContext, cond: Condition) -> None:
-    cond.param_name = p.get("name", str, required=True)
-    if cond.param_name not in ctx.request_parameters:
-        raise PolicyError(f"{p.where}.name: {cond.param_name!r} is not declared in request_parameters")
-    if ("equals" in p.data) == ("in" in p.data):
-        raise PolicyError(f"{p.where}: give exactly one of 'equals' or 'in'")
-    values = [p.get("equals", str)] if "equals" in p.data else p.get("in", list)
-    allowed = ctx.request_parameters[cond.param_name]
-    for v in values:
-        if v not in allowed:
-            raise PolicyError(f"{p.where}: value {v!r} is not declared in request_parameters.{cond.param_name} {list(allowed)}")
-    cond.param_values = tuple(values)
-
-
-def parse_condition(data: Any, where: str, ctx: ParseContext, has_score: bool) -> Condition:
-    """Validate one ``when`` mapping. Raises PolicyError with the location."""
-    r = Reader(data, where, ("empty", "tokens", "param", "margin_below"))
-    if not r.data:
-        raise PolicyError(f"{where}: empty condition (use the switch's default instead)")
-    cond = Condition(empty=r.get("empty", bool), margin_below=r.number_in("margin_below", 0.0, 1.0))
-    if cond.margin_below is not None and not has_score:
-        raise PolicyError(f"{where}.margin_below: needs a 'score' node on the switch")
-    if "tokens" in r.data:
-        t = Reader(r.data["tokens"], f"{where}.tokens", ("min", "max"))
-        cond.tokens_min = t.number_in("min", 0, 1 << 30, kind=int)
-        cond.tokens_max = t.number_in("max", 0, 1 << 30, kind=int)
-        if cond.tokens_min is None and cond.tokens_max is None:
-            raise PolicyError(f"{where}.tokens: give min, max or both")
-    if "param" in r.data:
-        _param(Reader(r.data["param"], f"{where}.param", ("name", "equals", "in")), ctx, cond)
+def _condition(values: Dict[str, Any], where: str) -> Condition:
+    tokens, param = values["tokens"] or {}, values["param"]
+    cond = Condition(empty=values["empty"], tokens_min=tokens.get("min"), tokens_max=tokens.get("max"),
+                     margin_below=values["margin_below"])
+    if param is not None:  # exactly one of equals / in (the struct's one_of)
+        cond.param_name = param["name"]
+        cond.param_values = (param["equals"],) if param["equals"] is not None else tuple(param["in"])
     return cond
 
 
-def _parse(r: Reader, ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
-    score = ctx.parse_node(r.data["score"], f"{r.where}.score") if "score" in r.data else None
-    cases = []
-    for i, c in enumerate(r.list_of("cases", 1)):
-        cr = Reader(c, f"{r.where}.cases[{i}]", ("when", "then"))
-        cond = parse_condition(cr.get("when", dict, required=True), f"{cr.where}.when", ctx, score is not None)
-        cases.append(Case(when=cond, then=ctx.parse_node(cr.get("then", dict, required=True), f"{cr.where}.then")))
-    default = ctx.parse_node(r.data["default"], f"{r.where}.default") if "default" in r.data else None
-    return SwitchNode(**common, cases=cases, default=default, score=score)
+#: A case's ``when``: every key given must hold.
+WHEN = Struct(
+    "switch.cases[].when",
+    [
+        Key("empty", Bool(), "the text is empty or whitespace-only (true) or not (false)"),
+        Key("tokens", Struct("switch.cases[].when.tokens", [
+            Key("min", Int(0, 1 << 30), "at least this many tokens"),
+            Key("max", Int(0, 1 << 30), "at most this many tokens"),
+        ], nonempty="give min, max or both", doc="Inclusive bounds on the text's token count (special tokens included; "
+            "the policy's `tokenizer`; an empty text counts 0)."), "the token count is within bounds"),
+        Key("param", Struct("switch.cases[].when.param", [
+            Key("name", Str(), "a request parameter declared in `request_parameters`", required=True),
+            Key("equals", Str(), "the value it must have"),
+            Key("in", Strings(), "the values it may have"),
+        ], one_of=(("equals", "in"), "give exactly one of 'equals' or 'in'"),
+            doc="A request parameter's value; the values must be declared in `request_parameters`."),
+            "the request parameter has one of these values"),
+        Key("margin_below", Number(0.0, 1.0), "the switch's `score` answer is unsure by this margin (binary: "
+            "|probability - threshold| < margin_below); needs `score`"),
+    ],
+    build=_condition,
+    nonempty="empty condition (use the switch's default instead)",
+    doc="A case's condition; every key given must hold.",
+)
+
+#: One ``{when, then}`` entry of ``cases``.
+CASE = Struct(
+    "switch.cases[]",
+    [
+        Key("when", WHEN, "the condition", required=True),
+        Key("then", NodeRef(), "answers the texts the condition matches", required=True),
+    ],
+    build=lambda values, where: Case(when=values["when"], then=values["then"]),
+    doc="One case of a switch.",
+)
+
+
+def _check_case(case: Case, where: str, ctx: ParseContext, has_score: bool) -> None:
+    """What spans keys: ``margin_below`` needs a score, ``param`` values are declared."""
+    cond = case.when
+    if cond.margin_below is not None and not has_score:
+        raise PolicyError(f"{where}.when.margin_below: needs a 'score' node on the switch")
+    if cond.param_name is None:
+        return
+    if cond.param_name not in ctx.request_parameters:
+        raise PolicyError(f"{where}.when.param.name: {cond.param_name!r} is not declared in request_parameters")
+    allowed = ctx.request_parameters[cond.param_name]
+    for v in cond.param_values:
+        if v not in allowed:
+            raise PolicyError(f"{where}.when.param: value {v!r} is not declared in request_parameters.{cond.param_name} {list(allowed)}")
+
+
+def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
+    for i, case in enumerate(values["cases"]):
+        _check_case(case, f"{common['where']}.cases[{i}]", ctx, values["score"] is not None)
+    return SwitchNode(**common, **values)
 
 
 async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
@@ -170,11 +189,19 @@ def _bind(node: SwitchNode, ctx: BindContext) -> None:
 KIND = NodeKind(
     name="switch",
     node_type=SwitchNode,
-    keys=("cases", "default", "score"),
-    parse=_parse,
+    doc="If-else: the first case whose `when` matches answers the text: `empty`, `tokens`, `param`, `margin_below`.",
+    keys=(
+        Key("score", NodeRef(), "run first on every text; its answer stands for texts no case takes and "
+            "`margin_below` reads its probability"),
+        Key("cases", ListOf(CASE, 1), "`{when, then}` entries, tried in order"),
+        Key("default", NodeRef(), "answers the texts no case takes; without it (and `score`) they stay unanswered, "
+            "so the switch may only be a step of a `sequence`"),
+    ),
+    build=_build,
     run=_run,
     describe=lambda node: "switch",
     children=_children,
     declines=lambda node: node.default is None and node.score is None,
     bind=_bind,
+    tokens=lambda node: (node.tokenizer,) if any(c.when.needs_tokens for c in node.cases) else (),
 )

@@ -66,17 +66,14 @@ from typing import Dict, List, Optional, Union
 import numpy as np
 
 from orchestrator.runtime.concurrency import gather
+from orchestrator.runtime.downstream import Downstream
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
 from orchestrator.runtime.heads import HeadError, repository_heads
-from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.nodes.model import split_target
-from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
-from orchestrator.runtime.stubs import StubWatch
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 
@@ -120,9 +117,9 @@ class TritonPythonModel:
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
-    Every downstream call goes through the circuit breaker of its model; the candidates of
-    ``shadow`` nodes have breakers of their own (``shadow_breaker``), so their failures
-    never open a circuit the answers depend on.
+    Every downstream call goes through :class:`~orchestrator.runtime.downstream.Downstream`
+    (circuit breakers, the stub watch, repairs); the router parses, runs, responds and
+    warms up.
     """
 
     def initialize(self, args):
@@ -144,21 +141,11 @@ class TritonPythonModel:
         self.name = args.get("model_name", config.get("name", "router"))
         self.outputs = {o["name"] for o in config.get("output", [])}
         self.metrics = Metrics(pb_utils, self.name)
-        settings = self.policy.breaker
-        self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
-        self.breaker = CircuitBreaker(
-            settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready,
-            stub_check=self._stub_dead,
-        )
-        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready, stub_check=self._stub_dead)
-        self.models = ModelManager(
-            pb_utils, self.policy.on_demand(), self.metrics, self.logger,
-            repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
-        )
-        for model in self.policy.models():
-            self.metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
+        self.downstream = Downstream(pb_utils, self.policy, self.metrics, self.logger, self.name)
+        self.models = self.downstream.models
         self.engine = Engine(
-            self.policy, self._infer, self.metrics, self.models, model_dir, shadow_infer=self._shadow_infer, logger=self.logger
+            self.policy, self.downstream.infer, self.metrics, self.models, model_dir,
+            shadow_infer=self.downstream.shadow_infer, logger=self.logger,
         )
         self.warmups_left = warmup_executes(config)
         self.loop = asyncio.new_event_loop()
@@ -173,60 +160,10 @@ class TritonPythonModel:
     def finalize(self):
         """Stop the background threads and close the event loop."""
         self.engine.close()
-        self.models.close()
+        self.downstream.close()
         self.metrics.close()
         self.loop.run_until_complete(self.loop.shutdown_default_executor())  # async_exec's threads
         self.loop.close()
-
-    # -- downstream calls
-
-    def _circuit_changed(self, model: str, old: str, new: str, reason: str) -> None:
-        self.metrics.set("orchestrator_circuit_state", STATE_VALUES[new], model=model)
-        self.metrics.inc("orchestrator_circuit_transitions_total", model=model, state=new)
-        log = self.logger.log_info if new == "closed" else self.logger.log_warn
-        log(f"router '{self.name}': circuit of '{model}' {old} -> {new} ({reason})")
-
-    def _ready(self, model: str) -> bool:
-        name, version = split_target(model)
-        return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
-
-    def _stub_dead(self, model: str) -> Optional[str]:
-        name, _ = split_target(model)
-        return None if name == self.name else self.stub_watch.dead(name)
-
-    def _unhealthy(self, model: str) -> bool:
-        name, _ = split_target(model)
-        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.name:
-            return self.models.repair(name)  # True: under way, the breaker holds the circuit open
-        return False
-
-    async def _infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                     alone: bool = False):
-        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
-
-    async def _shadow_infer(self, model, inputs, parameters, request_id, alone=False):
-        return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
-
-    async def _no_infer(self, model, inputs, parameters, request_id, alone=False):
-        raise DownstreamError(f"model '{model}' is not called during warmup")
-
-    async def _bls(self, model, inputs, parameters, request_id, alone):
-        """One BLS call to ``model`` (a name, or ``name@version``: that version)."""
-        pb = self.pb
-        name, version = split_target(model)
-        pinned = {} if version is None else {"model_version": version}
-        request = pb.InferenceRequest(
-            model_name=name,
-            inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
-            requested_output_names=[],
-            request_id=request_id,
-            parameters=parameters or {},
-            **pinned,
-        )
-        response = request.exec() if alone else await request.async_exec()
-        if response.has_error():
-            raise DownstreamError(f"model '{model}' failed: {response.error().message()}")
-        return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     # -- responses
 
@@ -274,7 +211,7 @@ class TritonPythonModel:
 
     async def _warmup(self, requests):
         """Answer Triton's warmup samples (see the module docstring); never an error."""
-        warm = self.engine.fork(self._no_infer, models=None, metrics=None)
+        warm = self.engine.fork(Downstream.no_infer, models=None, metrics=None)
         answers, notes = [], []
         for request in requests:
             rows = 1

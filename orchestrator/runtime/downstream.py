@@ -1,0 +1,118 @@
+"""The router's downstream client: every BLS call it makes, behind one narrow interface.
+
+:class:`Downstream` owns what a call to another model needs: the blocking or asynchronous
+BLS request, a circuit breaker per model (``health.CircuitBreaker``; the candidates of
+``shadow`` nodes get breakers of their own, so their failures never open a circuit the
+answers depend on), the look in ``/proc`` for a dead Python-backend stub
+(``stubs.StubWatch``), readiness, and the repair of a model whose stub died
+(``ondemand.ModelManager.repair``). The engine sees only its :meth:`Downstream.infer`
+(``engine.InferFn``), the seam the tests fake; the router parses, runs, responds and warms
+up (``router``).
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.nodes.model import split_target
+from orchestrator.runtime.ondemand import ModelManager
+from orchestrator.runtime.policy import Policy
+from orchestrator.runtime.stubs import StubWatch
+
+
+class Downstream:
+    """BLS calls of one router instance, through circuit breakers, with repairs.
+
+    Args:
+        pb: the ``triton_python_backend_utils`` module (or the mock's).
+        policy: the bound policy (its ``circuit_breaker`` settings and models).
+        metrics: where circuit states, transitions and on-demand loads are counted.
+        logger: ``pb_utils.Logger``.
+        router: the router model's own name (never repaired, never watched).
+
+    Attributes:
+        models: the on-demand model manager (loads, idle unloads, repairs).
+    """
+
+    def __init__(self, pb, policy: Policy, metrics: Metrics, logger, router: str):
+        self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
+        settings = policy.breaker
+        self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
+        self.breaker = CircuitBreaker(
+            settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready,
+            stub_check=self._stub_dead,
+        )
+        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready, stub_check=self._stub_dead)
+        self.models = ModelManager(
+            pb, policy.on_demand(), metrics, logger,
+            repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
+        )
+        for model in policy.models():
+            metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
+
+    def close(self) -> None:
+        """Stop the on-demand manager's background thread."""
+        self.models.close()
+
+    # -- the engine's InferFn (engine.InferFn): outputs by name, or DownstreamError
+
+    async def infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
+                    alone: bool = False) -> Dict[str, np.ndarray]:
+        """One call to ``model`` through its circuit breaker (raises DownstreamError)."""
+        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+
+    async def shadow_infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
+                           alone: bool = False) -> Dict[str, np.ndarray]:
+        """Like :meth:`infer`, through the shadow candidates' own breakers."""
+        return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+
+    @staticmethod
+    async def no_infer(model: str, inputs, parameters, request_id, alone=False) -> Dict[str, np.ndarray]:
+        """The warmup's InferFn: no downstream call is made (raises DownstreamError)."""
+        raise DownstreamError(f"model '{model}' is not called during warmup")
+
+    async def _bls(self, model, inputs, parameters, request_id, alone):
+        """One BLS call to ``model`` (a name, or ``name@version``: that version); the
+        blocking ``exec`` when ``alone``, else ``async_exec``."""
+        pb = self.pb
+        name, version = split_target(model)
+        pinned = {} if version is None else {"model_version": version}
+        request = pb.InferenceRequest(
+            model_name=name,
+            inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
+            requested_output_names=[],
+            request_id=request_id,
+            parameters=parameters or {},
+            **pinned,
+        )
+        response = request.exec() if alone else await request.async_exec()
+        if response.has_error():
+            raise DownstreamError(f"model '{model}' failed: {response.error().message()}")
+        return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    # -- the breakers' callbacks
+
+    def _circuit_changed(self, model: str, old: str, new: str, reason: str) -> None:
+        self.metrics.set("orchestrator_circuit_state", STATE_VALUES[new], model=model)
+        self.metrics.inc("orchestrator_circuit_transitions_total", model=model, state=new)
+        log = self.logger.log_info if new == "closed" else self.logger.log_warn
+        log(f"router '{self.router}': circuit of '{model}' {old} -> {new} ({reason})")
+
+    def _ready(self, model: str) -> bool:
+        name, version = split_target(model)
+        return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
+
+    def _stub_dead(self, model: str) -> Optional[str]:
+        name, _ = split_target(model)
+        return None if name == self.router else self.stub_watch.dead(name)
+
+    def _unhealthy(self, model: str) -> bool:
+        name, _ = split_target(model)
+        if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.router:
+            return self.models.repair(name)  # True: under way, the breaker holds the circuit open
+        return False

@@ -11,8 +11,9 @@ Where a request goes, module by module:
 5. ``nodes/``         one module per node kind (dataclass, validation, handler), found
                       through ``nodes.KINDS``.
 6. ``ondemand.py``    on-demand models loaded before their first call, unloaded when idle.
-7. BLS calls          through the router's ``infer`` function (``router.py``).
-8. ``scores.py``      logits to ``PROBABILITIES``/``VERDICTS`` (inline postprocess).
+7. ``downstream.py``  BLS calls through circuit breakers (``health.py``), the stub watch
+                      (``stubs.py``) and repairs (``ondemand.py``, ``control.py``).
+8. ``heads.py``       logits to ``PROBABILITIES``/``VERDICTS`` by each model's head.
 9. ``metrics.py``     counters and latencies on Triton's ``/metrics``.
 
 ``models/`` holds the other Python-backend models (tokenizer, ONNX classifier through

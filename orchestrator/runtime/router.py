@@ -22,8 +22,8 @@ needed ``classifier_fast``, ``classifier_fast:degraded`` for texts that needed
 ``classifier``).
 
 Batching: the texts of all requests in one ``execute`` call go through the policy
-together: one tokenization (whole texts, no truncation), one BLS call per model node, one
-postprocess step; BLS calls are split at ``bls_max_batch_size`` rows and sent
+together: one tokenization per tokenizer (whole texts, no truncation), one BLS call per
+model node, the heads applied in-process; BLS calls are split at ``bls_max_batch_size`` rows and sent
 concurrently, with rows sorted by length so each call pads as little as possible.
 
 Heads: at load the router reads each model's head (``<repository>/<model>/head.json``; a

@@ -1,7 +1,6 @@
-"""Scores to probabilities and verdicts: the one definition of the logistic function, its
-inverse and the verdict rule, shared by the postprocess model, the router (inline
-postprocess, calibration shifts, aggregated chunk probabilities) and ``orchestrator
-parity``. No Triton imports."""
+"""The one definition of the logistic function and its inverse, shared by the heads
+(``heads.py``: sigmoid heads, calibration shifts), the policy (calibration thresholds) and
+``orchestrator parity``. No Triton imports."""
 
 from __future__ import annotations
 
@@ -31,12 +30,3 @@ def logit(p: float) -> float:
     at the clip)."""
     p = min(max(float(p), LOGIT_EPS), 1.0 - LOGIT_EPS)
     return math.log(p) - math.log1p(-p)
-
-
-def probabilities_and_verdicts(logits: np.ndarray, thresholds: np.ndarray):
-    """``(PROBABILITIES float32 [N, K], VERDICTS bool [N, K])`` for logits [N, K] and
-    thresholds [N]: sigmoid per logit (the classifiers were trained with binary
-    cross-entropy on one logit, ``orchestrator.tooling.modeling.train``), verdict =
-    probability >= threshold."""
-    probs = sigmoid(logits).astype(np.float32)
-    return probs, probs >= np.asarray(thresholds, dtype=np.float32).reshape(-1, 1)

@@ -179,7 +179,9 @@ BREAKER = S.Struct(
         S.Key("open_s", S.Number(0.0, 3600.0), "seconds an open circuit fails fast before one probe call"),
         S.Key("reload_unhealthy", S.Bool(), "reload a model whose stub process died (needs "
               "`--model-control-mode=explicit`)"),
-        S.Key("reload_interval_s", S.Number(0.0, 86400.0), "seconds between reloads of one model"),
+        S.Key("reload_interval_s", S.Number(0.0, 86400.0), "seconds: the longest wait between two tries of a "
+              "repair that keeps failing (back-off), and how long a repaired model must stay up before its next "
+              "repair starts without delay"),
         S.Key("watch_stubs", S.Bool(), "see a dead stub in /proc before calling it instead of waiting Triton's "
               "1 s health timeout"),
     ],

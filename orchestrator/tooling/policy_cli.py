@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from orchestrator.runtime import heads as H
 from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import LABEL_FILE, LEGACY, Head, HeadError, read_head
+from orchestrator.runtime.heads import LABEL_FILE, Head, HeadError
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
@@ -114,7 +115,7 @@ def repository_heads(policy: P.Policy, repo: Path) -> Dict[str, Head]:
     for node in policy.model_nodes():
         if node.model not in heads:
             try:
-                heads[node.model] = read_head(repo / node.model) or LEGACY
+                heads.update(H.repository_heads(repo, [node.model]))
             except HeadError as exc:
                 raise P.PolicyError(f"{node.where}.model: {exc}") from None
     return heads

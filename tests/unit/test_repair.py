@@ -14,6 +14,7 @@ import pytest
 from orchestrator.runtime.control import ControlError, ServerOptions
 from orchestrator.runtime.ondemand import ModelManager, _RepairLock
 from orchestrator.runtime.stubs import StubWatch
+from tests.helpers import Log
 from tests.unit.test_stubs import SERVER, FakeProc
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -91,15 +92,6 @@ class Counter:
     def outcomes(self):
         return [o for f, _, o in self.seen if f == "orchestrator_model_reloads_total"]
 
-
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def log_info(self, m):
-        self.lines.append(m)
-
-    log_warn = log_error = log_verbose = log_info
 
 
 @pytest.fixture()

@@ -23,6 +23,7 @@ from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.ondemand import ModelManager
+from tests.helpers import Log
 
 
 class FakePb:
@@ -42,15 +43,6 @@ class FakePb:
         self.requests.append(("unload", model_name))
         self.ready.discard(model_name)
 
-
-class Log:
-    def __init__(self):
-        self.lines = []
-
-    def log_info(self, m):
-        self.lines.append(m)
-
-    log_warn = log_error = log_verbose = log_info
 
 
 def manager(pb, server, retry=30.0):

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from orchestrator.runtime.heads import BINARY, LEGACY, Head, HeadError, read_head
+from orchestrator.runtime.heads import BINARY, Head, HeadError, repository_heads
 from orchestrator.tooling.files import sha256_file
 from orchestrator.tooling.modeling.parity.backends import BATCH_SIZE, InProcessBackend, TritonBackend, onnx_file, score_all
 from orchestrator.tooling.modeling.parity.labeled import LabeledData, ParityError, held_out_data, read_labeled, write_labeled
@@ -39,7 +39,7 @@ def parity_head(repo: Path, reference: str, candidates: Sequence[str]) -> Head:
             model (parity feeds every model the same token ids).
     """
     try:
-        heads = {m: read_head(repo / m) or LEGACY for m in [reference, *candidates]}
+        heads = repository_heads(repo, [reference, *candidates])
     except HeadError as exc:
         raise ParityError(str(exc)) from None
     ref = heads[reference]

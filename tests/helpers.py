@@ -185,9 +185,9 @@ class FakeBLS:
         self.fail = set(fail)
         self.delay = delay or {}
 
-    async def __call__(self, model, inputs, parameters, request_id, alone):
+    async def __call__(self, model, inputs, parameters, request_id, alone, options=None):
         self.calls.append({"model": model, "rows": next(iter(inputs.values())).shape[0], "parameters": dict(parameters or {}),
-                           "request_id": request_id, "alone": alone, "inputs": inputs})
+                           "request_id": request_id, "alone": alone, "inputs": inputs, "options": options})
         if model in self.delay:
             await asyncio.sleep(self.delay[model])
         if model in self.fail:

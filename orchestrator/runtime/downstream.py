@@ -22,7 +22,10 @@ from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
+from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.stubs import StubWatch
+
+NO_OPTIONS = CallOptions()
 
 
 class Downstream:
@@ -62,26 +65,33 @@ class Downstream:
     # -- the engine's InferFn (engine.InferFn): outputs by name, or DownstreamError
 
     async def infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                    alone: bool = False) -> Dict[str, np.ndarray]:
+                    alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
         """One call to ``model`` through its circuit breaker (raises DownstreamError)."""
-        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
 
     async def shadow_infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                           alone: bool = False) -> Dict[str, np.ndarray]:
+                           alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
-        return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
+        return await self.shadow_breaker.call(
+            model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
 
     @staticmethod
-    async def no_infer(model: str, inputs, parameters, request_id, alone=False) -> Dict[str, np.ndarray]:
+    async def no_infer(model: str, inputs, parameters, request_id, alone=False,
+                       options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
         """The warmup's InferFn: no downstream call is made (raises DownstreamError)."""
         raise DownstreamError(f"model '{model}' is not called during warmup")
 
-    async def _bls(self, model, inputs, parameters, request_id, alone):
+    async def _bls(self, model, inputs, parameters, request_id, alone, options: CallOptions):
         """One BLS call to ``model`` (a name, or ``name@version``: that version); the
-        blocking ``exec`` when ``alone``, else ``async_exec``."""
+        blocking ``exec`` when ``alone``, else ``async_exec``; with the trace and timeout of
+        ``options`` (the stub refuses ``trace=None``, so it is left out when absent)."""
         pb = self.pb
         name, version = split_target(model)
-        pinned = {} if version is None else {"model_version": version}
+        pinned: Dict[str, object] = {} if version is None else {"model_version": version}
+        if options.trace is not None:
+            pinned["trace"] = options.trace
+        if options.timeout_us:
+            pinned["timeout"] = int(options.timeout_us)
         request = pb.InferenceRequest(
             model_name=name,
             inputs=[pb.Tensor(key, value) for key, value in inputs.items()],

@@ -34,13 +34,16 @@ from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import Result, Work
+from orchestrator.runtime.request import CallOptions, Result, Work
 
-# infer(target, inputs, parameters, request_id, alone) -> outputs; raises DownstreamError.
+# infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
 # ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
 # may block the event loop (the router then uses the blocking BLS ``exec``).
-InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
+# ``options``: the call's trace and timeout (``CallOptions``).
+InferFn = Callable[
+    [str, Dict[str, np.ndarray], Optional[dict], str, bool, CallOptions], Awaitable[Dict[str, np.ndarray]]
+]
 
 _SAME = object()  # Engine.fork: keep this engine's value
 
@@ -120,7 +123,8 @@ class Engine:
     def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
         self.counter += 1
-        return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, {tokenizer: ids})
+        return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id,
+                    {tokenizer: ids}, parent.context)
 
     def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed
@@ -262,7 +266,7 @@ class Engine:
             if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
                 forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
             forwarded.update(parameters or {})
-            calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone))
+            calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self._options(rows)))
         outs = await gather(calls)
         for part, out in zip(parts, outs):
             for output, value in out.items():
@@ -274,6 +278,14 @@ class Engine:
                         "and another shape)"
                     )
         return outs
+
+    @staticmethod
+    def _options(rows: Sequence[Item]) -> CallOptions:
+        """The trace and timeout of one downstream call for ``rows``: the trace of their
+        request when all come from one request (a BLS request carries one trace)."""
+        contexts = {id(it.context): it.context for it in rows}
+        trace = next(iter(contexts.values())).trace if len(contexts) == 1 else None
+        return CallOptions(trace=trace)
 
     # -- one execute call
 
@@ -306,7 +318,7 @@ class Engine:
             start = sum(len(p) for p in per_work)
             thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
             pairs = enumerate(zip(w.texts, thresholds))
-            per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id) for j, (text, thr) in pairs])
+            per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
         texts = [it for items in per_work for it in items if it.text.strip()]
         for tokenizer in self.token_kinds:
             await self.ensure_tokens(texts, tokenizer)

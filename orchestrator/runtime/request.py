@@ -11,9 +11,9 @@ Request parameters (KServe v2 ``parameters``): the ones the policy declares in
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 
@@ -23,6 +23,43 @@ from orchestrator.runtime.validation import check_thresholds, decode_texts, pars
 # Request parameter that asks for the optional POLICY output (``orchestrator policy show``).
 DESCRIBE_PARAMETER = "describe_policy"
 POLICY_OUTPUT = "POLICY"
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class RequestContext:
+    """What a request brings besides its inputs, for every downstream call made for it.
+
+    Attributes:
+        trace: the request's ``pb_utils.InferenceTrace`` (``request.trace()``), passed on as
+            ``InferenceRequest(trace=...)`` so a Triton trace follows the request downstream;
+            None: none (warmup, tests).
+        deadline: ``time.monotonic()`` seconds at which the client's timeout
+            (``request.timeout()``, microseconds; 0: none) ends; None: no timeout.
+        is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
+            (an IPC round trip to the Triton process in the real stub).
+    """
+
+    trace: Any = None
+    deadline: Optional[float] = None
+    is_cancelled: Callable[[], bool] = _never
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one downstream (BLS) call carries besides its inputs.
+
+    Attributes:
+        trace: the ``pb_utils.InferenceTrace`` to pass as ``InferenceRequest(trace=...)``;
+            None: none.
+        timeout_us: ``InferenceRequest(timeout=...)``, microseconds; 0: no timeout.
+    """
+
+    trace: Any = None
+    timeout_us: int = 0
 
 
 @dataclass
@@ -35,6 +72,7 @@ class Work:
         parameters: the request's parameters (``describe_policy`` removed).
         request_id: Triton's request id (may be empty).
         describe: the request asked for the POLICY output.
+        context: its trace, deadline and cancellation (:class:`RequestContext`).
     """
 
     texts: List[str]
@@ -42,6 +80,7 @@ class Work:
     parameters: Mapping[str, object]
     request_id: str = ""
     describe: bool = False
+    context: RequestContext = field(default_factory=RequestContext)
 
 
 @dataclass

@@ -73,7 +73,7 @@ from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.policy import bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
+from orchestrator.runtime.request import POLICY_OUTPUT, RequestContext, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 
@@ -238,7 +238,7 @@ class TritonPythonModel:
         if thr is not None and threshold is not None:
             thr = pb.Tensor("THRESHOLD", np.full(thr.as_numpy().shape, threshold, np.float32))
         requested = set(request.requested_output_names())
-        return parse_request(
+        work = parse_request(
             None if text is None else text.as_numpy(),
             None if thr is None else thr.as_numpy(),
             request_parameters(request.parameters()),
@@ -249,6 +249,8 @@ class TritonPythonModel:
             explicit_outputs=None if requested >= self.outputs else requested,
             columns=self.policy.head.columns,
         )
+        work.context = RequestContext(trace=request.trace())
+        return work
 
     async def _execute(self, requests):
         responses: List = [None] * len(requests)

@@ -180,3 +180,20 @@ def test_a_text_over_the_window_limit_refuses_only_its_request():
     at_cap = " ".join(["good"] * 14)  # 16 tokens: exactly 3 windows of 8 at stride 4, the limit itself
     [answered] = asyncio.run(engine.run([Work([at_cap], thr, {})]))
     assert answered.routes == ["chunked:fast"]
+
+
+def test_a_request_trace_goes_with_every_call_made_for_that_request_alone():
+    """A BLS request carries one trace: calls whose rows all come from one request carry
+    its ``RequestContext.trace``; a call mixing requests carries none (engine._options)."""
+    from orchestrator.runtime.request import RequestContext
+
+    fake = FakeBLS()
+    engine = Engine(parse_policy({"version": 1, "root": model("fast")}), fake)
+    thr = np.full(1, 0.5, np.float32)
+    one = Work(["good film"], thr, {}, "r1", context=RequestContext(trace="trace-1"))
+    asyncio.run(engine.run([one]))
+    assert [c["options"].trace for c in fake.calls] == ["trace-1", "trace-1"]  # tokenizer and classifier
+    fake.calls.clear()
+    two = Work(["bad plot"], thr, {}, "r2", context=RequestContext(trace="trace-2"))
+    asyncio.run(engine.run([one, two]))
+    assert [c["options"].trace for c in fake.calls] == [None, None]

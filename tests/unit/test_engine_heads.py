@@ -52,7 +52,7 @@ def fake_logits(model, ids):
 class KFake(FakeBLS):
     """FakeBLS plus tokenizer ``tok_b`` and models answering several logits."""
 
-    async def __call__(self, model, inputs, parameters, request_id, alone):
+    async def __call__(self, model, inputs, parameters, request_id, alone, options=None):
         if model == "tok_b":
             self.calls.append({"model": model, "rows": inputs["TEXT"].shape[0], "inputs": inputs})
             seqs = [ids_b(t.decode()) for t in inputs["TEXT"].reshape(-1)]
@@ -62,7 +62,7 @@ class KFake(FakeBLS):
                 ids[r, : len(s)], mask[r, : len(s)] = s, 1
             return {"input_ids": ids, "attention_mask": mask}
         if model in ("tokenizer",) or "input_ids" not in inputs:
-            return await super().__call__(model, inputs, parameters, request_id, alone)
+            return await super().__call__(model, inputs, parameters, request_id, alone, options)
         self.calls.append({"model": model, "rows": inputs["input_ids"].shape[0], "inputs": inputs, "request_id": request_id})
         rows = [fake_logits(model, r[m.astype(bool)]) for r, m in zip(inputs["input_ids"], inputs["attention_mask"])]
         return {"logits": np.array(rows, np.float32)}

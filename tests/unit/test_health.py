@@ -115,7 +115,7 @@ def test_breaker_in_front_of_the_engine_fails_fast_into_the_fallback():
     fake = FakeBLS(fail={"fast"})
     breaker = CircuitBreaker(policy.breaker)
 
-    async def guarded(model, inputs, parameters, request_id, alone):
+    async def guarded(model, inputs, parameters, request_id, alone, options=None):
         return await breaker.call(model, lambda: fake(model, inputs, parameters, request_id, alone))
 
     engine = Engine(policy, guarded)

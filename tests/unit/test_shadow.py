@@ -174,8 +174,8 @@ class WrongRows(FakeBLS):
     """Answers every classifier call with one row, as a response-cache entry of another
     request with the same input bytes would."""
 
-    async def __call__(self, model, inputs, parameters, request_id, alone):
-        out = await super().__call__(model, inputs, parameters, request_id, alone)
+    async def __call__(self, model, inputs, parameters, request_id, alone, options=None):
+        out = await super().__call__(model, inputs, parameters, request_id, alone, options)
         return {k: v[:1] for k, v in out.items()} if model == "fast" else out
 
 

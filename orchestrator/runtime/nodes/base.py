@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Prot
 import numpy as np
 
 from orchestrator.runtime.heads import Head
+from orchestrator.runtime.request import RequestContext
 from orchestrator.runtime.schema import Key, Number, Str, Struct, check_required
 
 
@@ -131,6 +132,8 @@ class Item:
         tokens: tokenizer model name -> int64 [T] token ids of the whole text (or of the
             window), special tokens included; a tokenizer is missing until the text was
             tokenized with it (a window has only its chunk node's tokenizer).
+        context: the request's trace, deadline and cancellation
+            (``request.RequestContext``; shared by all items of one request, windows too).
     """
 
     idx: int
@@ -140,6 +143,7 @@ class Item:
     params: Mapping[str, object]
     request_id: str
     tokens: Dict[str, np.ndarray] = field(default_factory=dict)
+    context: RequestContext = field(default_factory=RequestContext)
 
     def ids(self, tokenizer: str) -> np.ndarray:
         """The token ids of tokenizer model ``tokenizer`` (KeyError: not tokenized with it)."""

@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.runtime.nodes.chunk import token_windows
+from orchestrator.runtime.nodes.chunk import token_windows, window_weights
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.tooling.modeling import data
 from tests.helpers import call, routes
@@ -80,16 +80,17 @@ def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
     ids = tok["input_ids"][0][: int(tok["attention_mask"][0].sum())]
     assert ids.shape[0] > 128
     windows = token_windows(ids, 128, 96)
-    probs, lengths = [], []
+    probs = []
     for w in windows:
         client = httpclient.InferenceServerClient(triton.http_url)
         ins = [httpclient.InferInput(n, [1, len(w)], "INT64") for n in ("input_ids", "attention_mask")]
         ins[0].set_data_from_numpy(w.reshape(1, -1))
         ins[1].set_data_from_numpy(np.ones((1, len(w)), dtype=np.int64))
         probs.append(float(sigmoid(client.infer("classifier_fast", ins).as_numpy("logits")[0, 0])))
-        lengths.append(len(w))
         client.close()
-    expected = sum(p * n for p, n in zip(probs, lengths)) / sum(lengths)  # length-weighted mean
+    weights = window_weights(ids.shape[0], 128, 96)  # content tokens each window adds
+    assert sum(weights) == ids.shape[0] - 2 and len(weights) == len(windows)
+    expected = sum(p * n for p, n in zip(probs, weights)) / sum(weights)  # length_weighted_mean
     assert float(out["PROBABILITIES"][0, 0]) == pytest.approx(expected, abs=1e-5)
     # the default router classifies it as a person would: negative
     assert call(triton, "router", [long_negative_text])["VERDICTS"].tolist() == [[False]]

@@ -236,8 +236,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     add("Sets from held-out texts by token count (special tokens included): short and medium are single "
         "sentences; long ones join consecutive held-out sentences past the classifiers' 128-token limit, "
-        "so the router chunks them (128-token windows, stride 96) while the ensemble truncates them to "
-        "their first 128 tokens. Floor: raw `classifier`, batch 1, on the truncated tokens.")
+        "so the router (the shipped policy) chunks them (128-token windows, stride 96, read in order until "
+        "each text's answer is settled: early stopping, section \"Long texts\") while the ensemble truncates "
+        "them to their first 128 tokens. Floor: raw `classifier`, batch 1, on the truncated tokens.")
     add("")
     add("| set | texts | tokens (min / median / max) | model | throughput (infer/s) | p50 (ms) | p99 (ms) | throughput / same model on short | floor p50 (ms) | stable |")
     add("|---|---:|---|---|---:|---:|---:|---:|---:|---|")

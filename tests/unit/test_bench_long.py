@@ -77,7 +77,8 @@ def test_section_reports_each_model_and_the_goal():
     assert "| `ensemble` | 100.0 | 1.00x |" in text and "1 (truncated)" in text
     assert "**met** (throughput 1.20x, accuracy 90.00% vs 80.00%)" in text
     assert "- `chunked:classifier_fast:windows=1/3`: 9" in text
-    assert "10 long texts (5 positive) of 256 to 300 tokens" in text and "(3 to 3 windows a text here, 3.00 on average)" in text
+    assert "10 long texts (5 positive) of 256 to 300 tokens" in text and "(3 windows a text here)" in text
+    assert "`chunk_fast` `stop_margin: 0.35`." in text
 
 
 def test_make_bench_keeps_the_long_texts_and_features_sections(tmp_path):

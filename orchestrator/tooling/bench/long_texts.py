@@ -164,6 +164,13 @@ def _fmt(x: Optional[float], digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def _windows_made(ds: Mapping[str, Any]) -> str:
+    lo, hi = ds.get("windows_min"), ds.get("windows_max")
+    if lo == hi:
+        return f"{lo} windows a text here"
+    return f"{lo} to {hi} windows a text here, {ds.get('windows_mean', 0):.2f} on average"
+
+
 def render_section(r: Mapping[str, Any]) -> str:
     """The ``benchmarks.md`` section for the results ``r`` of one run."""
     ds, acc, perf, win = r["dataset"], r["accuracy"], {m["model"]: m for m in r["measurements"]}, r["windows"]
@@ -175,11 +182,11 @@ def render_section(r: Mapping[str, Any]) -> str:
          f"(median {ds['tokens_p50']:g}), "
          "each made of held-out test sentences of one label only (the order of `make bench`; a join is kept when its "
          f"token count is within {r['bounds'][0]}-{r['bounds'][1]}), so each long text has that label. The ensemble "
-         f"reads the first 128 tokens; the routers cut 128-token windows at stride 96 ({ds.get('windows_min')} to "
-         f"{ds.get('windows_max')} windows a text here, {ds.get('windows_mean', 0):.2f} on average). "
+         f"reads the first 128 tokens; the routers cut 128-token windows at stride 96 ({_windows_made(ds)}). "
          "`router_all_windows` is the shipped policy with the chunk nodes' stopping keys removed (every window "
          "classified: the router before issue 20); `router` is the shipped policy: "
-         + "; ".join(f"`{c['name']}` {c['keys']}" for c in r["stopping"]) + ".", "",
+         + ("; ".join(f"`{c['name']}` " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in c["keys"].items())
+                      for c in r["stopping"]) or "no chunk node stops early") + ".", "",
          f"Throughput, p50, p99: perf_analyzer, gRPC, one text per request, concurrency {r['concurrency']}, the models "
          f"interleaved in {r['rounds']} round(s) (median). Accuracy: every text once (64 per request, threshold 0.5) "
          "against its label. Windows: per long text, summed over the policy's chunk nodes, during the accuracy pass.", "",

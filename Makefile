@@ -55,6 +55,13 @@ soak: $(STAMP)
 bench-features: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.features --out docs $(BENCH_ARGS)
 
+# Issue 20's long texts (about 5 minutes): the ensemble, the router classifying every window
+# and the shipped router (early stopping) on same-label long held-out texts, concurrency 4:
+# the "bench-long" section of docs/benchmarks.md and docs/bench/long_texts.json.
+.PHONY: bench-long
+bench-long: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench.long_texts --out docs $(BENCH_ARGS)
+
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into

@@ -31,7 +31,7 @@ from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
-from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, split_target, truncate
+from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, route_label, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
 from orchestrator.runtime.request import CallOptions, Result, Work
@@ -340,7 +340,7 @@ class Engine:
                     verdicts[row] = answers[it.idx].verdict
             probs = probs.astype(np.float32)
             routes = [answers[it.idx].route for it in its]
-            for r in routes:
-                self.count("orchestrator_texts_total", route=r)
+            for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
+                self.count("orchestrator_texts_total", route=route_label(r))
             results.append(Result(probs, verdicts, routes))
         return results

@@ -20,7 +20,10 @@ class Metrics:
         orchestrator_texts_total{route}             texts answered, per ROUTE value
         orchestrator_escalations_total{node}        texts a cascade sent to a later stage
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
-        orchestrator_chunks_total{node}             windows those texts became
+        orchestrator_chunks_total{node}             windows of those texts it classified
+        orchestrator_chunks_skipped_total{node,reason}  windows it did not: the text stopped
+                                                    early (``nodes.chunk``: decided, margin,
+                                                    max_windows)
         orchestrator_model_loads_total{model,outcome}   on-demand loads (success | failure)
         orchestrator_model_unloads_total{model}     idle unloads
         orchestrator_node_errors_total{node}        node failures (error or timeout)
@@ -52,7 +55,8 @@ class Metrics:
         "orchestrator_texts_total": "Texts answered by the router, by route",
         "orchestrator_escalations_total": "Texts a cascade node sent on to a later stage",
         "orchestrator_chunked_texts_total": "Texts a chunk node split into windows",
-        "orchestrator_chunks_total": "Windows made by a chunk node",
+        "orchestrator_chunks_total": "Windows of chunked texts a chunk node classified",
+        "orchestrator_chunks_skipped_total": "Windows of chunked texts a chunk node did not classify: the text stopped early, by reason",
         "orchestrator_model_loads_total": "On-demand model loads by the router, by outcome",
         "orchestrator_model_unloads_total": "Idle on-demand models unloaded by the router",
         "orchestrator_node_errors_total": "Policy node failures (downstream error or timeout)",

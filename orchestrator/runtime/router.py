@@ -15,7 +15,8 @@ What happens to each text is decided by the routing policy (``orchestrator.runti
 node kinds in ``orchestrator.runtime.nodes``), a YAML file in the model directory named by
 the config parameter ``policy``. The shipped policy (``model_repository/router/policy.yaml``)
 answers empty texts without a model (probability 0.5, verdict false, ROUTE ``empty``),
-chunks texts over 128 tokens into overlapping windows (ROUTE ``chunked:<model>``), cascades
+chunks texts over 128 tokens into overlapping windows (ROUTE ``chunked:<model>``; a text settled
+before its last window: ``chunked:<model>:windows=<used>/<made>``), cascades
 from ``classifier_fast`` to ``classifier`` for texts whose probability is within 0.15 of
 their threshold, and degrades when a model is broken (ROUTE ``classifier`` for texts that
 needed ``classifier_fast``, ``classifier_fast:degraded`` for texts that needed

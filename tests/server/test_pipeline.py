@@ -9,7 +9,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.runtime.nodes.chunk import token_windows
+from orchestrator.runtime.nodes.chunk import token_windows, window_weights
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.tooling.modeling import data
 from tests.helpers import call, routes
@@ -73,24 +73,32 @@ def test_empty_and_whitespace_texts_answer_without_a_model(triton):
 
 
 def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
-    out = call(triton, "router_fast", [long_negative_text])
+    out = call(triton, "router", [long_negative_text], parameters={"route": "fast"})  # every window
     assert routes(out) == ["chunked:classifier_fast"]
     # independent computation: whole-text tokens, windows, classifier_fast per window
     tok = call(triton, "tokenizer", [long_negative_text], thr_array=False, parameters={"truncation": False})
     ids = tok["input_ids"][0][: int(tok["attention_mask"][0].sum())]
     assert ids.shape[0] > 128
     windows = token_windows(ids, 128, 96)
-    probs, lengths = [], []
+    probs = []
     for w in windows:
         client = httpclient.InferenceServerClient(triton.http_url)
         ins = [httpclient.InferInput(n, [1, len(w)], "INT64") for n in ("input_ids", "attention_mask")]
         ins[0].set_data_from_numpy(w.reshape(1, -1))
         ins[1].set_data_from_numpy(np.ones((1, len(w)), dtype=np.int64))
         probs.append(float(sigmoid(client.infer("classifier_fast", ins).as_numpy("logits")[0, 0])))
-        lengths.append(len(w))
         client.close()
-    expected = sum(p * n for p, n in zip(probs, lengths)) / sum(lengths)  # length-weighted mean
+    weights = window_weights(ids.shape[0], 128, 96)  # content tokens each window adds
+    assert sum(weights) == ids.shape[0] - 2 and len(weights) == len(windows)
+    expected = sum(p * n for p, n in zip(probs, weights)) / sum(weights)  # length_weighted_mean
     assert float(out["PROBABILITIES"][0, 0]) == pytest.approx(expected, abs=1e-5)
+    # the shipped cascade's chunk node may stop early (never escalating here): its answer
+    # is the same aggregate of the windows its ROUTE says it used, the first ones
+    [route] = routes(call(triton, "router_fast", [long_negative_text]))
+    used = int(route.split(":windows=")[1].split("/")[0]) if ":windows=" in route else len(windows)
+    assert route in ("chunked:classifier_fast", f"chunked:classifier_fast:windows={used}/{len(windows)}")
+    early = sum(p * n for p, n in zip(probs[:used], weights)) / sum(weights[:used])
+    assert float(call(triton, "router_fast", [long_negative_text])["PROBABILITIES"][0, 0]) == pytest.approx(early, abs=1e-5)
     # the default router classifies it as a person would: negative
     assert call(triton, "router", [long_negative_text])["VERDICTS"].tolist() == [[False]]
 

@@ -26,6 +26,7 @@ from orchestrator.tooling.soak.workload import (
     build_pool,
     cascade_margin,
     check_answer,
+    chunk_stops_early,
     compute_references,
     draw_request,
     fast_texts,
@@ -48,6 +49,8 @@ def spec(texts, thresholds, route=None, rid="r1"):
 
 def test_route_model_strips_chunked_and_degraded():
     assert route_model("chunked:classifier_fast:degraded") == "classifier_fast"
+    assert route_model("chunked:classifier_fast:windows=1/3") == "classifier_fast"
+    assert route_model("chunked:classifier_fast:degraded:windows=2/4") == "classifier_fast"
     assert route_model("classifier_fast:degraded") == "classifier_fast"
     assert route_model("chunked:classifier") == "classifier"
     assert route_model("empty") == "empty"
@@ -88,6 +91,42 @@ def test_needed_models_follow_the_cascade_margin(pool):
     assert fast_texts(spec([0, 1, 2], [0.5] * 3), pool, 0.15) == [1]
     assert fast_texts(spec([0, 1, 2], [0.5] * 3, "fast"), pool, 0.15) == [1, 2]
     assert fast_texts(spec([1], [0.5], "accurate"), pool, 0.15) == []
+
+
+def test_an_early_stopped_chunk_answer_is_not_compared_with_the_whole_text(pool):
+    s = spec([0, 3], [0.5, 0.5])
+    # text 3 (long): fast 0.3 on the whole text; 0.1 from its first window is no fault
+    assert check_answer(s, pool, [0.5, 0.1], [False, False], ["empty", "chunked:classifier_fast:windows=1/3"]) == []
+    for bad in ("chunked:classifier_fast:windows=3/3", "chunked:classifier_fast:windows=0/3", "chunked:classifier_fast:windows=x"):
+        assert any("windows count" in p for p in check_answer(s, pool, [0.5, 0.1], [False, False], ["empty", bad])), bad
+    # the verdict rule still holds
+    assert any("verdict" in p for p in check_answer(s, pool, [0.5, 0.1], [False, True],
+                                                      ["empty", "chunked:classifier_fast:windows=1/3"]))
+    # a short text never has a windows count
+    assert check_answer(spec([0, 1], [0.5, 0.5]), pool, [0.5, 0.2], [False, False],
+                        ["empty", "chunked:classifier_fast:windows=1/3"]) != []
+
+
+def test_under_early_stopping_a_long_cascade_text_may_escalate(pool):
+    # text 3 (long): fast 0.3 -> 0.2 from threshold 0.5: fast only with whole-text answers
+    assert needed_models(spec([3], [0.5]), pool, 0.15) == {"classifier_fast"}
+    assert fast_texts(spec([3], [0.5]), pool, 0.15) == [0]
+    pool.early_stopping = True
+    assert needed_models(spec([3], [0.5]), pool, 0.15) == {"classifier_fast", "classifier"}
+    assert fast_texts(spec([3], [0.5]), pool, 0.15) == []
+    assert fast_texts(spec([1], [0.5]), pool, 0.15) == [0]  # short texts are unchanged
+    assert fast_texts(spec([3], [0.5], "fast"), pool, 0.15) == [0]
+
+
+def test_chunk_stops_early_reads_the_cascade_chunk_nodes():
+    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    assert chunk_stops_early(shipped) is True
+    plain = {"root": {"kind": "cascade", "margin": 0.1, "stages": [{"kind": "chunk", "node": {}}, {"kind": "model"}]}}
+    assert chunk_stops_early(plain) is False
+    plain["root"]["stages"][0]["stop_margin"] = 0.3
+    assert chunk_stops_early(plain) is True
+    outside = {"root": {"kind": "sequence", "steps": [{"kind": "chunk", "max_windows": 1}, {"kind": "cascade", "stages": []}]}}
+    assert chunk_stops_early(outside) is False
 
 
 def test_shipped_policy_margin_and_models():

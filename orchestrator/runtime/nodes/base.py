@@ -74,6 +74,13 @@ def split_target(name: str) -> Tuple[str, Optional[int]]:
     return name, None
 
 
+def route_label(route: str) -> str:
+    """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
+    it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
+    label, so its values stay one per route rather than one per count."""
+    return ":".join(part for part in route.split(":") if "=" not in part)
+
+
 def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
     """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
     truncation does; int64 [T] in, int64 [min(T, max_length)] out."""

@@ -1,14 +1,23 @@
-"""``chunk``: a loop over overlapping token windows of long texts."""
+"""``chunk``: a loop over overlapping token windows of long texts.
+
+Windows are classified in rounds (:func:`classify_rounds`): round ``r`` sends the ``r``-th
+window of every text still open, all of them in one call of the inner node, so batching
+across texts is kept. Without a stopping key every window is sent in one round, as before
+the rounds existed. With one (``stop_when_decided``, ``stop_margin``, ``max_windows``) a
+text leaves the loop as soon as its answer is settled and its other windows are never
+classified; its answer aggregates the windows it used, and ``ROUTE`` says how many.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.heads import MULTICLASS, Head
 from orchestrator.runtime.nodes.base import (
     REGISTRY,
     Answer,
@@ -22,25 +31,40 @@ from orchestrator.runtime.nodes.base import (
     Windows,
     descendants,
 )
-from orchestrator.runtime.schema import REQUIRED, Choice, Int, Key, NodeRef
+from orchestrator.runtime.schema import REQUIRED, Bool, Choice, Int, Key, NodeRef, Number
 
 AGGREGATIONS = ("length_weighted_mean", "mean", "max")
+#: Why a text stopped before its last window (the ``reason`` label of
+#: ``orchestrator_chunks_skipped_total``): its verdicts could no longer change
+#: (``stop_when_decided``), its answer so far was sure by ``stop_margin``, it reached
+#: ``max_windows``.
+STOP_DECIDED, STOP_MARGIN, STOP_MAX_WINDOWS = "decided", "margin", "max_windows"
 
 
 @dataclass
 class ChunkNode(Node):
     """Texts longer than ``window`` tokens are split into overlapping windows (see
     :func:`token_windows`) that ``node`` classifies; the text's probability aggregates the
-    windows'. ``ROUTE`` gets the prefix ``chunked:``. Keys: :data:`KIND` ``.keys``
-    (docs/policy.md); every model under ``node`` must use one tokenizer, since windows are
-    token windows.
+    windows' (``length_weighted_mean``: each window weighted by the content tokens it adds,
+    :func:`window_weights`). ``ROUTE`` gets the prefix ``chunked:``, and the suffix
+    ``:windows=<used>/<made>`` when a stopping key left windows unclassified. Keys:
+    :data:`KIND` ``.keys`` (docs/policy.md); every model under ``node`` must use one
+    tokenizer, since windows are token windows.
     """
 
     window: int = REQUIRED
     stride: int = REQUIRED
     aggregation: str = "length_weighted_mean"
     node: Node = REQUIRED
+    stop_when_decided: bool = False
+    stop_margin: Optional[float] = None
+    max_windows: Optional[int] = None
     tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer (``policy.bind_heads``)
+
+    @property
+    def stops_early(self) -> bool:
+        """True when a stopping key is set: windows go in rounds, one per open text."""
+        return self.stop_when_decided or self.stop_margin is not None or self.max_windows is not None
 
 
 def token_windows(ids: np.ndarray, max_length: int, stride: int) -> List[np.ndarray]:
@@ -61,10 +85,15 @@ def token_windows(ids: np.ndarray, max_length: int, stride: int) -> List[np.ndar
     if ids.shape[0] <= max_length:
         return [ids]
     body, width = ids[1:-1], max_length - 2
-    starts = list(range(0, body.shape[0] - width + 1, stride))
-    if starts[-1] + width < body.shape[0]:
-        starts.append(body.shape[0] - width)
+    starts = _starts(body.shape[0], width, stride)
     return [np.concatenate([ids[:1], body[s : s + width], ids[-1:]]) for s in starts]
+
+
+def _starts(content: int, width: int, stride: int) -> List[int]:
+    starts = list(range(0, content - width + 1, stride))
+    if starts[-1] + width < content:
+        starts.append(content - width)
+    return starts
 
 
 def window_count(tokens: int, max_length: int, stride: int) -> int:
@@ -76,12 +105,35 @@ def window_count(tokens: int, max_length: int, stride: int) -> int:
     return full + (1 if (full - 1) * stride + width < content else 0)
 
 
+def window_weights(tokens: int, max_length: int, stride: int) -> List[int]:
+    """The ``length_weighted_mean`` weight of each window of :func:`token_windows`: the
+    content tokens it covers that no earlier window covered (the first window: all of its
+    ``max_length - 2``; then ``stride`` each; the end-aligned last one: what is left). The
+    weights add up to the text's content tokens, so every token counts once however much
+    the windows overlap. A text of at most ``max_length`` tokens: one window, weight
+    ``tokens``.
+
+    (Every window has exactly ``max_length`` tokens, so weighting by window length, the
+    rule before issue 19, was the plain mean.)
+    """
+    if tokens <= max_length:
+        return [tokens]
+    width = max_length - 2
+    starts = _starts(tokens - 2, width, stride)
+    return [width] + [s - prev for prev, s in zip(starts, starts[1:])]
+
+
+# ----------------------------------------------------------------------------- policy
+
+
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ChunkNode:
     window = values["window"] or ctx.max_sequence_length
     stride = values["stride"] or max(1, (window - 2) * 3 // 4)
     if not 1 <= stride <= window - 2:  # the schema cannot compare two keys
         raise PolicyError(f"{common['where']}.stride: {stride!r} is outside [1, {window - 2}]")
-    return ChunkNode(**common, window=window, stride=stride, aggregation=values["aggregation"], node=values["node"])
+    return ChunkNode(**common, window=window, stride=stride, aggregation=values["aggregation"], node=values["node"],
+                     stop_when_decided=values["stop_when_decided"], stop_margin=values["stop_margin"],
+                     max_windows=values["max_windows"])
 
 
 def _bind(node: ChunkNode, ctx: BindContext) -> None:
@@ -100,64 +152,225 @@ def _bind(node: ChunkNode, ctx: BindContext) -> None:
                 f"{node.name}.window: {node.window} tokens, over model '{model}''s maximum of {head.max_length} "
                 "(its head.json max_length)"
             )
+    if node.stop_when_decided and node.aggregation == "max" and ctx.head.kind == MULTICLASS:
+        raise PolicyError(
+            f"{node.name}.stop_when_decided: not available with aggregation 'max' and a multiclass head: the maximum "
+            "is renormalized to sum 1, so no window answered so far bounds the text's answer; use aggregation "
+            "'mean' or 'length_weighted_mean', or stop_margin"
+        )
+
+
+# ----------------------------------------------------------------------------- stopping rules
+
+
+def _combine(head: Head, how: str, probs: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    if how == "max":
+        return head.combine(probs, "max")
+    return head.combine(probs, "mean", weights if how == "length_weighted_mean" else None)
+
+
+def settled_verdicts(head: Head, low: np.ndarray, high: np.ndarray, threshold: np.ndarray) -> Optional[np.ndarray]:
+    """The verdicts bool [C] every answer within ``[low, high]`` (float64 [C] each, column
+    by column) gets from ``head.verdicts`` at ``threshold`` ([1] or [C]), or None when two
+    answers in the box may get different ones.
+
+    Compared in float32 as :meth:`heads.Head.verdicts` does (rounding is monotone, so
+    ``f32(low) >= f32(t)`` holds for every ``p >= low``). Binary and multilabel, per
+    column: true when ``low >= t``, false when ``high < t``. Multiclass: every column
+    false when no label can reach its threshold (``high_k < t_k`` for all ``k``);
+    otherwise the top label ``j`` must be fixed (``low_j > high_k`` for every other
+    ``k``, so no tie) and its own verdict settled as above.
+    """
+    t = head.thresholds(threshold, 1)[0].astype(np.float32)
+    lo, hi = low.astype(np.float32), high.astype(np.float32)
+    yes, no = lo >= t, hi < t
+    if head.kind != MULTICLASS:
+        return yes.copy() if bool((yes | no).all()) else None
+    if bool(no.all()):
+        return np.zeros(head.columns, dtype=bool)
+    j = int(np.argmax(lo))
+    others = np.delete(hi, j)
+    if not bool((lo[j] > others).all()) or not bool(yes[j] or no[j]):
+        return None
+    out = np.zeros(head.columns, dtype=bool)
+    out[j] = bool(yes[j])
+    return out
+
+
+@dataclass
+class ChunkText:
+    """One text of a chunk node's batch while its windows are classified.
+
+    Attributes:
+        item: the text.
+        windows: its window items in order (a text of at most ``window`` tokens: itself).
+        weights: each window's aggregation weight (:func:`window_weights`).
+        answers: the inner node's answers of the windows classified so far, in order.
+        stopped: why the text left the rounds before its last window (a ``STOP_*``
+            reason, or another one a caller sets through :meth:`stop`); None: open, or
+            every window classified.
+    """
+
+    item: Item
+    windows: List[Item]
+    weights: List[int]
+    answers: List[Answer] = field(default_factory=list)
+    stopped: Optional[str] = None
+
+    @property
+    def chunked(self) -> bool:
+        """True when the text made more than one window."""
+        return len(self.windows) > 1
+
+    @property
+    def open(self) -> bool:
+        """True while the text has windows left and was not stopped."""
+        return self.stopped is None and len(self.answers) < len(self.windows)
+
+    def stop(self, reason: str) -> None:
+        """Classify no more windows of this text (a no-op once it is closed)."""
+        if self.open:
+            self.stopped = reason
+
+
+def _stop_reason(engine: Engine, node: ChunkNode, text: ChunkText) -> Optional[str]:
+    """Why ``text`` (open, at least one window answered) should stop now, or None."""
+    used, made = len(text.answers), len(text.windows)
+    if used >= made:
+        return None
+    probs = [a.probabilities for a in text.answers]
+    so_far = _combine(engine.head, node.aggregation, probs, text.weights[:used])
+    if node.stop_when_decided:
+        rest = [np.zeros(engine.head.columns), np.ones(engine.head.columns)]
+        low, high = (_combine(engine.head, node.aggregation, probs + [r] * (made - used), text.weights) for r in rest)
+        settled = settled_verdicts(engine.head, low, high, text.item.threshold)
+        # the answer reported is the aggregate so far: it must carry the settled verdicts
+        # (it does in exact arithmetic; this guards float rounding)
+        if settled is not None and bool((engine.head.verdicts(so_far.reshape(1, -1), text.item.threshold.reshape(1, -1))[0]
+                                          == settled).all()):
+            return STOP_DECIDED
+    if node.stop_margin is not None and not bool(engine.head.unsure(so_far, text.item.threshold, node.stop_margin)):
+        return STOP_MARGIN
+    if node.max_windows is not None and used >= node.max_windows:
+        return STOP_MAX_WINDOWS
+    return None
+
+
+async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText]) -> None:
+    """Classify the windows of ``texts`` with ``node.node``, filling each text's ``answers``.
+
+    Without a stopping key: one round, every window of every text in one call. With one:
+    round ``r`` sends the ``r``-th window of every open text in one call; after it, each
+    text that got an answer is checked (:func:`_stop_reason`) and may stop. A caller that
+    must stop texts for its own reason (a deadline, a cancelled request) does it at the
+    start of a round with :meth:`ChunkText.stop`; texts stopped that way keep the windows
+    they have.
+
+    Raises:
+        DownstreamError: the inner node failed.
+    """
+    if not node.stops_early:
+        batch = [w for t in texts for w in t.windows]
+        inner = await engine.run_node(node.node, batch)
+        for t in texts:
+            t.answers = [inner[w.idx] for w in t.windows]
+        return
+    r = 0
+    while True:
+        # (hook point: stop texts here before the round is sent)
+        round_texts = [t for t in texts if t.open]
+        if not round_texts:
+            return
+        inner = await engine.run_node(node.node, [t.windows[r] for t in round_texts])
+        for t in round_texts:
+            t.answers.append(inner[t.windows[r].idx])
+            reason = _stop_reason(engine, node, t) if t.chunked else None
+            if reason is not None:
+                t.stop(reason)
+        r += 1
+
+
+#: What a chunk node appends to ``ROUTE`` when it left windows unclassified (a route
+#: detail, ``nodes.base.route_label``).
+WINDOWS_SUFFIX = ":windows="
+
+
+def _answer(engine: Engine, node: ChunkNode, text: ChunkText) -> Answer:
+    if not text.chunked:
+        return text.answers[0]
+    used = len(text.answers)
+    p = _combine(engine.head, node.aggregation, [a.probabilities for a in text.answers], text.weights[:used])
+    route = "chunked:" + "+".join(dict.fromkeys(a.route for a in text.answers))
+    if used < len(text.windows):
+        route += f"{WINDOWS_SUFFIX}{used}/{len(text.windows)}"
+    return Answer(p, route)
 
 
 async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     await engine.ensure_tokens(items, node.tokenizer)
-    windows: List[Item] = []
-    owner: Dict[int, int] = {}
-    chunked = set()
+    texts: List[ChunkText] = []
     for it in items:
-        pieces = token_windows(it.ids(node.tokenizer), node.window, node.stride)
-        if len(pieces) == 1:
-            windows.append(it)
-            owner[it.idx] = it.idx
-            continue
-        chunked.add(it.idx)
-        for piece in pieces:
-            w = engine.window(it, node.tokenizer, piece)
-            windows.append(w)
-            owner[w.idx] = it.idx
+        ids = it.ids(node.tokenizer)
+        pieces = token_windows(ids, node.window, node.stride)
+        windows = [it] if len(pieces) == 1 else [engine.window(it, node.tokenizer, piece) for piece in pieces]
+        texts.append(ChunkText(it, windows, window_weights(int(ids.shape[0]), node.window, node.stride)))
+    await classify_rounds(engine, node, texts)
+    chunked = [t for t in texts if t.chunked]
     if chunked:
         engine.count("orchestrator_chunked_texts_total", len(chunked), node=node.name)
-        engine.count("orchestrator_chunks_total", len(windows) - (len(items) - len(chunked)), node=node.name)
-    inner = await engine.run_node(node.node, windows)
-    per_text: Dict[int, list] = {}
-    for w in windows:
-        per_text.setdefault(owner[w.idx], []).append((inner[w.idx], int(w.ids(node.tokenizer).shape[0])))
-    answers: Answers = {}
-    for idx, parts in per_text.items():
-        if idx not in chunked:
-            answers[idx] = parts[0][0]
-            continue
-        how = "mean" if node.aggregation == "length_weighted_mean" else node.aggregation
-        weights = [n for _, n in parts] if node.aggregation == "length_weighted_mean" else None
-        p = engine.head.combine([a.probabilities for a, _ in parts], how, weights)
-        routes = list(dict.fromkeys(a.route for a, _ in parts))
-        answers[idx] = Answer(p, "chunked:" + "+".join(routes))
-    return answers
+        engine.count("orchestrator_chunks_total", sum(len(t.answers) for t in chunked), node=node.name)
+        skipped: Dict[str, int] = {}
+        for t in chunked:
+            if t.stopped is not None:
+                skipped[t.stopped] = skipped.get(t.stopped, 0) + len(t.windows) - len(t.answers)
+        for reason, n in sorted(skipped.items()):
+            engine.count("orchestrator_chunks_skipped_total", n, node=node.name, reason=reason)
+    return {t.item.idx: _answer(engine, node, t) for t in texts}
 
 
 def _children(node: ChunkNode) -> List[Tuple[str, Node]]:
     return [("", node.node)]
 
 
+def _describe(node: ChunkNode) -> str:
+    out = f"chunk window={node.window} stride={node.stride} aggregation={node.aggregation}"
+    if node.stop_when_decided:
+        out += " stop_when_decided"
+    if node.stop_margin is not None:
+        out += f" stop_margin={node.stop_margin:g}"
+    if node.max_windows is not None:
+        out += f" max_windows={node.max_windows}"
+    return out
+
+
 KIND = NodeKind(
     name="chunk",
     node_type=ChunkNode,
-    doc="Overlapping token windows of long texts, classified by `node`, aggregated per text; `ROUTE` gets `chunked:`.",
+    doc="Overlapping token windows of long texts, classified by `node`, aggregated per text; `ROUTE` gets `chunked:`. "
+        "With a stopping key the windows go in rounds (round r: the r-th window of every open text, in one call) and "
+        "a text stops once settled; `ROUTE` then ends in `:windows=<used>/<made>`.",
     keys=(
         Key("window", Int(3, 1 << 20), "tokens per window, special tokens included",
             computed="the policy's `max_sequence_length`"),
         Key("stride", Int(1, 1 << 20), "content tokens between window starts, 1 .. `window` - 2",
             computed="3/4 of the window's content, `(window - 2) * 3 // 4`"),
         Key("aggregation", Choice(AGGREGATIONS), "how window answers become the text's, each column by itself: "
-            "`length_weighted_mean` (weighted by window length in tokens), `mean`, `max`"),
+            "`length_weighted_mean` (each window weighted by the content tokens it adds that no earlier window "
+            "covered, so overlaps count once), `mean`, `max` (multiclass: renormalized to sum 1)"),
         Key("node", NodeRef(), "classifies the windows; its models must share one tokenizer"),
+        Key("stop_when_decided", Bool(), "stop a text once its remaining windows cannot change its verdicts, "
+            "whatever they answer (each probability in [0, 1]; exact, compared in float32 like the verdicts); "
+            "its answer aggregates the windows used. Not with `max` and a multiclass head"),
+        Key("stop_margin", Number(0.0, 1.0), "stop a text once its answer so far is sure by this margin: not "
+            "within it of a threshold (binary: `|p - t| >= margin`; multiclass: top two at least this apart; "
+            "multilabel: every label). Set it at least the enclosing cascade's `margin` so a stopped text is not "
+            "escalated. Absent: no such rule"),
+        Key("max_windows", Int(1, 1 << 20), "classify at most the first this many windows of a text (the "
+            "others are skipped, not refused: compare `limits.max_windows_per_text`). Absent: every window"),
     ),
     build=_build,
     run=_run,
-    describe=lambda node: f"chunk window={node.window} stride={node.stride} aggregation={node.aggregation}",
+    describe=_describe,
     children=_children,
     bind=_bind,
     tokens=lambda node: (node.tokenizer,),

@@ -16,6 +16,11 @@ WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
 # The section `make bench-features` writes (orchestrator.tooling.bench.features), kept across runs.
 FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
 FEATURES_END = "<!-- bench-features:end -->"
+# The section `make bench-long` writes (orchestrator.tooling.bench.long_texts), kept across runs.
+LONG_START = "<!-- bench-long:start (written by `make bench-long`) -->"
+LONG_END = "<!-- bench-long:end -->"
+#: Sections other commands write into benchmarks.md; ``make bench`` keeps them as they are.
+KEPT_SECTIONS = ((LONG_START, LONG_END), (FEATURES_START, FEATURES_END))
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.
@@ -57,8 +62,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     """``benchmarks.md`` from a run's ``results`` (pure: every figure comes from ``results``).
 
     ``existing``: the current file, whose "What we tried" block (between the
-    ``what-we-tried`` markers) and ``make bench-features`` section (between the
-    ``bench-features`` markers) are kept as they are.
+    ``what-we-tried`` markers) and the sections of ``make bench-features`` and ``make
+    bench-long`` (:data:`KEPT_SECTIONS`) are kept as they are.
     """
     r = results
     meas = r["measurements"]
@@ -231,8 +236,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     add("Sets from held-out texts by token count (special tokens included): short and medium are single "
         "sentences; long ones join consecutive held-out sentences past the classifiers' 128-token limit, "
-        "so the router chunks them (128-token windows, stride 96) while the ensemble truncates them to "
-        "their first 128 tokens. Floor: raw `classifier`, batch 1, on the truncated tokens.")
+        "so the router (the shipped policy) chunks them (128-token windows, stride 96, read in order until "
+        "each text's answer is settled: early stopping, section \"Long texts\") while the ensemble truncates "
+        "them to their first 128 tokens. Floor: raw `classifier`, batch 1, on the truncated tokens.")
     add("")
     add("| set | texts | tokens (min / median / max) | model | throughput (infer/s) | p50 (ms) | p99 (ms) | throughput / same model on short | floor p50 (ms) | stable |")
     add("|---|---:|---|---|---:|---:|---:|---:|---:|---|")
@@ -309,9 +315,10 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     add(_what_we_tried(existing))
     add("")
-    if existing and FEATURES_START in existing and FEATURES_END in existing:
-        add(existing[existing.index(FEATURES_START):existing.index(FEATURES_END) + len(FEATURES_END)])
-        add("")
+    for start, end in KEPT_SECTIONS:
+        if existing and start in existing and end in existing:
+            add(existing[existing.index(start):existing.index(end) + len(end)])
+            add("")
     return "\n".join(L)
 
 

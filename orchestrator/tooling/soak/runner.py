@@ -55,6 +55,7 @@ from orchestrator.tooling.soak.workload import (
     build_pool,
     cascade_margin,
     check_answer,
+    chunk_stops_early,
     compute_references,
     draw_request,
     needed_models,
@@ -460,6 +461,7 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
         margin = cascade_margin(policy)
         models = models_to_load(policy)
         pool = build_pool(config.n_short, config.n_long, seed=config.seed)
+        pool.early_stopping = chunk_stops_early(policy)
         server = TritonServer(repo, models=models, control_key=production.new_key())
         log(f"[soak] starting tritonserver on a read-only, compiled copy of {source} with the control plane "
             f"restricted (models: {', '.join(models)})")

@@ -13,7 +13,11 @@ router with the request parameter ``route=fast`` (the ``classifier_fast`` answer
 when, for every text, its probability is within :data:`PROBABILITY_TOLERANCE` of the
 healthy answer of the model its ``ROUTE`` names (``chunked:`` and ``:degraded`` stripped),
 its ``chunked:`` prefix matches the text's length, and ``VERDICTS`` is ``probability >=
-threshold`` (``empty``: probability 0.5, verdict false). Which model answered is the
+threshold`` (``empty``: probability 0.5, verdict false). A chunk node that stopped early
+(ROUTE ``...:windows=<used>/<made>``, ``nodes.chunk``) answers from its first windows, not
+the whole text: its probability is not compared (the route and verdict rules still are),
+and under such a policy (:attr:`TextPool.early_stopping`) a long text under the cascade
+may or may not escalate. Which model answered is the
 router's choice and may change under faults; a probability that belongs to no model the
 route names is WRONG.
 """
@@ -34,6 +38,8 @@ PROBABILITY_TOLERANCE = 1e-5
 LONG_MIN_CHARS = 1200
 #: The models the shipped policy calls, and what a ROUTE names once its decorations are gone.
 FAST, ACCURATE, EMPTY = "classifier_fast", "classifier", "empty"
+#: What a chunk node that stopped early appends to ROUTE (``nodes.chunk.WINDOWS_SUFFIX``).
+WINDOWS_DETAIL = ":windows="
 ROUTE_PARAMETER_VALUES = ("fast", "accurate")
 
 
@@ -55,6 +61,8 @@ class TextPool:
     texts: List[str]
     kinds: List[str]
     references: Dict[int, Reference] = field(default_factory=dict)
+    #: the policy's cascade has a chunk node that may stop early (:func:`chunk_stops_early`)
+    early_stopping: bool = False
 
     def indices(self, kind: str) -> List[int]:
         return [i for i, k in enumerate(self.kinds) if k == kind]
@@ -93,8 +101,10 @@ def build_pool(n_short: int, n_long: int, seed: int = 0, data_dir=None) -> TextP
 
 
 def route_model(route: str) -> str:
-    """The model a ROUTE names: ``chunked:`` and ``:degraded`` stripped
-    (``chunked:classifier_fast:degraded`` -> ``classifier_fast``)."""
+    """The model a ROUTE names: ``chunked:``, ``:degraded`` and a chunk node's
+    ``:windows=<used>/<made>`` stripped (``chunked:classifier_fast:degraded`` ->
+    ``classifier_fast``)."""
+    route = route.split(WINDOWS_DETAIL, 1)[0]
     base = route[len("chunked:"):] if route.startswith("chunked:") else route
     return base[: -len(":degraded")] if base.endswith(":degraded") else base
 
@@ -163,7 +173,7 @@ def needed_models(spec: RequestSpec, pool: TextPool, margin: Optional[float]) ->
         need.add(FAST)
         if spec.route is None:
             ref = pool.references.get(idx)
-            if margin is None or ref is None or abs(ref.fast - thr) < margin:
+            if margin is None or ref is None or abs(ref.fast - thr) < margin or _may_stop(pool, ref):
                 need.add(ACCURATE)
     return frozenset(need)
 
@@ -177,9 +187,41 @@ def fast_texts(spec: RequestSpec, pool: TextPool, margin: Optional[float]) -> Li
         if pool.kinds[idx] == "empty" or spec.route == "accurate":
             continue
         ref = pool.references.get(idx)
-        if spec.route == "fast" or (margin is not None and ref is not None and abs(ref.fast - thr) >= margin):
+        if spec.route == "fast" or (margin is not None and ref is not None and abs(ref.fast - thr) >= margin
+                                    and not _may_stop(pool, ref)):
             out.append(pos)
     return out
+
+
+def _may_stop(pool: TextPool, ref: Reference) -> bool:
+    """The cascade's fast answer of this text may come from its first windows only."""
+    return pool.early_stopping and ref.chunked
+
+
+def chunk_stops_early(policy: Mapping) -> bool:
+    """Whether a chunk node inside the first ``cascade`` of a policy document has a
+    stopping key (``stop_when_decided``, ``stop_margin``, ``max_windows``)."""
+    stack: list = [policy]
+    cascade = None
+    while stack and cascade is None:
+        node = stack.pop(0)
+        if isinstance(node, dict):
+            if node.get("kind") == "cascade":
+                cascade = node
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    stack = [cascade] if cascade is not None else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("kind") == "chunk" and any(node.get(k) not in (None, False) for k in
+                                                   ("stop_when_decided", "stop_margin", "max_windows")):
+                return True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
 
 
 # ----------------------------------------------------------------------------- checking
@@ -221,7 +263,11 @@ def check_answer(
         if route.startswith("chunked:") != ref.chunked:
             problems.append(f"{where}: chunked is {ref.chunked} for this text")
         want = ref.fast if model == FAST else ref.accurate
-        if abs(p - want) > tolerance:
+        if WINDOWS_DETAIL in route:  # the aggregate of its first windows: no reference
+            used, _, made = route.split(WINDOWS_DETAIL, 1)[1].partition("/")
+            if not (used.isdigit() and made.isdigit() and 0 < int(used) < int(made) and ref.chunked):
+                problems.append(f"{where}: a windows count that no chunk node makes")
+        elif abs(p - want) > tolerance:
             problems.append(f"{where}: probability {p:.6f}, healthy {model} answer {want:.6f}")
         # exactly at the threshold float32 rounding may go either way
         if abs(p - thr) > 1e-6 and v != (p >= thr):

@@ -154,7 +154,8 @@ class Engine:
             self.mirror_runner.submit(node, items, answers)
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
-        """Run ``node``'s handler on ``items``; counts errors and latency, applies its timeout.
+        """Run ``node``'s handler on ``items``; counts errors and latency, applies its
+        timeout; a successful run's time on the engine clock feeds :meth:`estimate`.
 
         Raises:
             DownstreamError: the node failed or timed out.
@@ -166,7 +167,7 @@ class Engine:
             coro = N.KINDS[node.kind].run(self, node, items)
             if node.timeout_ms:
                 try:
-                    answers = await asyncio.wait_for(as_concurrent(coro), node.timeout_ms / 1000.0)
+                    answers: Answers = await asyncio.wait_for(as_concurrent(coro), node.timeout_ms / 1000.0)
                 except asyncio.TimeoutError:
                     raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
             else:
@@ -377,9 +378,9 @@ class Engine:
         for ctx in contexts.values():
             ctx.started = True
         trace = next(iter(contexts.values())).trace if len(contexts) == 1 else None
-        deadlines = [ctx.deadline for ctx in contexts.values()]
+        deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
         timeout_us = 0
-        if deadlines and None not in deadlines:
+        if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout
             timeout_us = max(1, int((max(deadlines) - self.clock()) * 1e6))
         return CallOptions(trace=trace, timeout_us=timeout_us)
 
@@ -423,6 +424,8 @@ class Engine:
             DownstreamError: a node failed and no fallback answered.
         """
         per_work: List[List[Item]] = []
+        for w in works:  # a retried request starts afresh (router: a failed batch, each request alone)
+            w.context.late = w.context.early = False
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
             thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)

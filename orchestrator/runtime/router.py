@@ -37,8 +37,11 @@ INVALID_ARG error naming the input (or the request parameter). A failing downstr
 gives an INTERNAL error naming the model, unless a ``fallback`` node answers instead. When
 requests batched together fail, each is retried alone, all concurrently, so only the
 requests that need the failing model get the error; a model whose circuit is open
-(``health.CircuitBreaker``) is not called again by those retries. Every request gets
-exactly one response.
+(``health.CircuitBreaker``) is not called again by those retries. A request its client
+cancelled (``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no
+further stage; a request's ``timeout()`` is the budget of its downstream calls, counted
+from the start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines"). Every
+request gets exactly one response.
 
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),

@@ -16,11 +16,9 @@ import socket
 import struct
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, add_router_variant

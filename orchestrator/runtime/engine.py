@@ -34,7 +34,7 @@ from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions, Result, Work
+from orchestrator.runtime.request import CallOptions, RequestContext, Result, Work
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -228,15 +228,23 @@ class Engine:
         out = []
         for it in items:
             ctx = it.context
-            if not ctx.cancelled and ctx.started and id(ctx) not in asked:
+            if id(ctx) not in asked:
                 asked.add(id(ctx))
-                try:
-                    ctx.cancelled = bool(ctx.is_cancelled())
-                except Exception:  # the stub could not ask the server: go on
-                    ctx.cancelled = False
+                self._ask_cancelled(ctx)
             if not ctx.cancelled:
                 out.append(it)
         return out
+
+    @staticmethod
+    def _ask_cancelled(ctx: RequestContext) -> None:
+        """Ask ``is_cancelled()`` of a request that had a downstream call and is not known
+        to be cancelled (an error asking it counts as not cancelled)."""
+        if ctx.cancelled or not ctx.started:
+            return
+        try:
+            ctx.cancelled = bool(ctx.is_cancelled())
+        except Exception:  # the stub could not ask the server: go on
+            ctx.cancelled = False
 
     def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
         """The answers of ``items`` stay those of an earlier stage, which ended before the
@@ -415,10 +423,11 @@ class Engine:
     async def run(self, works: List[Work]) -> List[Union[Result, InputError, RequestStopped]]:
         """Answer every request in ``works``: one :class:`Result` each, in order, or the
         InputError of a request that has a text over ``limits.max_windows_per_text``, or
-        ``RequestCancelled`` for a request found cancelled (``live``; one already known
-        to be cancelled, as in the router's retries, is not run again), or
-        ``DeadlineExceeded`` for a request that got a downstream answer after its
-        deadline and no earlier stage's answer kept for it (``keep_for_deadline``).
+        ``RequestCancelled`` for a request found cancelled (``live``; a request run again,
+        as in the router's retries, is asked before it runs, and one cancelled is not run),
+        or ``DeadlineExceeded`` for a request whose deadline passed before the run (not
+        run) or that got a downstream answer after its deadline and no earlier stage's
+        answer kept for it (``keep_for_deadline``).
 
         Raises:
             DownstreamError: a node failed and no fallback answered.
@@ -431,8 +440,14 @@ class Engine:
             thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
             pairs = enumerate(zip(w.texts, thresholds))
             per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
-        refused: Dict[int, Union[InputError, RequestStopped]] = {
-            k: RequestCancelled("the request was cancelled") for k, w in enumerate(works) if w.context.cancelled}
+        now = self.clock()
+        refused: Dict[int, Union[InputError, RequestStopped]] = {}
+        for k, w in enumerate(works):
+            self._ask_cancelled(w.context)  # a request run before (a retry): this run is its next stage
+            if w.context.cancelled:
+                refused[k] = RequestCancelled("the request was cancelled")
+            elif w.context.deadline is not None and now >= w.context.deadline:
+                refused[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
         texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
         for tokenizer in self.token_kinds:
             await self.ensure_tokens(texts, tokenizer)
@@ -462,8 +477,8 @@ class Engine:
         return results
 
     def _stopped(self, works: Sequence[Work], refused: Dict[int, Union[InputError, RequestStopped]]) -> Dict[int, RequestStopped]:
-        """The requests of ``works`` (not already ``refused``) cancelled or late, each
-        counted once (``orchestrator_cancelled_requests_total``,
+        """The requests of ``works`` cancelled or late (refused before the run as such, or
+        found so during it), each counted once (``orchestrator_cancelled_requests_total``,
         ``orchestrator_expired_requests_total``)."""
         out: Dict[int, RequestStopped] = {}
         for k, w in enumerate(works):
@@ -471,7 +486,7 @@ class Engine:
             if isinstance(refused.get(k), RequestCancelled) or (k not in refused and ctx.cancelled):
                 out[k] = RequestCancelled("the request was cancelled; no further stage ran for it")
                 self.count("orchestrator_cancelled_requests_total")
-            elif k not in refused and ctx.late and not ctx.early:
+            elif isinstance(refused.get(k), DeadlineExceeded) or (k not in refused and ctx.late and not ctx.early):
                 out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
                 self.count("orchestrator_expired_requests_total")
         return out

@@ -270,3 +270,27 @@ def test_remaining_affordable_and_late_boundaries():
     go, short = engine.affordable(node, list(at.values()))
     assert [it.context.deadline for it in go] == [None, 1.75] and [it.context.deadline for it in short] == [1.5, 1.0]
     assert [it.context.deadline for it in engine.late(list(at.values()))] == [1.0]  # now == deadline: late
+
+
+def test_a_request_run_again_is_asked_first_and_not_run_when_cancelled():
+    """The router's retry of a failed batch: the request had a downstream call, so the new
+    run is its next stage and asks ``is_cancelled()`` once before any call."""
+    clock = Clock()
+    fake = TimedBLS(clock)
+    engine, counts = engine_for(cascade("fast", "accurate"), fake, clock)
+    asked = []
+    w = work(["good film"], "a", is_cancelled=lambda: asked.append(1) or True)
+    w.context.started = True
+    [result] = asyncio.run(engine.run([w]))
+    assert isinstance(result, RequestCancelled) and fake.calls == [] and asked == [1]
+    assert counts.get("orchestrator_cancelled_requests_total") == 1.0
+
+
+def test_a_request_whose_deadline_passed_before_the_run_is_not_run():
+    clock = Clock(1.0)
+    fake = TimedBLS(clock)
+    engine, counts = engine_for(cascade("fast", "accurate"), fake, clock)
+    gone, kept = asyncio.run(engine.run([work(["good film"], "a", deadline=1.0), work(["bad"], "b", deadline=1.5)]))
+    assert isinstance(gone, DeadlineExceeded) and isinstance(kept, Result)
+    assert [c["request_id"] for c in fake.calls] == ["b", "b", "b"]  # tokenizer, fast, accurate: b's only
+    assert counts.get("orchestrator_expired_requests_total") == 1.0

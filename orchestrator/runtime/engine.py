@@ -432,22 +432,13 @@ class Engine:
         Raises:
             DownstreamError: a node failed and no fallback answered.
         """
+        refused: Dict[int, Union[InputError, RequestStopped]] = dict(self._before_run(works))
         per_work: List[List[Item]] = []
-        for w in works:  # a retried request starts afresh (router: a failed batch, each request alone)
-            w.context.late = w.context.early = False
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
             thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
             pairs = enumerate(zip(w.texts, thresholds))
             per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
-        now = self.clock()
-        refused: Dict[int, Union[InputError, RequestStopped]] = {}
-        for k, w in enumerate(works):
-            self._ask_cancelled(w.context)  # a request run before (a retry): this run is its next stage
-            if w.context.cancelled:
-                refused[k] = RequestCancelled("the request was cancelled")
-            elif w.context.deadline is not None and now >= w.context.deadline:
-                refused[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
         texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
         for tokenizer in self.token_kinds:
             await self.ensure_tokens(texts, tokenizer)
@@ -475,6 +466,21 @@ class Engine:
                 self.count("orchestrator_texts_total", route=r)
             results.append(Result(probs, verdicts, routes))
         return results
+
+    def _before_run(self, works: Sequence[Work]) -> Dict[int, RequestStopped]:
+        """The requests of ``works`` not to run: cancelled (a request run before, as in the
+        router's retries, is asked: this run is its next stage) or past their deadline.
+        The others start afresh (``late``, ``early`` cleared)."""
+        now = self.clock()
+        out: Dict[int, RequestStopped] = {}
+        for k, w in enumerate(works):
+            w.context.late = w.context.early = False
+            self._ask_cancelled(w.context)
+            if w.context.cancelled:
+                out[k] = RequestCancelled("the request was cancelled")
+            elif w.context.deadline is not None and now >= w.context.deadline:
+                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
+        return out
 
     def _stopped(self, works: Sequence[Work], refused: Dict[int, Union[InputError, RequestStopped]]) -> Dict[int, RequestStopped]:
         """The requests of ``works`` cancelled or late (refused before the run as such, or

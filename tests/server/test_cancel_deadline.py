@@ -157,7 +157,7 @@ def test_a_cancelled_grpc_request_stops_before_its_next_stage(server):
     try:
         handle = client.async_infer(router, inputs_grpc([text], grpcclient),
                                     callback=lambda result, error: (results.append((result, error)), done.set()))
-        time.sleep(SLOW_S / 4)  # the first stage (classifier_slow) is running
+        time.sleep(SLOW_S / 2)  # the first stage (classifier_slow) is running
         handle.cancel()
         assert done.wait(10), "the client got no callback"
         assert results[0][0] is None and "cancel" in str(results[0][1]).lower()
@@ -206,7 +206,7 @@ def test_closing_an_http_connection_does_not_cancel_the_request(server, how):
     host, port = server.http_url.split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)
     sock.sendall(_http_request_bytes(server, router, long_text()))
-    time.sleep(SLOW_S / 4)  # the first stage is running
+    time.sleep(SLOW_S / 2)  # the first stage is running
     if how == "reset":
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()

@@ -21,20 +21,20 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
-from orchestrator.runtime.errors import DownstreamError, InputError, LimitError
+from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, InputError, LimitError, RequestCancelled, RequestStopped
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
-from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, route_label, split_target, truncate
+from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node, route_label, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions, Result, Work
+from orchestrator.runtime.request import CallOptions, RequestContext, Result, Work
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -46,6 +46,11 @@ InferFn = Callable[
 ]
 
 _SAME = object()  # Engine.fork: keep this engine's value
+
+#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
+#: its run times, :meth:`Engine.estimate`): about the last 5 runs count. A choice, not a
+#: measured optimum: it follows a load change within a few requests.
+COST_WEIGHT = 0.3
 
 
 class Engine:
@@ -60,6 +65,8 @@ class Engine:
         shadow_infer: the downstream call of ``shadow`` candidates (default ``infer``); the
             router gives them their own circuit breakers.
         logger: ``pb_utils.Logger`` for the shadow worker's warnings (None: silent).
+        clock: seconds of a monotonic clock (default ``time.monotonic``); deadlines
+            (``RequestContext.deadline``) are on it. Tests pass a fake one.
     """
 
     def __init__(
@@ -71,8 +78,11 @@ class Engine:
         model_dir: Optional[Path] = None,
         shadow_infer: Optional[InferFn] = None,
         logger=None,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.policy = policy
+        self.clock = clock
+        self.costs: Dict[str, float] = {}  # node name -> estimated run time, seconds (shared by forks)
         if policy.head is None:  # not bound to a repository: every model has the legacy head
             bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
         self.head: Head = policy.head
@@ -144,28 +154,112 @@ class Engine:
             self.mirror_runner.submit(node, items, answers)
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
-        """Run ``node``'s handler on ``items``; counts errors and latency, applies its timeout.
+        """Run ``node``'s handler on ``items``; counts errors and latency, applies its
+        timeout; a successful run's time on the engine clock feeds :meth:`estimate`.
 
         Raises:
             DownstreamError: the node failed or timed out.
         """
         if not items:
             return {}
-        start = time.perf_counter()
+        start, began = time.perf_counter(), self.clock()
         try:
             coro = N.KINDS[node.kind].run(self, node, items)
             if node.timeout_ms:
                 try:
-                    return await asyncio.wait_for(as_concurrent(coro), node.timeout_ms / 1000.0)
+                    answers: Answers = await asyncio.wait_for(as_concurrent(coro), node.timeout_ms / 1000.0)
                 except asyncio.TimeoutError:
                     raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
-            return await coro
+            else:
+                answers = await coro
+            self._measured(node, self.clock() - began)
+            return answers
         except DownstreamError:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
             if self.metrics:
                 self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+
+    # -- cancellation and deadlines (nodes.base.Engine; docs/reliability.md)
+
+    def now(self) -> float:
+        """The engine clock (seconds; deadlines are on it)."""
+        return self.clock()
+
+    def remaining(self, item: Item) -> Optional[float]:
+        """Seconds left before ``item``'s request deadline (<= 0: passed); None: no deadline."""
+        deadline = item.context.deadline
+        return None if deadline is None else deadline - self.clock()
+
+    def estimate(self, node: Node) -> float:
+        """Estimated run time of ``node``, seconds: the exponentially weighted mean
+        (:data:`COST_WEIGHT`) of its successful runs in this process (``run_node``
+        measures each); 0.0 before its first."""
+        return self.costs.get(node.name, 0.0)
+
+    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
+        """``(go, short)``: the items whose request can wait for ``node`` (no deadline, or
+        :meth:`estimate` strictly below what is left: a stage expected to end exactly at
+        the deadline would be late), and the others, in order."""
+        cost, now = self.estimate(node), self.clock()
+        go: List[Item] = []
+        short: List[Item] = []
+        for it in items:
+            deadline = it.context.deadline
+            (go if deadline is None or cost < deadline - now else short).append(it)
+        return go, short
+
+    def late(self, items: Sequence[Item]) -> List[Item]:
+        """The items whose request deadline has passed (now >= deadline), in order."""
+        now = self.clock()
+        return [it for it in items if it.context.deadline is not None and now >= it.context.deadline]
+
+    def live(self, items: Sequence[Item]) -> List[Item]:
+        """The items whose request is not cancelled, in order.
+
+        ``is_cancelled()`` is asked at most once per request per call, and only of requests
+        that already had a downstream call (one that just arrived is not asked: the stub's
+        ``is_cancelled`` is an IPC round trip); an error asking it counts as not cancelled.
+        A request found cancelled stays so (``RequestContext.cancelled``) and
+        :meth:`run` answers it with ``RequestCancelled``.
+        """
+        asked = set()
+        out = []
+        for it in items:
+            ctx = it.context
+            if id(ctx) not in asked:
+                asked.add(id(ctx))
+                self._ask_cancelled(ctx)
+            if not ctx.cancelled:
+                out.append(it)
+        return out
+
+    @staticmethod
+    def _ask_cancelled(ctx: RequestContext) -> None:
+        """Ask ``is_cancelled()`` of a request that had a downstream call and is not known
+        to be cancelled (an error asking it counts as not cancelled)."""
+        if ctx.cancelled or not ctx.started:
+            return
+        try:
+            ctx.cancelled = bool(ctx.is_cancelled())
+        except Exception:  # the stub could not ask the server: go on
+            ctx.cancelled = False
+
+    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
+        """The answers of ``items`` stay those of an earlier stage, which ended before the
+        deadline: ``ROUTE`` gets ``:deadline``, their requests count as answered in time
+        (``RequestContext.early``) and ``orchestrator_deadline_texts_total{node}`` counts
+        them."""
+        for it in items:
+            a = answers[it.idx]
+            answers[it.idx] = Answer(a.probabilities, a.route + DEADLINE_SUFFIX, a.verdict)
+            it.context.early = True
+        self.count("orchestrator_deadline_texts_total", len(items), node=node.name)
+
+    def _measured(self, node: Node, seconds: float) -> None:
+        old = self.costs.get(node.name)
+        self.costs[node.name] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
 
     async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
         """Tokenize with tokenizer model ``tokenizer`` (in-process with its files, or one
@@ -268,6 +362,7 @@ class Engine:
             forwarded.update(parameters or {})
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self._options(rows)))
         outs = await gather(calls)
+        self._arrived(items)
         for part, out in zip(parts, outs):
             for output, value in out.items():
                 rows = value.shape[0] if np.ndim(value) else 0
@@ -279,13 +374,32 @@ class Engine:
                     )
         return outs
 
-    @staticmethod
-    def _options(rows: Sequence[Item]) -> CallOptions:
-        """The trace and timeout of one downstream call for ``rows``: the trace of their
-        request when all come from one request (a BLS request carries one trace)."""
+    def _options(self, rows: Sequence[Item]) -> CallOptions:
+        """The trace and timeout of one downstream call for ``rows``, which marks their
+        requests as started (``RequestContext.started``): the trace of their request when
+        all come from one request (a BLS request carries one trace); the timeout, the
+        largest budget left of their requests (at least 1 us), so the call is never cut
+        while one of its rows can still use its answer (the rows whose deadline passed
+        do not use it: :meth:`_arrived`, the cascade); no timeout when a row's request
+        has none."""
         contexts = {id(it.context): it.context for it in rows}
+        for ctx in contexts.values():
+            ctx.started = True
         trace = next(iter(contexts.values())).trace if len(contexts) == 1 else None
-        return CallOptions(trace=trace)
+        deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
+        timeout_us = 0
+        if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout
+            timeout_us = max(1, int((max(deadlines) - self.clock()) * 1e6))
+        return CallOptions(trace=trace, timeout_us=timeout_us)
+
+    def _arrived(self, items: Sequence[Item]) -> None:
+        """Downstream answers for ``items`` arrived now: a request whose deadline has
+        passed is marked late (``RequestContext.late``; :meth:`run` refuses it unless a
+        stage kept an earlier answer for it)."""
+        now = self.clock()
+        for it in items:
+            if it.context.deadline is not None and now >= it.context.deadline:
+                it.context.late = True
 
     # -- one execute call
 
@@ -306,29 +420,37 @@ class Engine:
                 )
         return None
 
-    async def run(self, works: List[Work]) -> List[Union[Result, InputError]]:
+    async def run(self, works: List[Work]) -> List[Union[Result, InputError, RequestStopped]]:
         """Answer every request in ``works``: one :class:`Result` each, in order, or the
-        InputError of a request that has a text over ``limits.max_windows_per_text``.
+        InputError of a request that has a text over ``limits.max_windows_per_text``, or
+        ``RequestCancelled`` for a request found cancelled (``live``; a request run again,
+        as in the router's retries, is asked before it runs, and one cancelled is not run),
+        or ``DeadlineExceeded`` for a request whose deadline passed before the run (not
+        run) or that got a downstream answer after its deadline and no earlier stage's
+        answer kept for it (``keep_for_deadline``).
 
         Raises:
             DownstreamError: a node failed and no fallback answered.
         """
+        refused: Dict[int, Union[InputError, RequestStopped]] = dict(self._before_run(works))
         per_work: List[List[Item]] = []
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
             thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
             pairs = enumerate(zip(w.texts, thresholds))
             per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
-        texts = [it for items in per_work for it in items if it.text.strip()]
+        texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
         for tokenizer in self.token_kinds:
             await self.ensure_tokens(texts, tokenizer)
-        refused = {k: e for k, items in enumerate(per_work) if self.windowing and (e := self._window_error(works[k], items))}
+        refused.update({k: e for k, items in enumerate(per_work)
+                        if k not in refused and self.windowing and (e := self._window_error(works[k], items))})
         items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
         answers = await self.run_node(self.policy.root, items)
         missing = [it.idx for it in items if it.idx not in answers]
         if missing:
             raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
-        results: List[Union[Result, InputError]] = []
+        refused.update(self._stopped(works, refused))
+        results: List[Union[Result, InputError, RequestStopped]] = []
         for k, its in enumerate(per_work):
             if k in refused:
                 results.append(refused[k])
@@ -344,3 +466,33 @@ class Engine:
                 self.count("orchestrator_texts_total", route=route_label(r))
             results.append(Result(probs, verdicts, routes))
         return results
+
+    def _before_run(self, works: Sequence[Work]) -> Dict[int, RequestStopped]:
+        """The requests of ``works`` not to run: cancelled (a request run before, as in the
+        router's retries, is asked: this run is its next stage) or past their deadline.
+        The others start afresh (``late``, ``early`` cleared)."""
+        now = self.clock()
+        out: Dict[int, RequestStopped] = {}
+        for k, w in enumerate(works):
+            w.context.late = w.context.early = False
+            self._ask_cancelled(w.context)
+            if w.context.cancelled:
+                out[k] = RequestCancelled("the request was cancelled")
+            elif w.context.deadline is not None and now >= w.context.deadline:
+                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
+        return out
+
+    def _stopped(self, works: Sequence[Work], refused: Dict[int, Union[InputError, RequestStopped]]) -> Dict[int, RequestStopped]:
+        """The requests of ``works`` cancelled or late (refused before the run as such, or
+        found so during it), each counted once (``orchestrator_cancelled_requests_total``,
+        ``orchestrator_expired_requests_total``)."""
+        out: Dict[int, RequestStopped] = {}
+        for k, w in enumerate(works):
+            ctx = w.context
+            if isinstance(refused.get(k), RequestCancelled) or (k not in refused and ctx.cancelled):
+                out[k] = RequestCancelled("the request was cancelled; no further stage ran for it")
+                self.count("orchestrator_cancelled_requests_total")
+            elif isinstance(refused.get(k), DeadlineExceeded) or (k not in refused and ctx.late and not ctx.early):
+                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
+                self.count("orchestrator_expired_requests_total")
+        return out

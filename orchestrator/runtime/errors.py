@@ -41,3 +41,27 @@ class DownstreamError(RuntimeError):
     def __init__(self, message: str, *, retryable: bool = True):
         super().__init__(message)
         self.retryable = retryable
+
+
+class RequestStopped(Exception):
+    """A request the router stopped before its answer was complete; ``code`` names the
+    ``pb_utils.TritonError`` code of its one error response."""
+
+    code = "INTERNAL"
+
+
+class RequestCancelled(RequestStopped):
+    """The client cancelled the request (``request.is_cancelled()``) and a later stage was
+    not run for it: answered with Triton's ``CANCELLED`` error (python_backend r24.10
+    ``TritonError.CANCELLED``), the code Triton itself gives a request cancelled in its
+    queue (core r24.10 ``DynamicBatchScheduler``)."""
+
+    code = "CANCELLED"
+
+
+class DeadlineExceeded(RequestStopped):
+    """No stage answered the request before its deadline (its ``timeout``): answered with
+    ``UNAVAILABLE``, the code of Triton's own queue timeout (core r24.10
+    ``PolicyQueue``: "Request timeout expired")."""
+
+    code = "UNAVAILABLE"

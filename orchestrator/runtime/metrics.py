@@ -31,6 +31,12 @@ class Metrics:
         orchestrator_circuit_state{model}           gauge: 0 closed, 1 open, 2 half-open
         orchestrator_circuit_transitions_total{model,state}  circuit state changes, by new state
         orchestrator_model_reloads_total{model,outcome}  reloads of models whose stub died
+        orchestrator_cancelled_requests_total       requests answered CANCELLED: the client
+                                                    cancelled them and a later stage was skipped
+        orchestrator_expired_requests_total         requests answered UNAVAILABLE: no stage
+                                                    answered before their timeout
+        orchestrator_deadline_texts_total{node}     texts answered from an earlier stage for
+                                                    their request's deadline (ROUTE ``:deadline``)
         orchestrator_rejected_requests_total{limit} requests refused by an input limit
                                                     (max_text_bytes | max_request_bytes |
                                                     max_windows_per_text)
@@ -63,6 +69,9 @@ class Metrics:
         "orchestrator_circuit_transitions_total": "Circuit breaker state changes per downstream model, by new state",
         "orchestrator_model_reloads_total": "Reloads of downstream models whose stub process died, by outcome",
         "orchestrator_rejected_requests_total": "Requests refused by an input limit, by limit",
+        "orchestrator_cancelled_requests_total": "Requests cancelled by their client and answered CANCELLED before their next stage",
+        "orchestrator_expired_requests_total": "Requests answered UNAVAILABLE because no stage answered before their timeout",
+        "orchestrator_deadline_texts_total": "Texts answered from an earlier stage because of their request's deadline",
         "orchestrator_shadow_texts_total": "Texts a shadow node's candidate answered, compared with the primary's answers",
         "orchestrator_shadow_flips_total": "Compared texts whose candidate verdict differs from the primary's",
         "orchestrator_shadow_errors_total": "Mirrored texts a shadow node's candidate did not answer (error or timeout)",

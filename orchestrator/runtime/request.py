@@ -37,15 +37,31 @@ class RequestContext:
         trace: the request's ``pb_utils.InferenceTrace`` (``request.trace()``), passed on as
             ``InferenceRequest(trace=...)`` so a Triton trace follows the request downstream;
             None: none (warmup, tests).
-        deadline: ``time.monotonic()`` seconds at which the client's timeout
-            (``request.timeout()``, microseconds; 0: none) ends; None: no timeout.
+        deadline: the engine clock's seconds (``Engine.clock``, ``time.monotonic`` in the
+            router) at which the client's timeout (``request.timeout()``, microseconds;
+            0: none) ends, counted from the start of the router's ``execute`` (the stub
+            cannot see when Triton received the request, so the time it waited in the
+            router's queue is not deducted); None: no timeout. docs/reliability.md
+            "Deadlines".
         is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
-            (an IPC round trip to the Triton process in the real stub).
+            (an IPC round trip to the Triton process in the real stub; the engine asks it
+            only through ``Engine.live``).
+        started: a downstream call was made for the request (set by the engine; before it,
+            the request has just arrived and ``is_cancelled`` is not asked).
+        cancelled: ``is_cancelled()`` said True (kept: the flag never goes back to False).
+        late: a downstream answer for the request arrived at or after its deadline.
+        early: a later stage was skipped or its late answer dropped for the deadline, and
+            the request's answers come from an earlier stage that ended in time (a late
+            request that is not ``early`` gets ``DeadlineExceeded``).
     """
 
     trace: Any = None
     deadline: Optional[float] = None
     is_cancelled: Callable[[], bool] = _never
+    started: bool = False
+    cancelled: bool = False
+    late: bool = False
+    early: bool = False
 
 
 @dataclass(frozen=True)

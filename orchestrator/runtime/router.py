@@ -38,8 +38,11 @@ INVALID_ARG error naming the input (or the request parameter). A failing downstr
 gives an INTERNAL error naming the model, unless a ``fallback`` node answers instead. When
 requests batched together fail, each is retried alone, all concurrently, so only the
 requests that need the failing model get the error; a model whose circuit is open
-(``health.CircuitBreaker``) is not called again by those retries. Every request gets
-exactly one response.
+(``health.CircuitBreaker``) is not called again by those retries. A request its client
+cancelled (``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no
+further stage; a request's ``timeout()`` is the budget of its downstream calls, counted
+from the start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines"). Every
+request gets exactly one response.
 
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
@@ -69,7 +72,7 @@ import numpy as np
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.downstream import Downstream
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError, RequestStopped
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.policy import bind_heads, load_policy
@@ -168,9 +171,11 @@ class TritonPythonModel:
 
     # -- responses
 
-    def _response(self, result: Union[Result, InputError], describe: bool = False):
+    def _response(self, result: Union[Result, InputError, RequestStopped], describe: bool = False):
         if isinstance(result, InputError):
             return self._refuse(result)
+        if isinstance(result, RequestStopped):  # cancelled (CANCELLED) or past its deadline (UNAVAILABLE)
+            return self._error(f"router: {result}", result.code)
         pb = self.pb
         routes = np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)
         tensors = [
@@ -231,8 +236,13 @@ class TritonPythonModel:
         self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
         return answers
 
-    def _parse(self, request, threshold: Optional[float] = None) -> Work:
-        """The request's validated work (``threshold``: replaces every THRESHOLD)."""
+    def _parse(self, request, threshold: Optional[float] = None, start: Optional[float] = None) -> Work:
+        """The request's validated work (``threshold``: replaces every THRESHOLD).
+
+        ``start``: the engine clock at the start of this ``execute``, from which the
+        request's ``timeout()`` (microseconds; 0: none) counts (docs/reliability.md
+        "Deadlines"); None: the request gets no deadline (warmup).
+        """
         pb = self.pb
         text = pb.get_input_tensor_by_name(request, "TEXT")
         thr = pb.get_input_tensor_by_name(request, "THRESHOLD")
@@ -251,14 +261,18 @@ class TritonPythonModel:
             columns=self.policy.head.columns,
         )
         work.context = RequestContext(trace=request.trace())
+        timeout_us = int(request.timeout() or 0) if start is not None else 0
+        work.context.deadline = start + timeout_us / 1e6 if timeout_us and start is not None else None
+        work.context.is_cancelled = request.is_cancelled
         return work
 
     async def _execute(self, requests):
         responses: List = [None] * len(requests)
         works: Dict[int, Work] = {}
+        start = self.engine.clock()  # deadlines count from here: the stub cannot see arrival times
         for k, request in enumerate(requests):
             try:
-                works[k] = self._parse(request)
+                works[k] = self._parse(request, start=start)
             except InputError as exc:
                 responses[k] = self._refuse(exc)
         keys = list(works)

@@ -54,6 +54,10 @@ COMMON_KEYS: Tuple[Key, ...] = (
     Key("timeout_ms", Number(above=0.0), "milliseconds; the node fails (a fallback may answer) when it takes longer"),
 )
 
+#: Added to the ``ROUTE`` of a text answered by an earlier stage because of its request's
+#: deadline (``classifier_fast:deadline``; docs/reliability.md "Deadlines").
+DEADLINE_SUFFIX = ":deadline"
+
 #: Separates a model's name from a pinned version in targets and default routes
 #: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
 VERSION_SEP = "@"
@@ -210,6 +214,33 @@ class Engine(Protocol):
 
     def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
+
+    # Cancellation and deadlines (docs/reliability.md): a node that runs a further stage
+    # or round for some items asks ``live`` (once per stage) and ``affordable`` first.
+
+    def now(self) -> float:
+        """The engine clock, seconds (deadlines are on it)."""
+
+    def remaining(self, item: Item) -> Optional[float]:
+        """Seconds left before ``item``'s request deadline (<= 0: passed); None: none."""
+
+    def estimate(self, node: Node) -> float:
+        """Estimated run time of ``node``, seconds (mean of its recent runs; 0.0: none yet)."""
+
+    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
+        """``(go, short)``: items whose request can wait for ``node`` (no deadline, or the
+        estimate strictly below the time left), and the others."""
+
+    def late(self, items: Sequence[Item]) -> List[Item]:
+        """Items whose request deadline has passed (now >= deadline)."""
+
+    def live(self, items: Sequence[Item]) -> List[Item]:
+        """Items whose request is not cancelled (asks ``is_cancelled()`` at most once per
+        request per call, never before the request's first downstream call)."""
+
+    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
+        """``answers`` of ``items`` (an earlier stage's, in time) stay: ROUTE + ``:deadline``,
+        their requests count as answered in time; counted for ``node``."""
 
 
 @dataclass

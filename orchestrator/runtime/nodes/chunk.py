@@ -39,6 +39,8 @@ AGGREGATIONS = ("length_weighted_mean", "mean", "max")
 #: (``stop_when_decided``), its answer so far was sure by ``stop_margin``, it reached
 #: ``max_windows``.
 STOP_DECIDED, STOP_MARGIN, STOP_MAX_WINDOWS = "decided", "margin", "max_windows"
+#: Why a text left the rounds for its request: cancelled, or no time for another round.
+STOP_CANCELLED, STOP_DEADLINE = "cancelled", "deadline"
 
 
 @dataclass
@@ -277,17 +279,43 @@ async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText
         return
     r = 0
     while True:
-        # (hook point: stop texts here before the round is sent)
         round_texts = [t for t in texts if t.open]
+        if r > 0:
+            round_texts = _still_wanted(engine, node, r, round_texts)
         if not round_texts:
             return
-        inner = await engine.run_node(node.node, [t.windows[r] for t in round_texts])
+        windows = [t.windows[r] for t in round_texts]
+        inner = await engine.run_node(node.node, windows)
+        late = {w.idx for w in engine.late(windows)} if r > 0 else set()
         for t in round_texts:
+            if t.windows[r].idx in late:  # a late answer never reaches a response
+                t.stop(STOP_DEADLINE)
+                continue
             t.answers.append(inner[t.windows[r].idx])
             reason = _stop_reason(engine, node, t) if t.chunked else None
             if reason is not None:
                 t.stop(reason)
         r += 1
+
+
+def _still_wanted(engine: Engine, node: ChunkNode, r: int, texts: List[ChunkText]) -> List[ChunkText]:
+    """The open texts worth a round ``r`` >= 1: their request not cancelled
+    (``Engine.live``, asked once per request per round; a cancelled one stops with
+    :data:`STOP_CANCELLED` and its request is answered CANCELLED) and with the time left
+    for another call of the inner node (``Engine.affordable``; else :data:`STOP_DEADLINE`:
+    the text answers from the windows it has)."""
+    live = {id(it) for it in engine.live([t.item for t in texts])}
+    go, _ = engine.affordable(node.node, [t.windows[r] for t in texts if id(t.item) in live])
+    wanted = {w.idx for w in go}
+    out = []
+    for t in texts:
+        if id(t.item) not in live:
+            t.stop(STOP_CANCELLED)
+        elif t.windows[r].idx not in wanted:
+            t.stop(STOP_DEADLINE)
+        else:
+            out.append(t)
+    return out
 
 
 #: What a chunk node appends to ``ROUTE`` when it left windows unclassified (a route
@@ -325,7 +353,11 @@ async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
                 skipped[t.stopped] = skipped.get(t.stopped, 0) + len(t.windows) - len(t.answers)
         for reason, n in sorted(skipped.items()):
             engine.count("orchestrator_chunks_skipped_total", n, node=node.name, reason=reason)
-    return {t.item.idx: _answer(engine, node, t) for t in texts}
+    answers = {t.item.idx: _answer(engine, node, t) for t in texts}
+    stopped_in_time = [t.item for t in texts if t.stopped == STOP_DEADLINE]
+    if stopped_in_time:  # ROUTE gets :deadline; the request counts as answered in time
+        engine.keep_for_deadline(node, stopped_in_time, answers)
+    return answers
 
 
 def _children(node: ChunkNode) -> List[Tuple[str, Node]]:

@@ -34,7 +34,7 @@ from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions, Result, Work
+from orchestrator.runtime.request import CallOptions, Result, Work, call_trace
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -282,9 +282,8 @@ class Engine:
     @staticmethod
     def _options(rows: Sequence[Item]) -> CallOptions:
         """The trace and timeout of one downstream call for ``rows``: the trace of their
-        request when all come from one request (a BLS request carries one trace)."""
-        contexts = {id(it.context): it.context for it in rows}
-        trace = next(iter(contexts.values())).trace if len(contexts) == 1 else None
+        request, or for rows of several requests the one ``request.call_trace`` picks."""
+        trace = call_trace([it.context for it in rows])
         return CallOptions(trace=trace)
 
     # -- one execute call

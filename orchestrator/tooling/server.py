@@ -221,12 +221,17 @@ def trace_config_args(
         raise ValueError(f"trace level must be OFF, TIMESTAMPS or TENSORS, not {level!r}")
     if rate < 0:
         raise ValueError(f"trace rate must be >= 0, not {rate}")
-    args = [f"--trace-config=mode={mode}", f"--trace-config=level={level}", f"--trace-config=rate={rate}",
-            f"--trace-config=count={count}"]
+    # Triton's defaults (count -1, log-frequency 0) are left out: the same flags as
+    # deploy/entrypoint.sh builds (tests/unit/test_deploy.py compares them)
+    args = [f"--trace-config=mode={mode}", f"--trace-config=level={level}", f"--trace-config=rate={rate}"]
+    if count != -1:
+        args.append(f"--trace-config=count={count}")
     if mode == "triton":
         if not file:
             raise ValueError("trace mode 'triton' needs a trace file")
-        args += [f"--trace-config=triton,file={Path(file)}", f"--trace-config=triton,log-frequency={log_frequency}"]
+        args.append(f"--trace-config=triton,file={Path(file)}")
+        if log_frequency:
+            args.append(f"--trace-config=triton,log-frequency={log_frequency}")
     else:
         if url:
             args.append(f"--trace-config=opentelemetry,url={url}")

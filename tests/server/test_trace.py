@@ -18,6 +18,7 @@ BLS call carries the trace of exactly one request.
 from __future__ import annotations
 
 import base64
+import concurrent.futures as cf
 import glob
 import json
 import threading
@@ -85,6 +86,11 @@ def test_triton_mode_child_traces_point_to_the_routers_request(test_repository, 
         routes = two_requests(server)
         assert routes == ["classifier_fast", "classifier"]
         records = triton_traces(trace_file, 2)
+        # then concurrent requests, which the dynamic batcher may merge into one execute
+        with cf.ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda i: send(server, f"c{i}"), range(8)))
+        concurrent = triton_traces(trace_file, 10)
+    check_batched(concurrent)
     heads = {r["id"]: r for r in records if "model_name" in r}
     stamps: Dict[int, Dict[str, int]] = {}
     for r in records:
@@ -105,6 +111,21 @@ def test_triton_mode_child_traces_point_to_the_routers_request(test_repository, 
             assert child["request_id"] == router["request_id"]  # the router passes its ids on
             # each call ran while the router's request did
             assert start <= stamps[child["id"]]["REQUEST_START"] <= stamps[child["id"]]["REQUEST_END"] <= end
+
+
+def check_batched(records: List[Dict[str, Any]]) -> None:
+    """A call serving texts of several requests is traced under one of them
+    (request.call_trace; in triton mode no trace has a context: the first in row order, the
+    first of the call's comma-separated request ids); no call hangs under a request it did
+    not serve. Seen here: ``"request_id":"c2,c4,c5,c6,c0","parent_id":10`` with trace 10
+    the router's request ``c2``."""
+    heads = {r["id"]: r for r in records if "model_name" in r}
+    routers = {i: h for i, h in heads.items() if h["model_name"] == BLS_VARIANT}
+    assert {h["request_id"] for h in routers.values()} >= {f"c{i}" for i in range(8)}
+    children = [h for h in heads.values() if "parent_id" in h]
+    assert children and all(h["parent_id"] in routers for h in children)
+    for child in children:
+        assert routers[child["parent_id"]]["request_id"] == child["request_id"].split(",")[0], child
 
 
 # ----------------------------------------------------------------------------- opentelemetry mode

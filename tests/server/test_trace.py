@@ -13,6 +13,8 @@ BLS call carries the trace of exactly one request.
   (``Content-Type: application/json``, ids as hex, as the OTLP spec says), decoded here into
   the official ``ExportTraceServiceRequest`` of ``opentelemetry-proto``; a child model span's
   ``parent_span_id`` is the router's model span, all spans share one trace id.
+- the image's configuration: deploy/entrypoint.sh with the cpu overlay's environment and
+  ``TRACE_MODE=opentelemetry`` exports the shipped router's spans to ``OTEL_ENDPOINT``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import base64
 import concurrent.futures as cf
 import glob
 import json
+import os
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -250,3 +254,69 @@ def test_opentelemetry_mode_child_spans_have_the_routers_span_as_parent(test_rep
             # each call's own compute span is its child
             assert any(c.name == "compute" and c.parent_span_id == span.span_id for c, _ in spans)
     assert routers["fast"][0].trace_id != routers["both"][0].trace_id
+
+
+# ----------------------------------------------------------------------------- the image's configuration
+
+
+def test_the_entrypoints_opentelemetry_config_exports_the_shipped_routers_spans(test_repository, receiver, tmp_path):
+    """deploy/entrypoint.sh with the cpu overlay's environment and TRACE_MODE=opentelemetry,
+    OTEL_ENDPOINT at the receiver, TRACE_RATE=1: the shipped router (tokenizer inline) and
+    its classifier call arrive as one trace, the call a child of the router's span."""
+    import subprocess
+
+    from orchestrator.tooling.server import (
+        find_embedded_server,
+        find_free_ports,
+        prepare_backend_directory,
+        prepare_stub_environment,
+        server_environment,
+    )
+    from tests.helpers import ROOT, call
+    from tests.server.test_deploy_image import get, overlay_env
+
+    env_vars = overlay_env("k8s/overlays/cpu")
+    assert env_vars["TRACE_MODE"] == "off"  # shipped off: switched on here as docs/deployment.md says
+    embedded = find_embedded_server()
+    http, grpc, metrics = find_free_ports(3)
+    env = server_environment(embedded, {
+        **env_vars, "MODEL_REPOSITORY": str(test_repository), "TRITONSERVER": str(embedded.server),
+        "BIND_ADDRESS": "127.0.0.1", "HTTP_PORT": str(http), "GRPC_PORT": str(grpc), "METRICS_PORT": str(metrics),
+        "TRITON_ADMIN_UNRESTRICTED": "1",
+        "TRACE_MODE": "opentelemetry", "TRACE_RATE": "1", "OTEL_ENDPOINT": receiver.url,
+    }, stub_env=prepare_stub_environment())
+    log = tmp_path / "tritonserver.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            ["bash", str(ROOT / "deploy" / "entrypoint.sh"), f"--backend-directory={prepare_backend_directory(embedded=embedded)}"],
+            env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 240
+        while get(f"http://127.0.0.1:{http}/v2/models/router/ready") != 200:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the entrypoint's server did not get ready (status {proc.poll()}):\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+        class At:
+            http_url = f"127.0.0.1:{http}"
+
+        assert call(At, "router", [TEXT])["ROUTE"].reshape(-1)[0] == b"classifier_fast"
+        deadline = time.monotonic() + 30  # the batch span processor exports every 5 s
+        while not any(s.name == "classifier_fast" for s, _ in receiver.spans()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert "--trace-config=mode=opentelemetry" in log.read_text()
+    assert receiver.errors == []
+    spans = {s.name: s for s, _ in receiver.spans()}
+    assert {"InferRequest", "router", "classifier_fast"} <= set(spans)
+    router, child = spans["router"], spans["classifier_fast"]
+    assert child.parent_span_id == router.span_id and child.trace_id == router.trace_id
+    assert "tokenizer" not in spans  # the shipped policy tokenizes in the router's process

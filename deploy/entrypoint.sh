@@ -19,6 +19,16 @@
 #   TRITON_ADMIN_UNRESTRICTED=1  start without a key: those APIs open to every client (local use only)
 #   HTTP_MAX_INPUT_SIZE bytes: Triton's --http-max-input-size, where the server has it (Triton >= 2.59,
 #                       read from TRITON_SERVER_VERSION, which NGC images set, else from `--help`)
+#   TRACE_MODE          Triton request tracing (docs/deployment.md, "Tracing"): off (default),
+#                       opentelemetry (spans exported over OTLP/HTTP to OTEL_ENDPOINT) or triton
+#                       (a JSON trace file, TRACE_FILE). Level TIMESTAMPS; the router's BLS calls
+#                       (tokenizer, classifiers) are child spans of the routed request.
+#   TRACE_RATE          trace every N-th request (default 1000, Triton's default); 0 with
+#                       opentelemetry: only requests that bring a traceparent (propagated context)
+#   OTEL_ENDPOINT       the collector's OTLP/HTTP traces URL (default http://localhost:4318/v1/traces,
+#                       Triton's default: a collector sidecar). Resource attributes: OTEL_RESOURCE_ATTRIBUTES.
+#   TRACE_FILE          triton mode: the trace file (default /tmp/triton-trace.json; Triton writes
+#                       every 100 traces to TRACE_FILE.<index>)
 # Arguments are passed on to tritonserver after these flags (a later flag wins).
 # exec: tritonserver replaces this shell, so it gets SIGTERM from the kubelet directly and
 # the router reads the model control mode from its parent's command line (/proc).
@@ -36,7 +46,7 @@ address="${BIND_ADDRESS:-0.0.0.0}"
 server="${TRITONSERVER:-tritonserver}"
 restricted="model-repository,model-config,shared-memory,statistics,trace,logging"
 
-for var in HTTP_PORT GRPC_PORT METRICS_PORT EXIT_TIMEOUT_SECS LOG_VERBOSE HTTP_MAX_INPUT_SIZE; do
+for var in HTTP_PORT GRPC_PORT METRICS_PORT EXIT_TIMEOUT_SECS LOG_VERBOSE HTTP_MAX_INPUT_SIZE TRACE_RATE; do
   value="${!var:-}"
   [[ -z "$value" || "$value" =~ ^[0-9]+$ ]] || die "$var must be a number, not '$value'"
 done
@@ -118,6 +128,34 @@ if [[ -n "${HTTP_MAX_INPUT_SIZE:-}" ]]; then
     echo "entrypoint: WARNING: this tritonserver (${TRITON_SERVER_VERSION:-version not set}) has no --http-max-input-size (Triton >= 2.59): HTTP_MAX_INPUT_SIZE=${HTTP_MAX_INPUT_SIZE} is not applied; bound request bodies at the ingress or proxy (docs/deployment.md, \"Security\")" >&2
   fi
 fi
+
+# --- Request tracing (Triton 2.51 --trace-config; server docs/user_guide/trace.md) --------
+trace_mode="${TRACE_MODE:-off}"
+trace_rate="${TRACE_RATE:-1000}"
+case "$trace_mode" in
+  off|"")
+    ;;
+  opentelemetry)
+    endpoint="${OTEL_ENDPOINT:-http://localhost:4318/v1/traces}"
+    [[ "$endpoint" =~ ^https?://[^[:space:],]+$ ]] || die "OTEL_ENDPOINT must be an http:// or https:// URL without spaces or commas (the collector's OTLP/HTTP traces endpoint, e.g. http://otel-collector.observability:4318/v1/traces), not '$endpoint'"
+    args+=(
+      "--trace-config=mode=opentelemetry" "--trace-config=level=TIMESTAMPS" "--trace-config=rate=${trace_rate}"
+      "--trace-config=opentelemetry,url=${endpoint}"
+    )
+    ;;
+  triton)
+    [[ "$trace_rate" != 0 ]] || die "TRACE_RATE=0 traces nothing in triton mode (it means: only requests with a propagated OpenTelemetry context)"
+    trace_file="${TRACE_FILE:-/tmp/triton-trace.json}"
+    [[ "$trace_file" != *,* ]] || die "TRACE_FILE must not contain a comma, not '$trace_file'"
+    args+=(
+      "--trace-config=mode=triton" "--trace-config=level=TIMESTAMPS" "--trace-config=rate=${trace_rate}"
+      "--trace-config=triton,file=${trace_file}" "--trace-config=triton,log-frequency=100"
+    )
+    ;;
+  *)
+    die "TRACE_MODE must be off, opentelemetry or triton, not '$trace_mode'"
+    ;;
+esac
 
 shown=("${args[@]}" "$@")
 if [[ -n "$key" ]]; then

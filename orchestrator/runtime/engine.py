@@ -34,7 +34,7 @@ from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node, route_label, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions, RequestContext, Result, Work
+from orchestrator.runtime.request import CallOptions, RequestContext, Result, Work, call_trace
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -376,8 +376,8 @@ class Engine:
 
     def _options(self, rows: Sequence[Item]) -> CallOptions:
         """The trace and timeout of one downstream call for ``rows``, which marks their
-        requests as started (``RequestContext.started``): the trace of their request when
-        all come from one request (a BLS request carries one trace); the timeout, the
+        requests as started (``RequestContext.started``): the trace of their request, or
+        for rows of several requests the one ``request.call_trace`` picks; the timeout, the
         largest budget left of their requests (at least 1 us), so the call is never cut
         while one of its rows can still use its answer (the rows whose deadline passed
         do not use it: :meth:`_arrived`, the cascade); no timeout when a row's request
@@ -385,7 +385,7 @@ class Engine:
         contexts = {id(it.context): it.context for it in rows}
         for ctx in contexts.values():
             ctx.started = True
-        trace = next(iter(contexts.values())).trace if len(contexts) == 1 else None
+        trace = call_trace([it.context for it in rows])
         deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
         timeout_us = 0
         if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout

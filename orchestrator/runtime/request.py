@@ -64,6 +64,34 @@ class RequestContext:
     early: bool = False
 
 
+def call_trace(contexts: Sequence[RequestContext]) -> Any:
+    """The one trace a downstream call carries for rows of several requests.
+
+    A BLS request carries one trace (python_backend r24.10 ``InferenceRequest(trace=...)``;
+    the stub's ``RequestExecutor`` spawns the call's trace as a child of it with
+    ``TRITONSERVER_InferenceTraceSpawnChildTrace``), so a call that batches rows of several
+    requests is traced under ONE of them: the first, in row order, whose trace has a context
+    (``get_context()`` is not None: in ``opentelemetry`` mode, a sampled request), else the
+    first request's trace. The other requests' traces get no span for that call: they show
+    the router's own spans only, never a span under the wrong parent. In ``triton`` mode
+    ``get_context()`` is None for every request (sampled or not), so with ``rate`` above 1
+    a batched call is traced only when the first request of its rows was sampled
+    (docs/deployment.md, "Tracing").
+
+    Args:
+        contexts: the contexts of the call's rows, in row order (repeats allowed).
+
+    Returns:
+        a ``pb_utils.InferenceTrace``, or None when no row has one.
+    """
+    traces = [c.trace for c in {id(c): c for c in contexts}.values() if c.trace is not None]
+    for trace in traces:
+        get_context = getattr(trace, "get_context", None)
+        if callable(get_context) and get_context() is not None:
+            return trace
+    return traces[0] if traces else None
+
+
 @dataclass(frozen=True)
 class CallOptions:
     """What one downstream (BLS) call carries besides its inputs.

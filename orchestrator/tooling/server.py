@@ -66,6 +66,7 @@ __all__ = [
     "extract_error_lines",
     "find_free_ports",
     "port_is_free",
+    "trace_config_args",
 ]
 
 _WILDCARD_HOSTS = {"0.0.0.0", "::", ""}
@@ -181,6 +182,64 @@ def _stop_all_at_exit() -> None:
 
 
 atexit.register(_stop_all_at_exit)
+
+
+def trace_config_args(
+    mode: str = "triton",
+    *,
+    rate: int = 1000,
+    level: str = "TIMESTAMPS",
+    count: int = -1,
+    file: str | os.PathLike | None = None,
+    log_frequency: int = 0,
+    url: str | None = None,
+    resource: Mapping[str, str] | None = None,
+    bsp_schedule_delay_ms: int | None = None,
+) -> list[str]:
+    """``--trace-config`` flags for ``tritonserver`` (server r24.10 docs/user_guide/trace.md).
+
+    Args:
+        mode: ``triton`` (JSON trace file) or ``opentelemetry`` (OTLP/HTTP export).
+        rate: trace every ``rate``-th request (Triton's default 1000); 0 traces only requests
+            with a propagated OpenTelemetry context.
+        level: ``TIMESTAMPS`` (``TENSORS`` too in triton mode), or ``OFF``.
+        count: traces to collect before stopping; -1: no limit.
+        file: triton mode: the trace file; with ``log_frequency`` N > 0 Triton writes every N
+            traces to ``<file>.<index>``, with 0 the whole file at shutdown.
+        url: opentelemetry mode: the collector's OTLP/HTTP endpoint,
+            e.g. ``http://127.0.0.1:4318/v1/traces`` (Triton's default).
+        resource: opentelemetry mode: resource attributes (``service.name`` ...).
+        bsp_schedule_delay_ms: opentelemetry mode: the batch span processor's export delay
+            (Triton's default 5000 ms).
+
+    Raises:
+        ValueError: an unknown mode or level, a negative rate, a triton mode without ``file``.
+    """
+    if mode not in ("triton", "opentelemetry"):
+        raise ValueError(f"trace mode must be 'triton' or 'opentelemetry', not {mode!r}")
+    if level not in ("OFF", "TIMESTAMPS", "TENSORS"):
+        raise ValueError(f"trace level must be OFF, TIMESTAMPS or TENSORS, not {level!r}")
+    if rate < 0:
+        raise ValueError(f"trace rate must be >= 0, not {rate}")
+    # Triton's defaults (count -1, log-frequency 0) are left out: the same flags as
+    # deploy/entrypoint.sh builds (tests/unit/test_deploy.py compares them)
+    args = [f"--trace-config=mode={mode}", f"--trace-config=level={level}", f"--trace-config=rate={rate}"]
+    if count != -1:
+        args.append(f"--trace-config=count={count}")
+    if mode == "triton":
+        if not file:
+            raise ValueError("trace mode 'triton' needs a trace file")
+        args.append(f"--trace-config=triton,file={Path(file)}")
+        if log_frequency:
+            args.append(f"--trace-config=triton,log-frequency={log_frequency}")
+    else:
+        if url:
+            args.append(f"--trace-config=opentelemetry,url={url}")
+        for key, value in (resource or {}).items():
+            args.append(f"--trace-config=opentelemetry,resource={key}={value}")
+        if bsp_schedule_delay_ms is not None:
+            args.append(f"--trace-config=opentelemetry,bsp_schedule_delay={bsp_schedule_delay_ms}")
+    return args
 
 
 class TritonServer:

@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from orchestrator.tooling import deploy as D
+from orchestrator.tooling.server import trace_config_args
 from tests.helpers import REPO, ROOT
 
 DEPLOY = ROOT / "deploy"
@@ -474,6 +475,38 @@ def test_entrypoint_with_model_control_mode_none_loads_no_list(tmp_path):
     assert not [a for a in run.argv if a.startswith("--load-model")]
 
 
+@pytest.mark.parametrize("env,flags", [
+    ({}, []),  # off by default
+    ({"TRACE_MODE": "off", "TRACE_RATE": "1"}, []),
+    ({"TRACE_MODE": "opentelemetry"}, trace_config_args("opentelemetry", rate=1000, url="http://localhost:4318/v1/traces")),
+    ({"TRACE_MODE": "opentelemetry", "TRACE_RATE": "100", "OTEL_ENDPOINT": "http://otel-collector.observability:4318/v1/traces"},
+     trace_config_args("opentelemetry", rate=100, url="http://otel-collector.observability:4318/v1/traces")),
+    ({"TRACE_MODE": "opentelemetry", "TRACE_RATE": "0"}, trace_config_args("opentelemetry", rate=0, url="http://localhost:4318/v1/traces")),
+    ({"TRACE_MODE": "triton", "TRACE_RATE": "10"}, trace_config_args("triton", rate=10, file="/tmp/triton-trace.json", log_frequency=100)),
+])
+def test_entrypoint_turns_the_trace_settings_into_trace_config_flags(tmp_path, env, flags):
+    """The flags are those orchestrator.tooling.server.trace_config_args builds, which
+    tests/server/test_trace.py runs a real tritonserver with; before the caller's arguments."""
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", **env}, "--log-verbose=1")
+    assert run.proc.returncode == 0, run.err
+    assert [a for a in run.argv if a.startswith("--trace-config")] == flags
+    assert run.argv[-1] == "--log-verbose=1"
+    if flags:
+        assert flags[0] == f"--trace-config=mode={env['TRACE_MODE']}" and run.argv.index(flags[-1]) == len(run.argv) - 2
+
+
+@pytest.mark.parametrize("env,message", [
+    ({"TRACE_MODE": "jaeger"}, "TRACE_MODE must be off, opentelemetry or triton, not 'jaeger'"),
+    ({"TRACE_MODE": "opentelemetry", "TRACE_RATE": "1/100"}, "TRACE_RATE must be a number"),
+    ({"TRACE_MODE": "opentelemetry", "OTEL_ENDPOINT": "otel-collector:4318"}, "OTEL_ENDPOINT must be an http:// or https:// URL"),
+    ({"TRACE_MODE": "opentelemetry", "OTEL_ENDPOINT": "http://a:4318/v1/traces,url=http://b"}, "OTEL_ENDPOINT must be"),
+    ({"TRACE_MODE": "triton", "TRACE_RATE": "0"}, "TRACE_RATE=0 traces nothing in triton mode"),
+])
+def test_entrypoint_refuses_a_bad_trace_setting(tmp_path, env, message):
+    run = run_entrypoint(tmp_path, {"LOAD_MODELS": "router", **env})
+    assert run.proc.returncode == 2 and run.pid is None and message in run.err, run.err
+
+
 # ----------------------------------------------------------------------------- control plane and network
 
 
@@ -489,8 +522,13 @@ def test_the_manifests_close_the_control_plane_and_the_network(schema_check):
         assert ingress[(8000, 8001)] == [{"namespaceSelector": {"matchLabels": {"orchestrator-triton/client": "true"}}}]
         assert ingress[(8002,)] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
         egress = {tuple((p["port"], p["protocol"]) for p in r["ports"]): r["to"] for r in policy["egress"]}
-        assert set(egress) == {((53, "UDP"), (53, "TCP")), ((443, "TCP"),)}  # DNS, the model store
+        assert set(egress) == {((53, "UDP"), (53, "TCP")), ((443, "TCP"),), ((4318, "TCP"),)}  # DNS, the model store, OTLP
         assert egress[((443, "TCP"),)] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]  # a placeholder users set
+        # the OpenTelemetry collector of OTEL_ENDPOINT (namespace observability), OTLP/HTTP only
+        assert egress[((4318, "TCP"),)] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+        env = {e["name"]: e.get("value") for e in find(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["TRACE_MODE"] == "off" and env["TRACE_RATE"] == "1000"  # tracing is opt-in
+        assert env["OTEL_ENDPOINT"] == "http://otel-collector.observability.svc:4318/v1/traces"
         pod = find(docs, "Deployment")["spec"]["template"]["spec"]
         key = next(v for v in pod["volumes"] if v["name"] == "admin-key")
         assert key["secret"]["secretName"] == "orchestrator-triton-admin" and key["secret"]["items"] == [{"key": "admin-key", "path": "admin-key"}]

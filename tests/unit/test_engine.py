@@ -183,18 +183,47 @@ def test_a_text_over_the_window_limit_refuses_only_its_request():
     assert answered.routes == ["chunked:fast"]
 
 
-def test_a_request_trace_goes_with_every_call_made_for_that_request_alone():
-    """A BLS request carries one trace: calls whose rows all come from one request carry
-    its ``RequestContext.trace``; a call mixing requests carries none (engine._options)."""
+class Trace:
+    """A ``pb_utils.InferenceTrace`` stand-in: ``get_context()`` is the OpenTelemetry
+    context of a sampled request (opentelemetry mode), None otherwise (and in triton mode)."""
+
+    def __init__(self, name, context=None):
+        self.name, self.context = name, context
+
+    def get_context(self):
+        return self.context
+
+    def __repr__(self):
+        return self.name
+
+
+def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carries_one():
+    """A BLS request carries one trace (request.call_trace): calls whose rows all come
+    from one request carry its trace; a call batching rows of several requests carries
+    the first one's in row order, or the first that has a context (a sampled request
+    in opentelemetry mode); no trace at all: none."""
     from orchestrator.runtime.request import RequestContext
 
     fake = FakeBLS()
     engine = Engine(parse_policy({"version": 1, "root": model("fast")}), fake)
     thr = np.full(1, 0.5, np.float32)
-    one = Work(["good film"], thr, {}, "r1", context=RequestContext(trace="trace-1"))
+    t1, t2 = Trace("t1"), Trace("t2")
+    one = Work(["good film"], thr, {}, "r1", context=RequestContext(trace=t1))
     asyncio.run(engine.run([one]))
-    assert [c["options"].trace for c in fake.calls] == ["trace-1", "trace-1"]  # tokenizer and classifier
+    assert [c["options"].trace for c in fake.calls] == [t1, t1]  # tokenizer and classifier
     fake.calls.clear()
-    two = Work(["bad plot"], thr, {}, "r2", context=RequestContext(trace="trace-2"))
+    two = Work(["bad plot"], thr, {}, "r2", context=RequestContext(trace=t2))
     asyncio.run(engine.run([one, two]))
+    assert [c["rows"] for c in fake.calls] == [2, 2]  # one batched call per model
+    assert [c["options"].trace for c in fake.calls] == [t1, t1]
+    fake.calls.clear()
+    asyncio.run(engine.run([two, one]))
+    assert [c["options"].trace for c in fake.calls] == [t2, t2]
+    fake.calls.clear()
+    sampled = Trace("t3", context='{"traceparent":"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}')
+    three = Work(["fine acting"], thr, {}, "r3", context=RequestContext(trace=sampled))
+    asyncio.run(engine.run([one, three]))
+    assert [c["options"].trace for c in fake.calls] == [sampled, sampled]
+    fake.calls.clear()
+    asyncio.run(engine.run([Work(["good"], thr, {}), Work(["bad"], thr, {})]))
     assert [c["options"].trace for c in fake.calls] == [None, None]

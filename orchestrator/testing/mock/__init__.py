@@ -41,7 +41,7 @@ API summary (see the docstrings)::
     class MockTriton:
         __init__(model_repository, model_config_name="embedded", *, models=(),
                  strict_outputs=True, auto_complete=True, instance_wait_timeout=120.0,
-                 log_verbose=0, response_timeout=5.0)
+                 log_verbose=0, response_timeout=5.0, trace_rate=0, trace_mode="triton")
         load(name, config=None); unload(name, unload_dependents=False); close()
         infer(model, inputs, parameters=None, request_id="", *, outputs=None,
               model_version="") -> dict
@@ -52,8 +52,9 @@ API summary (see the docstrings)::
         fail_next(model, message, count=1, code="INTERNAL"); set_failure(model, failure)
         set_delay(model, seconds); clear_faults(model=None)
         metrics() -> {family: {frozenset(labels.items()): value}}; metric(family, labels)
-        logs: list[LogRecord]
+        logs: list[LogRecord]; traces: list[TraceRecord]
     class Call(NamedTuple): model: str; batch_sizes: tuple; requests -> int
+    class TraceRecord(NamedTuple): id: int; parent_id: int; model: str; request_id: str
     class LogRecord(NamedTuple): model: str | None; level: str; message: str
     # the pb_utils stand-ins, also importable from here:
     Tensor, InferenceRequest, InferenceResponse, TritonError, TritonModelException,
@@ -193,7 +194,7 @@ from orchestrator.testing.mock.errors import InferError, LoadError, TritonError,
 from orchestrator.testing.mock.logger import Logger
 from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.pb_utils import install
-from orchestrator.testing.mock.records import Call, LogRecord
+from orchestrator.testing.mock.records import Call, LogRecord, TraceRecord
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
 from orchestrator.testing.mock.server import MockTriton
 from orchestrator.testing.mock.tensors import Tensor
@@ -205,6 +206,7 @@ __all__ = [
     "LoadError",
     "Call",
     "LogRecord",
+    "TraceRecord",
     "Tensor",
     "InferenceRequest",
     "InferenceResponse",

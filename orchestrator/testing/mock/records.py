@@ -5,7 +5,7 @@ it records (each ``execute()`` call, ``pb_utils.Logger`` messages, model states)
 from __future__ import annotations
 
 import threading
-from typing import Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -36,6 +36,17 @@ class LogRecord(NamedTuple):
     message: str
 
 
+class TraceRecord(NamedTuple):
+    """One traced request, as Triton's trace file (``--trace-config mode=triton``) names it
+    at REQUEST_START: its trace ``id``, ``parent_id`` (the trace of the request whose BLS
+    call it is; 0: a client request), the ``model`` and the ``request_id``."""
+
+    id: int
+    parent_id: int
+    model: str
+    request_id: str
+
+
 class Recorder:
     """What one server records, thread-safe: ``calls`` (:class:`Call`), ``logs``
     (:class:`LogRecord`; VERBOSE ones only when ``log_verbose`` > 0, as Triton's
@@ -47,6 +58,11 @@ class Recorder:
         self.calls: List[Call] = []
         self.logs: List[LogRecord] = []
         self.states: Dict[str, Tuple[str, str, str]] = {}
+        self.traces: List[TraceRecord] = []
+
+    def trace(self, record: TraceRecord) -> None:
+        with self.lock:
+            self.traces.append(record)
 
     def call(self, call: Call) -> None:
         with self.lock:
@@ -80,7 +96,7 @@ class Req:
 
     __slots__ = (
         "inputs", "requested", "parameters", "request_id", "correlation_id", "flags",
-        "timeout", "batch_size", "model_inputs",
+        "timeout", "batch_size", "model_inputs", "trace",
     )
 
     def __init__(
@@ -102,6 +118,7 @@ class Req:
         self.timeout = timeout
         self.batch_size = 0
         self.model_inputs: List[tuple] = []
+        self.trace: Any = None  # its pb_utils.InferenceTrace when traced (MockTriton(trace_rate=...))
 
     def input_dict(self) -> Dict[str, np.ndarray]:
         return {name: array for name, _, array in self.inputs}

@@ -23,10 +23,30 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class InferenceTrace:
-    """Mirror of ``pb_utils.InferenceTrace`` (no tracing in the mock: no context)."""
+    """Mirror of ``pb_utils.InferenceTrace``: ``get_context()`` only (r24.10 ``pb_stub.cc``).
 
-    def get_context(self) -> None:
-        return None
+    ``InferenceTrace()`` is the stub's default: no Triton trace behind it (a request that
+    was not sampled, or tracing off), so a BLS call given it is not traced. A sampled
+    request's trace (``MockTriton(trace_rate=...)``) has an id; in ``opentelemetry`` mode
+    its context is the W3C ``traceparent`` JSON Triton's tracer sets at REQUEST_START
+    (server r24.10 ``PrepareTraceContext``), in ``triton`` mode None, as in Triton.
+    """
+
+    def __init__(self) -> None:
+        self._id = 0  # Triton's trace id; 0: no trace (Triton reserves 0 for "no parent")
+        self._root = 0  # the id of the client request's trace this one descends from
+        self._context: Optional[str] = None
+
+    @classmethod
+    def _traced(cls, trace_id: int, root: int, opentelemetry: bool) -> "InferenceTrace":
+        trace = cls()
+        trace._id, trace._root = trace_id, root
+        if opentelemetry:
+            trace._context = json.dumps({"traceparent": f"00-{root:032x}-{trace_id:016x}-01"}, separators=(",", ":"))
+        return trace
+
+    def get_context(self) -> Optional[str]:
+        return self._context
 
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -238,7 +258,7 @@ class InferenceRequest:
         request._flags = req.flags
         request._timeout = req.timeout
         request._preferred_memory = None
-        request._trace = InferenceTrace()
+        request._trace = req.trace if req.trace is not None else InferenceTrace()
         request._parameters_json = json.dumps(req.parameters, separators=(",", ":"))
         request._sender = InferenceResponseSender(request._requested, usable=True)
         request._release_flags = _RELEASE_ALL

@@ -10,6 +10,7 @@ import, ``initialize``/``finalize``), :class:`~orchestrator.testing.mock.executi
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
@@ -27,8 +28,8 @@ from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.loading import build, finalize
 from orchestrator.testing.mock.metric_store import MetricRegistry, snapshot
 from orchestrator.testing.mock.pb_utils import install
-from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, to_client
-from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
+from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, TraceRecord, to_client
+from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse, InferenceTrace
 from orchestrator.testing.mock.tensors import Tensor
 
 
@@ -48,8 +49,15 @@ class MockTriton:
     ``--log-verbose``; at 0 (Triton's default) ``pb_utils.Logger`` VERBOSE messages are
     dropped. ``response_timeout``: seconds to wait, after ``execute`` returned None for
     a request, for the response it sends later through the request's response sender
-    (Triton waits for ever; the mock then fails the request). Use as a context manager,
-    or call :meth:`close`.
+    (Triton waits for ever; the mock then fails the request). ``trace_rate``: as
+    ``--trace-config rate=N`` with ``level=TIMESTAMPS``: every N-th client request is traced
+    (0: tracing off, Triton's default level OFF); a BLS call given a traced request's
+    ``trace()`` gets a child trace (python_backend r24.10 ``RequestExecutor``:
+    ``TRITONSERVER_InferenceTraceSpawnChildTrace``); :attr:`traces` records each traced
+    request (:class:`~orchestrator.testing.mock.records.TraceRecord`). ``trace_mode``:
+    ``triton`` or ``opentelemetry`` (then a sampled request's ``trace().get_context()`` is
+    its ``traceparent``). Ensemble steps are not traced. Use as a context manager, or call
+    :meth:`close`.
     """
 
     def __init__(
@@ -63,7 +71,13 @@ class MockTriton:
         instance_wait_timeout: float = 120.0,
         log_verbose: int = 0,
         response_timeout: float = 5.0,
+        trace_rate: int = 0,
+        trace_mode: str = "triton",
     ):
+        if isinstance(trace_rate, bool) or not isinstance(trace_rate, int) or trace_rate < 0:
+            raise ValueError(f"trace_rate must be an integer >= 0 (0: tracing off), not {trace_rate!r}")
+        if trace_mode not in ("triton", "opentelemetry"):
+            raise ValueError(f"trace_mode must be 'triton' or 'opentelemetry', not {trace_mode!r}")
         install()
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -76,6 +90,10 @@ class MockTriton:
         self.recorder = Recorder(log_verbose)
         self.calls: List[Call] = self.recorder.calls
         self.logs: List[LogRecord] = self.recorder.logs
+        self.traces: List[TraceRecord] = self.recorder.traces
+        self.trace_rate, self.trace_mode = trace_rate, trace_mode
+        self._trace_ids = itertools.count(1)
+        self._sampled = 0
         self.faults = FaultInjector()
         self.metric_registry = MetricRegistry()
         self._models: Dict[str, Dict[str, LoadedModel]] = {}  # name -> version -> model
@@ -324,6 +342,7 @@ class MockTriton:
         target = self._client_model(model, str(model_version))
         if isinstance(target, Err):
             raise InferError(target.message, target.code.name)
+        self._sample(request, target.name)
         result = to_client(self._executor.run(target, [request])[0])
         if isinstance(result, InferError):
             raise result
@@ -350,7 +369,30 @@ class MockTriton:
         target = self._client_model(model)
         if isinstance(target, Err):
             return [InferError(target.message, target.code.name) for _ in prepared]
+        for request in prepared:
+            self._sample(request, target.name)
         return [to_client(r) for r in self._executor.run(target, prepared)]
+
+    def _sample(self, req: Req, model: str) -> None:
+        """Trace every ``trace_rate``-th client request (Triton's ``TraceSetting::SampleTrace``)."""
+        if self.trace_rate <= 0:
+            return
+        with self.recorder.lock:
+            self._sampled += 1
+            if self._sampled % self.trace_rate:
+                return
+            trace_id = next(self._trace_ids)
+        req.trace = InferenceTrace._traced(trace_id, trace_id, self.trace_mode == "opentelemetry")
+        self.recorder.trace(TraceRecord(trace_id, 0, model, req.request_id))
+
+    def _spawn(self, req: Req, parent: InferenceTrace, model: str) -> None:
+        """A BLS call given a traced request's trace: a child trace (``parent_id``)."""
+        if parent._id == 0:
+            return
+        with self.recorder.lock:
+            trace_id = next(self._trace_ids)
+        req.trace = InferenceTrace._traced(trace_id, parent._root, parent._context is not None)
+        self.recorder.trace(TraceRecord(trace_id, parent._id, model, req.request_id))
 
     def bls_exec(self, request: InferenceRequest) -> InferenceResponse:
         """``request.exec()`` from a model (or a test): the response, errors included."""
@@ -369,6 +411,7 @@ class MockTriton:
             request._flags,
             request._timeout,
         )
+        self._spawn(req, request._trace, model.name)
         result = self._executor.run(model, [req])[0]
         if isinstance(result, Err):
             stage_prefix = prefix if result.stage in ("validation", "notready") else ""

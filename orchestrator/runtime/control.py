@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
+from orchestrator.runtime.errors import ControlError as ControlError  # its home until issue 19; still importable here
+
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
 
 
@@ -182,20 +184,6 @@ def parse_restriction(spec: str) -> list:
     if not (colon and eq and groups and key and value):
         return []
     return [(group, key, value) for group in groups.split(",") if group]
-
-
-class ControlError(RuntimeError):
-    """A load, unload or config request failed; the message is the server's.
-
-    Attributes:
-        refused: True when the server refused the request for want of the restricted
-            API's key (HTTP 403, gRPC "This protocol is restricted"), not because the
-            model failed.
-    """
-
-    def __init__(self, message: str, refused: bool = False):
-        super().__init__(message)
-        self.refused = refused
 
 
 #: The config parameter a repair changes so that Triton reloads the model

@@ -227,8 +227,7 @@ class Engine:
                 raise DownstreamError(
                     f"model '{model}' answered {part.shape[1]} logit columns, but its head has {head.num_logits} "
                     f"({head.describe()}); a model without head.json is served as one logit: export it with "
-                    "'orchestrator export' or write its head.json",
-                    retryable=False,
+                    "'orchestrator export' or write its head.json"
                 )
         logits[order] = np.concatenate(parts)
         return logits

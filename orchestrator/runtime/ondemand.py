@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.control import RepositoryControl, ServerOptions
+from orchestrator.runtime.errors import Cause, ControlError, UnavailableError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.stubs import StubWatch
@@ -105,11 +105,11 @@ class ModelManager:
         self.control = False
         self.logger.log_warn(f"router: on-demand loading is unavailable ({reason}); treating {sorted(self.settings)} as always loaded")
 
-    def _load_failed(self, model: str, message: str) -> DownstreamError:
+    def _load_failed(self, model: str, message: str) -> UnavailableError:
         """Record a failed load (no retry before ``retry_after_s``); the error to raise. Hold ``guard``."""
         self.failed[model] = (time.monotonic(), message)
         self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
-        return DownstreamError(f"model '{model}' failed to load: {message}")
+        return UnavailableError(f"model '{model}' failed to load: {message}", Cause.NOT_LOADED)
 
     def _load_blocking(self, model: str) -> None:
         """Load ``model`` unless ready; one thread loads, the others wait for it."""
@@ -122,7 +122,9 @@ class ModelManager:
                     failed = self.failed.get(model)
                     if failed and time.monotonic() - failed[0] < self.settings[model].retry_after_s:
                         wait = self.settings[model].retry_after_s - (time.monotonic() - failed[0])
-                        raise DownstreamError(f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)")
+                        raise UnavailableError(
+                            f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)", Cause.NOT_LOADED
+                        )
                     missing = self.server.missing(model)
                     if missing:  # a load request that must fail can crash the server (ServerOptions)
                         raise self._load_failed(model, missing)
@@ -137,7 +139,9 @@ class ModelManager:
                 self.loading.pop(model).set()
                 if "explicit model load" in message or "not allowed" in message:
                     self._disable(message)
-                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}") from None
+                    raise UnavailableError(
+                        f"model '{model}' is not ready and on-demand loading is unavailable: {message}", Cause.NOT_LOADED
+                    ) from None
                 raise self._load_failed(model, message) from None
         with self.guard:
             self.ours.add(model)

@@ -32,13 +32,16 @@ cannot answer with them (``policy.bind_heads``: heads that disagree, a length ov
 model's maximum), or when its ``PROBABILITIES`` label file (Triton's classification
 extension) names other labels than the policy's head.
 
-Errors: bad input (including a text over the policy's ``limits``) gives that request an
-INVALID_ARG error naming the input (or the request parameter). A failing downstream model
-gives an INTERNAL error naming the model, unless a ``fallback`` node answers instead. When
-requests batched together fail, each is retried alone, all concurrently, so only the
-requests that need the failing model get the error; a model whose circuit is open
-(``health.CircuitBreaker``) is not called again by those retries. Every request gets
-exactly one response.
+Errors (``errors``; each request gets exactly one response, one outcome): bad input
+(including a text over the policy's ``limits``) gives that request an INVALID_ARG error
+naming the input (or the request parameter). A model that cannot serve now (its stub
+died, it is not ready or unloaded, its circuit is open, its on-demand load failed:
+``errors.UnavailableError``) gives an UNAVAILABLE error naming the model, which clients
+may retry later; any other downstream failure gives an INTERNAL error naming the model,
+unless a ``fallback`` node answers instead. When requests batched together fail, each is
+retried alone, all concurrently, so only the requests that need the failing model get the
+error; a model that cannot serve is not called again by those retries (its circuit is
+open, ``health.CircuitBreaker``, or its load is in back-off).
 
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
@@ -190,7 +193,7 @@ class TritonPythonModel:
     def _refuse(self, exc: InputError):
         if isinstance(exc, LimitError):
             self.metrics.inc("orchestrator_rejected_requests_total", limit=exc.limit)
-        return self._error(f"router: {exc}", "INVALID_ARG")
+        return self._error(f"router: {exc}", exc.code)
 
     # -- execute
 
@@ -264,7 +267,7 @@ class TritonPythonModel:
                 responses[k] = self._response(result, works[k].describe)
         except DownstreamError as batch_error:
             if len(keys) == 1:
-                responses[keys[0]] = self._error(f"router: {batch_error}", "INTERNAL")
+                responses[keys[0]] = self._error(f"router: {batch_error}", batch_error.code)
             else:  # each request alone, concurrently: only those that need the failing model fail
                 for k, response in zip(keys, await gather(self._alone(works[k]) for k in keys)):
                     responses[k] = response
@@ -279,8 +282,8 @@ class TritonPythonModel:
     async def _alone(self, work: Work):
         try:
             return self._response((await self.engine.run([work]))[0], work.describe)
-        except DownstreamError as exc:
-            return self._error(f"router: {exc}", "INTERNAL")
+        except DownstreamError as exc:  # UNAVAILABLE: the model cannot serve; else INTERNAL
+            return self._error(f"router: {exc}", exc.code)
         except Exception as exc:
             self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
             return self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.health import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker, is_unavailable, stub_is_dead
 from orchestrator.runtime.policy import parse_policy
 from orchestrator.runtime.request import Work
@@ -55,7 +55,8 @@ def test_consecutive_failures_open_then_probe_closes():
     assert b.state("m") == OPEN and events == [("m", CLOSED, OPEN)]
     with pytest.raises(DownstreamError, match=r"model 'm' is unavailable \(circuit open, next probe in 5.0 s; last error: boom\)") as info:
         b.before_call("m")
-    assert info.value.retryable is False
+    assert isinstance(info.value, UnavailableError) and info.value.cause is Cause.CIRCUIT_OPEN
+    assert info.value.code == "UNAVAILABLE"
     clock.t += 5
     assert b.state("m") == HALF_OPEN
     b.before_call("m")  # the single probe

@@ -58,10 +58,10 @@ CLOSED, OPEN, HALF_OPEN = CircuitState.CLOSED, CircuitState.OPEN, CircuitState.H
 #: The ``orchestrator_circuit_state`` gauge's value for each state (docs/metrics: 0, 1, 2).
 STATE_VALUES: Dict[CircuitState, int] = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
 
-# Error texts (Triton 2.51 core and python_backend) that mean the model cannot serve.
+# Error texts (Triton 2.51 core and python_backend) that mean the model cannot serve; the
+# code of a 2.51 BLS error is always INTERNAL (module docstring), so the text decides.
 _STUB_DEAD = ("is not healthy", "Failed to obtain the health mutex")
 _NOT_READY = ("is not ready", "not at ready state", "unavailable", "not found", "unknown model", "is not loaded")
-_UNAVAILABLE = _STUB_DEAD + _NOT_READY
 #: Seconds between two ``ready_check`` calls for one open circuit.
 READY_CHECK_INTERVAL_S = 0.5
 #: The cool-down (seconds, if longer than ``open_s``) of a circuit whose model is being
@@ -74,12 +74,6 @@ def stub_is_dead(message: str) -> bool:
     """True when a BLS error says the model's stub process died or hangs (python_backend's
     ``Stub process '<instance>' is not healthy.``)."""
     return any(s in message for s in _STUB_DEAD)
-
-
-def is_unavailable(message: str) -> bool:
-    """True when a BLS error says the model cannot serve any request now (dead stub, not
-    ready, unloaded, unknown), so retrying the same call at once cannot help."""
-    return any(s in message for s in _UNAVAILABLE)
 
 
 def classify(message: str, code: Optional[str] = None) -> Optional[Cause]:

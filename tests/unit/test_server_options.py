@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.runtime import control as control_module
 from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import Cause, UnavailableError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.ondemand import ModelManager
@@ -116,8 +116,9 @@ def test_a_model_in_no_repository_fails_without_a_load_request(tmp_path):
     pb = FakePb()
     m, _ = manager(pb, ServerOptions(mode="explicit", repositories=(tmp_path,)), retry=0.0)
     for _ in range(3):  # retried at once (retry_after_s 0), never sent
-        with pytest.raises(DownstreamError, match=r"model 'spare' failed to load: model 'spare' is in no model repository"):
+        with pytest.raises(UnavailableError, match=r"model 'spare' failed to load: model 'spare' is in no model repository") as info:
             m._load_blocking("spare")
+        assert info.value.cause is Cause.NOT_LOADED and info.value.code == "UNAVAILABLE"
     assert pb.requests == []
     (tmp_path / "spare").mkdir()  # once it is there, the load is sent
     m._load_blocking("spare")

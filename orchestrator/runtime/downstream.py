@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import DownstreamError, UnavailableError
 from orchestrator.runtime.health import CircuitBreaker, CircuitState, classify
@@ -39,7 +39,7 @@ class Downstream:
         models: the on-demand model manager (loads, idle unloads, repairs).
     """
 
-    def __init__(self, pb, policy: Policy, metrics: Metrics, logger, router: str):
+    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str):
         self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
         settings = policy.breaker
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
@@ -61,22 +61,24 @@ class Downstream:
 
     # -- the engine's InferFn (engine.InferFn): outputs by name, or DownstreamError
 
-    async def infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                    alone: bool = False) -> Dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                    alone: bool = False) -> Dict[str, NDArray[Any]]:
         """One call to ``model`` through its circuit breaker (raises DownstreamError)."""
         return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
 
-    async def shadow_infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                           alone: bool = False) -> Dict[str, np.ndarray]:
+    async def shadow_infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                           alone: bool = False) -> Dict[str, NDArray[Any]]:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
         return await self.shadow_breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone))
 
     @staticmethod
-    async def no_infer(model: str, inputs, parameters, request_id, alone=False) -> Dict[str, np.ndarray]:
+    async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                       alone: bool = False) -> Dict[str, NDArray[Any]]:
         """The warmup's InferFn: no downstream call is made (raises DownstreamError)."""
         raise DownstreamError(f"model '{model}' is not called during warmup")
 
-    async def _bls(self, model, inputs, parameters, request_id, alone):
+    async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                   alone: bool) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` (a name, or ``name@version``: that version); the
         blocking ``exec`` when ``alone``, else ``async_exec``."""
         pb = self.pb

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
@@ -40,7 +41,7 @@ from orchestrator.runtime.request import Result, Work
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
 # ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
 # may block the event loop (the router then uses the blocking BLS ``exec``).
-InferFn = Callable[[str, Dict[str, np.ndarray], Optional[dict], str, bool], Awaitable[Dict[str, np.ndarray]]]
+InferFn = Callable[[str, Dict[str, NDArray[Any]], Optional[Dict[str, Any]], str, bool], Awaitable[Dict[str, NDArray[Any]]]]
 
 _SAME = object()  # Engine.fork: keep this engine's value
 
@@ -67,13 +68,14 @@ class Engine:
         models: Optional[ModelManager] = None,
         model_dir: Optional[Path] = None,
         shadow_infer: Optional[InferFn] = None,
-        logger=None,
-    ):
+        logger: Any = None,
+    ) -> None:
         self.policy = policy
         if policy.head is None:  # not bound to a repository: every model has the legacy head
             bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
+        assert policy.head is not None, "bind_heads sets it"
         self.head: Head = policy.head
-        self.tokenizers: Dict[str, object] = {}
+        self.tokenizers: Dict[str, Any] = {}  # transformers tokenizers by tokenizer model
         self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
         self.token_kinds = policy.tokenizers()
         if policy.inline_tokenizer:
@@ -117,17 +119,18 @@ class Engine:
         if self.metrics:
             self.metrics.inc(family, value, **labels)
 
-    def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
+    def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
         self.counter += 1
         return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id, {tokenizer: ids})
 
-    def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
+    def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed
         ones of a constant or vote, else the head's rule at the item's thresholds."""
         if answer.verdict is not None:
             return np.asarray(answer.verdict, dtype=bool)
-        return self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
+        verdicts: NDArray[Any] = self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
+        return verdicts
 
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
@@ -177,7 +180,7 @@ class Engine:
                 it.tokens[tokenizer] = np.asarray(ids, dtype=np.int64)
             return
 
-        def inputs(part):
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
             return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
 
         outs = await self._batched(tokenizer, todo, inputs, {"truncation": False})
@@ -188,7 +191,7 @@ class Engine:
                 todo[k].tokens[tokenizer] = ids[row, : int(lengths[row])]
                 k += 1
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> np.ndarray:
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
         """Logits (float32 [len(items), head.num_logits]) of ``model`` (a name or
         ``name@version``): the ids of the head's tokenizer, truncated to ``max_length``
         tokens, rows sorted by length and padded per call with the head's ``pad_token_id``.
@@ -202,7 +205,7 @@ class Engine:
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
         ordered = [items[i] for i in order]
 
-        def inputs(part):
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
             width = max(seqs[order[i]].shape[0] for i in part)
             ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)
@@ -234,7 +237,8 @@ class Engine:
 
     # -- internals
 
-    async def _batched(self, model: str, items: Sequence[Item], make_inputs, parameters: Optional[dict]) -> list:
+    async def _batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
+                       parameters: Optional[Dict[str, Any]]) -> List[Dict[str, NDArray[Any]]]:
         """Send ``items`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``
         rows; ``make_inputs(row indices)`` builds one call's tensors.
 
@@ -265,10 +269,10 @@ class Engine:
         outs = await gather(calls)
         for part, out in zip(parts, outs):
             for output, value in out.items():
-                rows = value.shape[0] if np.ndim(value) else 0
-                if rows != len(part):
+                answered = value.shape[0] if np.ndim(value) else 0
+                if answered != len(part):
                     raise DownstreamError(
-                        f"model '{model}' answered {rows} rows of '{output}' for {len(part)} input rows "
+                        f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "
                         "(with Triton's response cache: a cached answer of a request with the same input bytes "
                         "and another shape)"
                     )

@@ -10,7 +10,7 @@ import errno
 import socket
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
 from orchestrator.runtime.control import RepositoryControl, ServerOptions
 from orchestrator.runtime.errors import Cause, ControlError, UnavailableError
@@ -61,15 +61,15 @@ class ModelManager:
 
     def __init__(
         self,
-        pb,
+        pb: Any,
         on_demand: Mapping[str, OnDemand],
         metrics: Metrics,
-        logger,
+        logger: Any,
         server: Optional[ServerOptions] = None,
         repair_interval_s: float = 30.0,
-        on_repaired=None,
+        on_repaired: Optional[Callable[[str], None]] = None,
         stubs: Optional[StubWatch] = None,
-        control_api=None,
+        control_api: Optional[Any] = None,
         verify_s: float = 10.0,
         retry_s: float = 1.0,
     ):
@@ -87,10 +87,10 @@ class ModelManager:
         self.enabled = bool(self.settings)
         if self.enabled and not self.control:
             self._disable(f"the server runs with --model-control-mode={self.server.mode}; pb_utils.load_model needs explicit")
-        self.ours = set()
+        self.ours: Set[str] = set()
         self.last_used: Dict[str, float] = {}
         self.in_use: Dict[str, int] = {m: 0 for m in self.settings}
-        self.failed: Dict[str, tuple] = {}  # model -> (monotonic time, message)
+        self.failed: Dict[str, Tuple[float, str]] = {}  # model -> (monotonic time, message)
         self.guard = threading.Lock()
         self.loading: Dict[str, threading.Event] = {}
         self.stop = threading.Event()

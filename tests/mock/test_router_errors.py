@@ -18,6 +18,7 @@ from tests.helpers import REPO, STRICT_VARIANT, add_router_variant, without_fall
 
 TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain"]
 DEAD = "Stub process 'classifier_0_0' is not healthy."
+SHADOW_VARIANT = "router_shadow"
 
 
 @pytest.fixture
@@ -29,8 +30,12 @@ def mock(tmp_path):
     document.setdefault("circuit_breaker", {})["watch_stubs"] = False
     document["circuit_breaker"]["reload_unhealthy"] = False
     add_router_variant(repo, STRICT_VARIANT, document)
+    shadow = {**document, "root": {"kind": "shadow", "name": "sh", "primary": {"kind": "model", "model": "classifier_fast"},
+                                   "candidate": {"kind": "model", "model": "classifier"}}}
+    shadow.pop("request_parameters", None)
+    add_router_variant(repo, SHADOW_VARIANT, shadow)
     with MockTriton(repo) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", STRICT_VARIANT):
+        for name in ("tokenizer", "classifier", "classifier_fast", STRICT_VARIANT, SHADOW_VARIANT):
             m.load(name)
         yield m
 
@@ -58,12 +63,12 @@ def bls_calls(monkeypatch):
     return seen
 
 
-def gauge(mock, model, want=None):
+def gauge(mock, model, want=None, router=STRICT_VARIANT):
     """The model's ``orchestrator_circuit_state`` once the router's 0.5 s metric flush has
     reached ``want`` (or 3 s passed); at once when ``want`` is None."""
     deadline = time.monotonic() + (0.0 if want is None else 3.0)
     while True:
-        value = mock.metric("orchestrator_circuit_state", {"router": STRICT_VARIANT, "model": model})
+        value = mock.metric("orchestrator_circuit_state", {"router": router, "model": model})
         if value == want or time.monotonic() >= deadline:
             return value
         time.sleep(0.05)
@@ -122,3 +127,25 @@ def test_a_code_the_stub_passes_on_is_read_by_name():
 
     assert [code(n) for n in ("UNAVAILABLE", "NOT_FOUND", "INTERNAL", "CANCELLED")] == ["UNAVAILABLE", "NOT_FOUND", "INTERNAL", None]
     assert _code_name(pb_utils, object()) is None  # a stub whose errors have no code()
+
+
+def test_shadow_candidates_have_circuit_breakers_of_their_own(mock):
+    """A failing candidate opens only its own circuit: the primary's breakers (the ones
+    the ``orchestrator_circuit_state`` gauge shows) stay closed."""
+    def errors():  # the candidate's failures, counted by the shadow worker
+        series = mock.metrics().get("orchestrator_shadow_errors_total", {})
+        return sum(v for labels, v in series.items() if ("router", SHADOW_VARIANT) in labels)
+
+    mock.set_failure("classifier", "injected")
+    try:
+        for k in range(5):  # consecutive_failures is 3
+            out = mock.infer(SHADOW_VARIANT, inputs(TEXTS[:1]), request_id=f"s{k}")
+            assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["classifier_fast"]
+            deadline = time.monotonic() + 3.0  # the candidate runs in the background: one at a time
+            while errors() < k + 1 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert errors() == 5.0
+    finally:
+        mock.clear_faults()
+    time.sleep(0.6)  # a metric flush
+    assert gauge(mock, "classifier", router=SHADOW_VARIANT) == 0 and gauge(mock, "classifier_fast", router=SHADOW_VARIANT) == 0

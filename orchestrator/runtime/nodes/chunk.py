@@ -7,6 +7,7 @@ from functools import partial
 from typing import Any, Dict, List, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.nodes.base import (
@@ -43,7 +44,7 @@ class ChunkNode(Node):
     tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer (``policy.bind_heads``)
 
 
-def token_windows(ids: np.ndarray, max_length: int, stride: int) -> List[np.ndarray]:
+def token_windows(ids: NDArray[Any], max_length: int, stride: int) -> List[NDArray[Any]]:
     """Split one tokenized text into overlapping windows of at most ``max_length`` tokens.
 
     Args:
@@ -122,7 +123,7 @@ async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
         engine.count("orchestrator_chunked_texts_total", len(chunked), node=node.name)
         engine.count("orchestrator_chunks_total", len(windows) - (len(items) - len(chunked)), node=node.name)
     inner = await engine.run_node(node.node, windows)
-    per_text: Dict[int, list] = {}
+    per_text: Dict[int, List[Tuple[Any, int]]] = {}
     for w in windows:
         per_text.setdefault(owner[w.idx], []).append((inner[w.idx], int(w.ids(node.tokenizer).shape[0])))
     answers: Answers = {}

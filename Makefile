@@ -24,6 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check orchestrator tests
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 serve: $(STAMP)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from typing import Awaitable, Iterable, List
+from typing import Awaitable, Iterable, List, TypeVar
+
+T = TypeVar("T")
 
 # True inside a branch that runs beside others or under a timeout.
 _CONCURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("orchestrator_concurrent", default=False)
@@ -21,7 +23,7 @@ def in_concurrent_branch() -> bool:
     return _CONCURRENT.get()
 
 
-async def as_concurrent(coro: Awaitable):
+async def as_concurrent(coro: Awaitable[T]) -> T:
     """Await ``coro`` marked concurrent (its downstream calls must not block the loop)."""
     token = _CONCURRENT.set(True)  # reset: Python 3.12's wait_for awaits in the caller's task
     try:
@@ -30,7 +32,7 @@ async def as_concurrent(coro: Awaitable):
         _CONCURRENT.reset(token)
 
 
-async def gather(coros: Iterable[Awaitable]) -> List:
+async def gather(coros: Iterable[Awaitable[T]]) -> List[T]:
     """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one."""
     coros = list(coros)
     if len(coros) == 1:

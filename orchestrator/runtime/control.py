@@ -38,7 +38,9 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from orchestrator.runtime.errors import ControlError as ControlError  # its home until issue 19; still importable here
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
 
@@ -75,7 +77,7 @@ class ServerOptions:
     """
 
     mode: Optional[str] = None
-    repositories: Optional[tuple] = None
+    repositories: Optional[Tuple[Path, ...]] = None
     http: Optional[Tuple[str, int]] = None
     grpc: Optional[Tuple[str, int]] = None
     http_restricted: Tuple[Tuple[str, str, str], ...] = ()
@@ -87,7 +89,7 @@ class ServerOptions:
         the last occurrence of a flag wins, as in Triton, except the restriction flags,
         which all count, as in Triton)."""
         mode, repositories, flags = "none", [], {}
-        restricted: dict = {"--http-restricted-api": [], "--grpc-restricted-protocol": []}
+        restricted: Dict[str, List[Tuple[str, str, str]]] = {"--http-restricted-api": [], "--grpc-restricted-protocol": []}
         args = list(argv[1:])
         for i, arg in enumerate(args):
             flag, eq, value = arg.partition("=")
@@ -135,7 +137,7 @@ class ServerOptions:
         return f"model '{model}' is in no model repository ({', '.join(map(str, self.repositories))})"
 
 
-def parent_server_argv() -> Optional[list]:
+def parent_server_argv() -> Optional[List[str]]:
     """The command line of this process's parent when it is ``tritonserver`` (Linux
     ``/proc/<ppid>/cmdline``), else None (the in-process mock, another OS)."""
     try:
@@ -146,7 +148,7 @@ def parent_server_argv() -> Optional[list]:
     return argv if argv and Path(argv[0]).name.startswith("tritonserver") else None
 
 
-def _endpoint(flags: dict, protocol: str, default_port: int) -> Optional[Tuple[str, int]]:
+def _endpoint(flags: Dict[str, str], protocol: str, default_port: int) -> Optional[Tuple[str, int]]:
     """``(host, port)`` of the ``http`` or ``grpc`` endpoint from ``--allow-<p>``,
     ``--<p>-address`` and ``--<p>-port`` (Triton's defaults), or None when it is off."""
     if flags.get(f"--allow-{protocol}", "true").lower() in ("false", "0", "no"):
@@ -159,7 +161,7 @@ def _endpoint(flags: dict, protocol: str, default_port: int) -> Optional[Tuple[s
 
 
 @functools.lru_cache(maxsize=1)
-def _grpc_client():
+def _grpc_client() -> Any:
     """``tritonclient.grpc`` when the stub's environment has it, else None (imported once)."""
     try:
         import tritonclient.grpc as module
@@ -173,7 +175,7 @@ def _grpc_client():
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 
-def parse_restriction(spec: str) -> list:
+def parse_restriction(spec: str) -> List[Tuple[str, str, str]]:
     """``[(group, key, value), ...]`` from one restriction flag's value
     ``<group>[,<group>...]:<key>=<value>``, split as Triton splits it (at the first ``:``,
     then the first ``=``); ``[]`` when malformed (Triton would not start)."""
@@ -184,26 +186,12 @@ def parse_restriction(spec: str) -> list:
     return [(group, key, value) for group in groups.split(",") if group]
 
 
-class ControlError(RuntimeError):
-    """A load, unload or config request failed; the message is the server's.
-
-    Attributes:
-        refused: True when the server refused the request for want of the restricted
-            API's key (HTTP 403, gRPC "This protocol is restricted"), not because the
-            model failed.
-    """
-
-    def __init__(self, message: str, refused: bool = False):
-        super().__init__(message)
-        self.refused = refused
-
-
 #: The config parameter a repair changes so that Triton reloads the model
 #: (:meth:`RepositoryControl.reload`); its value is the repair's time in ns.
 REPAIR_PARAMETER = "orchestrator_repair"
 
 
-def repair_config(config: dict, stamp: str) -> dict:
+def repair_config(config: Dict[str, Any], stamp: str) -> Dict[str, Any]:
     """``config`` (the model configuration as JSON) with parameter :data:`REPAIR_PARAMETER`
     set to ``stamp``: different from the loaded configuration outside ``instance_group``
     and ``version_policy``, so Triton loads new instances instead of skipping the load
@@ -226,7 +214,7 @@ class RepositoryControl:
         timeout_s: seconds to wait for one load or unload (default 300).
     """
 
-    def __init__(self, pb, server: ServerOptions, timeout_s: float = 300.0):
+    def __init__(self, pb: Any, server: ServerOptions, timeout_s: float = 300.0):
         self.pb, self.server, self.timeout_s = pb, server, timeout_s
         if server.grpc and server.mode == "explicit":  # import now (0.1-0.3 s), not in the first repair
             threading.Thread(target=_grpc_client, name="orchestrator-grpc-import", daemon=True).start()
@@ -238,7 +226,7 @@ class RepositoryControl:
             return "grpc"
         return "http" if self.server.http else "pb_utils"
 
-    def load(self, model: str, config: Optional[dict] = None) -> None:
+    def load(self, model: str, config: Optional[Dict[str, Any]] = None) -> None:
         """Load (or reload, when loaded) ``model``; blocks until done. ``config``: a model
         configuration (JSON) that replaces the repository's for this load. Triton 2.51
         returns at once and changes nothing when ``model`` is loaded, its directory did
@@ -258,7 +246,7 @@ class RepositoryControl:
         """
         self._send(model, "unload")
 
-    def config(self, model: str) -> dict:
+    def config(self, model: str) -> Dict[str, Any]:
         """The loaded configuration of ``model`` as JSON (the ``model-config`` API).
 
         Raises:
@@ -266,10 +254,13 @@ class RepositoryControl:
                 endpoint to ask (``pb_utils`` has no such call).
         """
         via = self.via
+        config: Dict[str, Any]
         if via == "grpc":
-            return self._grpc(model, "config")
+            config = self._grpc(model, "config")
+            return config
         if via == "http":
-            return self._http(model, "config")
+            config = self._http(model, "config")
+            return config
         raise ControlError("the server has no HTTP or gRPC endpoint to read a model configuration from")
 
     def reload(self, model: str, stamp: str) -> str:
@@ -291,11 +282,12 @@ class RepositoryControl:
         self.load(model, repair_config(self.config(model), stamp))
         return "config"
 
-    def _send(self, model: str, action: str, config: Optional[dict] = None) -> None:
+    def _send(self, model: str, action: str, config: Optional[Dict[str, Any]] = None) -> None:
         via = self.via
         if via == "grpc":
             self._grpc(model, action, config)
         elif via == "http":
+            body: Dict[str, Any]
             if action == "load":
                 body = {} if config is None else {"parameters": {"config": json.dumps(config)}}
             else:
@@ -307,8 +299,9 @@ class RepositoryControl:
             except Exception as exc:  # the stub raises TritonModelException
                 raise ControlError(str(exc)) from None
 
-    def _grpc(self, model: str, action: str, config: Optional[dict] = None):
+    def _grpc(self, model: str, action: str, config: Optional[Dict[str, Any]] = None) -> Any:
         tc = _grpc_client()
+        assert self.server.grpc is not None, "via is grpc only with an endpoint"
         host, port = self.server.grpc
         header = self.server.header("grpc", "model-config" if action == "config" else "model-repository")
         headers = dict([header]) if header else None
@@ -331,7 +324,8 @@ class RepositoryControl:
         finally:
             client.close()
 
-    def _http(self, model: str, action: str, body: Optional[dict] = None):
+    def _http(self, model: str, action: str, body: Optional[Dict[str, Any]] = None) -> Any:
+        assert self.server.http is not None, "via is http only with an endpoint"
         host, port = self.server.http
         quoted = urllib.parse.quote(model, safe="")
         header = self.server.header("http", "model-config" if action == "config" else "model-repository")

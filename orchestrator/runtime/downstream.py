@@ -12,12 +12,12 @@ up (``router``).
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
-import numpy as np
+from numpy.typing import NDArray
 
-from orchestrator.runtime.errors import DownstreamError
-from orchestrator.runtime.health import STATE_VALUES, CircuitBreaker
+from orchestrator.runtime.errors import DownstreamError, UnavailableError
+from orchestrator.runtime.health import CircuitBreaker, CircuitState, classify
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
 from orchestrator.runtime.ondemand import ModelManager
@@ -42,7 +42,7 @@ class Downstream:
         models: the on-demand model manager (loads, idle unloads, repairs).
     """
 
-    def __init__(self, pb, policy: Policy, metrics: Metrics, logger, router: str):
+    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str):
         self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
         settings = policy.breaker
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
@@ -56,7 +56,7 @@ class Downstream:
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
         )
         for model in policy.models():
-            metrics.set("orchestrator_circuit_state", STATE_VALUES["closed"], model=model)
+            metrics.set("orchestrator_circuit_state", CircuitState.CLOSED.gauge, model=model)
 
     def close(self) -> None:
         """Stop the on-demand manager's background thread."""
@@ -64,24 +64,25 @@ class Downstream:
 
     # -- the engine's InferFn (engine.InferFn): outputs by name, or DownstreamError
 
-    async def infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                    alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
+    async def infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                    alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """One call to ``model`` through its circuit breaker (raises DownstreamError)."""
         return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
 
-    async def shadow_infer(self, model: str, inputs: Dict[str, np.ndarray], parameters: Optional[dict], request_id: str,
-                           alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
+    async def shadow_infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                           alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
         return await self.shadow_breaker.call(
             model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
 
     @staticmethod
-    async def no_infer(model: str, inputs, parameters, request_id, alone=False,
-                       options: CallOptions = NO_OPTIONS) -> Dict[str, np.ndarray]:
+    async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                       alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """The warmup's InferFn: no downstream call is made (raises DownstreamError)."""
         raise DownstreamError(f"model '{model}' is not called during warmup")
 
-    async def _bls(self, model, inputs, parameters, request_id, alone, options: CallOptions):
+    async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
+                   alone: bool, options: CallOptions) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` (a name, or ``name@version``: that version); the
         blocking ``exec`` when ``alone``, else ``async_exec``; with the trace and timeout of
         ``options`` (the stub refuses ``trace=None``, so it is left out when absent)."""
@@ -102,16 +103,19 @@ class Downstream:
         )
         response = request.exec() if alone else await request.async_exec()
         if response.has_error():
-            raise DownstreamError(f"model '{model}' failed: {response.error().message()}")
+            error = response.error()
+            message = f"model '{model}' failed: {error.message()}"
+            cause = classify(message, _code_name(pb, error))
+            raise DownstreamError(message) if cause is None else UnavailableError(message, cause)
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
 
     # -- the breakers' callbacks
 
-    def _circuit_changed(self, model: str, old: str, new: str, reason: str) -> None:
-        self.metrics.set("orchestrator_circuit_state", STATE_VALUES[new], model=model)
-        self.metrics.inc("orchestrator_circuit_transitions_total", model=model, state=new)
-        log = self.logger.log_info if new == "closed" else self.logger.log_warn
-        log(f"router '{self.router}': circuit of '{model}' {old} -> {new} ({reason})")
+    def _circuit_changed(self, model: str, old: CircuitState, new: CircuitState, reason: str) -> None:
+        self.metrics.set("orchestrator_circuit_state", new.gauge, model=model)
+        self.metrics.inc("orchestrator_circuit_transitions_total", model=model, state=new.value)
+        log = self.logger.log_info if new is CircuitState.CLOSED else self.logger.log_warn
+        log(f"router '{self.router}': circuit of '{model}' {old.value} -> {new.value} ({reason})")
 
     def _ready(self, model: str) -> bool:
         name, version = split_target(model)
@@ -126,3 +130,17 @@ class Downstream:
         if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.router:
             return self.models.repair(name)  # True: under way, the breaker holds the circuit open
         return False
+
+
+def _code_name(pb: Any, error: Any) -> Optional[str]:
+    """The name of a BLS error's Triton code (``INTERNAL``, ``UNAVAILABLE``, ...), or None
+    for a stub without codes. Triton 2.51 says ``INTERNAL`` for every BLS error
+    (``health`` module docstring); kept for stubs and mocks that pass the code on."""
+    try:
+        code = error.code()
+    except AttributeError:
+        return None
+    for name in ("UNAVAILABLE", "NOT_FOUND", "INTERNAL"):
+        if code == getattr(pb.TritonError, name, object()):
+            return name
+    return None

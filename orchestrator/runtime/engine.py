@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
@@ -42,7 +43,7 @@ from orchestrator.runtime.request import CallOptions, RequestContext, Result, Wo
 # may block the event loop (the router then uses the blocking BLS ``exec``).
 # ``options``: the call's trace and timeout (``CallOptions``).
 InferFn = Callable[
-    [str, Dict[str, np.ndarray], Optional[dict], str, bool, CallOptions], Awaitable[Dict[str, np.ndarray]]
+    [str, Dict[str, NDArray[Any]], Optional[Dict[str, Any]], str, bool, CallOptions], Awaitable[Dict[str, NDArray[Any]]]
 ]
 
 _SAME = object()  # Engine.fork: keep this engine's value
@@ -77,16 +78,17 @@ class Engine:
         models: Optional[ModelManager] = None,
         model_dir: Optional[Path] = None,
         shadow_infer: Optional[InferFn] = None,
-        logger=None,
+        logger: Any = None,
         clock: Callable[[], float] = time.monotonic,
-    ):
+    ) -> None:
         self.policy = policy
         self.clock = clock
         self.costs: Dict[str, float] = {}  # node name -> estimated run time, seconds (shared by forks)
         if policy.head is None:  # not bound to a repository: every model has the legacy head
             bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
+        assert policy.head is not None, "bind_heads sets it"
         self.head: Head = policy.head
-        self.tokenizers: Dict[str, object] = {}
+        self.tokenizers: Dict[str, Any] = {}  # transformers tokenizers by tokenizer model
         self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
         self.token_kinds = policy.tokenizers()
         if policy.inline_tokenizer:
@@ -130,18 +132,19 @@ class Engine:
         if self.metrics:
             self.metrics.inc(family, value, **labels)
 
-    def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
+    def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
         self.counter += 1
         return Item(-self.counter, parent.req, parent.text, parent.threshold, parent.params, parent.request_id,
                     {tokenizer: ids}, parent.context)
 
-    def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
+    def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed
         ones of a constant or vote, else the head's rule at the item's thresholds."""
         if answer.verdict is not None:
             return np.asarray(answer.verdict, dtype=bool)
-        return self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
+        verdicts: NDArray[Any] = self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
+        return verdicts
 
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
@@ -275,7 +278,7 @@ class Engine:
                 it.tokens[tokenizer] = np.asarray(ids, dtype=np.int64)
             return
 
-        def inputs(part):
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
             return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
 
         outs = await self._batched(tokenizer, todo, inputs, {"truncation": False})
@@ -286,7 +289,7 @@ class Engine:
                 todo[k].tokens[tokenizer] = ids[row, : int(lengths[row])]
                 k += 1
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> np.ndarray:
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
         """Logits (float32 [len(items), head.num_logits]) of ``model`` (a name or
         ``name@version``): the ids of the head's tokenizer, truncated to ``max_length``
         tokens, rows sorted by length and padded per call with the head's ``pad_token_id``.
@@ -300,7 +303,7 @@ class Engine:
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
         ordered = [items[i] for i in order]
 
-        def inputs(part):
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
             width = max(seqs[order[i]].shape[0] for i in part)
             ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)
@@ -325,15 +328,15 @@ class Engine:
                 raise DownstreamError(
                     f"model '{model}' answered {part.shape[1]} logit columns, but its head has {head.num_logits} "
                     f"({head.describe()}); a model without head.json is served as one logit: export it with "
-                    "'orchestrator export' or write its head.json",
-                    retryable=False,
+                    "'orchestrator export' or write its head.json"
                 )
         logits[order] = np.concatenate(parts)
         return logits
 
     # -- internals
 
-    async def _batched(self, model: str, items: Sequence[Item], make_inputs, parameters: Optional[dict]) -> list:
+    async def _batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
+                       parameters: Optional[Dict[str, Any]]) -> List[Dict[str, NDArray[Any]]]:
         """Send ``items`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``
         rows; ``make_inputs(row indices)`` builds one call's tensors.
 
@@ -365,10 +368,10 @@ class Engine:
         self._arrived(items)
         for part, out in zip(parts, outs):
             for output, value in out.items():
-                rows = value.shape[0] if np.ndim(value) else 0
-                if rows != len(part):
+                answered = value.shape[0] if np.ndim(value) else 0
+                if answered != len(part):
                     raise DownstreamError(
-                        f"model '{model}' answered {rows} rows of '{output}' for {len(part)} input rows "
+                        f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "
                         "(with Triton's response cache: a cached answer of a request with the same input bytes "
                         "and another shape)"
                     )

@@ -1,10 +1,25 @@
-"""The runtime's errors: what a request, a policy file or a downstream model did wrong.
+"""The runtime's errors: what a request, a policy file, a downstream model or the server's
+control API did wrong.
 
 Each message names the culprit (the input and element, the policy key's location, the
-model or node) so that it can be returned to the client or logged as it is.
+model or node) so that it can be returned to the client or logged as it is. Each error a
+request can end with has one Triton error code (:attr:`InputError.code`,
+:attr:`DownstreamError.code`), which the router answers with (``router``):
+
+- :class:`InputError` (``INVALID_ARG``): the request is malformed or over a ``limits``
+  bound;
+- :class:`UnavailableError` (``UNAVAILABLE``): a model cannot serve now (:class:`Cause`);
+- :class:`DownstreamError` (``INTERNAL``): a model failed or answered something the
+  policy cannot use, or a node timed out.
+
+``UNAVAILABLE`` is the code gRPC clients (and Triton's own clients) treat as "try again
+later"; ``INTERNAL`` is not.
 """
 
 from __future__ import annotations
+
+from enum import Enum
+from typing import ClassVar
 
 
 class InputError(ValueError):
@@ -12,6 +27,9 @@ class InputError(ValueError):
 
     The Python-backend models turn it into a per-request ``INVALID_ARG`` error response.
     """
+
+    #: The Triton error code (``pb_utils.TritonError`` constant name) of the response.
+    code: ClassVar[str] = "INVALID_ARG"
 
 
 class LimitError(InputError):
@@ -29,25 +47,67 @@ class PolicyError(ValueError):
 
 
 class DownstreamError(RuntimeError):
-    """A BLS call failed, a node timed out or a model is unavailable; the message names
-    the model or node. The router turns it into an ``INTERNAL`` error response unless a
-    ``fallback`` node answers instead.
-
-    ``retryable`` is False when retrying the same call cannot help (the model's circuit
-    is open, the model is in no repository, its stub is not healthy): the router then
-    does not retry the requests one by one.
+    """A BLS call failed, a model answered something the policy cannot use, or a node
+    timed out; the message names the model or node. The router turns it into an
+    ``INTERNAL`` error response unless a ``fallback`` node answers instead.
     """
 
-    def __init__(self, message: str, *, retryable: bool = True):
+    #: The Triton error code (``pb_utils.TritonError`` constant name) of the response.
+    code: ClassVar[str] = "INTERNAL"
+
+
+class Cause(Enum):
+    """Why a model cannot serve (:class:`UnavailableError`)."""
+
+    #: Its Python-backend stub process exited or hangs (python_backend's
+    #: ``Stub process '<instance>' is not healthy.``, or ``stubs.StubWatch`` saw it exit).
+    STUB_DEAD = "stub_dead"
+    #: The server reports it not ready, unloaded or unknown.
+    NOT_READY = "not_ready"
+    #: Its circuit is open (``health.CircuitBreaker``): it failed just now.
+    CIRCUIT_OPEN = "circuit_open"
+    #: An on-demand load failed, or on-demand loading is unavailable (``ondemand``).
+    NOT_LOADED = "not_loaded"
+
+
+class UnavailableError(DownstreamError):
+    """A model cannot serve now (``cause``); retrying the same call at once cannot help.
+
+    Raised by ``health.CircuitBreaker`` (open circuit, dead stub, an error text that says
+    the model is not ready), ``downstream.Downstream`` and ``ondemand.ModelManager`` (a
+    failed load). The router answers ``UNAVAILABLE`` (clients may retry later) unless a
+    ``fallback`` node answers instead; the router's per-request retries after a failed
+    batch do not call such a model again (its circuit is open, or its load is in
+    back-off).
+    """
+
+    code: ClassVar[str] = "UNAVAILABLE"
+
+    def __init__(self, message: str, cause: Cause):
         super().__init__(message)
-        self.retryable = retryable
+        self.cause = cause
+
+
+class ControlError(RuntimeError):
+    """A load, unload or config request to the server's repository API failed; the
+    message is the server's (``control.RepositoryControl``).
+
+    Attributes:
+        refused: True when the server refused the request for want of the restricted
+            API's key (HTTP 403, gRPC "This protocol is restricted"), not because the
+            model failed.
+    """
+
+    def __init__(self, message: str, refused: bool = False):
+        super().__init__(message)
+        self.refused = refused
 
 
 class RequestStopped(Exception):
     """A request the router stopped before its answer was complete; ``code`` names the
     ``pb_utils.TritonError`` code of its one error response."""
 
-    code = "INTERNAL"
+    code: ClassVar[str] = "INTERNAL"
 
 
 class RequestCancelled(RequestStopped):
@@ -56,7 +116,7 @@ class RequestCancelled(RequestStopped):
     ``TritonError.CANCELLED``), the code Triton itself gives a request cancelled in its
     queue (core r24.10 ``DynamicBatchScheduler``)."""
 
-    code = "CANCELLED"
+    code: ClassVar[str] = "CANCELLED"
 
 
 class DeadlineExceeded(RequestStopped):
@@ -64,4 +124,4 @@ class DeadlineExceeded(RequestStopped):
     ``UNAVAILABLE``, the code of Triton's own queue timeout (core r24.10
     ``PolicyQueue``: "Request timeout expired")."""
 
-    code = "UNAVAILABLE"
+    code: ClassVar[str] = "UNAVAILABLE"

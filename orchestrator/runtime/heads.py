@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.scores import sigmoid
 
@@ -80,7 +81,7 @@ class Head:
     problem_type: Optional[str] = None
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "labels", tuple(str(x) for x in self.labels))
         k = len(self.labels)
         if self.kind not in HEAD_KINDS:
@@ -126,7 +127,7 @@ class Head:
 
     # -- answers
 
-    def probabilities(self, logits: np.ndarray, shift: Union[float, np.ndarray] = 0.0) -> np.ndarray:
+    def probabilities(self, logits: NDArray[Any], shift: Union[float, NDArray[Any]] = 0.0) -> NDArray[Any]:
         """Probabilities float64 [N, columns] from logits [N, num_logits] (any float dtype).
 
         ``shift``: added to the binary score (the positive logit, or the difference of
@@ -146,14 +147,15 @@ class Head:
         if self.kind == MULTILABEL:
             return sigmoid(z + np.asarray(shift, dtype=np.float64))
         e = np.exp(z - z.max(axis=1, keepdims=True))
-        return e / e.sum(axis=1, keepdims=True)
+        softmax: NDArray[Any] = e / e.sum(axis=1, keepdims=True)
+        return softmax
 
-    def thresholds(self, thresholds: np.ndarray, rows: int) -> np.ndarray:
+    def thresholds(self, thresholds: NDArray[Any], rows: int) -> NDArray[Any]:
         """Thresholds float64 [rows, columns] from [rows, 1] (broadcast) or [rows, columns]."""
         t = np.asarray(thresholds, dtype=np.float64).reshape(rows, -1)
         return np.broadcast_to(t, (rows, self.columns)) if t.shape[1] == 1 else t
 
-    def verdicts(self, probabilities: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    def verdicts(self, probabilities: NDArray[Any], thresholds: NDArray[Any]) -> NDArray[Any]:
         """VERDICTS bool [N, columns] for probabilities [N, columns] and thresholds [N, 1]
         or [N, columns] (the module table). Compared in float32, as clients see them."""
         p = np.asarray(probabilities, dtype=np.float32).reshape(-1, self.columns)
@@ -165,7 +167,7 @@ class Head:
             v &= top
         return v
 
-    def unsure(self, probabilities: np.ndarray, thresholds: np.ndarray, margin: float) -> np.ndarray:
+    def unsure(self, probabilities: NDArray[Any], thresholds: NDArray[Any], margin: float) -> NDArray[Any]:
         """Whether each text's answer is within ``margin`` of a decision: bool [N] for
         probabilities [N, columns] (or one text's [columns]: a 0-d bool) and thresholds
         [N, 1] or [N, columns] (or [1]/[columns]). Binary: ``|p - t| < margin``;
@@ -181,23 +183,24 @@ class Head:
             out = (np.abs(p - self.thresholds(thresholds, p.shape[0])) < margin).any(axis=1)
         return out[0] if single else out
 
-    def flipped(self, a: np.ndarray, verdicts_a: np.ndarray, b: np.ndarray, verdicts_b: np.ndarray) -> bool:
+    def flipped(self, a: NDArray[Any], verdicts_a: NDArray[Any], b: NDArray[Any], verdicts_b: NDArray[Any]) -> bool:
         """Whether two answers of one text disagree: multiclass, another top label;
         otherwise another verdict in some column (shadow and parity flips)."""
         if self.kind == MULTICLASS:
             return int(np.argmax(a)) != int(np.argmax(b))
         return bool((np.asarray(verdicts_a) != np.asarray(verdicts_b)).any())
 
-    def combine(self, probabilities: Sequence[np.ndarray], how: str, weights: Optional[Sequence[float]] = None) -> np.ndarray:
+    def combine(self, probabilities: Sequence[NDArray[Any]], how: str, weights: Optional[Sequence[float]] = None) -> NDArray[Any]:
         """Several answers of one text (each [columns]) as one, column by column: ``mean``
         (weighted by ``weights`` when given) or ``max`` (renormalized to sum 1 for
         multiclass heads, so the answer stays a distribution)."""
         p = np.stack([np.asarray(x, dtype=np.float64).reshape(-1) for x in probabilities])
         if how == "max":
-            out = p.max(axis=0)
+            out: NDArray[Any] = p.max(axis=0)
             return out / out.sum() if self.kind == MULTICLASS else out
         w = np.ones(p.shape[0]) if weights is None else np.asarray(weights, dtype=np.float64)
-        return (p * w[:, None]).sum(axis=0) / w.sum()
+        mean: NDArray[Any] = (p * w[:, None]).sum(axis=0) / w.sum()
+        return mean
 
     # -- files and parameters
 
@@ -271,7 +274,7 @@ def head_from_hf_config(
     n = int(config.num_labels)
     id2label = getattr(config, "id2label", None) or {}
     labels = tuple(str(id2label.get(i, id2label.get(str(i), f"LABEL_{i}"))) for i in range(n))
-    common = dict(labels=labels, tokenizer=tokenizer, pad_token_id=int(pad_token_id), max_length=int(max_length), problem_type=problem)
+    common: Dict[str, Any] = dict(labels=labels, tokenizer=tokenizer, pad_token_id=int(pad_token_id), max_length=int(max_length), problem_type=problem)
     if problem == "regression":
         raise HeadError("problem_type 'regression': a regression head has no labels to classify into")
     if positive_label is not None and positive_label not in labels:

@@ -7,7 +7,14 @@ the circuit is HALF-OPEN and a single probe call decides: success closes it, fai
 it again. A failure that says the model cannot serve at all opens the circuit at once:
 its stub process is not healthy (Triton 2.51 keeps such a model READY and fails every call
 to it after about 1 s, see docs/reliability.md), or the model is not ready, unloaded or
-unknown. Errors a retry cannot cure are raised as ``DownstreamError(retryable=False)``.
+unknown. Such failures are raised as ``errors.UnavailableError`` with their
+``errors.Cause``; other failures stay ``errors.DownstreamError``.
+
+Classifying a BLS error: Triton 2.51's python_backend (r24.10) gives every BLS error
+response the code ``INTERNAL`` (``request_executor.cc`` and ``infer_request.cc`` build the
+``PbError`` from the message alone; ``THROW_IF_TRITON_ERROR`` keeps only the text), so
+:func:`classify` falls back to the error texts of core and python_backend where no code
+(other than ``INTERNAL``) comes with the error.
 
 When a circuit opens because the model's stub is not healthy, ``on_unhealthy`` is called
 with the model's name (the router reloads the model there, see ``ondemand.ModelManager``);
@@ -25,18 +32,36 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from enum import Enum
+from typing import Awaitable, Callable, Dict, Optional, Tuple, TypeVar
 
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
-#: The ``orchestrator_circuit_state`` gauge's value for each state.
-STATE_VALUES = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+T = TypeVar("T")
 
-# Error texts (Triton 2.51 core and python_backend) that mean the model cannot serve.
+
+class CircuitState(str, Enum):
+    """A model's circuit state; the value is the label of the
+    ``orchestrator_circuit_transitions_total`` counter and of log lines."""
+
+    CLOSED = "closed"
+    OPEN = "open"
+    HALF_OPEN = "half_open"
+
+    @property
+    def gauge(self) -> int:
+        """The ``orchestrator_circuit_state`` gauge's value: 0 closed, 1 open, 2 half-open."""
+        return STATE_VALUES[self]
+
+
+CLOSED, OPEN, HALF_OPEN = CircuitState.CLOSED, CircuitState.OPEN, CircuitState.HALF_OPEN
+#: The ``orchestrator_circuit_state`` gauge's value for each state (docs/metrics: 0, 1, 2).
+STATE_VALUES: Dict[CircuitState, int] = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
+
+# Error texts (Triton 2.51 core and python_backend) that mean the model cannot serve; the
+# code of a 2.51 BLS error is always INTERNAL (module docstring), so the text decides.
 _STUB_DEAD = ("is not healthy", "Failed to obtain the health mutex")
 _NOT_READY = ("is not ready", "not at ready state", "unavailable", "not found", "unknown model", "is not loaded")
-_UNAVAILABLE = _STUB_DEAD + _NOT_READY
 #: Seconds between two ``ready_check`` calls for one open circuit.
 READY_CHECK_INTERVAL_S = 0.5
 #: The cool-down (seconds, if longer than ``open_s``) of a circuit whose model is being
@@ -51,10 +76,29 @@ def stub_is_dead(message: str) -> bool:
     return any(s in message for s in _STUB_DEAD)
 
 
-def is_unavailable(message: str) -> bool:
-    """True when a BLS error says the model cannot serve any request now (dead stub, not
-    ready, unloaded, unknown), so retrying the same call at once cannot help."""
-    return any(s in message for s in _UNAVAILABLE)
+def classify(message: str, code: Optional[str] = None) -> Optional[Cause]:
+    """Why a BLS error says the model cannot serve, or None when it can (an ordinary
+    failure).
+
+    Args:
+        message: the error text.
+        code: the error's Triton code name (``TritonError.code()``), if known. ``UNAVAILABLE``
+            and ``NOT_FOUND`` mean not ready; ``INTERNAL`` (what every 2.51 BLS error
+            response says, module docstring) or None fall back to the text.
+    """
+    if stub_is_dead(message):
+        return Cause.STUB_DEAD
+    if code in ("UNAVAILABLE", "NOT_FOUND") or any(s in message for s in _NOT_READY):
+        return Cause.NOT_READY
+    return None
+
+
+def cause_of(error: BaseException) -> Optional[Cause]:
+    """The :class:`~orchestrator.runtime.errors.Cause` of an error that says its model
+    cannot serve (its own, or from its text), else None."""
+    if isinstance(error, UnavailableError):
+        return error.cause
+    return classify(str(error))
 
 
 @dataclass(frozen=True)
@@ -85,10 +129,11 @@ class BreakerSettings:
 
 @dataclass
 class _Circuit:
-    state: str = CLOSED
+    state: CircuitState = CLOSED
     failures: int = 0
     opened_at: float = 0.0
     last_error: str = ""
+    last_cause: Optional[Cause] = None
     probing: bool = False
     checked_at: float = float("-inf")
     repairing: bool = False
@@ -113,8 +158,8 @@ class CircuitBreaker:
     def __init__(
         self,
         settings: BreakerSettings,
-        on_change: Optional[Callable[[str, str, str, str], None]] = None,
-        on_unhealthy: Optional[Callable[[str], None]] = None,
+        on_change: Optional[Callable[[str, CircuitState, CircuitState, str], None]] = None,
+        on_unhealthy: Optional[Callable[[str], bool]] = None,
         ready_check: Optional[Callable[[str], bool]] = None,
         clock: Callable[[], float] = time.monotonic,
         stub_check: Optional[Callable[[str], Optional[str]]] = None,
@@ -128,7 +173,7 @@ class CircuitBreaker:
         self.circuits: Dict[str, _Circuit] = {}
         self.lock = threading.Lock()
 
-    def state(self, model: str) -> str:
+    def state(self, model: str) -> CircuitState:
         """The model's circuit state now (an open circuit whose cool-down is over reads
         ``half_open``)."""
         with self.lock:
@@ -146,10 +191,10 @@ class CircuitBreaker:
         """Let a call to ``model`` through, or fail it fast.
 
         Raises:
-            DownstreamError: (not retryable) the circuit is open, or half-open with its
-                probe call in flight.
+            UnavailableError: (``Cause.CIRCUIT_OPEN``) the circuit is open, or half-open
+                with its probe call in flight.
         """
-        change = None
+        change: Optional[Tuple[CircuitState, CircuitState]] = None
         with self.lock:
             c = self.circuits.setdefault(model, _Circuit())
             if c.state == CLOSED:
@@ -165,15 +210,15 @@ class CircuitBreaker:
                 c.probing = True
             else:
                 wait = f"next probe in {left:.1f} s" if c.state == OPEN else "a probe call is in flight"
-                raise DownstreamError(
-                    f"model '{model}' is unavailable (circuit open, {wait}; last error: {c.last_error})", retryable=False
+                raise UnavailableError(
+                    f"model '{model}' is unavailable (circuit open, {wait}; last error: {c.last_error})", Cause.CIRCUIT_OPEN
                 )
         if change:
             self._changed(model, *change, "cool-down over, probing")
 
     def _back(self, model: str, c: _Circuit, now: float) -> bool:
         """True when a circuit opened for a not-ready model finds it ready again."""
-        if self.ready_check is None or stub_is_dead(c.last_error) or not any(s in c.last_error for s in _NOT_READY):
+        if self.ready_check is None or c.last_cause is not Cause.NOT_READY:
             return False
         if now - c.checked_at < READY_CHECK_INTERVAL_S:
             return False
@@ -185,7 +230,7 @@ class CircuitBreaker:
 
     def on_success(self, model: str) -> None:
         """Record a successful call: the circuit closes."""
-        change = None
+        change: Optional[Tuple[CircuitState, CircuitState]] = None
         with self.lock:
             c = self.circuits.get(model)
             if c is None:
@@ -197,21 +242,23 @@ class CircuitBreaker:
         if change:
             self._changed(model, *change, "a call succeeded")
 
-    def on_failure(self, model: str, message: str) -> None:
-        """Record a failed call (``message``: the error text)."""
-        opened = None
+    def on_failure(self, model: str, message: str, cause: Optional[Cause] = None) -> None:
+        """Record a failed call (``message``: the error text; ``cause``: why the model
+        cannot serve, None: read from the text, :func:`classify`)."""
+        cause = classify(message) if cause is None else cause
+        opened: Optional[CircuitState] = None
         with self.lock:
             c = self.circuits.setdefault(model, _Circuit())
             c.failures += 1
-            c.last_error = message
+            c.last_error, c.last_cause = message, cause
             c.probing = False
-            if c.state == HALF_OPEN or is_unavailable(message) or c.failures >= self.settings.consecutive_failures:
+            if c.state == HALF_OPEN or cause is not None or c.failures >= self.settings.consecutive_failures:
                 if c.state != OPEN:
                     opened = c.state
                 c.state, c.opened_at = OPEN, self.clock()
         if opened is not None:
             self._changed(model, opened, OPEN, message)
-        if opened is not None and stub_is_dead(message) and self.on_unhealthy:
+        if opened is not None and cause is Cause.STUB_DEAD and self.on_unhealthy:
             if self.on_unhealthy(model):
                 with self.lock:
                     c.repairing = c.state == OPEN
@@ -225,30 +272,32 @@ class CircuitBreaker:
                 if c.state == OPEN:
                     c.opened_at = self.clock() - self.settings.open_s
 
-    def _changed(self, model: str, old: str, new: str, reason: str) -> None:
+    def _changed(self, model: str, old: CircuitState, new: CircuitState, reason: str) -> None:
         if self.on_change:
             self.on_change(model, old, new, reason)
 
-    async def call(self, model: str, coro_factory: Callable[[], "asyncio.Future"]):
+    async def call(self, model: str, coro_factory: Callable[[], Awaitable[T]]) -> T:
         """Run one downstream call under the breaker: ``coro_factory()`` is awaited only
         when the circuit lets it through; a DownstreamError or a cancellation (a node's
         ``timeout_ms``) counts as a failure.
 
         Raises:
-            DownstreamError: failed fast (circuit open) or the call failed; an error that
-                says the model is unavailable comes back with ``retryable=False``.
+            UnavailableError: failed fast (circuit open, stub exited), or the call failed
+                with an error that says the model cannot serve (:func:`cause_of`).
+            DownstreamError: the call failed otherwise.
         """
         self.before_call(model)
         dead = self.stub_check(model) if self.stub_check else None
         if dead:  # as python_backend would say it, 1 s later
-            self.on_failure(model, dead)
-            raise DownstreamError(dead, retryable=False)
+            self.on_failure(model, dead, Cause.STUB_DEAD)
+            raise UnavailableError(dead, Cause.STUB_DEAD)
         try:
             result = await coro_factory()
         except DownstreamError as exc:
-            self.on_failure(model, str(exc))
-            if is_unavailable(str(exc)):
-                exc.retryable = False
+            cause = cause_of(exc)
+            self.on_failure(model, str(exc), cause)
+            if cause is not None and not isinstance(exc, UnavailableError):
+                raise UnavailableError(str(exc), cause) from exc
             raise
         except asyncio.CancelledError:
             self.on_failure(model, "the call was cancelled (node timeout)")

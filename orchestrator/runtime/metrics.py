@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Dict
+from typing import Any, Dict, List, Tuple
+
+#: A series' labels other than ``router``: sorted ``(name, value)`` pairs.
+Labels = Tuple[Tuple[str, str], ...]
 
 # Latency histogram buckets in seconds: 1 ms to 10 s, roughly x2.5 apart.
 LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -89,14 +92,14 @@ class Metrics:
         ),
     }
 
-    def __init__(self, pb, router_name: str, flush_interval_s: float = 0.5):
+    def __init__(self, pb: Any, router_name: str, flush_interval_s: float = 0.5):
         self.router = router_name
         self.families = {}
-        self.metrics = {}
+        self.metrics: Dict[Tuple[str, Labels], Any] = {}  # pb_utils.Metric by (family, labels)
         self.lock = threading.Lock()
-        self.counts: Dict[tuple, float] = {}
-        self.observations: Dict[tuple, list] = {}
-        self.gauges: Dict[tuple, float] = {}
+        self.counts: Dict[Tuple[str, Labels], float] = {}
+        self.observations: Dict[Tuple[str, Labels], List[float]] = {}
+        self.gauges: Dict[Tuple[str, Labels], float] = {}
         self.stop = threading.Event()
         family = getattr(pb, "MetricFamily", None)
         if family is None:
@@ -111,7 +114,7 @@ class Metrics:
         self.flusher = threading.Thread(target=self._flush_loop, args=(flush_interval_s,), name="orchestrator-metrics", daemon=True)
         self.flusher.start()
 
-    def _metric(self, key):
+    def _metric(self, key: Tuple[str, Labels]) -> Any:
         family, labels = key
         m = self.metrics.get(key)
         if m is None:
@@ -123,21 +126,21 @@ class Metrics:
             self.metrics[key] = m
         return m
 
-    def inc(self, family: str, value: float = 1.0, **labels) -> None:
+    def inc(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to counter ``family`` (sent at the next flush)."""
         if family in self.families and value:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.counts[key] = self.counts.get(key, 0.0) + value
 
-    def observe(self, family: str, value: float, **labels) -> None:
+    def observe(self, family: str, value: float, **labels: str) -> None:
         """Add one observation to histogram ``family`` (sent at the next flush)."""
         if family in self.families:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.observations.setdefault(key, []).append(value)
 
-    def set(self, family: str, value: float, **labels) -> None:
+    def set(self, family: str, value: float, **labels: str) -> None:
         """Set gauge ``family`` to ``value`` (sent at the next flush; the last value wins)."""
         if family in self.families:
             key = (family, tuple(sorted(labels.items())))

@@ -30,9 +30,10 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.nodes.base import Answers, Item
 
@@ -47,20 +48,20 @@ class Mirror:
             node is logged as a warning, later ones only counted.
     """
 
-    def __init__(self, engine, metrics=None, logger=None):
+    def __init__(self, engine: Any, metrics: Optional[Any] = None, logger: Optional[Any] = None):
         self.engine = engine
         self.metrics = metrics
         self.logger = logger
-        self.jobs: "queue.SimpleQueue[Optional[tuple]]" = queue.SimpleQueue()
+        self.jobs: "queue.SimpleQueue[Optional[Tuple[Any, ...]]]" = queue.SimpleQueue()
         self.lock = threading.Condition()
         self.pending: Dict[str, int] = {}
-        self.logged: set = set()
+        self.logged: Set[str] = set()
         self.thread: Optional[threading.Thread] = None
         self.closed = False
 
     # -- request path
 
-    def submit(self, node, items: List[Item], answers: Answers) -> bool:
+    def submit(self, node: Any, items: List[Item], answers: Answers) -> bool:
         """Queue ``items`` (answered by ``node.primary`` with ``answers``) for ``node``'s
         candidate; returns False when they were dropped (queue full or closed)."""
         labels = {"node": node.name, "candidate": node.candidate.name}
@@ -102,7 +103,7 @@ class Mirror:
             loop.run_until_complete(loop.shutdown_default_executor())  # async_exec's threads
             loop.close()
 
-    async def _compare(self, node, items: List[Item], primary: List[Tuple[np.ndarray, np.ndarray]]) -> None:
+    async def _compare(self, node: Any, items: List[Item], primary: List[Tuple[NDArray[Any], NDArray[Any]]]) -> None:
         labels = {"node": node.name, "candidate": node.candidate.name}
         try:
             answers = await self.engine.run_node(node.candidate, items)

@@ -10,10 +10,10 @@ import errno
 import socket
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set, Tuple
 
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.control import RepositoryControl, ServerOptions
+from orchestrator.runtime.errors import Cause, ControlError, UnavailableError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.stubs import StubWatch
@@ -61,15 +61,15 @@ class ModelManager:
 
     def __init__(
         self,
-        pb,
+        pb: Any,
         on_demand: Mapping[str, OnDemand],
         metrics: Metrics,
-        logger,
+        logger: Any,
         server: Optional[ServerOptions] = None,
         repair_interval_s: float = 30.0,
-        on_repaired=None,
+        on_repaired: Optional[Callable[[str], None]] = None,
         stubs: Optional[StubWatch] = None,
-        control_api=None,
+        control_api: Optional[Any] = None,
         verify_s: float = 10.0,
         retry_s: float = 1.0,
     ):
@@ -87,10 +87,10 @@ class ModelManager:
         self.enabled = bool(self.settings)
         if self.enabled and not self.control:
             self._disable(f"the server runs with --model-control-mode={self.server.mode}; pb_utils.load_model needs explicit")
-        self.ours = set()
+        self.ours: Set[str] = set()
         self.last_used: Dict[str, float] = {}
         self.in_use: Dict[str, int] = {m: 0 for m in self.settings}
-        self.failed: Dict[str, tuple] = {}  # model -> (monotonic time, message)
+        self.failed: Dict[str, Tuple[float, str]] = {}  # model -> (monotonic time, message)
         self.guard = threading.Lock()
         self.loading: Dict[str, threading.Event] = {}
         self.stop = threading.Event()
@@ -105,11 +105,11 @@ class ModelManager:
         self.control = False
         self.logger.log_warn(f"router: on-demand loading is unavailable ({reason}); treating {sorted(self.settings)} as always loaded")
 
-    def _load_failed(self, model: str, message: str) -> DownstreamError:
+    def _load_failed(self, model: str, message: str) -> UnavailableError:
         """Record a failed load (no retry before ``retry_after_s``); the error to raise. Hold ``guard``."""
         self.failed[model] = (time.monotonic(), message)
         self.metrics.inc("orchestrator_model_loads_total", model=model, outcome="failure")
-        return DownstreamError(f"model '{model}' failed to load: {message}")
+        return UnavailableError(f"model '{model}' failed to load: {message}", Cause.NOT_LOADED)
 
     def _load_blocking(self, model: str) -> None:
         """Load ``model`` unless ready; one thread loads, the others wait for it."""
@@ -122,7 +122,9 @@ class ModelManager:
                     failed = self.failed.get(model)
                     if failed and time.monotonic() - failed[0] < self.settings[model].retry_after_s:
                         wait = self.settings[model].retry_after_s - (time.monotonic() - failed[0])
-                        raise DownstreamError(f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)")
+                        raise UnavailableError(
+                            f"model '{model}' failed to load: {failed[1]} (next try in {wait:.0f} s)", Cause.NOT_LOADED
+                        )
                     missing = self.server.missing(model)
                     if missing:  # a load request that must fail can crash the server (ServerOptions)
                         raise self._load_failed(model, missing)
@@ -137,7 +139,9 @@ class ModelManager:
                 self.loading.pop(model).set()
                 if "explicit model load" in message or "not allowed" in message:
                     self._disable(message)
-                    raise DownstreamError(f"model '{model}' is not ready and on-demand loading is unavailable: {message}") from None
+                    raise UnavailableError(
+                        f"model '{model}' is not ready and on-demand loading is unavailable: {message}", Cause.NOT_LOADED
+                    ) from None
                 raise self._load_failed(model, message) from None
         with self.guard:
             self.ours.add(model)

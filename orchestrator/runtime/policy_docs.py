@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime.nodes.base import Node
@@ -60,7 +60,7 @@ def _json_schema(top: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> D
         d["properties"]["kind"] = {"const": k, "description": doc}
         d["description"] = doc
         definitions[k] = d
-    out = {
+    out: Dict[str, Any] = {
         "$schema": "http://json-schema.org/draft-07/schema#",
         "title": "orchestrator routing policy",
         "description": "The router's routing policy (model_repository/router/policy.yaml). Generated from "
@@ -82,7 +82,7 @@ def _table(struct: Struct) -> List[str]:
     return lines
 
 
-def _nested(struct: Struct, seen: set, level: str) -> List[str]:
+def _nested(struct: Struct, seen: Set[str], level: str) -> List[str]:
     out: List[str] = []
     for k in struct.keys:
         for inner in k.type.structs():
@@ -112,7 +112,7 @@ def _markdown(top: Struct, common: Struct, node_kinds: Mapping[str, Tuple[str, S
         "## Top level",
         "",
     ]
-    seen: set = set()
+    seen: Set[str] = set()
     lines += _table(top) + _nested(top, seen, "###")
     lines += ["", "## Node kinds", "", "Keys every node has:", ""] + _table(common)
     for name, (doc, struct) in node_kinds.items():

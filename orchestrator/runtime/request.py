@@ -13,9 +13,10 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, Sequence, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import InputError, LimitError
 from orchestrator.runtime.validation import check_thresholds, decode_texts, parse_bool
@@ -120,7 +121,7 @@ class Work:
     """
 
     texts: List[str]
-    thresholds: np.ndarray
+    thresholds: NDArray[Any]
     parameters: Mapping[str, object]
     request_id: str = ""
     describe: bool = False
@@ -132,8 +133,8 @@ class Result:
     """One request's answer: PROBABILITIES float32 [N, C], VERDICTS bool [N, C], ROUTE [N]
     (C: the policy head's columns, ``heads.Head.columns``)."""
 
-    probabilities: np.ndarray
-    verdicts: np.ndarray
+    probabilities: NDArray[Any]
+    verdicts: NDArray[Any]
     routes: List[str]
 
 
@@ -160,7 +161,7 @@ class Limits:
     max_windows_per_text: int = 256
 
 
-def check_sizes(texts_array: np.ndarray, limits: Limits, name: str = "TEXT") -> None:
+def check_sizes(texts_array: NDArray[Any], limits: Limits, name: str = "TEXT") -> None:
     """Refuse texts over the byte limits before decoding them.
 
     Raises:
@@ -184,7 +185,7 @@ def check_sizes(texts_array: np.ndarray, limits: Limits, name: str = "TEXT") -> 
         )
 
 
-def check_parameters(parameters: Mapping[str, object], exposed: Mapping[str, Sequence[str]], ignored: Sequence[str]) -> dict:
+def check_parameters(parameters: Mapping[str, object], exposed: Mapping[str, Sequence[str]], ignored: Sequence[str]) -> Dict[str, object]:
     """The request parameters the policy declares, validated; ``describe_policy`` and
     parameters matching an ``ignored`` pattern are dropped.
 
@@ -210,8 +211,8 @@ def check_parameters(parameters: Mapping[str, object], exposed: Mapping[str, Seq
 
 
 def parse_request(
-    texts_array: Optional[np.ndarray],
-    thresholds_array: Optional[np.ndarray],
+    texts_array: Optional[NDArray[Any]],
+    thresholds_array: Optional[NDArray[Any]],
     parameters: Optional[Mapping[str, object]] = None,
     exposed: Optional[Mapping[str, Sequence[str]]] = None,
     request_id: str = "",

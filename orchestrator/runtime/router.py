@@ -33,16 +33,19 @@ cannot answer with them (``policy.bind_heads``: heads that disagree, a length ov
 model's maximum), or when its ``PROBABILITIES`` label file (Triton's classification
 extension) names other labels than the policy's head.
 
-Errors: bad input (including a text over the policy's ``limits``) gives that request an
-INVALID_ARG error naming the input (or the request parameter). A failing downstream model
-gives an INTERNAL error naming the model, unless a ``fallback`` node answers instead. When
-requests batched together fail, each is retried alone, all concurrently, so only the
-requests that need the failing model get the error; a model whose circuit is open
-(``health.CircuitBreaker``) is not called again by those retries. A request its client
-cancelled (``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no
-further stage; a request's ``timeout()`` is the budget of its downstream calls, counted
-from the start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines"). Every
-request gets exactly one response.
+Errors (``errors``; each request gets exactly one response, one outcome): bad input
+(including a text over the policy's ``limits``) gives that request an INVALID_ARG error
+naming the input (or the request parameter). A model that cannot serve now (its stub
+died, it is not ready or unloaded, its circuit is open, its on-demand load failed:
+``errors.UnavailableError``) gives an UNAVAILABLE error naming the model, which clients
+may retry later; any other downstream failure gives an INTERNAL error naming the model,
+unless a ``fallback`` node answers instead. When requests batched together fail, each is
+retried alone, all concurrently, so only the requests that need the failing model get the
+error; a model that cannot serve is not called again by those retries (its circuit is
+open, ``health.CircuitBreaker``, or its load is in back-off). A request its client cancelled
+(``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no further
+stage; a request's ``timeout()`` is the budget of its downstream calls, counted from the
+start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines").
 
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
@@ -65,7 +68,7 @@ import asyncio
 import json
 import traceback
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Union, cast
 
 import numpy as np
 
@@ -75,13 +78,14 @@ from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError, RequestStopped
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.policy import bind_heads, load_policy
+from orchestrator.runtime.nodes.model import ModelNode
+from orchestrator.runtime.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.request import POLICY_OUTPUT, RequestContext, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 
-def warmup_executes(config: dict) -> int:
+def warmup_executes(config: Dict[str, Any]) -> int:
     """How many ``execute`` calls Triton's warmup makes on one instance of a model with
     ``config`` (the model configuration as JSON): one per iteration of each sample with
     ``batch_size`` >= 1, ``count`` iterations, at least one (core r24.10
@@ -91,7 +95,7 @@ def warmup_executes(config: dict) -> int:
     return sum(max(1, int(s.get("count", 0) or 0)) for s in samples if int(s.get("batch_size", 0) or 0) >= 1)
 
 
-def check_label_file(model_dir: Path, config: dict, policy, policy_file: Path) -> None:
+def check_label_file(model_dir: Path, config: Dict[str, Any], policy: Policy, policy_file: Path) -> None:
     """Refuse to load (ValueError) when the router's ``PROBABILITIES`` output has a
     ``label_filename`` whose lines differ from the policy head's output labels: Triton's
     classification extension would name the columns wrongly."""
@@ -103,11 +107,13 @@ def check_label_file(model_dir: Path, config: dict, policy, policy_file: Path) -
         found = [ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
     except OSError as exc:
         raise ValueError(f"router: cannot read label file {path}: {exc.strerror}") from None
-    wanted = list(policy.head.output_labels())
+    head = policy.head
+    assert head is not None, "the policy is bound to its heads (bind_heads) before"
+    wanted = list(head.output_labels())
     if found != wanted:
         raise ValueError(
             f"router: label file {path} says {found}, but the policy's models answer {wanted} "
-            f"({policy.head.describe()}); run: orchestrator policy check {policy_file} --repo {model_dir.parent} --write-labels"
+            f"({head.describe()}); run: orchestrator policy check {policy_file} --repo {model_dir.parent} --write-labels"
         )
 
 
@@ -126,7 +132,7 @@ class TritonPythonModel:
     warms up.
     """
 
-    def initialize(self, args):
+    def initialize(self, args: Dict[str, str]) -> None:
         """Read the policy (``ValueError`` if invalid: the model fails to load) and set up
         metrics, circuit breakers, model control and the engine."""
         import triton_python_backend_utils as pb_utils
@@ -138,7 +144,7 @@ class TritonPythonModel:
         path = policy_path(model_dir, config_parameters(config))
         try:
             self.policy = load_policy(path)
-            bind_heads(self.policy, repository_heads(model_dir.parent, [n.model for n in self.policy.model_nodes()]))
+            bind_heads(self.policy, repository_heads(model_dir.parent, [cast(ModelNode, n).model for n in self.policy.model_nodes()]))
         except (PolicyError, HeadError) as exc:
             raise ValueError(f"router: invalid routing policy: {exc}") from None
         check_label_file(model_dir, config, self.policy, path)
@@ -161,7 +167,7 @@ class TritonPythonModel:
                 "(needs --model-control-mode=explicit; otherwise they are treated as always loaded)"
             )
 
-    def finalize(self):
+    def finalize(self) -> None:
         """Stop the background threads and close the event loop."""
         self.engine.close()
         self.downstream.close()
@@ -171,7 +177,7 @@ class TritonPythonModel:
 
     # -- responses
 
-    def _response(self, result: Union[Result, InputError, RequestStopped], describe: bool = False):
+    def _response(self, result: Union[Result, InputError, RequestStopped], describe: bool = False) -> Any:
         if isinstance(result, InputError):
             return self._refuse(result)
         if isinstance(result, RequestStopped):  # cancelled (CANCELLED) or past its deadline (UNAVAILABLE)
@@ -187,20 +193,20 @@ class TritonPythonModel:
             tensors.append(pb.Tensor(POLICY_OUTPUT, np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
         return pb.InferenceResponse(output_tensors=tensors)
 
-    def _error(self, message: str, code: str):
+    def _error(self, message: str, code: str) -> Any:
         from orchestrator.runtime.models._triton import error_response
 
         self.metrics.inc("orchestrator_requests_total", outcome="error")
         return error_response(message, code)
 
-    def _refuse(self, exc: InputError):
+    def _refuse(self, exc: InputError) -> Any:
         if isinstance(exc, LimitError):
             self.metrics.inc("orchestrator_rejected_requests_total", limit=exc.limit)
-        return self._error(f"router: {exc}", "INVALID_ARG")
+        return self._error(f"router: {exc}", exc.code)
 
     # -- execute
 
-    def execute(self, requests):
+    def execute(self, requests: List[Any]) -> List[Any]:
         """One response per request, in order (see the module docstring for errors and
         warmup)."""
         if self.warmups_left > 0:
@@ -209,13 +215,13 @@ class TritonPythonModel:
                 return self.loop.run_until_complete(self._warmup(requests))
         return self.loop.run_until_complete(self._execute(requests))
 
-    def _is_warmup_sample(self, request) -> bool:
+    def _is_warmup_sample(self, request: Any) -> bool:
         """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""
         thr = self.pb.get_input_tensor_by_name(request, "THRESHOLD")
         value = None if thr is None else np.asarray(thr.as_numpy(), dtype=np.float64)
         return value is not None and value.size > 0 and bool(np.isnan(value).all())
 
-    async def _warmup(self, requests):
+    async def _warmup(self, requests: List[Any]) -> List[Any]:
         """Answer Triton's warmup samples (see the module docstring); never an error."""
         warm = self.engine.fork(Downstream.no_infer, models=None, metrics=None)
         answers, notes = [], []
@@ -229,14 +235,14 @@ class TritonPythonModel:
                     raise result
             except Exception as exc:  # the sample's way ends at the first downstream call
                 notes.append(f"{type(exc).__name__}: {exc}")
-                cols = self.policy.head.columns
+                cols = self.engine.head.columns
                 result = Result(np.full((rows, cols), 0.5, np.float32), np.zeros((rows, cols), bool), ["warmup"] * rows)
             answers.append(self._response(result))
         how = f"up to the first downstream call ({'; '.join(notes)})" if notes else "through the policy"
         self.logger.log_info(f"router '{self.name}': warmup sample answered {how}")
         return answers
 
-    def _parse(self, request, threshold: Optional[float] = None, start: Optional[float] = None) -> Work:
+    def _parse(self, request: Any, threshold: Optional[float] = None, start: Optional[float] = None) -> Work:
         """The request's validated work (``threshold``: replaces every THRESHOLD).
 
         ``start``: the engine clock at the start of this ``execute``, from which the
@@ -258,7 +264,7 @@ class TritonPythonModel:
             limits=self.policy.limits,
             ignored=self.policy.ignored_parameters,
             explicit_outputs=None if requested >= self.outputs else requested,
-            columns=self.policy.head.columns,
+            columns=self.engine.head.columns,
         )
         work.context = RequestContext(trace=request.trace())
         timeout_us = int(request.timeout() or 0) if start is not None else 0
@@ -266,8 +272,8 @@ class TritonPythonModel:
         work.context.is_cancelled = request.is_cancelled
         return work
 
-    async def _execute(self, requests):
-        responses: List = [None] * len(requests)
+    async def _execute(self, requests: List[Any]) -> List[Any]:
+        responses: List[Any] = [None] * len(requests)
         works: Dict[int, Work] = {}
         start = self.engine.clock()  # deadlines count from here: the stub cannot see arrival times
         for k, request in enumerate(requests):
@@ -281,7 +287,7 @@ class TritonPythonModel:
                 responses[k] = self._response(result, works[k].describe)
         except DownstreamError as batch_error:
             if len(keys) == 1:
-                responses[keys[0]] = self._error(f"router: {batch_error}", "INTERNAL")
+                responses[keys[0]] = self._error(f"router: {batch_error}", batch_error.code)
             else:  # each request alone, concurrently: only those that need the failing model fail
                 for k, response in zip(keys, await gather(self._alone(works[k]) for k in keys)):
                     responses[k] = response
@@ -293,11 +299,11 @@ class TritonPythonModel:
         self.metrics.inc("orchestrator_requests_total", ok, outcome="success")
         return responses
 
-    async def _alone(self, work: Work):
+    async def _alone(self, work: Work) -> Any:
         try:
             return self._response((await self.engine.run([work]))[0], work.describe)
-        except DownstreamError as exc:
-            return self._error(f"router: {exc}", "INTERNAL")
+        except DownstreamError as exc:  # UNAVAILABLE: the model cannot serve; else INTERNAL
+            return self._error(f"router: {exc}", exc.code)
         except Exception as exc:
             self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
             return self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")

@@ -46,7 +46,7 @@ class _Required:
     def __repr__(self) -> str:
         return "REQUIRED"
 
-    def __deepcopy__(self, memo) -> "_Required":
+    def __deepcopy__(self, memo: Dict[int, Any]) -> "_Required":
         return self
 
 
@@ -115,7 +115,7 @@ class Int(Type):
             raise PolicyError(f"{where}: expected an integer, got {value!r}")
         if not self.low <= value <= self.high:
             raise PolicyError(f"{where}: {value!r} is outside {_bounds(self.low, self.high)}")
-        return value
+        return int(value)
 
     def json(self) -> Dict[str, Any]:
         return {"type": "integer", "minimum": self.low, "maximum": self.high}
@@ -140,7 +140,7 @@ class Number(Type):
         low = self.low if self.low is not None else self.above
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
             raise PolicyError(f"{where}: {value!r} is outside {_bounds(low, self.high)}")
-        return value
+        return float(value)
 
     def json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"type": "number"}
@@ -203,7 +203,7 @@ class Choice(Type):
         value = Str().read(value, where, ctx)
         if value not in self.options:
             raise PolicyError(f"{where}: {value!r}, expected one of {', '.join(self.options)}")
-        return value
+        return str(value)
 
     def json(self) -> Dict[str, Any]:
         return {"type": "string", "enum": list(self.options)}
@@ -274,7 +274,7 @@ class Probabilities(Type):
         return f"{self.item.text()}, or a list of them (one per column of the head)"
 
 
-def _list(value: Any, where: str, minimum: int) -> list:
+def _list(value: Any, where: str, minimum: int) -> List[Any]:
     if not isinstance(value, list):
         raise PolicyError(f"{where}: expected a list, got {_type_name(value)}")
     if len(value) < minimum:
@@ -348,7 +348,7 @@ class ListOf(Type):
         self.item, self.minimum = item, minimum
         self.has_nodes = item.has_nodes
 
-    def read(self, value: Any, where: str, ctx: Any) -> list:
+    def read(self, value: Any, where: str, ctx: Any) -> List[Any]:
         return [self.item.read(v, f"{where}[{i}]", ctx) for i, v in enumerate(_list(value, where, self.minimum))]
 
     def json(self) -> Dict[str, Any]:
@@ -426,7 +426,7 @@ def _resolve(key: Key, target: Optional[type]) -> Key:
         return key
     if f.default is REQUIRED or (f.default is MISSING and f.default_factory is MISSING):
         return _replace(key, required=True)
-    default = f.default if f.default is not MISSING else f.default_factory()
+    default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]  # MISSING ruled out above
     return _replace(key, default=default)
 
 
@@ -445,7 +445,7 @@ class Struct(Type):
         doc: one line for the docs.
     """
 
-    def __init__(self, name: str, keys: Sequence[Key], target: Optional[type] = None, build: Optional[Callable] = None,
+    def __init__(self, name: str, keys: Sequence[Key], target: Optional[type] = None, build: Optional[Callable[..., Any]] = None,
                  always: bool = False, nonempty: Optional[str] = None,
                  one_of: Optional[Tuple[Tuple[str, ...], str]] = None, doc: str = ""):
         self.name, self.target, self.build, self.always = name, target, build, always
@@ -457,7 +457,7 @@ class Struct(Type):
         """The key ``name`` (KeyError: not one of this mapping's)."""
         return next(k for k in self.keys if k.name == name)
 
-    def check(self, value: Any, where: str) -> Mapping:
+    def check(self, value: Any, where: str) -> Mapping[str, Any]:
         """``value`` checked to be a mapping without keys outside :attr:`keys`.
 
         Raises:
@@ -475,7 +475,7 @@ class Struct(Type):
             raise PolicyError(f"{where}: {self.one_of[1]}")
         return value
 
-    def read_key(self, key: Key, value: Mapping, where: str, ctx: Any) -> Any:
+    def read_key(self, key: Key, value: Mapping[str, Any], where: str, ctx: Any) -> Any:
         """The value of ``key`` in the mapping ``value`` (at ``where``): validated, or its
         default when absent.
 

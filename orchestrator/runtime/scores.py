@@ -5,15 +5,17 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 #: Probabilities are clipped to [LOGIT_EPS, 1 - LOGIT_EPS] before :func:`logit`, so a
 #: probability of exactly 0 or 1 (a constant node, a max over windows) has a finite logit.
 LOGIT_EPS = 1e-12
 
 
-def sigmoid(logits) -> np.ndarray:
+def sigmoid(logits: ArrayLike) -> NDArray[Any]:
     """Numerically stable logistic function; float64 in, float64 out, same shape."""
     x = np.asarray(logits, dtype=np.float64)
     out = np.empty_like(x)

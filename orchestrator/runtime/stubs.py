@@ -41,7 +41,7 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.runtime.control import parent_server_argv
 
@@ -57,7 +57,7 @@ RECHECK_S = 0.2
 CHECK_S = 0.02
 
 
-def parse_stub_argv(argv) -> Optional[Tuple[str, str]]:
+def parse_stub_argv(argv: Sequence[str]) -> Optional[Tuple[str, str]]:
     """``(model, instance)`` from a process's command line when it is a Python-backend
     model instance's stub (module docstring), else None (another program, the ``bash`` or
     ``env`` that starts a stub in Triton 2.51, a stub that auto-completes a config)."""
@@ -168,7 +168,7 @@ class StubWatch:
         """Now in clock ticks since boot (:func:`clock_ticks` of this watch's ``/proc``)."""
         return clock_ticks(self.proc)
 
-    def _states(self, model: str) -> list:
+    def _states(self, model: str) -> List[Any]:
         """``(instance, pid, state)`` of the model's known stubs; state ``alive``,
         ``exited`` (a zombie: it died and the server has not reaped it) or ``gone`` (reaped,
         as after an unload or a reload, or no longer the server's child)."""

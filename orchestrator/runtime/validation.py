@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, List, Mapping
+from typing import Any, Dict, List, Mapping
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import InputError
 
 __all__ = ["InputError", "decode_texts", "check_thresholds", "request_parameters", "parse_bool", "config_parameters"]
 
 
-def decode_texts(array: np.ndarray, name: str = "TEXT") -> List[str]:
+def decode_texts(array: NDArray[Any], name: str = "TEXT") -> List[str]:
     """Decode a TYPE_STRING tensor into one Python string per row.
 
     Args:
@@ -56,7 +57,7 @@ def decode_texts(array: np.ndarray, name: str = "TEXT") -> List[str]:
     return texts
 
 
-def check_thresholds(array: np.ndarray, count: int, name: str = "THRESHOLD", columns: int = 1) -> np.ndarray:
+def check_thresholds(array: NDArray[Any], count: int, name: str = "THRESHOLD", columns: int = 1) -> NDArray[Any]:
     """Validate the decision thresholds of ``count`` texts.
 
     Args:
@@ -123,7 +124,7 @@ def parse_bool(value: Any, name: str) -> bool:
     raise InputError(f"parameter {name}: expected true or false, got {value!r}")
 
 
-def config_parameters(model_config: Mapping[str, Any]) -> dict:
+def config_parameters(model_config: Mapping[str, Any]) -> Dict[str, str]:
     """Flatten a model config's ``parameters { key, value { string_value } }`` into str -> str."""
     params = model_config.get("parameters") or {}
     return {key: (val.get("string_value", "") if isinstance(val, Mapping) else str(val)) for key, val in params.items()}

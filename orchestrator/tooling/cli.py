@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command
     from orchestrator.tooling.modeling.parity import add_parity_arguments, parity_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command
-    from orchestrator.tooling.soak import add_soak_arguments, soak_command
+    from orchestrator.tooling.soak.command import add_soak_arguments, soak_command
 
     add_subcommand(sub, "policy", "check a routing policy file, or show the one a router runs", add_policy_arguments, policy_command)
     add_subcommand(sub, "env", "build, verify and install the models' execution environment", add_env_arguments, env_command)

@@ -114,3 +114,17 @@ def test_request_ids_reach_every_bls_call(mock, monkeypatch):
     mock.infer("router", inputs(TEXTS), request_id="trace-7", parameters={"route": "accurate"})
     assert seen and all(rid == "trace-7" for _, rid in seen)
     assert {m for m, _ in seen} == {"classifier"}  # the shipped policy tokenizes inline
+
+
+def test_policy_output_only_for_requests_that_ask(mock):
+    """POLICY comes back only with ``describe_policy: true``: the policy document as JSON,
+    one row per text."""
+    import json
+
+    plain = mock.infer("router", inputs(TEXTS[:2]))
+    assert "POLICY" not in plain and {"PROBABILITIES", "VERDICTS", "ROUTE"} <= set(plain)
+    described = mock.infer("router", inputs(TEXTS[:2]), parameters={"describe_policy": True})
+    assert described["POLICY"].shape == (2, 1)
+    document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    assert [json.loads(row) for row in described["POLICY"].reshape(-1)] == [document, document]
+    np.testing.assert_array_equal(described["PROBABILITIES"], plain["PROBABILITIES"])

@@ -161,8 +161,9 @@ def test_downstream_failure_fails_only_the_requests_that_need_it(triton, held_ou
             if k % 2 == 0:
                 assert routes(fut.result()) == ["classifier_fast"]
             else:
-                with pytest.raises(InferenceServerException, match="model 'classifier'"):
+                with pytest.raises(InferenceServerException, match="model 'classifier'") as info:
                     fut.result()
+                assert info.value.status() == "503"  # UNAVAILABLE (HTTP 503): the model cannot serve now
         assert triton.is_ready()
     finally:
         triton.load_model("classifier")

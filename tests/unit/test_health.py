@@ -8,8 +8,18 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError
-from orchestrator.runtime.health import CLOSED, HALF_OPEN, OPEN, BreakerSettings, CircuitBreaker, is_unavailable, stub_is_dead
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
+from orchestrator.runtime.health import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    STATE_VALUES,
+    BreakerSettings,
+    CircuitBreaker,
+    CircuitState,
+    classify,
+    stub_is_dead,
+)
 from orchestrator.runtime.policy import parse_policy
 from orchestrator.runtime.request import Work
 from tests.helpers import FakeBLS
@@ -35,11 +45,65 @@ def make(**kw):
     return breaker, clock, events, unhealthy
 
 
-def test_error_texts_are_classified():
-    assert stub_is_dead(DEAD) and is_unavailable(DEAD)
-    assert is_unavailable("model 'c' failed: Request for unknown model: 'c' is not found")
-    assert is_unavailable("model 'c' failed: Model 'c' version 1 is not at ready state")
-    assert not is_unavailable("model 'c' failed: Failed to process the request(s) for model 'c': ValueError: boom")
+def test_error_texts_and_codes_are_classified():
+    """Core r24.10 and python_backend r24.10 texts; a 2.51 BLS error's code is always
+    INTERNAL, so only another code (from a stub that passes it on) decides alone."""
+    assert stub_is_dead(DEAD) and classify(DEAD) is Cause.STUB_DEAD
+    assert classify(DEAD, "INTERNAL") is Cause.STUB_DEAD
+    assert classify("model 'c' failed: Request for unknown model: 'c' has no available versions") is Cause.NOT_READY
+    assert classify("model 'c' failed: Request for unknown model: 'c' is not found") is Cause.NOT_READY
+    assert classify("model 'c' failed: Model 'c' version 1 is not at ready state") is Cause.NOT_READY
+    assert classify("model 'c' failed: Failed to process the request(s) for model 'c': ValueError: boom") is None
+    assert classify("boom", "INTERNAL") is None and classify("boom", None) is None
+    assert classify("try later", "UNAVAILABLE") is Cause.NOT_READY and classify("gone", "NOT_FOUND") is Cause.NOT_READY
+
+
+def test_circuit_states_and_their_gauge_values():
+    """The ``orchestrator_circuit_state`` values (docs: 0 closed, 1 open, 2 half-open) and the
+    transition counter's labels."""
+    assert [(s.value, s.gauge) for s in CircuitState] == [("closed", 0), ("open", 1), ("half_open", 2)]
+    assert STATE_VALUES == {CLOSED: 0, OPEN: 1, HALF_OPEN: 2} and CLOSED == "closed"
+
+
+def test_the_breaker_raises_unavailable_for_a_model_that_cannot_serve_and_internal_otherwise():
+    b, _, _, _ = make(consecutive_failures=3)
+
+    async def fails(message):
+        raise DownstreamError(message)
+
+    with pytest.raises(UnavailableError) as info:
+        asyncio.run(b.call("m", lambda: fails("model 'm' failed: Model 'm' version 1 is not at ready state")))
+    assert info.value.cause is Cause.NOT_READY and info.value.code == "UNAVAILABLE" and b.state("m") == OPEN
+    with pytest.raises(DownstreamError) as plain:
+        asyncio.run(b.call("n", lambda: fails("model 'n' failed: boom")))
+    assert not isinstance(plain.value, UnavailableError) and plain.value.code == "INTERNAL" and b.state("n") == CLOSED
+    dead, _, _, unhealthy = make(consecutive_failures=3)
+    with pytest.raises(UnavailableError) as stub:
+        asyncio.run(dead.call("m", lambda: fails(DEAD)))
+    assert stub.value.cause is Cause.STUB_DEAD and unhealthy == ["m"]
+
+
+def test_a_fallback_whose_options_cannot_serve_is_unavailable():
+    """All options unavailable: UNAVAILABLE; one of them failed otherwise: INTERNAL."""
+    policy = parse_policy({"version": 1, "inline": {"postprocess": True},
+                           "root": {"kind": "fallback", "nodes": [{"kind": "model", "model": "fast"},
+                                                                  {"kind": "model", "model": "accurate"}]}})
+    work = Work(["good film"], np.full(1, 0.5, np.float32), {})
+
+    def engine(errors):
+        async def infer(model, inputs, parameters, request_id, alone):
+            if model not in errors:  # the tokenizer
+                return await FakeBLS()(model, inputs, parameters, request_id, alone)
+            raise errors[model]
+        return Engine(policy, infer)
+
+    down = UnavailableError("model 'fast' is unavailable", Cause.CIRCUIT_OPEN)
+    with pytest.raises(UnavailableError) as info:
+        asyncio.run(engine({"fast": down, "accurate": UnavailableError("x", Cause.NOT_READY)}).run([work]))
+    assert info.value.cause is Cause.NOT_READY and info.value.code == "UNAVAILABLE"
+    with pytest.raises(DownstreamError) as mixed:
+        asyncio.run(engine({"fast": down, "accurate": DownstreamError("model 'accurate' failed")}).run([work]))
+    assert type(mixed.value) is DownstreamError and mixed.value.code == "INTERNAL"
 
 
 def test_consecutive_failures_open_then_probe_closes():
@@ -55,7 +119,8 @@ def test_consecutive_failures_open_then_probe_closes():
     assert b.state("m") == OPEN and events == [("m", CLOSED, OPEN)]
     with pytest.raises(DownstreamError, match=r"model 'm' is unavailable \(circuit open, next probe in 5.0 s; last error: boom\)") as info:
         b.before_call("m")
-    assert info.value.retryable is False
+    assert isinstance(info.value, UnavailableError) and info.value.cause is Cause.CIRCUIT_OPEN
+    assert info.value.code == "UNAVAILABLE"
     clock.t += 5
     assert b.state("m") == HALF_OPEN
     b.before_call("m")  # the single probe

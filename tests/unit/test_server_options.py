@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.runtime import control as control_module
 from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import Cause, UnavailableError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import OnDemand
 from orchestrator.runtime.ondemand import ModelManager
@@ -116,8 +116,9 @@ def test_a_model_in_no_repository_fails_without_a_load_request(tmp_path):
     pb = FakePb()
     m, _ = manager(pb, ServerOptions(mode="explicit", repositories=(tmp_path,)), retry=0.0)
     for _ in range(3):  # retried at once (retry_after_s 0), never sent
-        with pytest.raises(DownstreamError, match=r"model 'spare' failed to load: model 'spare' is in no model repository"):
+        with pytest.raises(UnavailableError, match=r"model 'spare' failed to load: model 'spare' is in no model repository") as info:
             m._load_blocking("spare")
+        assert info.value.cause is Cause.NOT_LOADED and info.value.code == "UNAVAILABLE"
     assert pb.requests == []
     (tmp_path / "spare").mkdir()  # once it is there, the load is sent
     m._load_blocking("spare")
@@ -131,6 +132,57 @@ def test_with_unknown_options_the_load_is_sent_as_before():
     assert m.enabled
     m._load_blocking("spare")
     assert pb.requests == [("load", "spare")]
+    m.close()
+
+
+def test_idle_unload_only_of_models_the_router_loaded_itself():
+    """A model an operator loaded is used but never unloaded; once the router loaded it,
+    it is the router's to unload when idle."""
+    import asyncio
+    import time
+
+    pb = FakePb(ready={"spare"})  # loaded by someone else
+    m, _ = manager(pb, ServerOptions())
+    asyncio.run(m.acquire("spare"))
+    m.release("spare")
+    assert m.reap(now=time.monotonic() + 3600) == [] and pb.requests == []
+    pb.ready.clear()  # unloaded by its operator: the next use loads it, and it is ours
+    asyncio.run(m.acquire("spare"))
+    m.release("spare")
+    assert m.reap(now=time.monotonic() + 30) == []  # idle_timeout_s is 60
+    assert m.reap(now=time.monotonic() + 3600) == ["spare"]
+    assert pb.requests == [("load", "spare"), ("unload", "spare")]
+    m.close()
+
+
+def test_a_model_outside_the_on_demand_list_is_never_loaded_or_counted():
+    import asyncio
+
+    pb = FakePb()  # "other" is not ready: the BLS call itself will say so
+    m, _ = manager(pb, ServerOptions())
+    asyncio.run(m.acquire("other"))
+    m.release("other")
+    assert pb.requests == [] and "other" not in m.in_use and m.reap(now=1e12) == []
+    m.close()
+
+
+def test_concurrent_first_loads_share_one_load_request():
+    import asyncio
+    import time
+
+    class SlowPb(FakePb):
+        def load_model(self, model_name):
+            time.sleep(0.3)  # the second caller arrives while the first load runs
+            super().load_model(model_name)
+
+    pb = SlowPb()
+    m, _ = manager(pb, ServerOptions())
+
+    async def three():
+        await asyncio.gather(*(m.acquire("spare") for _ in range(3)))
+
+    asyncio.run(three())
+    assert pb.requests == [("load", "spare")] and m.in_use["spare"] == 3
     m.close()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.runtime import stubs
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
 from orchestrator.runtime.stubs import StubWatch
 
@@ -136,7 +136,8 @@ def test_the_breaker_fails_a_call_to_a_dead_stub_at_once():
     dead["m"] = "Stub process 'm_0_0' is not healthy (process 7 has exited; seen in /proc before the call)"
     with pytest.raises(DownstreamError, match=r"Stub process 'm_0_0' is not healthy") as info:
         asyncio.run(breaker.call("m", call))
-    assert info.value.retryable is False and called == [1]  # no call was made
+    assert isinstance(info.value, UnavailableError) and info.value.cause is Cause.STUB_DEAD
+    assert called == [1]  # no call was made
     assert breaker.state("m") == OPEN and unhealthy == ["m"]
 
 

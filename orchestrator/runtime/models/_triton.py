@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping
 
 import triton_python_backend_utils as pb_utils
 
@@ -27,6 +27,7 @@ def model_directory(args: Mapping[str, Any]) -> Path:
     return Path(args["model_repository"]) / str(args["model_version"])
 
 
-def model_config(args: Mapping[str, Any]) -> dict:
+def model_config(args: Mapping[str, Any]) -> Dict[str, Any]:
     """The model configuration (JSON in ``args['model_config']``) as a dict."""
-    return json.loads(args["model_config"])
+    config: Dict[str, Any] = json.loads(args["model_config"])
+    return config

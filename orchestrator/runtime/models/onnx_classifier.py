@@ -22,6 +22,7 @@ Errors (per request, INVALID_ARG): ``input_ids``/``attention_mask`` shapes diffe
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any, Dict, List, Tuple, Union
 
 import numpy as np
 import onnxruntime as ort
@@ -34,20 +35,20 @@ from orchestrator.runtime.validation import config_parameters
 class TritonPythonModel:
     """An ONNX classifier model (see the module docstring for inputs, outputs and parameters)."""
 
-    def initialize(self, args):
+    def initialize(self, args: Dict[str, str]) -> None:
         """Open the ONNX file with onnxruntime (CUDA provider on a KIND_GPU instance when available)."""
         params = config_parameters(model_config(args))
         path = model_directory(args) / params.get("onnx_file", "model.onnx")
         options = ort.SessionOptions()
         options.intra_op_num_threads = int(params.get("intra_op_threads", "0"))
-        providers = ["CPUExecutionProvider"]
+        providers: List[Union[str, Tuple[str, Dict[str, int]]]] = ["CPUExecutionProvider"]
         if args.get("model_instance_kind") == "GPU" and "CUDAExecutionProvider" in ort.get_available_providers():
             device = {"device_id": int(args.get("model_instance_device_id", 0))}
             providers = [("CUDAExecutionProvider", device), "CPUExecutionProvider"]
         self.session = ort.InferenceSession(str(path), sess_options=options, providers=providers)
         self.output_name = self.session.get_outputs()[0].name
 
-    def execute(self, requests):
+    def execute(self, requests: List[Any]) -> List[Any]:
         """One logits response per request; requests of equal sequence length share one session run."""
         responses = [None] * len(requests)
         groups = defaultdict(list)

@@ -22,6 +22,8 @@ fails the load (``ValueError``).
 
 from __future__ import annotations
 
+from typing import Any, Dict, List
+
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.heads import HeadError, head_of_parameters
@@ -32,14 +34,14 @@ from orchestrator.runtime.validation import InputError, check_thresholds, config
 class TritonPythonModel:
     """The postprocess model (see the module docstring)."""
 
-    def initialize(self, args):
+    def initialize(self, args: Dict[str, str]) -> None:
         """Read the head from the config parameter ``head`` (ValueError: not a valid head)."""
         try:
             self.head = head_of_parameters(config_parameters(model_config(args)))
         except HeadError as exc:
             raise ValueError(f"postprocess: {exc}") from None
 
-    def execute(self, requests):
+    def execute(self, requests: List[Any]) -> List[Any]:
         """One response per request: probabilities and verdicts, or an INVALID_ARG error."""
         responses = []
         for request in requests:

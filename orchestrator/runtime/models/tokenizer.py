@@ -23,8 +23,11 @@ Errors (per request, INVALID_ARG): invalid UTF-8, empty batch, bad parameters.
 
 from __future__ import annotations
 
+from typing import Any, Dict, List, Tuple
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from numpy.typing import NDArray
 from transformers import AutoTokenizer
 
 from orchestrator.runtime.models._triton import error_response, model_config, model_directory
@@ -42,7 +45,7 @@ PADDING_MODES = ("longest", "max_length")
 class TritonPythonModel:
     """The tokenizer model (see the module docstring)."""
 
-    def initialize(self, args):
+    def initialize(self, args: Dict[str, str]) -> None:
         """Load the tokenizer files and check the padding parameters (ValueError: bad parameters)."""
         params = config_parameters(model_config(args))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(args)))
@@ -56,7 +59,7 @@ class TritonPythonModel:
                 f"tokenizer: max_length={self.max_length} is shorter than model_max_length={self.truncation_length}"
             )
 
-    def encode(self, texts, truncation=True):
+    def encode(self, texts: List[str], truncation: bool = True) -> Tuple[NDArray[Any], NDArray[Any]]:
         """Tokenize ``texts`` into int64 arrays ``(input_ids, attention_mask)``, shape [N, L]."""
         enc = self.tokenizer(
             texts,
@@ -69,7 +72,7 @@ class TritonPythonModel:
         padded = self.tokenizer.pad(enc, padding="max_length", max_length=length, return_tensors="np")
         return padded["input_ids"].astype(np.int64), padded["attention_mask"].astype(np.int64)
 
-    def execute(self, requests):
+    def execute(self, requests: List[Any]) -> List[Any]:
         """One response per request: ids and mask, or an INVALID_ARG error naming the input."""
         responses = []
         for request in requests:

@@ -111,7 +111,8 @@ def parse_node(data: Any, where: str, ctx: ParseContext, names: Dict[str, str]) 
     """
     if not isinstance(data, Mapping):
         raise PolicyError(f"{where}: expected a node (a mapping with 'kind'), got {type(data).__name__}")
-    kind = KINDS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    name = data.get("kind")
+    kind = KINDS.get(name) if isinstance(name, str) else None
     if kind is None:
         raise PolicyError(f"{where}.kind: {data.get('kind')!r} is not a node kind (expected one of: {', '.join(KINDS)})")
     spec = kind.spec

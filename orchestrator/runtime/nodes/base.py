@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.heads import Head
 from orchestrator.runtime.request import RequestContext
@@ -85,7 +86,7 @@ def route_label(route: str) -> str:
     return ":".join(part for part in route.split(":") if "=" not in part)
 
 
-def truncate(ids: np.ndarray, max_length: int) -> np.ndarray:
+def truncate(ids: NDArray[Any], max_length: int) -> NDArray[Any]:
     """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
     truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
     if ids.shape[0] <= max_length:
@@ -150,13 +151,13 @@ class Item:
     idx: int
     req: int
     text: str
-    threshold: np.ndarray
+    threshold: NDArray[Any]
     params: Mapping[str, object]
     request_id: str
-    tokens: Dict[str, np.ndarray] = field(default_factory=dict)
+    tokens: Dict[str, NDArray[Any]] = field(default_factory=dict)
     context: RequestContext = field(default_factory=RequestContext)
 
-    def ids(self, tokenizer: str) -> np.ndarray:
+    def ids(self, tokenizer: str) -> NDArray[Any]:
         """The token ids of tokenizer model ``tokenizer`` (KeyError: not tokenized with it)."""
         return self.tokens[tokenizer]
 
@@ -173,9 +174,9 @@ class Answer:
             (``heads.Head.verdicts``) decides from the probabilities and the thresholds.
     """
 
-    probabilities: np.ndarray
+    probabilities: NDArray[Any]
     route: str
-    verdict: Optional[np.ndarray] = None
+    verdict: Optional[NDArray[Any]] = None
 
 
 Answers = Dict[int, Answer]
@@ -196,14 +197,14 @@ class Engine(Protocol):
     async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
         """Tokenize with tokenizer model ``tokenizer`` the items that have no ids of it yet."""
 
-    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> np.ndarray:
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
         """Logits (float32 [len(items), head.num_logits]) of ``model``, inputs made by the
         head's tokenizer, truncated to ``max_length`` tokens, padded with its pad id."""
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""
 
-    def window(self, parent: Item, tokenizer: str, ids: np.ndarray) -> Item:
+    def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
 
     def random(self) -> float:
@@ -212,7 +213,7 @@ class Engine(Protocol):
     def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
         """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
 
-    def final_verdicts(self, answer: Answer, item: Item) -> np.ndarray:
+    def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
 
     # Cancellation and deadlines (docs/reliability.md): a node that runs a further stage

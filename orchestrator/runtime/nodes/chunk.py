@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import MULTICLASS, Head
@@ -69,7 +70,7 @@ class ChunkNode(Node):
         return self.stop_when_decided or self.stop_margin is not None or self.max_windows is not None
 
 
-def token_windows(ids: np.ndarray, max_length: int, stride: int) -> List[np.ndarray]:
+def token_windows(ids: NDArray[Any], max_length: int, stride: int) -> List[NDArray[Any]]:
     """Split one tokenized text into overlapping windows of at most ``max_length`` tokens.
 
     Args:
@@ -165,13 +166,13 @@ def _bind(node: ChunkNode, ctx: BindContext) -> None:
 # ----------------------------------------------------------------------------- stopping rules
 
 
-def _combine(head: Head, how: str, probs: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def _combine(head: Head, how: str, probs: Sequence[NDArray[Any]], weights: Sequence[float]) -> NDArray[Any]:
     if how == "max":
         return head.combine(probs, "max")
     return head.combine(probs, "mean", weights if how == "length_weighted_mean" else None)
 
 
-def settled_verdicts(head: Head, low: np.ndarray, high: np.ndarray, threshold: np.ndarray) -> Optional[np.ndarray]:
+def settled_verdicts(head: Head, low: NDArray[Any], high: NDArray[Any], threshold: NDArray[Any]) -> Optional[NDArray[Any]]:
     """The verdicts bool [C] every answer within ``[low, high]`` (float64 [C] each, column
     by column) gets from ``head.verdicts`` at ``threshold`` ([1] or [C]), or None when two
     answers in the box may get different ones.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import DownstreamError, UnavailableError
 from orchestrator.runtime.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.schema import REQUIRED, Key, Nodes
 
@@ -30,10 +30,11 @@ async def _run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers
             return await engine.run_node(child, items)
         except DownstreamError as exc:
             errors.append(exc)
-    raise DownstreamError(
-        f"all options of fallback '{node.name}' failed: " + "; ".join(map(str, errors)),
-        retryable=any(e.retryable for e in errors),
-    )
+    message = f"all options of fallback '{node.name}' failed: " + "; ".join(map(str, errors))
+    unavailable = [e for e in errors if isinstance(e, UnavailableError)]
+    if len(unavailable) == len(errors):  # none of the options can serve now: UNAVAILABLE
+        raise UnavailableError(message, unavailable[-1].cause)
+    raise DownstreamError(message)
 
 
 def _children(node: FallbackNode) -> List[Tuple[str, Node]]:

@@ -49,7 +49,10 @@ class Condition:
                 return False
         if self.param_name is not None and str(it.params.get(self.param_name, "")) not in self.param_values:
             return False
-        return self.margin_below is None or head.unsure(score.probabilities, it.threshold, self.margin_below)
+        if self.margin_below is None:
+            return True
+        assert score is not None, "a switch with margin_below scores its texts first"
+        return bool(head.unsure(score.probabilities, it.threshold, self.margin_below))
 
     def text(self) -> str:
         """The condition in words, for ``orchestrator policy check``."""

@@ -14,12 +14,9 @@ rule), :mod:`~orchestrator.tooling.soak.ledger` (outcomes by request id),
 :mod:`~orchestrator.tooling.soak.clients` (HTTP/gRPC), :mod:`~orchestrator.tooling.soak.procs`
 (stub processes through /proc), :mod:`~orchestrator.tooling.soak.runner` (the schedule),
 :mod:`~orchestrator.tooling.soak.report` (JSON/Markdown), :mod:`~orchestrator.tooling.soak.command`
-(the CLI). :mod:`~orchestrator.tooling.soak.repairs` (``python -m
+(the CLI: ``add_soak_arguments``, ``soak_command``; this package file imports nothing, so
+no module of the package comes back through it). :mod:`~orchestrator.tooling.soak.repairs` (``python -m
 orchestrator.tooling.soak.repairs``) measures which repository-API request brings a new stub
 soonest after a kill. Both run the server under the image's conditions
 (:mod:`orchestrator.tooling.production`).
 """
-
-from orchestrator.tooling.soak.command import add_soak_arguments, soak_command
-
-__all__ = ["add_soak_arguments", "soak_command"]

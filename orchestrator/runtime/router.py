@@ -201,7 +201,16 @@ class TritonPythonModel:
             self.warmups_left -= 1
             if all(self._is_warmup_sample(r) for r in requests):
                 return self.loop.run_until_complete(self._warmup(requests))
-        return self.loop.run_until_complete(self._execute(requests))
+        return self._timed_execute(requests)
+
+    def _timed_execute(self, requests):
+        """:meth:`_execute` marked on the engine's queue-delay estimate (``runtime.load``)."""
+        delay_s = self.engine.load.begin()
+        self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        try:
+            return self.loop.run_until_complete(self._execute(requests))
+        finally:
+            self.engine.load.end()
 
     def _is_warmup_sample(self, request) -> bool:
         """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""

@@ -3,20 +3,22 @@
 Triton's Python backend (stub r24.10) does not tell a model when its requests were
 enqueued, so the delay is estimated from what the router sees: the start and end of each
 of its own ``execute`` calls. One router instance runs one ``execute`` at a time, and the
-dynamic batcher hands it every request that queued meanwhile (up to ``max_batch_size``),
-so when an ``execute`` starts right after the previous one ended (within
-``busy_gap_s``), its requests arrived while the previous one ran: the oldest of them
-waited about that previous ``execute``'s duration. When the instance was idle in between
-(a longer gap), its requests found it free: the sample is 0. Samples are smoothed with an
-exponential moving average (weight ``smoothing`` for the newest), so one slow batch does
-not flip the overload mode of a cascade, while a backlog shows after two or three
+dynamic batcher hands it every request that queued meanwhile (up to ``max_batch_size``).
+When an ``execute`` starts within ``busy_gap_s`` of the previous one's end (the stub's
+turnaround: sending the responses, receiving the next batch), requests were waiting: they
+arrived after the previous batch was taken, so the oldest of them waited about the time
+from the previous ``execute``'s start to this one's (the sample). After a longer gap the
+instance sat idle and its requests found it free: the sample is 0. Samples are smoothed
+with an exponential moving average (weight ``smoothing`` for the newest), so one slow batch
+does not flip the overload mode of a cascade while a backlog shows after two or three
 executes.
 
-The estimate is an upper bound for the oldest request of a batch (the mean request of a
-Poisson stream waited about half of it); it does not count requests that waited longer
-than one ``execute``, which the router's queue policy (``max_queue_size`` up to the
-``max_batch_size``, ``config.pbtxt``) keeps rare. The clock is injectable so tests drive
-it (``clock``: seconds, monotonic).
+Limits: the estimate is the oldest request's wait (a Poisson stream's mean request waited
+about half of it); a request that waited more than one ``execute`` (a queue longer than
+``max_batch_size``) counts as one period, which the router's ``max_queue_size`` (at most
+its ``max_batch_size``, ``config.pbtxt``) rules out; on a machine so loaded that the stub's
+turnaround exceeds ``busy_gap_s`` the backlog is missed (the queue policy still refuses).
+The clock is injectable so tests drive it (``clock``: seconds, monotonic).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import time
 from typing import Callable, Optional
 
 #: An ``execute`` starting within this many seconds of the previous one's end found a
-#: request waiting: the stub's round trip from the end of one ``execute`` to the start of
-#: the next with a full queue is under 1 ms on the 2-core benchmark machine
-#: (docs/benchmarks.md, "Overload"); 2 ms leaves room for a loaded machine.
-BUSY_GAP_S = 0.002
+#: request waiting: a margin over the stub's turnaround between two executes of a
+#: backlogged router (responses out, next batch in: milliseconds), wide enough for a
+#: loaded CPU; an idle gap this short adds at most one execute period to the estimate,
+#: which is small exactly when the router is not loaded.
+BUSY_GAP_S = 0.020
 #: The newest sample's weight in the moving average.
 SMOOTHING = 0.5
 
@@ -59,17 +62,18 @@ class QueueDelay:
         self._estimate_s = 0.0
         self._started: Optional[float] = None
         self._ended: Optional[float] = None
-        self._last_duration_s = 0.0
+        self._last_start: Optional[float] = None
 
     def begin(self) -> float:
         """Mark the start of an ``execute``; returns the updated estimate, seconds."""
         with self._lock:
             now = self.clock()
-            if self._ended is not None:
+            if self._ended is not None and self._last_start is not None:
                 busy = now - self._ended <= self.busy_gap_s
-                sample = self._last_duration_s if busy else 0.0
+                sample = now - self._last_start if busy else 0.0
                 self._estimate_s += self.smoothing * (sample - self._estimate_s)
-            self._started = now
+            self._started = self._last_start = now
+            self._ended = None
             return self._estimate_s
 
     def end(self) -> None:
@@ -77,9 +81,7 @@ class QueueDelay:
         with self._lock:
             if self._started is None:
                 return
-            now = self.clock()
-            self._last_duration_s = max(0.0, now - self._started)
-            self._ended, self._started = now, None
+            self._ended, self._started = self.clock(), None
 
     def delay_ms(self) -> float:
         """The current estimate, milliseconds (0 before the second ``execute``)."""

@@ -152,26 +152,26 @@ class Clock:
 
 
 def test_queue_delay_estimate_follows_back_to_back_executes_and_forgets_idle_ones():
-    clock = Clock()
-    q = QueueDelay(clock, busy_gap_s=0.002, smoothing=0.5)
+    clock = Clock()  # binary fractions of a second: exact sums
+    q = QueueDelay(clock, busy_gap_s=0.25, smoothing=0.5)
     assert q.begin() == 0.0 and q.delay_ms() == 0.0  # first execute: nothing known
-    clock.t += 0.100
+    clock.t += 1.0
     q.end()
-    clock.t += 0.001  # next execute right after: its requests waited for the previous 100 ms
-    assert q.begin() == pytest.approx(0.050)  # EWMA: 0 + 0.5 * (0.100 - 0)
-    clock.t += 0.040
+    clock.t += 0.125  # next execute right after: its oldest request waited since the last start
+    assert q.begin() == 0.5625  # EWMA: 0 + 0.5 * (1.125 - 0)
+    clock.t += 0.5
     q.end()
-    clock.t += 0.002  # exactly the busy gap still counts as busy (<=)
-    assert q.begin() == pytest.approx(0.045)  # 0.050 + 0.5 * (0.040 - 0.050)
-    assert q.delay_ms() == pytest.approx(45.0)
-    clock.t += 0.010
+    clock.t += 0.25  # exactly the busy gap still counts as busy (<=)
+    assert q.begin() == 0.65625  # 0.5625 + 0.5 * (0.75 - 0.5625)
+    assert q.delay_ms() == 656.25
+    clock.t += 0.5
     q.end()
-    clock.t += 0.0021  # idle in between: the requests found the instance free
-    assert q.begin() == pytest.approx(0.0225)
+    clock.t += 0.25 + 2 ** -10  # just over the gap: the instance sat idle, the sample is 0
+    assert q.begin() == 0.328125
     q.end()
     q.end()  # a second end without begin changes nothing
-    clock.t += 1.0
-    assert q.begin() == pytest.approx(0.01125)
+    clock.t += 8.0
+    assert q.begin() == 0.1640625
 
 
 def test_queue_delay_refuses_bad_settings():

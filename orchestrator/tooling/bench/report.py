@@ -16,6 +16,9 @@ WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
 # The section `make bench-features` writes (orchestrator.tooling.bench.features), kept across runs.
 FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
 FEATURES_END = "<!-- bench-features:end -->"
+# The section `make bench-overload` writes (orchestrator.tooling.bench.overload), kept across runs.
+OVERLOAD_START = "<!-- bench-overload:start (written by `make bench-overload`) -->"
+OVERLOAD_END = "<!-- bench-overload:end -->"
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.
@@ -58,7 +61,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
 
     ``existing``: the current file, whose "What we tried" block (between the
     ``what-we-tried`` markers) and ``make bench-features`` section (between the
-    ``bench-features`` markers) are kept as they are.
+    ``bench-features`` markers) and ``make bench-overload`` section (between the
+    ``bench-overload`` markers) are kept as they are.
     """
     r = results
     meas = r["measurements"]
@@ -311,6 +315,9 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add("")
     if existing and FEATURES_START in existing and FEATURES_END in existing:
         add(existing[existing.index(FEATURES_START):existing.index(FEATURES_END) + len(FEATURES_END)])
+        add("")
+    if existing and OVERLOAD_START in existing and OVERLOAD_END in existing:
+        add(existing[existing.index(OVERLOAD_START):existing.index(OVERLOAD_END) + len(OVERLOAD_END)])
         add("")
     return "\n".join(L)
 

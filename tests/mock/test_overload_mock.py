@@ -126,4 +126,4 @@ def test_the_queue_timeout_is_the_shipped_default_or_a_shorter_client_timeout(mo
     router = mock.loaded("router")
     policy = router.config["dynamic_batching"]["default_queue_policy"]
     assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"] is True
-    assert int(policy["default_timeout_microseconds"]) == 500_000
+    assert int(policy["default_timeout_microseconds"]) == 5_000_000

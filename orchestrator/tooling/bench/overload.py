@@ -62,7 +62,7 @@ REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
 MODELS = ("ensemble", "router", "router_overload")
 MULTIPLIERS = (1.0, 2.0, 4.0)
-CAPACITY_CONCURRENCY = 8
+CAPACITY_CONCURRENCY = 16
 #: The cascade's overload mode in ``router_overload`` (and docs/policies/overload.yaml).
 OVERLOAD = {"target_ms": 40, "cap_ms": 120}
 THRESHOLD = 0.5
@@ -121,7 +121,8 @@ def summarize(records: Sequence[Record], window_s: float, now: Optional[float] =
     (other codes), "unfinished", "throughput" (answered / window_s, requests/s),
     "p50_ms", "p99_ms" (over answered and unfinished requests; an unfinished one counts
     with the time it waited until ``now`` or its cancel, a lower bound), "p99_lower_bound"
-    (True when unfinished requests are in the p99), "answered_p99_ms", "accuracy_pct"
+    (True with unfinished requests: a percentile of values some of which are lower bounds is
+    itself a lower bound), "answered_p99_ms", "accuracy_pct"
     (verdict == label over answered requests), "overload_share_pct" (answers whose ROUTE
     ends ``:overload``), "escalated_share_pct" (ROUTE ``classifier``), "codes" (count per
     code), "refusal_messages" (distinct texts, at most 3)}``.
@@ -147,7 +148,7 @@ def summarize(records: Sequence[Record], window_s: float, now: Optional[float] =
         "throughput": round(len(answered) / window_s, 1) if window_s > 0 else None,
         "p50_ms": _pct(both, 50),
         "p99_ms": _pct(both, 99),
-        "p99_lower_bound": bool(unfinished) and _pct(both, 99) is not None and _pct(both, 99) >= min(waited),
+        "p99_lower_bound": bool(unfinished),
         "answered_p99_ms": _pct(lat, 99),
         "accuracy_pct": round(100.0 * correct / len(answered), 2) if answered else None,
         "overload_share_pct": share(sum(1 for r in routes if r.endswith(":overload"))),
@@ -423,7 +424,7 @@ def run(out: Path, quick: bool = False) -> Dict[str, Any]:
     results: Dict[str, Any] = {"started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                                "load_start": _load(), "machine": machine_info(), "command": COMMAND, "quick": quick,
                                "models": list(MODELS), "overload": OVERLOAD,
-                               "level_s": 5.0 if quick else 20.0, "grace_s": 5.0 if quick else 10.0}
+                               "level_s": 5.0 if quick else 10.0, "grace_s": 5.0 if quick else 10.0}
     held_out = data.held_out_examples()
     order = np.random.RandomState(20).permutation(len(held_out))
     examples = [(held_out[i].text, int(held_out[i].label)) for i in order]

@@ -69,14 +69,14 @@ def test_summarize_counts_every_outcome_and_bounds_the_percentiles():
 
 def results():
     level = lambda m: {"multiplier": m, "rate": 100.0 * m, "models": {  # noqa: E731
-        name: summarize(records(), 2.0) for name in ("ensemble", "router", "router_overload", "router_timeout")}}
+        name: summarize(records(), 2.0) for name in ("ensemble", "router", "router_overload", "router_timeout", "router_two")}}
     r = {"started_utc": "2026-11-23 23:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_start": [1.0],
-         "load_end": [2.0], "quick": True, "models": ["ensemble", "router", "router_overload", "router_timeout"], "overload": OVERLOAD,
+         "load_end": [2.0], "quick": True, "models": ["ensemble", "router", "router_overload", "router_timeout", "router_two"], "overload": OVERLOAD,
          "level_s": 5.0, "grace_s": 5.0,
          "capacity": {"concurrency": 8, "throughput": 100.0, "answered": 500, "seconds": 5.0},
-         "unloaded": {m: {"p50_ms": 5.0, "p99_ms": 10.0, "accuracy_pct": 80.0} for m in ("ensemble", "router", "router_overload", "router_timeout")},
+         "unloaded": {m: {"p50_ms": 5.0, "p99_ms": 10.0, "accuracy_pct": 80.0} for m in ("ensemble", "router", "router_overload", "router_timeout", "router_two")},
          "levels": [level(1.0), level(2.0), level(4.0)]}
-    r["goals"] = [goal(r, m) for m in ("router", "router_overload", "router_timeout")]
+    r["goals"] = [goal(r, m) for m in ("router", "router_overload", "router_timeout", "router_two")]
     return r
 
 
@@ -94,7 +94,11 @@ def test_the_section_has_every_level_and_model_and_is_kept_by_make_bench(tmp_pat
     assert section.startswith(OVERLOAD_START) and section.endswith(OVERLOAD_END)
     assert section.count("| `router_overload` |") == 4  # unloaded + 3 levels
     assert "| 4x | `router` | 400.0 | 6 | 1.5 |" in section and "&ge; " in section
-    assert section.count("**not met**") == 3 and "`router_timeout`'s p99" in section
+    assert section.count("**not met**") == 4 and "`router_two`'s p99" in section and "a stall" not in section
+    stalled = results()
+    stalled["unloaded"]["router"]["p99_ms"] = 503.0  # 100x its p50 of 5 ms
+    stalled["goals"] = [goal(stalled, "router")]
+    assert "its unloaded p99, 503.0 ms, is over 10x its p50" in render_section(stalled)
     report = tmp_path / "benchmarks.md"
     report.write_text("# Benchmarks\n\nbody\n")
     write_section(report, f"{OVERLOAD_START}\nfirst\n{OVERLOAD_END}")
@@ -123,6 +127,19 @@ def test_the_timeout_variant_changes_only_the_queue_policy(tmp_path):
     bare.write_text('name: "m"\nbackend: "python"\nmax_batch_size: 4\ndynamic_batching { }\n')
     with pytest.raises(BenchError, match="no dynamic_batching.default_queue_policy"):
         set_queue_policy(bare, TIMEOUT_QUEUE)
+
+
+def test_the_two_instance_variant_changes_only_the_count(tmp_path):
+    from orchestrator.tooling.bench.overload import set_instances
+    from orchestrator.tooling.repository import read_config
+
+    path = tmp_path / "config.pbtxt"
+    path.write_text((REPO / "router" / "config.pbtxt").read_text())
+    set_instances(path, 2)
+    changed, shipped = read_config(path), read_config(REPO / "router" / "config.pbtxt")
+    assert changed.instance_group[0].count == 2 and shipped.instance_group[0].count == 1
+    changed.instance_group[0].count = 1
+    assert changed == shipped
 
 
 def test_the_measured_overload_policy_is_the_documented_example():

@@ -16,7 +16,8 @@ capacity against ``ensemble``, ``router`` (the shipped one, with its queue polic
    :data:`CAPACITY_CONCURRENCY` (answered requests per second): 1x;
 5. **open loop**: for each of 1x, 2x, 4x (:func:`rate_plan`) and each model in turn,
    Poisson arrivals (exponential gaps, a fixed seed per level) for ``level_s`` seconds,
-   each request one labeled held-out text with threshold 0.5, sent whether or not the
+   each request one labeled held-out text with threshold 0.5 (the same arrivals and texts
+   for every model of a level), sent whether or not the
    earlier ones were answered (``tritonclient.grpc.aio``, one channel); requests still
    unanswered ``grace_s`` after the last arrival are cancelled and counted as unfinished
    (their latency is at least the time they waited, which the percentiles use), then the
@@ -193,7 +194,9 @@ def render_section(r: Mapping[str, Any]) -> str:
         L += ["", "> **`--quick` run**: short levels; the figures are a smoke test, not a benchmark."]
     L += ["", f"Capacity (1x): the ensemble's throughput in closed loop at concurrency {cap['concurrency']}, "
           f"{cap['throughput']} requests/s ({cap['answered']} answered in {cap['seconds']} s). Each level sends Poisson "
-          f"arrivals for {r['level_s']} s per model (one labeled held-out text per request, threshold {THRESHOLD}, gRPC); "
+          f"arrivals for {r['level_s']} s per model (one labeled held-out text per request, threshold {THRESHOLD}, "
+          "gRPC; within a level every model gets the same arrival times and texts, and the unloaded runs the same "
+          "texts); "
           f"requests unanswered {r['grace_s']} s after the last arrival are cancelled and counted as unfinished, "
           "with the time they waited (a lower bound) in the percentiles (marked >=). Refused: gRPC UNAVAILABLE from "
           "the router's queue policy (`max_queue_size`, `default_timeout_microseconds`; retryable). Accuracy: verdict "
@@ -418,14 +421,13 @@ async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, gr
     """Steps 3-5 of the module docstring against the server at ``url`` (gRPC host:port)."""
     sender = Sender(url)
     out: Dict[str, Any] = {"unloaded": {}, "levels": []}
-    k = 0
+    k = unloaded_n
     try:
         for m in models:  # warm each model's path once
             for text, label in examples[:8]:
                 await sender.one(m, text, label)
-        for m in models:
-            recs = [await sender.one(m, *examples[(k + i) % len(examples)]) for i in range(unloaded_n)]
-            k += unloaded_n
+        for m in models:  # the same texts for every model
+            recs = [await sender.one(m, *examples[i % len(examples)]) for i in range(unloaded_n)]
             s = summarize(recs, 1.0)
             out["unloaded"][m] = {key: s[key] for key in ("answered", "p50_ms", "p99_ms", "accuracy_pct", "codes")}
             _log(f"unloaded {m}: p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
@@ -441,10 +443,11 @@ async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, gr
         for j, plan in enumerate(rate_plan(cap["throughput"], multipliers)):
             level: Dict[str, Any] = {**plan, "models": {}}
             arrivals = poisson_arrivals(plan["rate"], level_s, seed=20 + j)
+            shift = k % len(examples)  # each level its own texts, the same for every model
+            level_examples = list(examples[shift:]) + list(examples[:shift])
+            k += len(arrivals)
             for m in models:
-                shift = k % len(examples)
-                recs, window, now = await open_loop(sender, m, list(examples[shift:]) + list(examples[:shift]), arrivals, grace_s)
-                k += len(arrivals)
+                recs, window, now = await open_loop(sender, m, level_examples, arrivals, grace_s)
                 s = summarize(recs, window, now)
                 s["drain_s"] = await wait_drained(url)
                 level["models"][m] = s

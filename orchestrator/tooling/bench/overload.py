@@ -171,12 +171,17 @@ def summarize(records: Sequence[Record], window_s: float, now: Optional[float] =
 
 def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str, Any]:
     """Issue 20's goal for ``model``: its p99 at 4x over its unloaded p99, against
-    :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met"}`` (None: not measured)."""
-    unloaded = (results.get("unloaded") or {}).get(model, {}).get("p99_ms")
+    :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met", "stalled"}``. ``met`` is None
+    when not measured, or when the unloaded p99 is over 10x the unloaded p50 (``stalled``:
+    a stall among the unloaded requests makes the bound meaningless)."""
+    unloaded = (results.get("unloaded") or {}).get(model, {})
     top = max(results.get("levels") or [{}], key=lambda lv: lv.get("multiplier", 0))
     loaded = (top.get("models") or {}).get(model, {}).get("p99_ms")
-    ratio = round(loaded / unloaded, 2) if loaded and unloaded else None
-    return {"model": model, "ratio": ratio, "bound": P99_GOAL, "met": None if ratio is None else ratio <= P99_GOAL}
+    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
+    ratio = round(loaded / p99, 2) if loaded and p99 else None
+    stalled = bool(p99 and p50 and p99 > 10 * p50)
+    met = None if ratio is None or stalled else ratio <= P99_GOAL
+    return {"model": model, "ratio": ratio, "bound": P99_GOAL, "met": met, "stalled": stalled}
 
 
 def _cell(x: Any, suffix: str = "") -> str:
@@ -220,11 +225,10 @@ def render_section(r: Mapping[str, Any]) -> str:
                      f"{_cell(x['accuracy_pct'])} | {_cell(x['overload_share_pct'])} | {_cell(x['escalated_share_pct'])} |")
     L += [""]
     for g in r["goals"]:
-        met = {True: "**met**", False: "**not met**", None: "not measured"}[g["met"]]
         u = r["unloaded"].get(g["model"], {})
-        stalled = bool(u.get("p99_ms") and u.get("p50_ms") and u["p99_ms"] > 10 * u["p50_ms"])
-        note = (f" (its unloaded p99, {u['p99_ms']} ms, is over 10x its p50: a stall among the unloaded requests "
-                "inflates the bound)") if stalled else ""
+        met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
+        note = (f" (its unloaded p99, {u.get('p99_ms')} ms, is over 10x its p50, {u.get('p50_ms')} ms: a stall among "
+                "the unloaded requests makes the bound meaningless)") if g.get("stalled") else ""
         L.append(f"- Goal (issue 20): at 4x, `{g['model']}`'s p99 at most {g['bound']:g}x its unloaded p99: "
                  f"{_cell(g['ratio'], 'x')}, {met}{note}.")
     msgs = sorted({m for lv in r["levels"] for x in lv["models"].values() for m in x["refusal_messages"]})

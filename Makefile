@@ -63,6 +63,13 @@ bench-features: $(STAMP)
 bench-long: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.long_texts --out docs $(BENCH_ARGS)
 
+# Issue 20's overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x and 4x the
+# ensemble's closed-loop capacity against ensemble, router and router in overload mode, one
+# server. Writes the "bench-overload" section of docs/benchmarks.md and docs/bench/overload.json.
+.PHONY: bench-overload
+bench-overload: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench.overload --out docs $(BENCH_ARGS)
+
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into

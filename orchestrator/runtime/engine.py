@@ -30,6 +30,7 @@ from orchestrator.runtime import nodes as N
 from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
 from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, InputError, LimitError, RequestCancelled, RequestStopped
 from orchestrator.runtime.heads import LEGACY, Head
+from orchestrator.runtime.load import QueueDelay
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node, route_label, split_target, truncate
@@ -102,6 +103,9 @@ class Engine:
         self.counter = 0
         self.rng = random.Random()
         self.windowing = policy.windows()  # what the nodes that window texts declared
+        # The router's queue delay (overload mode of cascade nodes); the router marks each
+        # execute on it, a fork shares it. Tests replace it to drive the delay.
+        self.load = QueueDelay()
         self.mirror_runner: Optional[Mirror] = None
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
@@ -145,6 +149,10 @@ class Engine:
             return np.asarray(answer.verdict, dtype=bool)
         verdicts: NDArray[Any] = self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
         return verdicts
+
+    def queue_delay_ms(self) -> float:
+        """The router's estimated queue delay, ms (:class:`~orchestrator.runtime.load.QueueDelay`)."""
+        return self.load.delay_ms()
 
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""

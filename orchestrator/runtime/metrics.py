@@ -22,6 +22,10 @@ class Metrics:
         orchestrator_requests_total{outcome}        requests answered (success | error)
         orchestrator_texts_total{route}             texts answered, per ROUTE value
         orchestrator_escalations_total{node}        texts a cascade sent to a later stage
+        orchestrator_overload_kept_total{node}      texts a cascade in overload mode kept at
+                                                    an earlier stage (ROUTE ends ``:overload``)
+        orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
+                                                    (``orchestrator.runtime.load``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
         orchestrator_chunks_total{node}             windows of those texts it classified
         orchestrator_chunks_skipped_total{node,reason}  windows it did not: the text stopped
@@ -63,6 +67,7 @@ class Metrics:
         "orchestrator_requests_total": "Requests answered by the router, by outcome",
         "orchestrator_texts_total": "Texts answered by the router, by route",
         "orchestrator_escalations_total": "Texts a cascade node sent on to a later stage",
+        "orchestrator_overload_kept_total": "Texts a cascade node in overload mode kept at an earlier stage for load",
         "orchestrator_chunked_texts_total": "Texts a chunk node split into windows",
         "orchestrator_chunks_total": "Windows of chunked texts a chunk node classified",
         "orchestrator_chunks_skipped_total": "Windows of chunked texts a chunk node did not classify: the text stopped early, by reason",
@@ -82,6 +87,7 @@ class Metrics:
     }
     GAUGES = {
         "orchestrator_circuit_state": "Circuit breaker state per downstream model: 0 closed, 1 open, 2 half-open",
+        "orchestrator_queue_delay_seconds": "The router's estimated queue delay at the start of its latest execute, seconds",
         "orchestrator_shadow_queued_texts": "Mirrored texts queued or running per shadow node",
     }
     #: name -> (description, buckets)

@@ -213,7 +213,17 @@ class TritonPythonModel:
             self.warmups_left -= 1
             if all(self._is_warmup_sample(r) for r in requests):
                 return self.loop.run_until_complete(self._warmup(requests))
-        return self.loop.run_until_complete(self._execute(requests))
+        return self._timed_execute(requests)
+
+    def _timed_execute(self, requests: List[Any]) -> List[Any]:
+        """:meth:`_execute` marked on the engine's queue-delay estimate (``runtime.load``)."""
+        delay_s = self.engine.load.begin()
+        self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        try:
+            responses: List[Any] = self.loop.run_until_complete(self._execute(requests))
+            return responses
+        finally:
+            self.engine.load.end()
 
     def _is_warmup_sample(self, request: Any) -> bool:
         """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""

@@ -91,7 +91,7 @@ def test_a_fallback_whose_options_cannot_serve_is_unavailable():
     work = Work(["good film"], np.full(1, 0.5, np.float32), {})
 
     def engine(errors):
-        async def infer(model, inputs, parameters, request_id, alone):
+        async def infer(model, inputs, parameters, request_id, alone, options=None):
             if model not in errors:  # the tokenizer
                 return await FakeBLS()(model, inputs, parameters, request_id, alone)
             raise errors[model]

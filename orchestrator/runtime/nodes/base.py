@@ -213,6 +213,9 @@ class Engine(Protocol):
     def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
         """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
 
+    def queue_delay_ms(self) -> float:
+        """The router's estimated queue delay, ms (``orchestrator.runtime.load.QueueDelay``)."""
+
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
 

@@ -111,6 +111,10 @@ honest):
   request's own counts with ``allow_timeout_override`` when shorter), only to the wait
   for the busy instance, and the request is refused with ``Request timeout expired``
   (UNAVAILABLE); ``MockTriton.infer`` sends no timeout.
+  ``default_queue_policy.max_queue_size`` bounds the requests waiting for the instance
+  (one queue; priority levels are not modelled): a request that finds it full is refused
+  at once with ``[request id: <id>] Exceeds maximum queue size`` (UNAVAILABLE), as core
+  r24.10's ``PolicyQueue::Enqueue``.
 * ``async def execute`` runs on a per-model event loop in a daemon thread and the caller
   waits for it, as the r24.10 stub does (``run_coroutine_threadsafe(...).result()``);
   ``async_exec`` is ``loop.run_in_executor(None, exec)`` as in the stub. The stub also

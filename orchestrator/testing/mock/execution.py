@@ -56,6 +56,19 @@ def queue_timeout_us(model: LoadedModel, req: Req) -> int:
     return timeout
 
 
+def max_queue_size(model: LoadedModel) -> int:
+    """The queue policy's ``max_queue_size`` of ``model`` (0: unbounded), as core r24.10's
+    ``PolicyQueue::Enqueue`` reads it; priorities are not modelled (one queue)."""
+    policy = (model.config.get("dynamic_batching") or {}).get("default_queue_policy") or {}
+    return int(policy.get("max_queue_size") or 0)
+
+
+def queue_full_error(req: Req) -> Err:
+    """Core r24.10's refusal of a request that finds the queue full: UNAVAILABLE,
+    ``[request id: <id>] Exceeds maximum queue size`` (``<id_unknown>`` without an id)."""
+    return Err(f"[request id: {req.request_id or '<id_unknown>'}] Exceeds maximum queue size", ErrorCode.UNAVAILABLE, "exec")
+
+
 def batch_signature(model: LoadedModel, req: Req) -> tuple:
     """What requests must share to go into one batch: the shape of each variable-size
     input without ``allow_ragged_batch`` (and of shape tensors) and, for models with
@@ -254,10 +267,27 @@ class Executor:
         return results  # type: ignore[return-value]
 
     def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+        """``reqs`` through the model's queue (``max_queue_size``: a request that finds it
+        full is refused at once) and its instance."""
+        limit = max_queue_size(model)
+        accepted = len(reqs)
+        if limit:
+            with model.queue_lock:
+                accepted = max(0, min(len(reqs), limit - model.queued))
+                model.queued += accepted
+        results = self._wait_and_run(model, reqs[:accepted], bool(limit)) if accepted else []
+        return results + [queue_full_error(r) for r in reqs[accepted:]]
+
+    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], counted: bool = False) -> List[Result]:
+        """Wait for the instance (``counted``: ``reqs`` are in ``model.queued`` until then)."""
         server = self._server
         n = len(reqs)
         enqueued = time.monotonic()
-        if not model.lock.acquire(timeout=server.instance_wait_timeout):
+        acquired = model.lock.acquire(timeout=server.instance_wait_timeout)
+        if counted:
+            with model.queue_lock:
+                model.queued -= n
+        if not acquired:
             err = Err(
                 f"mock_triton: waited {server.instance_wait_timeout}s for the instance of model "
                 f"'{model.name}' (deadlock? e.g. a model calling itself)",

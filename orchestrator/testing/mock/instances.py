@@ -54,6 +54,9 @@ class LoadedModel:
         self.instance: Any = None
         self.steps: List[Step] = []
         self.lock = threading.RLock()
+        # requests waiting for the instance (the queue that max_queue_size bounds)
+        self.queued = 0
+        self.queue_lock = threading.Lock()
         self.initialized = False
         self.finalizing = False
         self.ready = False

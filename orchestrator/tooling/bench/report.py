@@ -16,11 +16,14 @@ WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
 # The section `make bench-features` writes (orchestrator.tooling.bench.features), kept across runs.
 FEATURES_START = "<!-- bench-features:start (written by `make bench-features`) -->"
 FEATURES_END = "<!-- bench-features:end -->"
+# The section `make bench-overload` writes (orchestrator.tooling.bench.overload), kept across runs.
+OVERLOAD_START = "<!-- bench-overload:start (written by `make bench-overload`) -->"
+OVERLOAD_END = "<!-- bench-overload:end -->"
 # The section `make bench-long` writes (orchestrator.tooling.bench.long_texts), kept across runs.
 LONG_START = "<!-- bench-long:start (written by `make bench-long`) -->"
 LONG_END = "<!-- bench-long:end -->"
 #: Sections other commands write into benchmarks.md; ``make bench`` keeps them as they are.
-KEPT_SECTIONS = ((LONG_START, LONG_END), (FEATURES_START, FEATURES_END))
+KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END))
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.
@@ -62,8 +65,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     """``benchmarks.md`` from a run's ``results`` (pure: every figure comes from ``results``).
 
     ``existing``: the current file, whose "What we tried" block (between the
-    ``what-we-tried`` markers) and the sections of ``make bench-features`` and ``make
-    bench-long`` (:data:`KEPT_SECTIONS`) are kept as they are.
+    ``what-we-tried`` markers) and the sections of ``make bench-overload``, ``make
+    bench-long`` and ``make bench-features`` (:data:`KEPT_SECTIONS`) are kept as they are.
     """
     r = results
     meas = r["measurements"]

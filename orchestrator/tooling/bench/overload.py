@@ -1,0 +1,511 @@
+"""Overload benchmark (issue 20): open-loop Poisson load at 1x, 2x and 4x the ensemble's
+capacity against ``ensemble``, ``router`` (the shipped one, with its queue policy) and
+``router_overload`` (the same with the cascade's overload mode), in one run of one server.
+
+``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs]``:
+
+1. copies ``model_repository/`` and adds ``router_overload``: the shipped router whose
+   cascade node gets ``overload`` = :data:`OVERLOAD` (``docs/policies/overload.yaml`` is
+   the same policy, for users), and ``router_timeout``: the shipped router with its queue
+   bounded by time instead of size (:data:`TIMEOUT_QUEUE`), and ``router_two``: the shipped
+   router with two instances (:data:`TWO_INSTANCES`);
+2. starts one embedded server with every model the three need;
+3. **unloaded**: each model alone, one request at a time (closed loop, concurrency 1):
+   the latency floor (p50, p99) each is compared with;
+4. **capacity**: the ensemble's throughput in closed loop at concurrency
+   :data:`CAPACITY_CONCURRENCY` (answered requests per second): 1x;
+5. **open loop**: for each of 1x, 2x, 4x (:func:`rate_plan`) and each model in turn,
+   Poisson arrivals (exponential gaps, a fixed seed per level) for ``level_s`` seconds,
+   each request one labeled held-out text with threshold 0.5 (the same arrivals and texts
+   for every model of a level), sent whether or not the
+   earlier ones were answered (``tritonclient.grpc.aio``, one channel); requests still
+   unanswered ``grace_s`` after the last arrival are cancelled and counted as unfinished
+   (their latency is at least the time they waited, which the percentiles use), then the
+   server drains before the next level;
+6. writes ``<out>/bench/overload.json`` and the section between :data:`OVERLOAD_START` and
+   :data:`OVERLOAD_END` of ``<out>/benchmarks.md`` (``make bench`` keeps it).
+
+Why not perf_analyzer for the open loop: perf_analyzer 2.41 (the one that ships in a
+wheel) ends a run at the first failed request (client r23.12 ``LoadWorker::ShouldExit``:
+any non-OK ``cb_status_``), so it cannot measure a server that refuses excess load, and it
+never looks at answers. The generator here counts refusals by their gRPC code and checks
+every answer's verdict against the text's label: accuracy is over every answered request
+of a level (a refused request has no answer and is not in it).
+
+Units: latency in milliseconds from the client (send to answer), throughput in answered
+requests per second of the level's arrival window. Errors: :class:`BenchError`, the
+server's ``ServerError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+import yaml
+
+from orchestrator.tooling.bench.machine import machine_info
+from orchestrator.tooling.bench.plan import BenchError
+from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START
+from orchestrator.tooling.paths import PROJECT_ROOT
+
+REPO = PROJECT_ROOT / "model_repository"
+COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
+MODELS = ("ensemble", "router", "router_overload", "router_timeout", "router_two")
+#: ``router_timeout``: the shipped router with its queue bounded by time instead of size
+#: (Triton 2.51's batcher can stall up to 500 ms while a size-bounded queue is full;
+#: docs/reliability.md "Overload"): these ``default_queue_policy`` fields replaced.
+TIMEOUT_QUEUE = {"max_queue_size": 1024, "default_timeout_microseconds": 40000}
+#: ``router_two``: the shipped router with two instances (``instance_group`` count), the
+#: other mitigation of that stall: a second idle instance makes the batcher's wait end.
+TWO_INSTANCES = 2
+MULTIPLIERS = (1.0, 2.0, 4.0)
+CAPACITY_CONCURRENCY = 16
+#: The cascade's overload mode in ``router_overload`` (and docs/policies/overload.yaml).
+OVERLOAD = {"target_ms": 40, "cap_ms": 120}
+THRESHOLD = 0.5
+#: The p99 goal of issue 20: at 4x, the router's p99 at most this times its unloaded p99.
+P99_GOAL = 3.0
+SERVER_MODELS = ("tokenizer", "postprocess", "classifier", "classifier_fast", *MODELS)
+
+
+@dataclass
+class Record:
+    """One request of a level: ``start``/``end`` seconds (monotonic; ``end`` None:
+    unfinished), ``code`` (``"OK"``, a gRPC status name, or ``"UNFINISHED"``), the text's
+    ``label``, the answer's ``verdict`` and ``route`` (None without an answer)."""
+
+    start: float
+    end: Optional[float]
+    code: str
+    label: int
+    verdict: Optional[bool] = None
+    route: Optional[str] = None
+    message: str = ""
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def rate_plan(capacity: float, multipliers: Sequence[float] = MULTIPLIERS) -> List[Dict[str, float]]:
+    """``[{"multiplier", "rate"}]``: request rates (requests/s) at ``multipliers`` x
+    ``capacity``. Raises BenchError when ``capacity`` is not a positive finite number."""
+    if not (isinstance(capacity, (int, float)) and math.isfinite(capacity) and capacity > 0):
+        raise BenchError(f"the ensemble's capacity must be a positive number of requests/s, got {capacity!r}")
+    return [{"multiplier": float(m), "rate": round(float(m) * float(capacity), 2)} for m in multipliers]
+
+
+def poisson_arrivals(rate: float, duration_s: float, seed: int) -> List[float]:
+    """Arrival times (seconds from 0, increasing, all < ``duration_s``) of a Poisson
+    process of ``rate`` per second: exponential gaps from ``random.Random(seed)``."""
+    if rate <= 0 or duration_s <= 0:
+        raise BenchError(f"rate and duration must be positive, got {rate}, {duration_s}")
+    rng = random.Random(seed)
+    out, t = [], rng.expovariate(rate)
+    while t < duration_s:
+        out.append(t)
+        t += rng.expovariate(rate)
+    return out
+
+
+def _pct(values: Sequence[float], q: float) -> Optional[float]:
+    return round(float(np.percentile(values, q)), 1) if len(values) else None
+
+
+def summarize(records: Sequence[Record], window_s: float, now: Optional[float] = None) -> Dict[str, Any]:
+    """One level's figures from its ``records``.
+
+    Returns ``{"sent", "answered", "refused" (UNAVAILABLE: the queue policy), "errors"
+    (other codes), "unfinished", "throughput" (answered / window_s, requests/s),
+    "p50_ms", "p99_ms" (over answered and unfinished requests; an unfinished one counts
+    with the time it waited until ``now`` or its cancel, a lower bound), "p99_lower_bound"
+    (True with unfinished requests: a percentile of values some of which are lower bounds is
+    itself a lower bound), "answered_p99_ms", "accuracy_pct"
+    (verdict == label over answered requests), "overload_share_pct" (answers whose ROUTE
+    ends ``:overload``), "escalated_share_pct" (ROUTE ``classifier``), "codes" (count per
+    code), "refusal_messages" (distinct texts, at most 3)}``.
+    """
+    answered = [r for r in records if r.code == "OK"]
+    unfinished = [r for r in records if r.code == "UNFINISHED"]
+    refused = [r for r in records if r.code == "UNAVAILABLE"]
+    lat = [(r.end - r.start) * 1000.0 for r in answered if r.end is not None]
+    waited = [((r.end if r.end is not None else (now or r.start)) - r.start) * 1000.0 for r in unfinished]
+    both = lat + waited
+    codes: Dict[str, int] = {}
+    for r in records:
+        codes[r.code] = codes.get(r.code, 0) + 1
+    correct = sum(1 for r in answered if r.verdict == bool(r.label))
+    routes = [r.route or "" for r in answered]
+    share = (lambda n: round(100.0 * n / len(answered), 1) if answered else None)  # noqa: E731
+    return {
+        "sent": len(records),
+        "answered": len(answered),
+        "refused": len(refused),
+        "errors": len(records) - len(answered) - len(refused) - len(unfinished),
+        "unfinished": len(unfinished),
+        "throughput": round(len(answered) / window_s, 1) if window_s > 0 else None,
+        "p50_ms": _pct(both, 50),
+        "p99_ms": _pct(both, 99),
+        "p99_lower_bound": bool(unfinished),
+        "answered_p99_ms": _pct(lat, 99),
+        "accuracy_pct": round(100.0 * correct / len(answered), 2) if answered else None,
+        "overload_share_pct": share(sum(1 for r in routes if r.endswith(":overload"))),
+        "escalated_share_pct": share(sum(1 for r in routes if r.split(":")[-1] == "classifier"
+                                          or r == "chunked:classifier")),
+        "codes": dict(sorted(codes.items())),
+        "refusal_messages": sorted({r.message for r in refused})[:3],
+    }
+
+
+def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str, Any]:
+    """Issue 20's goal for ``model``: its p99 at 4x over its unloaded p99, against
+    :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met", "stalled"}``. ``met`` is None
+    when not measured, or when the unloaded p99 is over 10x the unloaded p50 (``stalled``:
+    a stall among the unloaded requests makes the bound meaningless)."""
+    unloaded = (results.get("unloaded") or {}).get(model, {})
+    top = max(results.get("levels") or [{}], key=lambda lv: lv.get("multiplier", 0))
+    loaded = (top.get("models") or {}).get(model, {}).get("p99_ms")
+    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
+    ratio = round(loaded / p99, 2) if loaded and p99 else None
+    stalled = bool(p99 and p50 and p99 > 10 * p50)
+    met = None if ratio is None or stalled else ratio <= P99_GOAL
+    return {"model": model, "ratio": ratio, "bound": P99_GOAL, "met": met, "stalled": stalled}
+
+
+def _cell(x: Any, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x}{suffix}"
+
+
+def render_section(r: Mapping[str, Any]) -> str:
+    """The ``benchmarks.md`` section for the results ``r`` of one run (pure)."""
+    cap = r["capacity"]
+    L = [OVERLOAD_START, "## Overload: open-loop load at 1x, 2x and 4x the ensemble's capacity (issue 20)", ""]
+    L.append(f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
+             f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
+             f"raw figures in `bench/overload.json`.")
+    if r.get("quick"):
+        L += ["", "> **`--quick` run**: short levels; the figures are a smoke test, not a benchmark."]
+    L += ["", f"Capacity (1x): the ensemble's throughput in closed loop at concurrency {cap['concurrency']}, "
+          f"{cap['throughput']} requests/s ({cap['answered']} answered in {cap['seconds']} s). Each level sends Poisson "
+          f"arrivals for {r['level_s']} s per model (one labeled held-out text per request, threshold {THRESHOLD}, "
+          "gRPC; within a level every model gets the same arrival times and texts, and the unloaded runs the same "
+          "texts); "
+          f"requests unanswered {r['grace_s']} s after the last arrival are cancelled and counted as unfinished, "
+          "with the time they waited (a lower bound) in the percentiles (marked >=). Refused: gRPC UNAVAILABLE from "
+          "the router's queue policy (`max_queue_size`, `default_timeout_microseconds`; retryable). Accuracy: verdict "
+          "against label over the answered requests of the level. `router_overload`: the shipped policy with the "
+          f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: the "
+          f"shipped router with its queue bounded by time instead of size ({json.dumps(r.get('timeout_queue', TIMEOUT_QUEUE))}). "
+          f"`router_two`: the shipped router with {r.get('two_instances', TWO_INSTANCES)} instances. Why those two: "
+          "docs/reliability.md, \"Overload\" (Triton 2.51's batcher stalls while a size-bounded queue is full).", "",
+          "| model | unloaded p50, ms | unloaded p99, ms | unloaded accuracy, % |", "|---|---|---|---|"]
+    for m in r["models"]:
+        u = r["unloaded"][m]
+        L.append(f"| `{m}` | {_cell(u['p50_ms'])} | {_cell(u['p99_ms'])} | {_cell(u['accuracy_pct'])} |")
+    L += ["", "| load | model | rate, req/s | sent | answered/s | p50, ms | p99, ms | refused | other errors | unfinished | "
+          "accuracy, % | kept for load, % | escalated, % |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for lv in r["levels"]:
+        for m in r["models"]:
+            x = lv["models"][m]
+            p99 = ("&ge; " if x["p99_lower_bound"] else "") + _cell(x["p99_ms"])
+            L.append(f"| {lv['multiplier']:g}x | `{m}` | {lv['rate']} | {x['sent']} | {_cell(x['throughput'])} | "
+                     f"{_cell(x['p50_ms'])} | {p99} | {x['refused']} | {x['errors']} | {x['unfinished']} | "
+                     f"{_cell(x['accuracy_pct'])} | {_cell(x['overload_share_pct'])} | {_cell(x['escalated_share_pct'])} |")
+    L += [""]
+    for g in r["goals"]:
+        u = r["unloaded"].get(g["model"], {})
+        met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
+        note = (f" (its unloaded p99, {u.get('p99_ms')} ms, is over 10x its p50, {u.get('p50_ms')} ms: a stall among "
+                "the unloaded requests makes the bound meaningless)") if g.get("stalled") else ""
+        L.append(f"- Goal (issue 20): at 4x, `{g['model']}`'s p99 at most {g['bound']:g}x its unloaded p99: "
+                 f"{_cell(g['ratio'], 'x')}, {met}{note}.")
+    msgs = sorted({m for lv in r["levels"] for x in lv["models"].values() for m in x["refusal_messages"]})
+    if msgs:
+        L += ["", "Refusal texts seen: " + "; ".join(f"`{m}`" for m in msgs[:3]) + "."]
+    L += ["", OVERLOAD_END]
+    return "\n".join(L)
+
+
+def write_section(report: Path, section: str) -> None:
+    """Replace the section between the markers in ``report``, or append it."""
+    text = report.read_text() if report.is_file() else ""
+    if OVERLOAD_START in text and OVERLOAD_END in text:
+        text = text[:text.index(OVERLOAD_START)] + section + text[text.index(OVERLOAD_END) + len(OVERLOAD_END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    report.write_text(text)
+
+
+def overload_policy(shipped: Mapping[str, Any], overload: Mapping[str, Any] = OVERLOAD) -> Dict[str, Any]:
+    """``shipped`` (a policy document) with ``overload`` set on every cascade node.
+    Raises BenchError when it has none."""
+    doc = json.loads(json.dumps(shipped))
+    found = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if node.get("kind") == "cascade":
+                node["overload"] = dict(overload)
+                found.append(node)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(doc.get("root"))
+    if not found:
+        raise BenchError("the policy has no cascade node to put in overload mode")
+    return doc
+
+
+def set_queue_policy(config_path: Path, fields: Mapping[str, int]) -> None:
+    """Set ``fields`` of ``dynamic_batching.default_queue_policy`` in ``config_path``
+    (through ``model_config.proto``). Raises BenchError when the config has no queue policy."""
+    from orchestrator.tooling.repository import read_config, write_config
+
+    config = read_config(config_path)
+    if not config.dynamic_batching.HasField("default_queue_policy"):
+        raise BenchError(f"{config_path}: no dynamic_batching.default_queue_policy to change")
+    for key, value in fields.items():
+        setattr(config.dynamic_batching.default_queue_policy, key, value)
+    write_config(config_path, config, [f"Benchmark variant (orchestrator.tooling.bench.overload): queue policy {dict(fields)}."])
+
+
+def set_instances(config_path: Path, count: int) -> None:
+    """Set the first ``instance_group``'s ``count`` in ``config_path`` (through the proto).
+    Raises BenchError when the config has no instance group."""
+    from orchestrator.tooling.repository import read_config, write_config
+
+    config = read_config(config_path)
+    if not config.instance_group:
+        raise BenchError(f"{config_path}: no instance_group to change")
+    config.instance_group[0].count = count
+    write_config(config_path, config, [f"Benchmark variant (orchestrator.tooling.bench.overload): {count} instances."])
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+def _bytes_tensor(value: bytes) -> bytes:
+    """One BYTES element as the KServe v2 gRPC raw contents: 4-byte little-endian length + bytes."""
+    return len(value).to_bytes(4, "little") + value
+
+
+class Sender:
+    """One ``grpc.aio`` channel to Triton's ``GRPCInferenceService`` (tritonclient's
+    generated ``service_pb2``), each request built once per (model, text) and reused: the
+    client's own CPU cost per request stays small on a machine it shares with the server."""
+
+    def __init__(self, url: str) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+        self.grpc, self.pb = grpc, service_pb2
+        self.channel = grpc.aio.insecure_channel(url, options=[("grpc.max_receive_message_length", 1 << 24)])
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.cache: Dict[tuple, Any] = {}
+        self.threshold = np.array([THRESHOLD], "<f4").tobytes()
+
+    def request(self, model: str, text: str) -> Any:
+        key = (model, text)
+        req = self.cache.get(key)
+        if req is None:
+            req = self.pb.ModelInferRequest(model_name=model)
+            for name, dtype in (("TEXT", "BYTES"), ("THRESHOLD", "FP32")):
+                t = req.inputs.add()
+                t.name, t.datatype = name, dtype
+                t.shape.extend([1, 1])
+            req.raw_input_contents.extend([_bytes_tensor(text.encode()), self.threshold])
+            for name in ("VERDICTS", "ROUTE") if model != "ensemble" else ("VERDICTS",):
+                req.outputs.add().name = name
+            self.cache[key] = req
+        return req
+
+    async def one(self, model: str, text: str, label: int) -> Record:
+        start = time.monotonic()
+        try:
+            resp = await self.stub.ModelInfer(self.request(model, text))
+        except self.grpc.aio.AioRpcError as exc:
+            return Record(start, time.monotonic(), exc.code().name, label, message=(exc.details() or "")[:200])
+        except asyncio.CancelledError:
+            return Record(start, None, "UNFINISHED", label)
+        end = time.monotonic()
+        raw = {o.name: resp.raw_output_contents[i] for i, o in enumerate(resp.outputs)}
+        route = raw["ROUTE"][4:].decode() if "ROUTE" in raw else model
+        return Record(start, end, "OK", label, bool(raw["VERDICTS"][0]), route)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+async def closed_loop(sender: Sender, model: str, examples: Sequence[tuple], concurrency: int, seconds: float) -> List[Record]:
+    """``concurrency`` workers sending the next example as soon as their last is answered."""
+    out: List[Record] = []
+    nxt = iter(range(10 ** 9))
+    stop = time.monotonic() + seconds
+
+    async def worker() -> None:
+        while time.monotonic() < stop:
+            i = next(nxt)
+            text, label = examples[i % len(examples)]
+            out.append(await sender.one(model, text, label))
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return out
+
+
+async def open_loop(sender: Sender, model: str, examples: Sequence[tuple], arrivals: Sequence[float],
+                    grace_s: float) -> tuple:
+    """Send example ``i`` at ``arrivals[i]`` seconds; returns ``(records, window_s, end)``."""
+    tasks: List[asyncio.Task] = []
+    t0 = time.monotonic()
+    for i, at in enumerate(arrivals):
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        text, label = examples[i % len(examples)]
+        tasks.append(asyncio.ensure_future(sender.one(model, text, label)))
+    window = max(arrivals[-1] if arrivals else 0.0, time.monotonic() - t0)
+    done, pending = await asyncio.wait(tasks, timeout=grace_s) if tasks else (set(), set())
+    now = time.monotonic()
+    for t in pending:
+        t.cancel()
+    records = list(await asyncio.gather(*tasks))
+    for r in records:  # a cancelled request waited until the cancel
+        if r.code == "UNFINISHED":
+            r.end = now
+    return records, window, now
+
+
+async def wait_drained(url: str, quiet_s: float = 1.0, limit_s: float = 120.0) -> float:
+    """Wait until no model's execution count changes for ``quiet_s``; returns seconds waited."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    start = time.monotonic()
+    try:
+        last, stable_since = None, time.monotonic()
+        while time.monotonic() - start < limit_s:
+            stats = await client.get_inference_statistics(as_json=True)
+            total = sum(int(m.get("execution_count", 0)) for m in stats.get("model_stats", []))
+            if total != last:
+                last, stable_since = total, time.monotonic()
+            elif time.monotonic() - stable_since >= quiet_s:
+                break
+            await asyncio.sleep(0.25)
+    finally:
+        await client.close()
+    return round(time.monotonic() - start, 1)
+
+
+def _load() -> List[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _log(msg: str) -> None:
+    print(f"[bench-overload {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, grace_s: float, unloaded_n: int,
+                      capacity_s: float, multipliers: Sequence[float] = MULTIPLIERS,
+                      models: Sequence[str] = MODELS) -> Dict[str, Any]:
+    """Steps 3-5 of the module docstring against the server at ``url`` (gRPC host:port)."""
+    sender = Sender(url)
+    out: Dict[str, Any] = {"unloaded": {}, "levels": []}
+    k = unloaded_n
+    try:
+        for m in models:  # warm each model's path once
+            for text, label in examples[:8]:
+                await sender.one(m, text, label)
+        for m in models:  # the same texts for every model
+            recs = [await sender.one(m, *examples[i % len(examples)]) for i in range(unloaded_n)]
+            s = summarize(recs, 1.0)
+            out["unloaded"][m] = {key: s[key] for key in ("answered", "p50_ms", "p99_ms", "accuracy_pct", "codes")}
+            _log(f"unloaded {m}: p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
+        recs = await closed_loop(sender, "ensemble", examples[k:], CAPACITY_CONCURRENCY, capacity_s)
+        k += len(recs)
+        cap = summarize(recs, capacity_s)
+        if cap["answered"] != len(recs):
+            raise BenchError(f"the ensemble refused or failed {len(recs) - cap['answered']} requests in closed loop: {cap['codes']}")
+        out["capacity"] = {"concurrency": CAPACITY_CONCURRENCY, "seconds": capacity_s, "answered": cap["answered"],
+                           "throughput": cap["throughput"], "p50_ms": cap["p50_ms"], "p99_ms": cap["p99_ms"]}
+        _log(f"capacity: {cap['throughput']} req/s")
+        await wait_drained(url)
+        for j, plan in enumerate(rate_plan(cap["throughput"], multipliers)):
+            level: Dict[str, Any] = {**plan, "models": {}}
+            arrivals = poisson_arrivals(plan["rate"], level_s, seed=20 + j)
+            shift = k % len(examples)  # each level its own texts, the same for every model
+            level_examples = list(examples[shift:]) + list(examples[:shift])
+            k += len(arrivals)
+            for m in models:
+                recs, window, now = await open_loop(sender, m, level_examples, arrivals, grace_s)
+                s = summarize(recs, window, now)
+                s["drain_s"] = await wait_drained(url)
+                level["models"][m] = s
+                _log(f"{plan['multiplier']:g}x {m}: {s['throughput']} answered/s, p99 {s['p99_ms']} ms, "
+                     f"refused {s['refused']}, unfinished {s['unfinished']}, accuracy {s['accuracy_pct']}")
+            out["levels"].append(level)
+    finally:
+        await sender.close()
+    return out
+
+
+def run(out: Path, quick: bool = False) -> Dict[str, Any]:
+    """The whole benchmark (module docstring); writes the outputs and returns the results."""
+    from orchestrator.tooling.bench.variants import make_bench_repository
+    from orchestrator.tooling.modeling import data
+    from orchestrator.tooling.server import TritonServer
+
+    started = time.monotonic()
+    results: Dict[str, Any] = {"started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+                               "load_start": _load(), "machine": machine_info(), "command": COMMAND, "quick": quick,
+                               "models": list(MODELS), "overload": OVERLOAD, "timeout_queue": TIMEOUT_QUEUE, "two_instances": TWO_INSTANCES,
+                               "level_s": 5.0 if quick else 10.0, "grace_s": 5.0 if quick else 10.0}
+    held_out = data.held_out_examples()
+    order = np.random.RandomState(20).permutation(len(held_out))
+    examples = [(held_out[i].text, int(held_out[i].label)) for i in order]
+    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
+        repo = make_bench_repository(Path(tmp) / "model_repository", REPO, variants={
+            "router_overload": {"base": "router", "policy_root": overload_policy(shipped)["root"]},
+            "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
+        set_queue_policy(repo / "router_timeout" / "config.pbtxt", TIMEOUT_QUEUE)
+        set_instances(repo / "router_two" / "config.pbtxt", TWO_INSTANCES)
+        with TritonServer(repo, models=list(SERVER_MODELS)) as server:
+            results.update(asyncio.run(measure_all(
+                server.grpc_url, examples, level_s=results["level_s"], grace_s=results["grace_s"],
+                unloaded_n=50 if quick else 200, capacity_s=5.0 if quick else 15.0)))
+    results["load_end"] = _load()
+    results["goals"] = [goal(results, m) for m in MODELS if m != "ensemble"]
+    results["wall_s"] = round(time.monotonic() - started, 1)
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    (out / "bench" / "overload.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_section(out / "benchmarks.md", render_section(results))
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.overload",
+                                     description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
+    args = parser.parse_args(argv)
+    print(render_section(run(args.out, quick=args.quick)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

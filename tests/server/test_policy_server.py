@@ -76,6 +76,12 @@ def test_on_demand_model_loads_once_then_unloads_when_idle(triton):
     assert metric(settled_metrics(triton), "orchestrator_model_unloads_total", **unloads) == 1
     # and it comes back on the next use
     assert routes(call(triton, "router_ondemand", TEXTS[:1], parameters={"route": "spare"})) == ["classifier_spare"]
+    # leave the shared server as found: its idle unload done (with --strict-readiness the
+    # server is not ready while a model unloads, which later tests assert)
+    deadline = time.monotonic() + 30
+    while state(triton, "classifier_spare") in ("READY", "UNLOADING", "LOADING") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert state(triton, "classifier_spare") not in ("READY", "UNLOADING", "LOADING")
 
 
 def test_an_on_demand_model_in_no_repository_fails_over_without_a_load_request(triton):

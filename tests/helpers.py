@@ -106,6 +106,8 @@ def _ondemand_policy(model: str, idle: float) -> dict:
 
 
 # Models of the test repository that the session server does not load at start.
+#: The shipped router with ``repository.QUEUE_POLICY`` (the shipped one has none).
+QUEUE_VARIANT = "router_queue"
 NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
 
 
@@ -125,6 +127,9 @@ def make_test_repository(dest: Path) -> Path:
     add_router_variant(dest, BLS_VARIANT, document)
     add_router_variant(dest, STRICT_VARIANT, without_fallbacks(yaml.safe_load((REPO / "router" / "policy.yaml").read_text())))
     add_router_variant(dest, "router_ab", yaml.safe_load((ROOT / "docs" / "policies" / "ab_fallback.yaml").read_text()))
+    # the shipped router with the recommended queue policy (docs/reliability.md "Overload")
+    queued = add_router_variant(dest, QUEUE_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    repository.add_queue_policy(queued / "config.pbtxt")
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
     # on_demand on a model the server loaded itself: the router must never unload it

@@ -15,13 +15,14 @@ executes.
 
 Limits: the estimate is the oldest request's wait (a Poisson stream's mean request waited
 about half of it); a request that waited more than one ``execute`` (a queue longer than
-``max_batch_size``) counts as one period, which the router's ``max_queue_size`` (at most
-its ``max_batch_size``, ``config.pbtxt``) rules out; on a machine so loaded that the stub's
-turnaround exceeds ``busy_gap_s`` the backlog is missed (the queue policy still refuses).
+``max_batch_size``) counts as one period, which the recommended queue policy's
+``max_queue_size`` (16, at most its ``max_batch_size``; docs/reliability.md "Overload")
+rules out; on a machine so loaded that the stub's turnaround exceeds ``busy_gap_s`` the
+backlog is missed (a queue policy still refuses).
 It assumes one router instance (the shipped ``instance_group``); with more, each
 instance sees only its own executes and reads low. Triton 2.51's dynamic batcher can
-leave the instance idle up to 500 ms while a size-bounded queue is full
-(docs/reliability.md "Overload"): such a gap reads as idle.
+leave the instance idle up to 500 ms under any queue policy (docs/reliability.md
+"Overload"): such a gap reads as idle.
 The clock is injectable so tests drive it (``clock``: seconds, monotonic).
 """
 

@@ -1,5 +1,6 @@
-"""The router's queue policy and the cascade's overload mode in the in-process mock: the
-shipped config's keys parse through Triton's model_config definitions, a request that finds
+"""The router's recommended queue policy (``repository.QUEUE_POLICY``, on a copy of the
+shipped router: the shipped config has none, docs/reliability.md "Overload") and the
+cascade's overload mode in the in-process mock: the policy's keys parse through Triton's model_config definitions, a request that finds
 the queue full is refused at once with a retryable UNAVAILABLE while the queued ones are
 answered, and the router marks each execute on its queue-delay estimate."""
 
@@ -16,9 +17,11 @@ import yaml
 from orchestrator.runtime.load import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.testing.mock.execution import max_queue_size
-from tests.helpers import REPO, add_router_variant
+from orchestrator.tooling.repository import add_queue_policy
+from tests.helpers import QUEUE_VARIANT, REPO, add_router_variant
 
 VARIANT = "router_overload_test"
+QUEUED = QUEUE_VARIANT
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +34,10 @@ def mock(tmp_path_factory):
     assert cascade["kind"] == "cascade"
     cascade.update(margin=1.0, overload={"target_ms": 10, "cap_ms": 50})
     add_router_variant(repo, VARIANT, document)
+    queued = add_router_variant(repo, QUEUED, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    add_queue_policy(queued / "config.pbtxt")
     with MockTriton(repo) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", "router", VARIANT):
+        for name in ("tokenizer", "classifier", "classifier_fast", "router", QUEUED, VARIANT):
             m.load(name)
         yield m
 
@@ -42,8 +47,9 @@ def inputs(texts, threshold=0.5):
     return {"TEXT": t, "THRESHOLD": np.full((len(texts), 1), threshold, np.float32)}
 
 
-def test_the_shipped_queue_policy_parses_and_applies(mock):
-    router = mock.loaded("router")
+def test_the_recommended_queue_policy_parses_and_applies(mock):
+    assert "default_queue_policy" not in (mock.loaded("router").config.get("dynamic_batching") or {})
+    router = mock.loaded(QUEUED)
     batching = router.config["dynamic_batching"]
     assert int(batching["priority_levels"]) == 2
     assert int(batching["default_priority_level"]) == 2
@@ -51,13 +57,13 @@ def test_the_shipped_queue_policy_parses_and_applies(mock):
 
 
 def test_a_request_that_finds_the_queue_full_is_refused_at_once_and_the_queued_ones_are_answered(mock):
-    router = mock.loaded("router")
+    router = mock.loaded(QUEUED)
     limit = max_queue_size(router)
     results = {}
 
     def send(i):
         try:
-            results[i] = mock.infer("router", inputs([f"text number {i}, a fine film"]), request_id=f"r{i}")
+            results[i] = mock.infer(QUEUED, inputs([f"text number {i}, a fine film"]), request_id=f"r{i}")
         except InferError as exc:
             results[i] = exc
 
@@ -122,8 +128,8 @@ def test_the_router_marks_each_execute_and_keeps_texts_at_the_first_stage_under_
     assert after - before == 2
 
 
-def test_the_queue_timeout_is_the_shipped_default_or_a_shorter_client_timeout(mock):
-    router = mock.loaded("router")
+def test_the_queue_timeout_is_the_recommended_default_or_a_shorter_client_timeout(mock):
+    router = mock.loaded(QUEUED)
     policy = router.config["dynamic_batching"]["default_queue_policy"]
     assert policy["timeout_action"] == "REJECT" and policy["allow_timeout_override"] is True
     assert int(policy["default_timeout_microseconds"]) == 5_000_000

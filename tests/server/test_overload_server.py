@@ -1,4 +1,6 @@
-"""The router's queue policy on a real tritonserver (Triton 2.51): a burst larger than the
+"""The router's recommended queue policy (``repository.QUEUE_POLICY``, on the test
+repository's ``router_queue``: the shipped router has none on 2.51, docs/reliability.md
+"Overload") on a real tritonserver (Triton 2.51): a burst larger than the
 queue gets retryable refusals (gRPC UNAVAILABLE ``Exceeds maximum queue size``) while every
 other request is answered as it is alone, none lost; requests of priority 1 have their own
 queue and are not refused by a burst of default-priority ones; HTTP reports 503."""
@@ -11,14 +13,16 @@ import concurrent.futures
 import numpy as np
 import pytest
 
-from orchestrator.tooling.repository import read_config
-from tests.helpers import REPO
+from orchestrator.tooling.repository import QUEUE_POLICY, read_config
+from tests.helpers import QUEUE_VARIANT, REPO
+
+MODEL = QUEUE_VARIANT
 
 BURST = 160  # ten times the queue: the router cannot take them all in one execute
 
 
 def queue_size() -> int:
-    return int(read_config(REPO / "router" / "config.pbtxt").dynamic_batching.default_queue_policy.max_queue_size)
+    return int(QUEUE_POLICY["max_queue_size"])
 
 
 def texts(n: int) -> list:
@@ -40,7 +44,7 @@ async def burst(url: str, items: list, priority: int = 0) -> list:
         thr = grpcclient.InferInput("THRESHOLD", [1, 1], "FP32")
         thr.set_data_from_numpy(np.array([[0.5]], np.float32))
         try:
-            r = await client.infer("router", [t, thr], request_id=rid, priority=priority)
+            r = await client.infer(MODEL, [t, thr], request_id=rid, priority=priority)
         except InferenceServerException as exc:
             return (str(exc.status()).replace("StatusCode.", ""), exc.message())
         assert r.get_response().id == rid
@@ -61,13 +65,20 @@ def alone(url: str, text: str) -> float:
         t.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
         thr = grpcclient.InferInput("THRESHOLD", [1, 1], "FP32")
         thr.set_data_from_numpy(np.array([[0.5]], np.float32))
-        return float(client.infer("router", [t, thr]).as_numpy("PROBABILITIES")[0, 0])
+        return float(client.infer(MODEL, [t, thr]).as_numpy("PROBABILITIES")[0, 0])
     finally:
         client.close()
 
 
-def test_the_shipped_router_has_a_bounded_queue():
-    assert 0 < queue_size() <= read_config(REPO / "router" / "config.pbtxt").max_batch_size
+def test_the_shipped_router_has_no_queue_policy_and_the_variant_the_recommended_one(test_repository):
+    """Triton 2.51's batcher without prefetching (any queue policy) stalls the router
+    (docs/reliability.md "Overload"), so the shipped config has none; ``router_queue`` is the
+    shipped router with exactly ``QUEUE_POLICY``."""
+    shipped = read_config(REPO / "router" / "config.pbtxt").dynamic_batching
+    assert not shipped.HasField("default_queue_policy") and shipped.priority_levels == 0
+    variant = read_config(test_repository / MODEL / "config.pbtxt").dynamic_batching
+    assert variant.default_queue_policy.max_queue_size == queue_size() <= read_config(REPO / "router" / "config.pbtxt").max_batch_size
+    assert variant.priority_levels == 2 and variant.default_priority_level == 2
 
 
 def test_a_burst_over_the_queue_is_refused_with_unavailable_and_the_rest_answered_correctly(triton):
@@ -116,7 +127,7 @@ def test_http_reports_a_refusal_as_503(triton):
             t.set_data_from_numpy(np.array([[items[i].encode()]], dtype=np.object_))
             thr = httpclient.InferInput("THRESHOLD", [1, 1], "FP32")
             thr.set_data_from_numpy(np.array([[0.5]], np.float32))
-            client.infer("router", [t, thr])
+            client.infer(MODEL, [t, thr])
             return None
         except InferenceServerException as exc:
             return (exc.status(), exc.message())

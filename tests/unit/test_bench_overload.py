@@ -112,22 +112,28 @@ def test_the_section_has_every_level_and_model_and_is_kept_by_make_bench(tmp_pat
     assert section in render_report(bench_results(), existing=text)
 
 
-def test_the_timeout_variant_changes_only_the_queue_policy(tmp_path):
+def test_the_queue_variants_add_the_recommended_policy_and_change_nothing_else(tmp_path):
     from orchestrator.tooling.bench.overload import TIMEOUT_QUEUE, set_queue_policy
-    from orchestrator.tooling.repository import read_config
+    from orchestrator.tooling.repository import QUEUE_POLICY, read_config
 
-    path = tmp_path / "config.pbtxt"
-    path.write_text((REPO / "router" / "config.pbtxt").read_text())
-    set_queue_policy(path, TIMEOUT_QUEUE)
-    changed, shipped = read_config(path), read_config(REPO / "router" / "config.pbtxt")
-    q = changed.dynamic_batching.default_queue_policy
-    assert (q.max_queue_size, q.default_timeout_microseconds) == (1024, 40000)
-    for key in TIMEOUT_QUEUE:
-        setattr(changed.dynamic_batching.default_queue_policy, key, getattr(shipped.dynamic_batching.default_queue_policy, key))
-    assert changed == shipped
+    shipped = read_config(REPO / "router" / "config.pbtxt")
+    assert not shipped.dynamic_batching.HasField("default_queue_policy")  # none on 2.51 (docs/reliability.md)
+    for fields, size, timeout in (({}, QUEUE_POLICY["max_queue_size"], QUEUE_POLICY["default_timeout_microseconds"]),
+                                  (TIMEOUT_QUEUE, 1024, 40000)):
+        path = tmp_path / "config.pbtxt"
+        path.write_text((REPO / "router" / "config.pbtxt").read_text())
+        set_queue_policy(path, fields)
+        changed = read_config(path)
+        q = changed.dynamic_batching.default_queue_policy
+        assert (q.max_queue_size, q.default_timeout_microseconds) == (size, timeout)
+        assert q.allow_timeout_override and q.timeout_action == q.REJECT
+        assert (changed.dynamic_batching.priority_levels, changed.dynamic_batching.default_priority_level) == (2, 2)
+        changed.dynamic_batching.ClearField("default_queue_policy")
+        changed.dynamic_batching.priority_levels = changed.dynamic_batching.default_priority_level = 0
+        assert changed == shipped
     bare = tmp_path / "bare.pbtxt"
-    bare.write_text('name: "m"\nbackend: "python"\nmax_batch_size: 4\ndynamic_batching { }\n')
-    with pytest.raises(BenchError, match="no dynamic_batching.default_queue_policy"):
+    bare.write_text('name: "m"\nbackend: "python"\nmax_batch_size: 4\n')
+    with pytest.raises(BenchError, match="no dynamic_batching"):
         set_queue_policy(bare, TIMEOUT_QUEUE)
 
 

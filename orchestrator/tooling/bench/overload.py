@@ -1,14 +1,17 @@
 """Overload benchmark (issue 20): open-loop Poisson load at 1x, 2x and 4x the ensemble's
-capacity against ``ensemble``, ``router`` (the shipped one, with its queue policy) and
-``router_overload`` (the same with the cascade's overload mode), in one run of one server.
+capacity against ``ensemble``, ``router`` (the shipped one: no queue policy on Triton 2.51),
+``router_queue`` (with the recommended queue policy, ``repository.QUEUE_POLICY``),
+``router_overload`` (that with the cascade's overload mode), ``router_timeout`` and
+``router_two``, in one run of one server.
 
 ``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs]``:
 
-1. copies ``model_repository/`` and adds ``router_overload``: the shipped router whose
-   cascade node gets ``overload`` = :data:`OVERLOAD` (``docs/policies/overload.yaml`` is
-   the same policy, for users), and ``router_timeout``: the shipped router with its queue
-   bounded by time instead of size (:data:`TIMEOUT_QUEUE`), and ``router_two``: the shipped
-   router with two instances (:data:`TWO_INSTANCES`);
+1. copies ``model_repository/`` and adds ``router_queue``: the shipped router with
+   ``repository.QUEUE_POLICY``; ``router_overload``: that router whose cascade node gets
+   ``overload`` = :data:`OVERLOAD` (``docs/policies/overload.yaml`` is the same policy, for
+   users); ``router_timeout``: ``router_queue`` with its queue bounded by time instead of
+   size (:data:`TIMEOUT_QUEUE`); ``router_two``: ``router_queue`` with two instances
+   (:data:`TWO_INSTANCES`);
 2. starts one embedded server with every model the three need;
 3. **unloaded**: each model alone, one request at a time (closed loop, concurrency 1):
    the latency floor (p50, p99) each is compared with;
@@ -63,12 +66,14 @@ from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
-MODELS = ("ensemble", "router", "router_overload", "router_timeout", "router_two")
-#: ``router_timeout``: the shipped router with its queue bounded by time instead of size
+MODELS = ("ensemble", "router", "router_queue", "router_overload", "router_timeout", "router_two")
+#: The routers given ``repository.QUEUE_POLICY`` (the shipped ``router`` has none).
+QUEUED = ("router_queue", "router_overload", "router_timeout", "router_two")
+#: ``router_timeout``: ``router_queue`` with its queue bounded by time instead of size
 #: (Triton 2.51's batcher can stall up to 500 ms while a size-bounded queue is full;
 #: docs/reliability.md "Overload"): these ``default_queue_policy`` fields replaced.
 TIMEOUT_QUEUE = {"max_queue_size": 1024, "default_timeout_microseconds": 40000}
-#: ``router_two``: the shipped router with two instances (``instance_group`` count), the
+#: ``router_two``: ``router_queue`` with two instances (``instance_group`` count), the
 #: other mitigation of that stall: a second idle instance makes the batcher's wait end.
 TWO_INSTANCES = 2
 MULTIPLIERS = (1.0, 2.0, 4.0)
@@ -205,11 +210,14 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"requests unanswered {r['grace_s']} s after the last arrival are cancelled and counted as unfinished, "
           "with the time they waited (a lower bound) in the percentiles (marked >=). Refused: gRPC UNAVAILABLE from "
           "the router's queue policy (`max_queue_size`, `default_timeout_microseconds`; retryable). Accuracy: verdict "
-          "against label over the answered requests of the level. `router_overload`: the shipped policy with the "
-          f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: the "
-          f"shipped router with its queue bounded by time instead of size ({json.dumps(r.get('timeout_queue', TIMEOUT_QUEUE))}). "
-          f"`router_two`: the shipped router with {r.get('two_instances', TWO_INSTANCES)} instances. Why those two: "
-          "docs/reliability.md, \"Overload\" (Triton 2.51's batcher stalls while a size-bounded queue is full).", "",
+          "against label over the answered requests of the level. `router`: the shipped router (no queue policy). "
+          "`router_queue`: the shipped router with the recommended queue policy (`repository.QUEUE_POLICY`: a queue "
+          "of 16, a 5 s REJECT timeout, two priority levels). `router_overload`: `router_queue` with the "
+          f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: "
+          f"`router_queue` with its queue bounded by time instead of size ({json.dumps(r.get('timeout_queue', TIMEOUT_QUEUE))}). "
+          f"`router_two`: `router_queue` with {r.get('two_instances', TWO_INSTANCES)} instances. Why the shipped "
+          "router has no queue policy, and why those variants: docs/reliability.md, \"Overload\" (under any queue "
+          "policy Triton 2.51's batcher can idle 500 ms between executes).", "",
           "| model | unloaded p50, ms | unloaded p99, ms | unloaded accuracy, % |", "|---|---|---|---|"]
     for m in r["models"]:
         u = r["unloaded"][m]
@@ -272,16 +280,19 @@ def overload_policy(shipped: Mapping[str, Any], overload: Mapping[str, Any] = OV
 
 
 def set_queue_policy(config_path: Path, fields: Mapping[str, int]) -> None:
-    """Set ``fields`` of ``dynamic_batching.default_queue_policy`` in ``config_path``
-    (through ``model_config.proto``). Raises BenchError when the config has no queue policy."""
-    from orchestrator.tooling.repository import read_config, write_config
+    """Give the router at ``config_path`` the recommended queue policy
+    (``repository.QUEUE_POLICY``, two priority levels) with ``fields`` over it (through
+    ``model_config.proto``). Raises BenchError when the config has no ``dynamic_batching``."""
+    from orchestrator.tooling.errors import ConfigError
+    from orchestrator.tooling.repository import add_queue_policy, read_config, write_config
 
+    try:
+        add_queue_policy(config_path, fields)
+    except ConfigError as exc:
+        raise BenchError(str(exc)) from None
     config = read_config(config_path)
-    if not config.dynamic_batching.HasField("default_queue_policy"):
-        raise BenchError(f"{config_path}: no dynamic_batching.default_queue_policy to change")
-    for key, value in fields.items():
-        setattr(config.dynamic_batching.default_queue_policy, key, value)
-    write_config(config_path, config, [f"Benchmark variant (orchestrator.tooling.bench.overload): queue policy {dict(fields)}."])
+    write_config(config_path, config, [f"Benchmark variant (orchestrator.tooling.bench.overload): queue policy "
+                                       f"repository.QUEUE_POLICY with {dict(fields)}."])
 
 
 def set_instances(config_path: Path, count: int) -> None:
@@ -480,9 +491,11 @@ def run(out: Path, quick: bool = False) -> Dict[str, Any]:
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
         repo = make_bench_repository(Path(tmp) / "model_repository", REPO, variants={
+            "router_queue": {"base": "router"},
             "router_overload": {"base": "router", "policy_root": overload_policy(shipped)["root"]},
             "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
-        set_queue_policy(repo / "router_timeout" / "config.pbtxt", TIMEOUT_QUEUE)
+        for name in QUEUED:
+            set_queue_policy(repo / name / "config.pbtxt", TIMEOUT_QUEUE if name == "router_timeout" else {})
         set_instances(repo / "router_two" / "config.pbtxt", TWO_INSTANCES)
         with TritonServer(repo, models=list(SERVER_MODELS)) as server:
             results.update(asyncio.run(measure_all(

@@ -56,7 +56,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, replace_section
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import read_config, write_config
 
@@ -402,13 +402,9 @@ def render_section(r: Mapping) -> str:
 
 
 def write_section(report: Path, section: str) -> None:
-    """Replace the section between the markers in ``report``, or append it."""
-    text = report.read_text() if report.is_file() else ""
-    if FEATURES_START in text and FEATURES_END in text:
-        text = text[:text.index(FEATURES_START)] + section + text[text.index(FEATURES_END) + len(FEATURES_END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    report.write_text(text)
+    """Replace the section between :data:`FEATURES_START` and :data:`FEATURES_END` in ``report``, or
+    append it (``report.replace_section``)."""
+    replace_section(report, section, FEATURES_START, FEATURES_END)
 
 
 # ----------------------------------------------------------------------------- run

@@ -70,7 +70,7 @@ from orchestrator.tooling.bench.plan import (
     BenchError,
     Spec,
 )
-from orchestrator.tooling.bench.report import LONG_END, LONG_START
+from orchestrator.tooling.bench.report import LONG_END, LONG_START, replace_section
 
 COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs)"
 #: The models compared, in table order.
@@ -213,14 +213,9 @@ def render_section(r: Mapping[str, Any]) -> str:
 
 
 def write_section(report: Path, section: str) -> None:
-    """Replace the section between :data:`LONG_START` and :data:`LONG_END` in ``report``,
-    or append it."""
-    text = report.read_text() if report.is_file() else ""
-    if LONG_START in text and LONG_END in text:
-        text = text[:text.index(LONG_START)] + section + text[text.index(LONG_END) + len(LONG_END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    report.write_text(text)
+    """Replace the section between :data:`LONG_START` and :data:`LONG_END` in ``report``, or
+    append it (``report.replace_section``)."""
+    replace_section(report, section, LONG_START, LONG_END)
 
 
 # ----------------------------------------------------------------------------- run

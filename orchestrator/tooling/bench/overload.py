@@ -61,7 +61,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START
+from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, replace_section
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
@@ -247,13 +247,9 @@ def render_section(r: Mapping[str, Any]) -> str:
 
 
 def write_section(report: Path, section: str) -> None:
-    """Replace the section between the markers in ``report``, or append it."""
-    text = report.read_text() if report.is_file() else ""
-    if OVERLOAD_START in text and OVERLOAD_END in text:
-        text = text[:text.index(OVERLOAD_START)] + section + text[text.index(OVERLOAD_END) + len(OVERLOAD_END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    report.write_text(text)
+    """Replace the section between :data:`OVERLOAD_START` and :data:`OVERLOAD_END` in ``report``, or
+    append it (``report.replace_section``)."""
+    replace_section(report, section, OVERLOAD_START, OVERLOAD_END)
 
 
 def overload_policy(shipped: Mapping[str, Any], overload: Mapping[str, Any] = OVERLOAD) -> Dict[str, Any]:

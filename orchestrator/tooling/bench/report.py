@@ -24,6 +24,21 @@ LONG_START = "<!-- bench-long:start (written by `make bench-long`) -->"
 LONG_END = "<!-- bench-long:end -->"
 #: Sections other commands write into benchmarks.md; ``make bench`` keeps them as they are.
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END))
+
+
+def replace_section(report: Path, section: str, start: str, end: str) -> None:
+    """Replace the part of ``report`` from marker ``start`` to marker ``end`` (both
+    included) with ``section``, or append ``section`` when the markers are absent (or the
+    file is). One of :data:`KEPT_SECTIONS`' writers (``make bench-features``, ``make
+    bench-long``, ``make bench-overload``)."""
+    text = report.read_text() if report.is_file() else ""
+    if start in text and end in text:
+        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    report.write_text(text)
+
+
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.

@@ -396,7 +396,7 @@ class Engine:
         contexts = {id(it.context): it.context for it in rows}
         for ctx in contexts.values():
             ctx.started = True
-        trace = call_trace([it.context for it in rows])
+        trace = call_trace(list(contexts.values()))  # one per request, in row order
         deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
         timeout_us = 0
         if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout

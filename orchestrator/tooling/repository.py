@@ -278,10 +278,11 @@ QUEUE_PRIORITY_LEVELS = 2
 
 
 def add_queue_policy(path: PathLike, fields: Optional[Mapping[str, int]] = None,
-                     priority_levels: int = QUEUE_PRIORITY_LEVELS) -> Path:
+                     priority_levels: int = QUEUE_PRIORITY_LEVELS, header: Optional[Iterable[str]] = None) -> Path:
     """Give the model at config ``path`` Triton's queue policy: :data:`QUEUE_POLICY` with
     ``fields`` over it, and ``priority_levels`` (the default level the lowest), through
-    ``model_config.proto``; the file is rewritten with its header comments.
+    ``model_config.proto``; the file is rewritten with ``header`` as its comment lines
+    (default: the ones it has).
 
     Raises:
         ConfigError: the config cannot be read or has no ``dynamic_batching``.
@@ -294,4 +295,4 @@ def add_queue_policy(path: PathLike, fields: Optional[Mapping[str, int]] = None,
         setattr(policy, key, value)
     config.dynamic_batching.priority_levels = priority_levels
     config.dynamic_batching.default_priority_level = priority_levels
-    return write_config(path, config, header_lines(path))
+    return write_config(path, config, header_lines(path) if header is None else header)

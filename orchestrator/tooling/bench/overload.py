@@ -280,15 +280,14 @@ def set_queue_policy(config_path: Path, fields: Mapping[str, int]) -> None:
     (``repository.QUEUE_POLICY``, two priority levels) with ``fields`` over it (through
     ``model_config.proto``). Raises BenchError when the config has no ``dynamic_batching``."""
     from orchestrator.tooling.errors import ConfigError
-    from orchestrator.tooling.repository import add_queue_policy, read_config, write_config
+    from orchestrator.tooling.repository import add_queue_policy
 
+    header = [f"Benchmark variant (orchestrator.tooling.bench.overload): queue policy repository.QUEUE_POLICY "
+              f"with {dict(fields)}."]
     try:
-        add_queue_policy(config_path, fields)
+        add_queue_policy(config_path, fields, header=header)
     except ConfigError as exc:
         raise BenchError(str(exc)) from None
-    config = read_config(config_path)
-    write_config(config_path, config, [f"Benchmark variant (orchestrator.tooling.bench.overload): queue policy "
-                                       f"repository.QUEUE_POLICY with {dict(fields)}."])
 
 
 def set_instances(config_path: Path, count: int) -> None:

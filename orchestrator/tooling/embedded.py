@@ -31,6 +31,7 @@ Errors are :class:`ServerError`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import site
@@ -55,7 +56,9 @@ __all__ = [
     "EmbeddedServer",
     "find_embedded_server",
     "default_cache_dir",
+    "extra_backends",
     "prepare_backend_directory",
+    "prepare_core_library_alias",
     "prepare_stub_environment",
     "server_environment",
 ]
@@ -189,11 +192,45 @@ def _symlink(target: Path, points_to: str) -> None:
     os.replace(tmp, target)
 
 
+def extra_backends(backend_dirs: Iterable[str | os.PathLike]) -> dict[str, Path]:
+    """The backends found in other backend directories, to serve beside the wheel's Python
+    backend: ``{name: <dir>/<name>}`` for every ``<dir>/<name>/libtriton_<name>.so`` (the
+    layout of Triton's ``--backend-directory``, e.g. ``/opt/tritonserver/backends`` or a
+    locally built ``onnxruntime_backend`` installed as ``<dir>/onnxruntime/``).
+
+    Raises ServerError naming the directory when one is not a directory or holds no
+    backend, when it holds ``python`` (this package serves the wheel's own, matched to its
+    stub), or when two directories hold a backend of the same name.
+    """
+    found: dict[str, Path] = {}
+    for given in backend_dirs:
+        root = Path(given).expanduser().resolve()
+        if not root.is_dir():
+            raise ServerError(f"backend directory {given} is not a directory")
+        names = sorted(p.name for p in root.iterdir() if (p / f"libtriton_{p.name}.so").is_file())
+        if not names:
+            raise ServerError(
+                f"backend directory {given} holds no backend: expected <name>/libtriton_<name>.so "
+                f"(e.g. {root / 'onnxruntime' / 'libtriton_onnxruntime.so'})"
+            )
+        for name in names:
+            if name == "python":
+                raise ServerError(
+                    f"backend directory {given} holds a python backend; the embedded server uses "
+                    "the nvidia-pytriton wheel's (matched to its stub), so name a directory without it"
+                )
+            if name in found:
+                raise ServerError(f"backend {name!r} is in both {found[name].parent} and {root}")
+            found[name] = root / name
+    return found
+
+
 def prepare_backend_directory(
     cache_dir: str | os.PathLike | None = None,
     *,
     embedded: EmbeddedServer | None = None,
     python_version: Sequence[int] | None = None,
+    backend_dirs: Sequence[str | os.PathLike] = (),
 ) -> Path:
     """Prepare ``<cache>/backends`` for ``--backend-directory`` and return its path.
 
@@ -201,13 +238,28 @@ def prepare_backend_directory(
     for ``python_version`` (default ``sys.version_info``) as
     ``triton_python_backend_stub`` (mode 755). Idempotent and safe under concurrent
     calls: every file is written to a temporary name and renamed into place, and only
-    when its content differs. Raises ServerError (no wheel, no stub for that Python
-    version, unwritable cache).
+    when its content differs.
+
+    ``backend_dirs``: other backend directories whose backends (:func:`extra_backends`)
+    are served too. Triton takes one ``--backend-directory``, so then the directory is
+    ``<cache>/backends-<digest of those paths>/``: the same ``python/`` plus a symlink
+    ``<name> -> <dir>/<name>`` per extra backend (a link, so the backend's own libraries
+    beside it, found through its ``$ORIGIN`` run path, stay where they were built). The
+    plain ``<cache>/backends`` never gets extra backends, so a server started without
+    them cannot load a model for one by accident.
+
+    Raises ServerError (no wheel, no stub for that Python version, unwritable cache, a
+    backend directory :func:`extra_backends` refuses).
     """
     embedded = embedded or find_embedded_server()
     version = tuple(python_version or sys.version_info[:2])[:2]
     stub = embedded.stub(version)
-    target = Path(cache_dir or default_cache_dir()) / "backends" / "python"
+    extras = extra_backends(backend_dirs)
+    name = "backends"
+    if extras:
+        digest = hashlib.sha256("\n".join(f"{k}={v}" for k, v in sorted(extras.items())).encode()).hexdigest()
+        name = f"backends-{digest[:12]}"
+    target = Path(cache_dir or default_cache_dir()) / name / "python"
     try:
         target.mkdir(parents=True, exist_ok=True)
         source = embedded.backends / "python"
@@ -215,9 +267,38 @@ def prepare_backend_directory(
             if path.is_file():  # not __pycache__
                 write_atomic(target / path.name, path.read_bytes(), 0o755 if path.suffix == ".so" else 0o644, if_changed=True)
         write_atomic(target / "triton_python_backend_stub", stub.read_bytes(), 0o755, if_changed=True)
+        for backend, path in extras.items():
+            _symlink(target.parent / backend, str(path))
     except OSError as exc:
         raise ServerError(f"cannot prepare the Triton backend directory {target}: {exc}") from exc
     return target.parent
+
+
+def prepare_core_library_alias(
+    cache_dir: str | os.PathLike | None = None, *, embedded: EmbeddedServer | None = None
+) -> Path:
+    """Prepare ``<cache>/core_lib/libtritonserver.so`` and return its directory, for
+    ``LD_LIBRARY_PATH`` when other backends are served (:func:`prepare_backend_directory`).
+
+    A backend built from Triton's sources needs ``libtritonserver.so`` (ELF ``NEEDED``); the
+    wheel carries Triton's core under an auditwheel name, ``libtritonserver-<hash>.so``, so
+    the name resolves to nothing and the model fails to load ("unable to load shared
+    library: libtritonserver.so"). The alias is a symlink to that file: the dynamic loader
+    sees the file the server has already loaded (same device and inode) and does not load
+    a second copy. Raises ServerError when the wheel has no such library or the cache is
+    not writable.
+    """
+    embedded = embedded or find_embedded_server()
+    found = sorted(embedded.libs.glob("libtritonserver*.so*"))
+    if not found:
+        raise ServerError(f"the nvidia-pytriton wheel has no libtritonserver*.so in {embedded.libs}")
+    target = Path(cache_dir or default_cache_dir()) / "core_lib"
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        _symlink(target / "libtritonserver.so", str(found[0]))
+    except OSError as exc:
+        raise ServerError(f"cannot prepare {target}: {exc}") from exc
+    return target
 
 
 def prepare_stub_environment(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -3,7 +3,13 @@ Triton server in the foreground until Ctrl-C or SIGTERM.
 
 Ports: Triton's standard 8000 (HTTP), 8001 (gRPC) and 8002 (metrics) where they are free
 on the host (:func:`standard_ports`), else a free port, and it says which it took instead;
-``--http-port`` and the others pin one (an error when it is taken). It prints the URLs and
+``--http-port`` and the others pin one (an error when it is taken). ``--backend-dir`` adds
+the backends of another backend directory (Triton's ``onnxruntime``, built for this
+release) beside the wheel's Python backend; with ``onnxruntime`` among them the server
+reads the shipped ``config.pbtxt`` files unless ``--model-config-name`` says otherwise
+(:func:`resolve_model_config_name`), and ``--instance-kind-cpu`` serves a copy of the
+repository whose ``KIND_GPU`` instance groups are ``KIND_CPU`` (:func:`cpu_instance_copy`),
+for a machine without a GPU (docs/deployment.md). It prints the URLs and
 the log path once the server is ready, and stops the server (no
 process of its group left) on SIGINT or SIGTERM, also when started in the background by
 a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
@@ -13,17 +19,30 @@ a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
 from __future__ import annotations
 
 import argparse
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Sequence
 
+from orchestrator.tooling import repository
+from orchestrator.tooling.embedded import default_cache_dir, extra_backends
+from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.paths import MODEL_REPOSITORY_NAME, default_model_repository
 from orchestrator.tooling.server import ServerError, TritonServer, port_is_free
 
-__all__ = ["STANDARD_PORTS", "standard_ports", "add_serve_arguments", "serve_command", "main"]
+__all__ = [
+    "STANDARD_PORTS",
+    "standard_ports",
+    "resolve_model_config_name",
+    "cpu_instance_copy",
+    "add_serve_arguments",
+    "serve_command",
+    "main",
+]
 
 #: Triton's own defaults, which clients (and the README) expect.
 STANDARD_PORTS = {"http": 8000, "grpc": 8001, "metrics": 8002}
@@ -54,6 +73,47 @@ def taken_notes(taken: dict, urls: dict) -> list:
             for kind, standard in taken.items()]
 
 
+def resolve_model_config_name(given: str | None, backends: Sequence[str]) -> str | None:
+    """The ``--model-config-name`` to serve with: ``given`` when set (``""``: None, i.e.
+    ``config.pbtxt``); else None when ``onnxruntime`` is among ``backends`` (the shipped
+    classifier configs are ``platform: "onnxruntime_onnx"``), else ``"embedded"`` (the
+    wheel has no ONNX Runtime backend, so the classifiers run as Python models)."""
+    if given is not None:
+        return given or None
+    return None if "onnxruntime" in backends else "embedded"
+
+
+def cpu_instance_copy(source: str | Path, dest: str | Path) -> list[Path]:
+    """Copy model repository ``source`` to ``dest`` (which must not exist) and change every
+    ``KIND_GPU`` instance group to ``KIND_CPU`` (its ``gpus`` list cleared) in the copy's
+    configuration files (``config.pbtxt`` and ``configs/*.pbtxt``). Returns the files
+    changed. Everything else is copied as it is (ONNX files, warmup data, policy), and a
+    changed file is parsed and written with Triton's ``model_config.proto``
+    (:mod:`orchestrator.tooling.repository`; its comments become one header line), so only
+    the kind differs from what ships. Triton has no flag to override an instance kind; a
+    ``KIND_GPU`` model fails to load without a GPU ("no GPUs are available").
+
+    Raises ConfigError for a configuration that does not parse, OSError when the copy fails.
+    """
+    from tritonclient.grpc import model_config_pb2
+
+    source, dest = Path(source), Path(dest)
+    shutil.copytree(source, dest, symlinks=True)
+    changed = []
+    for model_dir in sorted(p for p in dest.iterdir() if p.is_dir()):
+        for path in repository.model_config_paths(model_dir):
+            config = repository.read_config(path)
+            groups = [g for g in config.instance_group if g.kind == model_config_pb2.ModelInstanceGroup.KIND_GPU]
+            for group in groups:
+                group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
+                del group.gpus[:]
+            if groups:
+                header = [f"{path.relative_to(dest)} from {source}: KIND_GPU changed to KIND_CPU by orchestrator serve"]
+                repository.write_config(path, config, header)
+                changed.append(path)
+    return changed
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``orchestrator serve`` options to ``parser`` (returned for chaining)."""
     parser.add_argument(
@@ -75,8 +135,23 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     )
     parser.add_argument(
         "--model-config-name",
-        default="embedded",
-        help="read <model>/configs/NAME.pbtxt where it exists (default: %(default)s; '' for config.pbtxt)",
+        default=None,
+        help="read <model>/configs/NAME.pbtxt where it exists ('' for config.pbtxt; default: "
+        "embedded, or config.pbtxt when --backend-dir gives an onnxruntime backend)",
+    )
+    parser.add_argument(
+        "--backend-dir",
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="a backend directory (holding e.g. onnxruntime/libtriton_onnxruntime.so, built for "
+        "Triton 2.51) whose backends are served beside the Python backend; repeatable",
+    )
+    parser.add_argument(
+        "--instance-kind-cpu",
+        action="store_true",
+        help="serve a copy of the repository (under the cache, removed at stop) whose KIND_GPU "
+        "instance groups are KIND_CPU, for a machine without a GPU",
     )
     parser.add_argument(
         "--response-cache-mb",
@@ -108,18 +183,39 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
     until Ctrl-C or SIGTERM, stop it. Returns 0 after a clean stop, 1 on ServerError
     (message on stderr) or if the server dies while serving."""
     host = getattr(args, "host", "127.0.0.1")
+    backend_dirs = getattr(args, "backend_dir", None) or []
+    try:
+        backends = sorted(extra_backends(backend_dirs))
+    except ServerError as exc:
+        print(f"error: --backend-dir: {exc}", file=sys.stderr)
+        return 1
+    config_name = resolve_model_config_name(getattr(args, "model_config_name", None), backends)
+    repo = _resolve_repository(getattr(args, "repo", None))
+    copy_root = None
+    if getattr(args, "instance_kind_cpu", False):
+        copies = default_cache_dir() / "repositories"
+        copies.mkdir(parents=True, exist_ok=True)
+        copy_root = Path(tempfile.mkdtemp(prefix="kind-cpu-", dir=copies))
+        try:
+            cpu_instance_copy(repo, copy_root / repo.name)
+        except (ConfigError, OSError) as exc:
+            shutil.rmtree(copy_root, ignore_errors=True)
+            print(f"error: --instance-kind-cpu: cannot copy {repo}: {exc}", file=sys.stderr)
+            return 1
+        repo = copy_root / repo.name
     ports, taken = standard_ports(host, {k: getattr(args, f"{k}_port", None) for k in STANDARD_PORTS})
     server = TritonServer(
-        _resolve_repository(getattr(args, "repo", None)),
+        repo,
         models=getattr(args, "model", None) or None,
         host=host,
         http_port=ports["http"],
         grpc_port=ports["grpc"],
         metrics_port=ports["metrics"],
-        model_config_name=getattr(args, "model_config_name", "embedded") or None,
+        model_config_name=config_name,
         log_path=getattr(args, "log_file", None),
         startup_timeout=getattr(args, "startup_timeout", 180.0),
         response_cache_bytes=int(getattr(args, "response_cache_mb", 0.0) * 1024 * 1024),
+        backend_dirs=backend_dirs,
     )
 
     def on_signal(signum, frame):
@@ -140,6 +236,8 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
             print(f"  gRPC     {server.grpc_url}")
             print(f"  metrics  http://{server.metrics_url}/metrics")
             print(f"  models   {', '.join(server.startup_models) or '(none)'} from {server.model_repository}")
+            print(f"  configs  {f'configs/{config_name}.pbtxt where present, else ' if config_name else ''}config.pbtxt"
+                  + (f"; backends python, {', '.join(backends)}" if backends else ""))
             if server.response_cache_bytes:
                 print(f"  cache    {server.response_cache_bytes / 2**20:g} MiB response cache")
             print(f"  log      {server.log_path}")
@@ -163,6 +261,8 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
                 signal.signal(sig, signal.SIG_IGN)
         try:
             server.stop()
+            if copy_root is not None:
+                shutil.rmtree(copy_root, ignore_errors=True)
         finally:
             for sig, handler in previous.items():
                 if handler is not None:  # None: a handler not installed from Python

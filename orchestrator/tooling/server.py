@@ -49,6 +49,7 @@ from orchestrator.tooling.embedded import (
     default_cache_dir,
     find_embedded_server,
     prepare_backend_directory,
+    prepare_core_library_alias,
     prepare_stub_environment,
     server_environment,
 )
@@ -262,6 +263,10 @@ class TritonServer:
     (:func:`orchestrator.tooling.production.restricted_args`: model repository, model
     config, shared memory, statistics, trace and logging need the header ``admin-key``);
     this object's own loads, unloads and index requests send it. None: unrestricted.
+    ``backend_dirs``: backend directories whose backends are served beside the wheel's
+    Python backend (e.g. a directory holding Triton's ``onnxruntime/``, to serve the
+    ``config.pbtxt`` files with ``model_config_name=None``); see
+    :func:`orchestrator.tooling.embedded.prepare_backend_directory`.
 
     Usage::
 
@@ -286,6 +291,7 @@ class TritonServer:
         cache_dir: str | os.PathLike | None = None,
         response_cache_bytes: int | None = None,
         control_key: str | None = None,
+        backend_dirs: Sequence[str | os.PathLike] = (),
     ) -> None:
         self.model_repository = Path(model_repository).resolve()
         self.models = list(models) if models is not None else None
@@ -297,6 +303,7 @@ class TritonServer:
         self.cache_dir = Path(cache_dir).resolve() if cache_dir else default_cache_dir()
         self.response_cache_bytes = int(response_cache_bytes or 0)
         self.control_key = control_key
+        self.backend_dirs = [Path(d) for d in backend_dirs]
         self._requested_ports = {"http": http_port, "grpc": grpc_port, "metrics": metrics_port}
         self._ports: dict[str, int] = {k: v for k, v in self._requested_ports.items() if v is not None}
         self._log_path = Path(log_path).resolve() if log_path else None
@@ -440,9 +447,12 @@ class TritonServer:
                 raise ServerError(f"model repository {self.model_repository} is not a directory")
             self._resolve_ports()  # first: a busy port is the clearest error
             embedded = find_embedded_server()
-            backend_dir = prepare_backend_directory(self.cache_dir, embedded=embedded)
+            backend_dir = prepare_backend_directory(self.cache_dir, embedded=embedded, backend_dirs=self.backend_dirs)
             self._stub_env = prepare_stub_environment(self.cache_dir)
             env = server_environment(embedded, self.env, stub_env=self._stub_env)
+            if self.backend_dirs:  # backends built from source need libtritonserver.so
+                core_lib = prepare_core_library_alias(self.cache_dir, embedded=embedded)
+                env["LD_LIBRARY_PATH"] = os.pathsep.join([str(core_lib), env["LD_LIBRARY_PATH"]])
             auto_ports = any(v is None for v in self._requested_ports.values())
             for attempt in (1, 2):
                 if attempt == 2:

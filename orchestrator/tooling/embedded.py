@@ -12,7 +12,12 @@ read on these machines and are checked by ``tests/server/test_server.py``:
   (``test_find_embedded_server_paths``).
 - A backend directory is prepared in a cache: a copy of ``backends/python`` plus the stub
   matching the serving interpreter (``sys.version_info``)
-  (``test_prepare_backend_directory_is_idempotent_and_concurrency_safe``).
+  (``test_prepare_backend_directory_is_idempotent_and_concurrency_safe``). Other backends
+  (Triton's ``onnxruntime`` built for this release) can be served beside it: a separate
+  directory links them next to ``python/``, and the wheel's core library, which carries an
+  auditwheel name, gets a ``libtritonserver.so`` alias for them
+  (``tests/unit/test_native_backend_tooling.py``; the real server:
+  ``tests/server/test_native_backend.py``).
 - The stub embeds ``libpython3.X`` with an *isolated* configuration
   (``sys.flags.isolated == 1``): it ignores ``PYTHONPATH``, and a model's ``import numpy``
   fails (``ModuleNotFoundError``) although numpy is in the venv. The stub imports the

@@ -89,8 +89,8 @@ def cpu_instance_copy(source: str | Path, dest: str | Path) -> list[Path]:
     configuration files (``config.pbtxt`` and ``configs/*.pbtxt``). Returns the files
     changed. Everything else is copied as it is (ONNX files, warmup data, policy), and a
     changed file is parsed and written with Triton's ``model_config.proto``
-    (:mod:`orchestrator.tooling.repository`; its comments become one header line), so only
-    the kind differs from what ships. Triton has no flag to override an instance kind; a
+    (:mod:`orchestrator.tooling.repository`: its header comments are kept, one line is
+    added, comments inside are dropped), so only the kind differs from what ships. Triton has no flag to override an instance kind; a
     ``KIND_GPU`` model fails to load without a GPU ("no GPUs are available").
 
     Raises ConfigError for a configuration that does not parse, OSError when the copy fails.
@@ -108,7 +108,9 @@ def cpu_instance_copy(source: str | Path, dest: str | Path) -> list[Path]:
                 group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
                 del group.gpus[:]
             if groups:
-                header = [f"{path.relative_to(dest)} from {source}: KIND_GPU changed to KIND_CPU by orchestrator serve"]
+                header = repository.header_lines(path) + [
+                    f"Copied from {source}; KIND_GPU changed to KIND_CPU (orchestrator.tooling.serve.cpu_instance_copy)."
+                ]
                 repository.write_config(path, config, header)
                 changed.append(path)
     return changed

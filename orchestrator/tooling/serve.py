@@ -90,8 +90,9 @@ def cpu_instance_copy(source: str | Path, dest: str | Path) -> list[Path]:
     changed. Everything else is copied as it is (ONNX files, warmup data, policy), and a
     changed file is parsed and written with Triton's ``model_config.proto``
     (:mod:`orchestrator.tooling.repository`: its header comments are kept, one line is
-    added, comments inside are dropped), so only the kind differs from what ships. Triton has no flag to override an instance kind; a
-    ``KIND_GPU`` model fails to load without a GPU ("no GPUs are available").
+    added, comments inside are dropped), so only the kind differs from what ships. Triton
+    has no flag to override an instance kind; a ``KIND_GPU`` model fails to load without a
+    GPU ("no GPUs are available").
 
     Raises ConfigError for a configuration that does not parse, OSError when the copy fails.
     """

@@ -204,6 +204,9 @@ class Engine(Protocol):
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""
 
+    def gauge(self, family: str, value: float, **labels: str) -> None:
+        """Set the gauge ``family`` to ``value``."""
+
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
 

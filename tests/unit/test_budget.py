@@ -111,6 +111,7 @@ def test_kept_texts_are_always_surer_than_escalated_ones_of_their_batch():
     escalated, margins, _ = drive(EscalationBudget(Budget(RATE, WINDOW)), d)
     for b, m in enumerate(margins):
         part, esc = d[b * BATCH:(b + 1) * BATCH], escalated[b * BATCH:(b + 1) * BATCH]
+        np.testing.assert_array_equal(esc, part < m)
         kept = part[(part < MARGIN) & ~esc]
         if kept.size and esc.any():
             assert part[esc].max() < kept.min()

@@ -304,6 +304,10 @@ def _no_tokens(node: Node) -> Tuple[str, ...]:
     return ()
 
 
+def _reads_nothing(node: Node) -> Tuple[Node, ...]:
+    return ()
+
+
 def _no_windows(node: Node) -> Optional[Windows]:
     return None
 
@@ -344,6 +348,9 @@ class NodeKind:
             (``Engine.mirror``); the engine starts one only for policies that have such a node.
         accepts_declining: its children may leave texts unanswered (a ``sequence`` passes
             them to its next step); elsewhere such a child is refused.
+        reads_only: ``node -> (child, ...)``: children whose answers the node only reads
+            (to route) and never returns; such a child that is one ``model`` node may have
+            another head than the policy's (``policy.bind_heads``).
         spec: (derived) the kind's mapping: common keys and ``keys``, defaults resolved.
     """
 
@@ -360,6 +367,7 @@ class NodeKind:
     tokens: Callable[[Any], Tuple[str, ...]] = _no_tokens
     windows: Callable[[Any], Optional[Windows]] = _no_windows
     calls: Callable[[Any], Tuple[ModelCall, ...]] = _no_calls
+    reads_only: Callable[[Any], Tuple[Node, ...]] = _reads_nothing
     background: bool = False
     accepts_declining: bool = False
     spec: Struct = field(init=False, repr=False, compare=False)

@@ -153,6 +153,15 @@ def _condition(values: Dict[str, Any], where: str) -> Condition:
     return cond
 
 
+@dataclass
+class Band:
+    """A ``probability`` condition's keys (read as ``(label, min, max)``)."""
+
+    label: str = REQUIRED
+    min: float = 0.0
+    max: float = 1.0
+
+
 def _band(values: Dict[str, Any], where: str) -> Tuple[str, float, float]:
     if values["min"] > values["max"]:
         raise PolicyError(f"{where}.min: {values['min']:g} is above max {values['max']:g}")
@@ -167,10 +176,10 @@ BAND = Struct(
         Key("min", Number(0.0, 1.0), "at least this probability (inclusive)"),
         Key("max", Number(0.0, 1.0), "at most this probability (inclusive)"),
     ],
-    target=None,
+    target=Band,
     build=_band,
     doc="The score's probability of `label` (binary: the positive label's column, or 1 minus it for the other "
-        "label) is within [min, max] (defaults 0 and 1).",
+        "label) is within [min, max].",
 )
 
 #: A case's ``when``: every key given must hold.

@@ -118,3 +118,15 @@ def test_without_quorum_or_below_it_a_failing_branch_fails_the_node():
 def test_quorum_above_the_nodes_is_refused():
     with pytest.raises(PolicyError, match=r"root.quorum: 4 is more than the node's 3 nodes"):
         parse_policy(parallel_doc(4))
+
+
+def test_the_hierarchical_example_binds_with_a_language_model_and_refuses_one_without_its_labels():
+    from pathlib import Path
+
+    from orchestrator.runtime.policy import load_policy
+
+    path = Path(__file__).resolve().parents[2] / "docs" / "policies" / "hierarchical.yaml"
+    heads = {m: LEGACY for m in ("classifier_fast", "classifier", "sentiment_de", "sentiment_multi")}
+    assert bind_heads(load_policy(path), {**heads, "lang_id": Head(MULTICLASS, ("en", "de", "fr"))}) == LEGACY
+    with pytest.raises(PolicyError, match=r"root.steps\[1\].cases\[1\].when: label 'de' is not in the score's head"):
+        bind_heads(load_policy(path), {**heads, "lang_id": Head(MULTICLASS, ("en", "fr", "es"))})

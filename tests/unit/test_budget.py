@@ -245,3 +245,18 @@ def test_policy_reads_describes_and_refuses_a_budget():
                        ({"max_escalation_rate": 0.1, "rate": 1}, "budget")]:
         with pytest.raises(PolicyError, match=where.replace(".", r"\.")):
             parse_policy(cascade_doc(bad))
+
+
+def test_a_batch_larger_than_the_window_is_decided_whole_within_the_budget():
+    c = EscalationBudget(Budget(0.25, 4))
+    allowed, rate = c.plan([0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08], 0.5, 0.0)
+    assert allowed == 0.03 and rate == 0.25  # 8 texts in the window for this batch: 2 escalate
+    allowed, rate = c.plan([0.5, 0.5], 0.5, 1.0)  # then the window is 4 again
+    assert rate == 0.0
+
+
+def test_a_nan_distance_is_never_unsure_and_keeps_the_window_sorted():
+    c = EscalationBudget(Budget(0.5, 4))
+    assert c.plan([float("nan"), 0.1], 0.5, 0.0) == (float("inf"), 0.5)  # 0.1 escalates, the NaN never
+    assert c.plan([0.2, 0.3], 0.5, 0.0) == (0.3, 0.5)
+    assert c.plan([0.05, 0.4], 0.5, 0.0) == (0.3, 0.5)  # the NaN left the window without breaking it

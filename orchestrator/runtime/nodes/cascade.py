@@ -155,22 +155,24 @@ class EscalationBudget:
             batch (``inf``: no limit), and the share of the window's texts escalated, this
             batch's counted at ``min(cap, budget_margin)``.
         """
+        fresh = [float(d) if d == d else float("inf") for d in batch]  # NaN: never unsure (and keeps the sort)
         with self._lock:
-            for d in batch:
-                self._seen.append([now, float(d), False])
-                bisect.insort(self._sorted, float(d))
-            while len(self._seen) > self.budget.window or (
-                    self.budget.window_s is not None and now - self._seen[0][0] > self.budget.window_s):
+            for d in fresh:
+                self._seen.append([now, d, False])
+                bisect.insort(self._sorted, d)
+            # older texts leave; a batch larger than the window stays whole (it is decided at once)
+            while len(self._seen) > len(fresh) and (len(self._seen) > self.budget.window or (
+                    self.budget.window_s is not None and now - self._seen[0][0] > self.budget.window_s)):
                 self._drop_oldest()
-            n, fresh = len(self._seen), min(len(batch), len(self._seen))
+            n = len(self._seen)
             k = int(np.floor(self.budget.max_escalation_rate * n + 1e-9))
             allowed = self._sorted[k] if k < n else float("inf")
-            eligible = sorted(d for d in batch if d < min(cap, allowed))
+            eligible = sorted(d for d in fresh if d < min(cap, allowed))
             room = max(0, k - self._used)
             if len(eligible) > room:
                 allowed = eligible[room]
             m = min(cap, allowed)
-            for i in range(n - fresh, n):
+            for i in range(n - len(fresh), n):
                 if self._seen[i][1] < m:
                     self._seen[i][2] = True
                     self._used += 1

@@ -136,6 +136,11 @@ class Engine:
         if self.metrics:
             self.metrics.inc(family, value, **labels)
 
+    def gauge(self, family: str, value: float, **labels: str) -> None:
+        """Set gauge ``family`` with ``labels`` to ``value`` (see ``metrics.Metrics``)."""
+        if self.metrics:
+            self.metrics.set(family, value, **labels)
+
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
         self.counter += 1

@@ -24,6 +24,14 @@ class Metrics:
         orchestrator_escalations_total{node}        texts a cascade sent to a later stage
         orchestrator_overload_kept_total{node}      texts a cascade in overload mode kept at
                                                     an earlier stage (ROUTE ends ``:overload``)
+        orchestrator_budget_kept_total{node}        texts a cascade's escalation budget kept at
+                                                    an earlier stage (ROUTE ends ``:budget``)
+        orchestrator_cascade_margin{node}           gauge: the margin a cascade with a budget
+                                                    used for its latest batch (probability)
+        orchestrator_escalation_rate{node}          gauge: the share of the budget window's
+                                                    texts that cascade escalated
+        orchestrator_parallel_partial_total{node}   texts a quorum parallel answered without
+                                                    every branch
         orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
                                                     (``orchestrator.runtime.load``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
@@ -68,6 +76,8 @@ class Metrics:
         "orchestrator_texts_total": "Texts answered by the router, by route",
         "orchestrator_escalations_total": "Texts a cascade node sent on to a later stage",
         "orchestrator_overload_kept_total": "Texts a cascade node in overload mode kept at an earlier stage for load",
+        "orchestrator_budget_kept_total": "Texts a cascade node's escalation budget kept at an earlier stage",
+        "orchestrator_parallel_partial_total": "Texts a parallel node with a quorum answered without every branch",
         "orchestrator_chunked_texts_total": "Texts a chunk node split into windows",
         "orchestrator_chunks_total": "Windows of chunked texts a chunk node classified",
         "orchestrator_chunks_skipped_total": "Windows of chunked texts a chunk node did not classify: the text stopped early, by reason",
@@ -87,6 +97,8 @@ class Metrics:
     }
     GAUGES = {
         "orchestrator_circuit_state": "Circuit breaker state per downstream model: 0 closed, 1 open, 2 half-open",
+        "orchestrator_cascade_margin": "The margin a cascade node with an escalation budget used for its latest batch",
+        "orchestrator_escalation_rate": "The share of a cascade node's budget window that it sent on to a later stage",
         "orchestrator_queue_delay_seconds": "The router's estimated queue delay at the start of its latest execute, seconds",
         "orchestrator_shadow_queued_texts": "Mirrored texts queued or running per shadow node",
     }

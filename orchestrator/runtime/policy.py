@@ -272,6 +272,10 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
         - every model node's head is compatible (``Head.compatible``) with the first one's:
           a router answers every text in the same columns, so cascade stages, fallbacks,
           split arms, switch cases and shadow candidates must agree on kind and labels;
+          except a model node whose answers are only read to route (``NodeKind.reads_only``:
+          a switch's ``score`` when the switch has a ``default``), which may have its own
+          head (a domain or language model before specialists); the switch checks the
+          labels its cases name against it;
         - ``max_length`` of a model node, and ``window`` of a chunk node, at most its
           model's ``max_length`` (a longer input would be cut by the tokenizer elsewhere,
           or fail in the model);
@@ -290,9 +294,15 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
     for call in calls:
         if call.model not in heads:
             raise PolicyError(f"{call.where}.model: model '{call.model}' is not in the model repository")
-    first = calls[0]
+    # a model node whose answers are only read to route (a switch's score) may have its own head
+    routing = {id(r) for n in policy.nodes() for r in N.KINDS[n.kind].reads_only(n) if N.KINDS[r.kind].calls(r)
+               and not N.children(r)}
+    answering = [c for n in policy.nodes() if id(n) not in routing for c in N.KINDS[n.kind].calls(n)]
+    first = answering[0] if answering else calls[0]
+    if heads[calls[0].model].compatible(heads[first.model]):
+        first = calls[0]  # the first model's head, as without routing (its tokenizer is the default)
     head = heads[first.model]
-    for call in calls:
+    for call in answering:
         if not heads[call.model].compatible(head):
             raise PolicyError(
                 f"{call.where}.model: '{call.model}' has a {heads[call.model].describe()} head, but '{first.model}' "

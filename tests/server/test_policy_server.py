@@ -251,3 +251,42 @@ def test_on_demand_in_model_control_mode_none(tmp_path):
         assert "explicit model load / unload is not allowed" not in log  # never asked
         snapshot = settled_metrics(server)
         assert metric(snapshot, "orchestrator_model_unloads_total", router="router_present", model="classifier_fast") == 0
+
+
+def test_budget_and_quorum_in_a_real_server(tmp_path):
+    """A cascade's escalation budget (ROUTE ``:budget``, its counter and gauges on /metrics)
+    and a quorum parallel answering while one of its models is not loaded, in a real
+    tritonserver with the image's explicit model control."""
+    from orchestrator.tooling.server import TritonServer
+
+    repo = tmp_path / "model_repository"
+    repo.mkdir()
+    for name in ("tokenizer", "classifier_fast", "classifier"):
+        shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "classifier_fast", repo / "classifier_spare")  # in the repository, never loaded
+    for cfg in (repo / "classifier_spare").rglob("*.pbtxt"):
+        cfg.write_text(cfg.read_text().replace('name: "classifier_fast"', 'name: "classifier_spare"'))
+    fast, acc = {"kind": "model", "model": "classifier_fast"}, {"kind": "model", "model": "classifier"}
+    inline = {"tokenizer": True}
+    add_router_variant(repo, "router_fast", {"version": 1, "inline": inline, "root": fast})
+    add_router_variant(repo, "router_budget", {"version": 1, "inline": inline, "root": {
+        "kind": "cascade", "name": "cas", "margin": 1.0, "stages": [fast, acc],
+        "budget": {"max_escalation_rate": 0.25, "window": 8}}})
+    add_router_variant(repo, "router_quorum", {"version": 1, "inline": inline, "root": {
+        "kind": "parallel", "name": "par", "quorum": 2, "nodes": [fast, acc, {"kind": "model", "model": "classifier_spare"}]}})
+    texts = TEXTS[:8]
+    with TritonServer(repo, models=["tokenizer", "classifier_fast", "classifier", "router_fast", "router_budget",
+                                    "router_quorum"]) as server:
+        p_fast = call(server, "router_fast", texts)["PROBABILITIES"].reshape(-1)
+        out = call(server, "router_budget", texts)
+        distance = np.abs(p_fast.astype(np.float64) - 0.5)
+        most_unsure = set(np.argsort(distance)[:2])  # margin 1: all unsure; 8 texts, 25%: the two most unsure escalate
+        assert routes(out) == ["classifier" if i in most_unsure else "classifier_fast:budget" for i in range(8)]
+        quorum = call(server, "router_quorum", texts[:2])
+        assert routes(quorum) == ["parallel:mean(classifier_fast,classifier):answered=2/3"] * 2
+        snapshot = settled_metrics(server)
+        assert metric(snapshot, "orchestrator_budget_kept_total", router="router_budget", node="cas") == 6
+        assert metric(snapshot, "orchestrator_escalation_rate", router="router_budget", node="cas") == 0.25
+        assert metric(snapshot, "orchestrator_cascade_margin", router="router_budget", node="cas") == pytest.approx(
+            np.sort(distance)[2], abs=1e-6)
+        assert metric(snapshot, "orchestrator_parallel_partial_total", router="router_quorum", node="par") == 2

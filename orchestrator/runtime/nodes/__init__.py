@@ -12,11 +12,11 @@ calls, background work), bundled in a ``KIND`` record
 | ``model`` | ``model.py`` | classify with one model or one version of it (on demand, calibrated) |
 | ``constant`` | ``constant.py`` | answer without a model |
 | ``sequence`` | ``sequence.py`` | steps in order; a step may leave texts for the next |
-| ``switch`` | ``switch.py`` | first matching case: empty, tokens, param, margin_below |
-| ``cascade`` | ``cascade.py`` | later stages only for unsure texts |
+| ``switch`` | ``switch.py`` | first matching case: empty, tokens, param, a score's margin, label or band |
+| ``cascade`` | ``cascade.py`` | later stages only for unsure texts, within an escalation budget |
 | ``chunk`` | ``chunk.py`` | overlapping token windows, aggregated |
 | ``split`` | ``split.py`` | weighted A/B or canary split per request id |
-| ``parallel`` | ``parallel.py`` | fan out and combine: mean, max, vote |
+| ``parallel`` | ``parallel.py`` | fan out and combine: mean, max, vote; a quorum of answers |
 | ``fallback`` | ``fallback.py`` | the next node answers when one fails |
 | ``shadow`` | ``shadow.py`` | answer from one node, compare a candidate in the background |
 """

@@ -204,6 +204,9 @@ class Engine(Protocol):
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""
 
+    def gauge(self, family: str, value: float, **labels: str) -> None:
+        """Set the gauge ``family`` to ``value``."""
+
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
 
@@ -301,6 +304,10 @@ def _no_tokens(node: Node) -> Tuple[str, ...]:
     return ()
 
 
+def _reads_nothing(node: Node) -> Tuple[Node, ...]:
+    return ()
+
+
 def _no_windows(node: Node) -> Optional[Windows]:
     return None
 
@@ -341,6 +348,9 @@ class NodeKind:
             (``Engine.mirror``); the engine starts one only for policies that have such a node.
         accepts_declining: its children may leave texts unanswered (a ``sequence`` passes
             them to its next step); elsewhere such a child is refused.
+        reads_only: ``node -> (child, ...)``: children whose answers the node only reads
+            (to route) and never returns; such a child that is one ``model`` node may have
+            another head than the policy's (``policy.bind_heads``).
         spec: (derived) the kind's mapping: common keys and ``keys``, defaults resolved.
     """
 
@@ -357,6 +367,7 @@ class NodeKind:
     tokens: Callable[[Any], Tuple[str, ...]] = _no_tokens
     windows: Callable[[Any], Optional[Windows]] = _no_windows
     calls: Callable[[Any], Tuple[ModelCall, ...]] = _no_calls
+    reads_only: Callable[[Any], Tuple[Node, ...]] = _reads_nothing
     background: bool = False
     accepts_declining: bool = False
     spec: Struct = field(init=False, repr=False, compare=False)

@@ -24,6 +24,7 @@ from orchestrator.runtime.errors import DownstreamError, UnavailableError
 from orchestrator.runtime.health import CircuitBreaker, CircuitState, classify
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
+from orchestrator.runtime.nodes.shadow import ShadowNode
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
 from orchestrator.runtime.releases import cpu_outputs
@@ -173,7 +174,7 @@ def _answer_models(policy: Policy) -> Tuple[List[str], List[str]]:
             answering.append(call.target)
             if not optional:
                 required.append(call.target)
-        if node.kind == "shadow":
+        if isinstance(node, ShadowNode):
             visit(node.primary, optional)  # the candidate never answers
             return
         for child in N.children(node):

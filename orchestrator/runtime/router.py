@@ -169,7 +169,9 @@ class TritonPythonModel:
         self.response_parameters = has_response_parameters(pb_utils)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
-        self.logger.log_info(f"router '{self.name}': policy {path}\n{describe_policy(self.policy)}")
+        self.logger.log_info(
+            f"router '{self.name}': policy {path}; response parameters: "
+            f"{'yes' if self.response_parameters else 'no (python_backend before r25.02)'}\n{describe_policy(self.policy)}")
         if self.models.enabled:
             self.logger.log_info(
                 f"router '{self.name}': on-demand models {sorted(self.policy.on_demand())} "

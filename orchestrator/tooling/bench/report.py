@@ -309,9 +309,13 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     s = r["settings"]
     add("## Method")
     add("")
-    add(f"- Server: one embedded Triton {r['triton']['version']} on a temporary copy of `model_repository/` "
-        "with the benchmark-only variants of `orchestrator.tooling.bench.VARIANTS` added; every model loaded, one "
-        "instance each, as configured (`configs/embedded.pbtxt` where present).")
+    if r.get("stack") and not r["stack"].get("embedded"):
+        add(f"- Server: Triton {r['triton']['version']} at {r['stack'].get('url')}, started by the user, not by the "
+            "benchmark; its models and instance groups as it reported them (`stack` in the results).")
+    else:
+        add(f"- Server: one embedded Triton {r['triton']['version']} on a temporary copy of `model_repository/` "
+            "with the benchmark-only variants of `orchestrator.tooling.bench.VARIANTS` added; every model loaded, one "
+            "instance each, as configured (`configs/embedded.pbtxt` where present).")
     add(f"- Load: `perf_analyzer` over gRPC on loopback, `--input-data` JSON with one real text per entry "
         f"(THRESHOLD 0.5), `--concurrency-range` 1, 4, 16 (one invocation per level), time windows of at least "
         f"{s['measurement_interval_ms']} ms, longer for slow levels (about {s.get('latencies_per_window', 10)} request "

@@ -277,7 +277,7 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
         with server_or_url(urls, lambda: TritonServer(repo, models=start), need="grpc") as server:
             url = server.grpc_url
             results["stack"] = read_stack(server, embedded=not urls)
-            served(results["stack"], MODELS, "serve the repository `make bench-long` builds (make_long_repository) or run without --url")
+            served(results["stack"], MODELS, "serve the repository of --write-repository DIR, or run without --url")
             accuracy, windows = {}, {}
             for model in MODELS:
                 before = _window_counts(server, model) if model != "ensemble" and not urls else None
@@ -334,7 +334,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
     parser.add_argument("--quick", action="store_true", help="60 texts, one round, short windows (a smoke run)")
     add_url_argument(parser)
+    parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
+                        help="only write the repository this benchmark serves to DIR (to serve it yourself for --url)")
     args = parser.parse_args(argv)
+    if args.write_repository:
+        make_long_repository(args.write_repository)
+        print(f"wrote {args.write_repository}")
+        return 0
     try:
         print(render_section(run(args.out, quick=args.quick, urls=args.url)))
     except (StackError, BenchError) as exc:

@@ -16,6 +16,7 @@ otherwise). Give it twice for a server's HTTP and gRPC ports.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -60,7 +61,7 @@ def _is_http(address: str, timeout: float = 3.0) -> bool:
     try:
         with opener.open(f"http://{address}/v2/health/live", timeout=timeout) as resp:
             return bool(resp.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):  # a gRPC port answers HTTP/2 bytes
         return False
 
 

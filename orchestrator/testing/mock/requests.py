@@ -135,6 +135,7 @@ class _ResponseIterator:
 
 
 _REQUIRED: Any = object()
+_DEFAULT_MEMORY: Any = object()
 _SIGNATURE = (
     "c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
     "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], "
@@ -182,7 +183,7 @@ class InferenceRequest:
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        preferred_memory: Optional[PreferredMemory] = None,
+        preferred_memory: Optional[PreferredMemory] = _DEFAULT_MEMORY,
         trace: Optional[InferenceTrace] = None,
         parameters: Optional[dict] = None,
     ):
@@ -215,7 +216,9 @@ class InferenceRequest:
         for label, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _bad_arguments(f"{label}={value!r}")
-        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+        if preferred_memory is _DEFAULT_MEMORY:  # the stub's PreferredMemory(kDefault, 0): the producer's memory
+            preferred_memory = None
+        elif not isinstance(preferred_memory, PreferredMemory):  # None included (.none(false))
             raise _bad_arguments(f"preferred_memory={preferred_memory!r}")
         if parameters is None:
             parameters = {}

@@ -197,7 +197,10 @@ def render_section(r: Mapping[str, Any]) -> str:
     ens = perf.get("ensemble", {}).get("throughput")
     for model in MODELS:
         m, a, w = perf.get(model, {}), acc[model], win.get(model)
-        used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
+        if w is None and model != "ensemble":  # --url: the server's metrics are not read
+            used = "not read (server not started here)"
+        else:
+            used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
         skipped = "n/a" if w is None else f"{w['skipped_per_text']:.2f}"
         ratio = f"{m['throughput'] / ens:.2f}x" if m.get("throughput") and ens else "n/a"
         stable = {True: "yes", False: "no", None: "not checked"}[m.get("stable")] if not m.get("error") else "FAILED"

@@ -163,11 +163,11 @@ class Downstream:
 
 
 def _answer_models(policy: Policy) -> Tuple[List[str], List[str]]:
-    """``(required, answering)`` call targets of ``policy``: answering are all but the
-    ``shadow`` candidates' (tokenizer models first); required those of them the policy
-    cannot do without (tokenizers, models outside every ``fallback`` node)."""
+    """``(required, answering)`` call targets of ``policy``: answering are the models of its
+    nodes but the ``shadow`` candidates'; required the targets the policy cannot do without
+    (tokenizer models called through BLS, then models outside every ``fallback`` node)."""
     required: List[str] = [] if policy.inline_tokenizer else list(policy.tokenizers())
-    answering: List[str] = list(required)
+    answering: List[str] = []
 
     def visit(node: N.Node, optional: bool) -> None:
         for call in N.KINDS[node.kind].calls(node):

@@ -218,3 +218,19 @@ def test_python_models_keep_their_inputs_in_cpu_memory():
                 assert repository.get_parameter(config, "FORCE_CPU_ONLY_INPUT_TENSORS") in (None, "yes"), path
                 checked.append(model_dir.name)
     assert {"router", "tokenizer", "postprocess", "classifier"} <= set(checked)
+
+
+def test_required_and_answering_models_of_a_policy():
+    """What the readiness hook checks: BLS tokenizers and models outside fallbacks are
+    required; a shadow candidate neither answers nor is required; tokenizers never answer."""
+    from orchestrator.runtime.downstream import _answer_models
+    from orchestrator.runtime.policy import parse_policy
+
+    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    assert _answer_models(parse_policy(shipped)) == ([], ["classifier_fast", "classifier"])
+    strict = {k: v for k, v in shipped.items() if k != "inline"}
+    strict["root"] = {"kind": "shadow", "name": "mirror", "primary": without_fallbacks(shipped["root"]),
+                      "candidate": {"kind": "model", "name": "candidate", "model": "classifier_fp16"}}
+    required, answering = _answer_models(parse_policy(strict))
+    assert required == ["tokenizer", "classifier_fast", "classifier"]
+    assert answering == ["classifier_fast", "classifier"]

@@ -36,6 +36,9 @@ clean:
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes docs/benchmarks.md and docs/bench/ (about 15 minutes on 2 cores).
 # A 2-minute smoke run: make bench BENCH_ARGS=--quick
+# Against a running server you started (it must serve the benchmark repository:
+# python -m orchestrator.tooling.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
+# the same BENCH_ARGS="--url ..." works for bench-long and bench-overload, SOAK_ARGS for soak.
 .PHONY: bench
 bench: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench --out docs $(BENCH_ARGS)
@@ -69,6 +72,14 @@ bench-long: $(STAMP)
 .PHONY: bench-overload
 bench-overload: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.overload --out docs $(BENCH_ARGS)
+
+# GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
+# (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
+# .cache/gpu_check/result.json. Without a GPU: "no GPU: not run", exit 0. The native
+# onnxruntime backend: make gpu-check GPU_CHECK_ARGS="--backend-dir DIR".
+.PHONY: gpu-check
+gpu-check: $(STAMP)
+	$(PY) -m orchestrator.tooling.gpu_check $(GPU_CHECK_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack

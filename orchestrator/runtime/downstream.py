@@ -5,23 +5,29 @@ BLS request, a circuit breaker per model (``health.CircuitBreaker``; the candida
 ``shadow`` nodes get breakers of their own, so their failures never open a circuit the
 answers depend on), the look in ``/proc`` for a dead Python-backend stub
 (``stubs.StubWatch``), readiness, and the repair of a model whose stub died
-(``ondemand.ModelManager.repair``). The engine sees only its :meth:`Downstream.infer`
+(``ondemand.ModelManager.repair``). Every BLS request asks for its outputs in CPU memory
+(``releases.cpu_outputs``): a ``KIND_GPU`` model would otherwise answer in GPU memory, which
+``as_numpy()`` refuses. :meth:`Downstream.not_ready` is the router's readiness (its
+``is_ready()`` hook on releases that call it). The engine sees only its :meth:`Downstream.infer`
 (``engine.InferFn``), the seam the tests fake; the router parses, runs, responds and warms
 up (``router``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from numpy.typing import NDArray
 
+from orchestrator.runtime import nodes as N
 from orchestrator.runtime.errors import DownstreamError, UnavailableError
 from orchestrator.runtime.health import CircuitBreaker, CircuitState, classify
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import split_target
+from orchestrator.runtime.nodes.shadow import ShadowNode
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
+from orchestrator.runtime.releases import cpu_outputs
 from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.stubs import StubWatch
 
@@ -51,6 +57,7 @@ class Downstream:
             stub_check=self._stub_dead,
         )
         self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready, stub_check=self._stub_dead)
+        self.cpu_memory = cpu_outputs(pb)  # one PreferredMemory for every BLS request
         self.models = ModelManager(
             pb, policy.on_demand(), metrics, logger,
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
@@ -99,6 +106,7 @@ class Downstream:
             requested_output_names=[],
             request_id=request_id,
             parameters=parameters or {},
+            preferred_memory=self.cpu_memory,
             **pinned,
         )
         response = request.exec() if alone else await request.async_exec()
@@ -108,6 +116,28 @@ class Downstream:
             cause = classify(message, _code_name(pb, error))
             raise DownstreamError(message) if cause is None else UnavailableError(message, cause)
         return {t.name(): t.as_numpy() for t in response.output_tensors()}
+
+    # -- readiness (the router's is_ready(), python_backend r26.03 and later)
+
+    def not_ready(self) -> Optional[str]:
+        """Why the policy cannot answer now, or None when it can.
+
+        Not ready when a required model is not ready (a tokenizer model called through BLS,
+        or a model outside every ``fallback`` node and ``shadow`` candidate that is not
+        loaded on demand), or when every model that can answer is not ready or has its
+        circuit open. Asks ``pb_utils.is_model_ready`` once per model; safe beside
+        ``execute`` (the circuit states are read under the breaker's lock).
+        """
+        required, answering = _answer_models(self.policy)
+        on_demand = self.policy.on_demand()
+        missing = [m for m in required if split_target(m)[0] not in on_demand and not self._ready(m)]
+        if missing:
+            return f"required models not ready: {', '.join(missing)}"
+        usable = [m for m in answering if self.breaker.state(m) is not CircuitState.OPEN
+                  and (split_target(m)[0] in on_demand or self._ready(m))]
+        if answering and not usable:
+            return f"no model can answer (not ready or circuit open): {', '.join(answering)}"
+        return None
 
     # -- the breakers' callbacks
 
@@ -130,6 +160,28 @@ class Downstream:
         if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.router:
             return self.models.repair(name)  # True: under way, the breaker holds the circuit open
         return False
+
+
+def _answer_models(policy: Policy) -> Tuple[List[str], List[str]]:
+    """``(required, answering)`` call targets of ``policy``: answering are the models of its
+    nodes but the ``shadow`` candidates'; required the targets the policy cannot do without
+    (tokenizer models called through BLS, then models outside every ``fallback`` node)."""
+    required: List[str] = [] if policy.inline_tokenizer else list(policy.tokenizers())
+    answering: List[str] = []
+
+    def visit(node: N.Node, optional: bool) -> None:
+        for call in N.KINDS[node.kind].calls(node):
+            answering.append(call.target)
+            if not optional:
+                required.append(call.target)
+        if isinstance(node, ShadowNode):
+            visit(node.primary, optional)  # the candidate never answers
+            return
+        for child in N.children(node):
+            visit(child, optional or node.kind == "fallback")
+
+    visit(policy.root, False)
+    return list(dict.fromkeys(required)), list(dict.fromkeys(answering))
 
 
 def _code_name(pb: Any, error: Any) -> Optional[str]:

@@ -47,6 +47,13 @@ open, ``health.CircuitBreaker``, or its load is in back-off). A request its clie
 stage; a request's ``timeout()`` is the budget of its downstream calls, counted from the
 start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines").
 
+Newer releases (``releases``; docs/deployment.md "Releases"): where the stub's
+``InferenceResponse`` takes ``parameters`` (python_backend r25.02), each answer also carries
+the route as KServe v2 response parameters (``releases.route_parameters``) beside ``ROUTE``;
+where the server calls a model's ``is_ready()`` (r26.03), the router reports not ready while
+its policy cannot answer (``Downstream.not_ready``). On 2.51 neither exists and nothing
+changes.
+
 Warmup: Triton runs a model's ``model_warmup`` samples as this instance's first
 ``execute`` calls, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``),
 and a sample answered with an error fails the load. Triton knows nothing of BLS
@@ -81,6 +88,7 @@ from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import ModelNode
 from orchestrator.runtime.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
+from orchestrator.runtime.releases import has_response_parameters, route_parameters
 from orchestrator.runtime.request import POLICY_OUTPUT, RequestContext, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
@@ -158,14 +166,26 @@ class TritonPythonModel:
             shadow_infer=self.downstream.shadow_infer, logger=self.logger,
         )
         self.warmups_left = warmup_executes(config)
+        self.response_parameters = has_response_parameters(pb_utils)
         self.loop = asyncio.new_event_loop()
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
-        self.logger.log_info(f"router '{self.name}': policy {path}\n{describe_policy(self.policy)}")
+        self.logger.log_info(
+            f"router '{self.name}': policy {path}; response parameters: "
+            f"{'yes' if self.response_parameters else 'no (python_backend before r25.02)'}\n{describe_policy(self.policy)}")
         if self.models.enabled:
             self.logger.log_info(
                 f"router '{self.name}': on-demand models {sorted(self.policy.on_demand())} "
                 "(needs --model-control-mode=explicit; otherwise they are treated as always loaded)"
             )
+
+    def is_ready(self) -> bool:
+        """The model's readiness hook (python_backend r26.03 calls it on each readiness
+        check; older releases never do): False, with a warning, while the policy cannot
+        answer (``Downstream.not_ready``)."""
+        reason = self.downstream.not_ready()
+        if reason is not None:
+            self.logger.log_warn(f"router '{self.name}': not ready: {reason}")
+        return reason is None
 
     def finalize(self) -> None:
         """Stop the background threads and close the event loop."""
@@ -191,6 +211,8 @@ class TritonPythonModel:
         ]
         if describe:  # the optional POLICY output: the policy document as JSON, one per row
             tensors.append(pb.Tensor(POLICY_OUTPUT, np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
+        if self.response_parameters:
+            return pb.InferenceResponse(output_tensors=tensors, parameters=route_parameters(result.routes))
         return pb.InferenceResponse(output_tensors=tensors)
 
     def _error(self, message: str, code: str) -> Any:

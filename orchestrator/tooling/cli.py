@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
                    add_bench_arguments, bench_command)
     add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/reliability.md)", add_soak_arguments, soak_command)
+    from orchestrator.tooling.gpu_check import add_gpu_check_arguments, gpu_check_command
+
+    add_subcommand(sub, "gpu-check", "the shipped configs on a GPU against the CPU answers (no GPU: not run)",
+                   add_gpu_check_arguments, gpu_check_command)
     return parser
 
 

@@ -195,7 +195,7 @@ PROBE_CASES = [
     "timeout:slow", "timeout:slow_plain", "timeout:slow_nodefault", "timeout:idle",
     "versions",
     "metrics:shared", "metrics:deleted",
-    "arguments",
+    "arguments", "memory",
     "dlpack:of_tensor", "dlpack:transposed", "dlpack:column_slice", "dlpack:numpy_transposed",
 ]
 

@@ -41,10 +41,12 @@ API summary (see the docstrings)::
     class MockTriton:
         __init__(model_repository, model_config_name="embedded", *, models=(),
                  strict_outputs=True, auto_complete=True, instance_wait_timeout=120.0,
-                 log_verbose=0, response_timeout=5.0, trace_rate=0, trace_mode="triton")
+                 log_verbose=0, response_timeout=5.0, trace_rate=0, trace_mode="triton",
+                 release=None)                       # "24.10"/"2.51" (default) or "26.08"
         load(name, config=None); unload(name, unload_dependents=False); close()
         infer(model, inputs, parameters=None, request_id="", *, outputs=None,
               model_version="") -> dict
+        infer_response(...same...) -> (dict, response parameters dict)
         infer_batch(model, requests) -> list[dict | InferError]
         is_model_ready(name, version=""); repository_index(); model_config(name)
         instance(name, version=-1)
@@ -67,7 +69,8 @@ Modules, by concern::
 
     wire        datatype tables, BYTES (de)serialization, Triton's own pb_utils file
     errors      TritonModelException, TritonError, InferError, LoadError, pybind-style errors
-    tensors     pb_utils.Tensor, PreferredMemory
+    tensors     pb_utils.Tensor (GPU outputs of BLS calls to KIND_GPU models), PreferredMemory
+    releases    release profiles: which newer pb_utils features exist (MOCK_TRITON_RELEASE)
     requests    pb_utils.InferenceRequest/InferenceResponse, the response sender
     logger      pb_utils.Logger
     metrics     pb_utils.MetricFamily and its metrics
@@ -99,7 +102,9 @@ honest):
   ``<model>`` to ``sys.path`` for good and the mock only while ``model.py`` is imported.
   ``model.py`` is imported under a unique module name (``_mock_triton_models.<...>.model``)
   with its version directory as package path, so ``from . import x`` works. ``args["model_instance_kind"]`` is taken from the config
-  (``KIND_GPU`` -> ``"GPU"``); nothing checks that a GPU exists.
+  (``KIND_GPU`` -> ``"GPU"``); nothing checks that a GPU exists. A
+  ``KIND_GPU`` model answers BLS calls in GPU memory unless the request asks for CPU memory
+  (see :class:`MockTriton`).
 * Executes of one model are serialized (one instance = one batch at a time). Requests
   sent concurrently (e.g. two ``async_exec`` to the same model under ``asyncio.gather``)
   are *not* merged into one batch as Triton's dynamic batcher might; each gets its own

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, FrozenSet, List, NamedTuple, Optional
+
+from orchestrator.testing.mock.releases import DEFAULT, PROFILES
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.testing.mock.host import Host
@@ -58,6 +60,15 @@ def current_server() -> "Host":
         "no MockTriton is active: create MockTriton(model_repository) before using "
         "triton_python_backend_utils server functions"
     )
+
+
+def current_features() -> FrozenSet[str]:
+    """The release features (``releases``) of the server the running code belongs to; the
+    default release's when no MockTriton is open."""
+    try:
+        return current_server().features
+    except RuntimeError:
+        return PROFILES[DEFAULT]
 
 
 def current_model() -> Optional["LoadedModel"]:

@@ -233,7 +233,7 @@ def finish_outputs(model: LoadedModel, req: Req, response: InferenceResponse, st
                 except ValueError:
                     pass
         outputs.append((name, tensor._dtype, array))
-    return Ok(outputs)
+    return Ok(outputs, dict(response._parameters))
 
 
 class Executor:

@@ -9,7 +9,7 @@ is the only one that imports them all and no import circle forms (checked by
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, FrozenSet, Optional, Protocol, Union
 
 from orchestrator.testing.mock.faults import FaultInjector
 from orchestrator.testing.mock.metric_store import MetricRegistry
@@ -36,6 +36,8 @@ class Host(Protocol):
     strict_outputs: bool
     instance_wait_timeout: float
     response_timeout: float
+    release: str
+    features: FrozenSet[str]
 
     @property
     def closed(self) -> bool: ...

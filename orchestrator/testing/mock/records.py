@@ -134,6 +134,7 @@ class Req:
 
 class Ok(NamedTuple):
     outputs: List[tuple]  # [(name, protocol dtype, array)]
+    parameters: Dict[str, Any] = {}  # the response's KServe parameters (release profiles with them)
 
 
 class Err(NamedTuple):

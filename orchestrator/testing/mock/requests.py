@@ -13,8 +13,9 @@ import json
 import threading
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
-from orchestrator.testing.mock.context import CTX, current_server
+from orchestrator.testing.mock.context import CTX, current_features, current_server
 from orchestrator.testing.mock.errors import TritonError, TritonModelException, as_str, incompatible
+from orchestrator.testing.mock.releases import RESPONSE_PARAMETERS
 from orchestrator.testing.mock.tensors import PreferredMemory, Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,6 +135,7 @@ class _ResponseIterator:
 
 
 _REQUIRED: Any = object()
+_DEFAULT_MEMORY: Any = object()
 _SIGNATURE = (
     "c_python_backend_utils.InferenceRequest(request_id: str = '', correlation_id: object = 0, "
     "inputs: List[triton::backend::python::PbTensor], requested_output_names: List[str], "
@@ -181,7 +183,7 @@ class InferenceRequest:
         model_version: int = -1,
         flags: int = 0,
         timeout: int = 0,
-        preferred_memory: Optional[PreferredMemory] = None,
+        preferred_memory: Optional[PreferredMemory] = _DEFAULT_MEMORY,
         trace: Optional[InferenceTrace] = None,
         parameters: Optional[dict] = None,
     ):
@@ -214,6 +216,10 @@ class InferenceRequest:
         for label, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _bad_arguments(f"{label}={value!r}")
+        if preferred_memory is _DEFAULT_MEMORY:  # the stub's PreferredMemory(kDefault, 0): the producer's memory
+            preferred_memory = None
+        elif not isinstance(preferred_memory, PreferredMemory):  # None included (.none(false))
+            raise _bad_arguments(f"preferred_memory={preferred_memory!r}")
         if parameters is None:
             parameters = {}
         if not isinstance(parameters, dict):
@@ -331,10 +337,30 @@ class InferenceRequest:
 
 
 class InferenceResponse:
-    """Mirror of ``pb_utils.InferenceResponse(output_tensors=[], error=None)`` (r24.10:
-    no ``parameters``)."""
+    """Mirror of ``pb_utils.InferenceResponse``: r24.10 ``(output_tensors=[], error=None)``;
+    with the ``response_parameters`` feature of the server's release profile (python_backend
+    r25.02, PR #394) also ``parameters=None`` (a dict: ``str`` keys, ``bool``/``int``/``str``
+    values) and ``parameters()`` (the JSON text). Without the feature ``parameters=`` raises
+    pybind's ``TypeError``, as the r24.10 stub does."""
 
-    def __init__(self, output_tensors: Sequence[Tensor] = (), error: Optional[TritonError] = None):
+    def __init__(self, output_tensors: Sequence[Tensor] = (), error: Optional[TritonError] = None,
+                 **kwargs: Any):
+        if kwargs and (set(kwargs) != {"parameters"} or RESPONSE_PARAMETERS not in current_features()):
+            raise incompatible(
+                "__init__",
+                "c_python_backend_utils.InferenceResponse(output_tensors: "
+                "List[triton::backend::python::PbTensor], error: c_python_backend_utils.TritonError = None)",
+                ", ".join(f"{k}={v!r}" for k, v in kwargs.items()), constructor=True,
+            )
+        parameters = kwargs.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            raise TritonModelException(f"Expect N8pybind114dictE, got {type(parameters)}")
+        for key, value in parameters.items():
+            if not isinstance(key, str):
+                raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+            if not isinstance(value, (bool, int, str)):
+                raise TritonModelException(
+                    f"Expect parameters values to have type bool/int/str, found type {type(value)}")
         if isinstance(output_tensors, (str, bytes)) or not isinstance(output_tensors, (list, tuple)):
             raise TypeError(
                 "InferenceResponse(): incompatible constructor arguments: output_tensors "
@@ -352,6 +378,7 @@ class InferenceResponse:
             )
         self._outputs = list(output_tensors)
         self._error = error
+        self._parameters = dict(parameters)
 
     def output_tensors(self) -> List[Tensor]:
         return list(self._outputs)
@@ -361,6 +388,12 @@ class InferenceResponse:
 
     def error(self) -> Optional[TritonError]:
         return self._error
+
+    def __getattr__(self, name: str) -> Any:
+        # parameters() exists only from r25.02 on (the release profile's feature)
+        if name == "parameters" and RESPONSE_PARAMETERS in current_features():
+            return lambda: json.dumps(self._parameters)
+        raise AttributeError(f"'InferenceResponse' object has no attribute '{name}'")
 
     def __repr__(self) -> str:
         if self._error is not None:

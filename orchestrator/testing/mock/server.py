@@ -10,17 +10,18 @@ import, ``initialize``/``finalize``), :class:`~orchestrator.testing.mock.executi
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from orchestrator.testing.mock.client import client_request, parse_item
-from orchestrator.testing.mock.context import activate, deactivate
+from orchestrator.testing.mock.context import activate, deactivate, running
 from orchestrator.testing.mock.errors import ErrorCode, InferError, LoadError, TritonError
 from orchestrator.testing.mock.execution import Executor
 from orchestrator.testing.mock.faults import FaultInjector
@@ -29,6 +30,7 @@ from orchestrator.testing.mock.loading import build, finalize
 from orchestrator.testing.mock.metric_store import MetricRegistry, snapshot
 from orchestrator.testing.mock.pb_utils import install
 from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, TraceRecord, to_client
+from orchestrator.testing.mock.releases import IS_READY, PROFILES, RESPONSE_PARAMETERS, resolve
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse, InferenceTrace
 from orchestrator.testing.mock.tensors import Tensor
 
@@ -57,7 +59,16 @@ class MockTriton:
     request (:class:`~orchestrator.testing.mock.records.TraceRecord`). ``trace_mode``:
     ``triton`` or ``opentelemetry`` (then a sampled request's ``trace().get_context()`` is
     its ``traceparent``). Ensemble steps are not traced. Use as a context manager, or call
-    :meth:`close`.
+    :meth:`close`. ``release``: the python_backend release profile whose ``pb_utils``
+    features the models see (:mod:`~orchestrator.testing.mock.releases`: ``"24.10"``/``"2.51"``,
+    the default, or ``"26.08"``; None: ``$MOCK_TRITON_RELEASE``).
+
+    A ``KIND_GPU`` model answers a BLS call in GPU memory unless the request asked for CPU
+    memory (``preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_CPU, 0)``): the caller's
+    ``as_numpy()`` on such an output raises the stub's "Tensor is stored in GPU and cannot be
+    converted to NumPy." (Triton's native backends on a GPU answer in GPU memory; a Python
+    model's numpy outputs are CPU memory even on ``KIND_GPU``, so the mock is the stricter
+    case.) Client requests always get their outputs in CPU memory, as over HTTP/gRPC.
     """
 
     def __init__(
@@ -73,11 +84,14 @@ class MockTriton:
         response_timeout: float = 5.0,
         trace_rate: int = 0,
         trace_mode: str = "triton",
+        release: Optional[str] = None,
     ):
         if isinstance(trace_rate, bool) or not isinstance(trace_rate, int) or trace_rate < 0:
             raise ValueError(f"trace_rate must be an integer >= 0 (0: tracing off), not {trace_rate!r}")
         if trace_mode not in ("triton", "opentelemetry"):
             raise ValueError(f"trace_mode must be 'triton' or 'opentelemetry', not {trace_mode!r}")
+        self.release = resolve(release)
+        self.features = PROFILES[self.release]
         install()
         self.model_repository = Path(model_repository).resolve()
         if not self.model_repository.is_dir():
@@ -209,8 +223,30 @@ class MockTriton:
     def is_model_ready(self, name: str, version: Union[str, int] = "") -> bool:
         """As ``pb_utils.is_model_ready``/the KServe ready endpoint: ``version`` "" (or -1)
         is the highest loaded version, else that version (every version the
-        ``version_policy`` names is served)."""
-        return self.loaded(name, version) is not None
+        ``version_policy`` names is served). With the ``is_ready`` feature of the release
+        profile (python_backend r26.03, PR #430) a loaded Python model whose class defines
+        ``is_ready()`` (sync or async) is asked: anything but ``True``/``False``, an
+        exception or no answer within 5 s reports not ready."""
+        model = self.loaded(name, version)
+        if model is None:
+            return False
+        if IS_READY not in self.features or not hasattr(model.instance, "is_ready"):
+            return True
+        return self._user_ready(model)
+
+    def _user_ready(self, model: LoadedModel) -> bool:
+        try:
+            with running(self, model):
+                answer = model.instance.is_ready()
+            if asyncio.iscoroutine(answer):
+                answer = asyncio.run_coroutine_threadsafe(answer, model.loop()).result(timeout=5.0)
+        except Exception as exc:  # the stub reports not ready and logs the error
+            self.recorder.log(LogRecord(model.name, "ERROR", f"is_ready() failed: {type(exc).__name__}: {exc}"))
+            return False
+        if not isinstance(answer, bool):
+            self.recorder.log(LogRecord(model.name, "ERROR", "is_ready() must return a boolean value"))
+            return False
+        return answer
 
     def repository_index(self) -> List[dict]:
         """Like Triton's repository index: every model directory with its state.
@@ -338,15 +374,31 @@ class MockTriton:
         (BYTES as object arrays of ``bytes``). Raises TypeError/ValueError for what
         tritonclient would refuse to send, RuntimeError once closed.
         """
+        return self.infer_response(model, inputs, parameters, request_id, outputs=outputs,
+                                   model_version=model_version)[0]
+
+    def infer_response(
+        self,
+        model: str,
+        inputs: Dict[str, np.ndarray],
+        parameters: Optional[dict] = None,
+        request_id: str = "",
+        *,
+        outputs: Optional[Sequence[str]] = None,
+        model_version: str = "",
+    ) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """:meth:`infer`, also returning the response's KServe ``parameters`` (empty unless
+        the model set some, which needs a release profile with ``response_parameters``)."""
         request = client_request(model, inputs, parameters, request_id, outputs)
         target = self._client_model(model, str(model_version))
         if isinstance(target, Err):
             raise InferError(target.message, target.code.name)
         self._sample(request, target.name)
-        result = to_client(self._executor.run(target, [request])[0])
+        answer = self._executor.run(target, [request])[0]
+        result = to_client(answer)
         if isinstance(result, InferError):
             raise result
-        return result
+        return result, dict(getattr(answer, "parameters", {}))
 
     def infer_batch(self, model: str, requests: Sequence[dict]) -> List[Union[Dict[str, np.ndarray], InferError]]:
         """Send several requests at once, as Triton's dynamic batcher would deliver them.
@@ -416,7 +468,15 @@ class MockTriton:
         if isinstance(result, Err):
             stage_prefix = prefix if result.stage in ("validation", "notready") else ""
             return InferenceResponse(error=TritonError(stage_prefix + result.message))
-        return InferenceResponse([Tensor._wire(n, d, a) for n, d, a in result.outputs])
+        memory = request._preferred_memory
+        if model.instance_kind == "GPU" and not (memory is not None and memory.is_cpu()):
+            device = int(model.device_id)  # the model's GPU memory (request_executor.cc ResponseAlloc)
+            response = InferenceResponse([Tensor._on_gpu(n, d, a, device) for n, d, a in result.outputs])
+        else:
+            response = InferenceResponse([Tensor._wire(n, d, a) for n, d, a in result.outputs])
+        if RESPONSE_PARAMETERS in self.features:  # BLS responses carry them from r25.02 (PR #395)
+            response._parameters = dict(result.parameters)
+        return response
 
     def __repr__(self) -> str:
         loaded = ", ".join(sorted(self._models))

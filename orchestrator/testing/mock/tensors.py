@@ -1,9 +1,15 @@
-"""``pb_utils.Tensor`` and the memory-placement names of the stub (CPU only)."""
+"""``pb_utils.Tensor`` and the memory-placement names of the stub.
+
+Tensors are CPU memory, except the outputs of a ``KIND_GPU`` model that a BLS call receives
+without asking for CPU memory (``InferenceRequest(preferred_memory=PreferredMemory(
+TRITONSERVER_MEMORY_CPU, 0))``): those are marked as GPU tensors, whose ``as_numpy()`` raises
+the stub's own error (python_backend r24.10 ``PbTensor::AsNumpy``).
+"""
 
 from __future__ import annotations
 
 import enum
-from typing import Any, List
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -16,6 +22,9 @@ from orchestrator.testing.mock.wire import (
 )
 
 _KDLCPU = (1, 0)  # DLPack (device type kDLCPU, device 0)
+_KDLCUDA = 2  # DLPack device type kDLCUDA
+#: python_backend r24.10 ``PbTensor::AsNumpy`` (src/pb_tensor.cc), raised as TritonModelException.
+GPU_AS_NUMPY = "Tensor is stored in GPU and cannot be converted to NumPy."
 _SIGNATURE = "c_python_backend_utils.Tensor(arg0: str, arg1: numpy.ndarray)"
 _NOT_SUPPORTED = (  # the stub's text, with the spaces its C++ line continuation leaves
     "Provided tensor is not supported. Tensor must be a DLPack capsule         or have "
@@ -66,7 +75,8 @@ class _DLPackCapsule:
 
 
 class Tensor:
-    """Mirror of ``pb_utils.Tensor(name, numpy_array)`` (CPU only).
+    """Mirror of ``pb_utils.Tensor(name, numpy_array)`` (CPU memory; see the module docs
+    for the GPU outputs of BLS calls).
 
     As in the stub: ``numpy_array`` must be a ``numpy.ndarray`` and the name a ``str``
     (or UTF-8 ``bytes``), else ``TypeError`` (pybind's "incompatible constructor
@@ -77,7 +87,8 @@ class Tensor:
     so later changes to its object array are not sent.
     """
 
-    __slots__ = ("_name", "_dtype", "_array", "_serialized")
+    # _gpu: the GPU device id of a BLS output left in GPU memory, else None
+    __slots__ = ("_name", "_dtype", "_array", "_serialized", "_gpu")
 
     def __init__(self, name: str, numpy_array: Any):
         name = as_str(name)
@@ -95,6 +106,7 @@ class Tensor:
         self._dtype = dtype
         self._array = array
         self._serialized = serialize(array) if dtype == "BYTES" else None
+        self._gpu: Optional[int] = None
 
     @classmethod
     def _wire(cls, name: str, dtype: str, array: np.ndarray) -> "Tensor":
@@ -104,6 +116,15 @@ class Tensor:
         tensor._dtype = dtype
         tensor._array = array
         tensor._serialized = serialize(array) if dtype == "BYTES" else None
+        tensor._gpu = None
+        return tensor
+
+    @classmethod
+    def _on_gpu(cls, name: str, dtype: str, array: np.ndarray, device_id: int) -> "Tensor":
+        """A BLS output left in GPU memory ``device_id`` (what a ``KIND_GPU`` model answers
+        when the request did not ask for CPU memory): ``as_numpy()`` refuses it."""
+        tensor = cls._wire(name, dtype, array)
+        tensor._gpu = device_id
         return tensor
 
     def _wire_array(self) -> np.ndarray:
@@ -116,6 +137,8 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._gpu is not None:
+            raise TritonModelException(GPU_AS_NUMPY)
         return self._array
 
     def triton_dtype(self) -> int:
@@ -125,18 +148,20 @@ class Tensor:
         return [int(d) for d in self._array.shape]
 
     def is_cpu(self) -> bool:
-        return True
+        return self._gpu is None
 
     def to_dlpack(self) -> Any:
         if self._dtype == "BYTES":
             raise TritonModelException("DLPack does not have support for string tensors.")
+        if self._gpu is not None:  # the stub hands out a CUDA capsule; the mock has no GPU memory
+            raise TritonModelException("mock_triton: a GPU tensor has no memory to share in the mock")
         return self._array.__dlpack__()
 
     def __dlpack__(self, stream: Any = None) -> Any:
         return self.to_dlpack()
 
     def __dlpack_device__(self) -> tuple:
-        return _KDLCPU
+        return _KDLCPU if self._gpu is None else (_KDLCUDA, self._gpu)
 
     @staticmethod
     def from_dlpack(name: str, tensor: Any) -> "Tensor":
@@ -165,11 +190,27 @@ class Tensor:
 
 
 class PreferredMemory:
-    """Mirror of ``pb_utils.PreferredMemory`` (accepted and ignored: all memory is CPU)."""
+    """Mirror of ``pb_utils.PreferredMemory(preferred_memory_type, preferred_device_id=0)``
+    (r24.10 ``pb_stub.cc``: both ``.none(false)``; the type is ``TRITONSERVER_MEMORY_CPU`` or
+    ``TRITONSERVER_MEMORY_GPU``). A BLS request that carries one with
+    ``TRITONSERVER_MEMORY_CPU`` gets its outputs in CPU memory (``request_executor.cc``
+    ``ResponseAlloc``)."""
 
     def __init__(self, preferred_memory_type: Any, preferred_device_id: int = 0):
+        if not isinstance(preferred_memory_type, MemoryType) or isinstance(preferred_device_id, bool) \
+                or not isinstance(preferred_device_id, int):
+            raise incompatible(
+                "__init__",
+                "c_python_backend_utils.PreferredMemory(preferred_memory_type: "
+                "c_python_backend_utils.MemoryType, preferred_device_id: int = 0)",
+                f"{preferred_memory_type!r}, {preferred_device_id!r}", constructor=True,
+            )
         self.preferred_memory_type = preferred_memory_type
         self.preferred_device_id = preferred_device_id
+
+    def is_cpu(self) -> bool:
+        """True when the outputs are asked for in CPU memory (mock helper, not in the stub)."""
+        return self.preferred_memory_type == MemoryType.TRITONSERVER_MEMORY_CPU
 
 
 class MemoryType(enum.IntEnum):

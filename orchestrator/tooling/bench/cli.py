@@ -29,6 +29,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
                         help="shortest perf_analyzer window in ms (default: 3000, --quick 500)")
     parser.add_argument("--stability-percentage", type=float, default=None, metavar="PCT",
                         help="perf_analyzer stability rule in %% (default: 25; --quick: not checked)")
+    parser.add_argument("--url", action="append", default=[], metavar="URL",
+                        help="measure a running server this command did not start: grpc://host:port (perf_analyzer) "
+                             "and/or http://host:port, or host:port (protocol found by asking); it must serve the "
+                             "benchmark repository (--write-repository). Repeat for HTTP and gRPC")
+    parser.add_argument("--write-repository", default=None, metavar="DIR",
+                        help="only write the benchmark repository (model_repository plus the benchmark variants) "
+                             "to DIR, to serve it in your own Triton for --url")
     parser.add_argument("--from-results", default=None, metavar="JSON",
                         help="only re-render benchmarks.md and the plots from a results.json")
     return parser
@@ -39,6 +46,8 @@ def _command_line(args: argparse.Namespace) -> str:
     if getattr(args, "quick", False):
         parts.append("--quick")
     parts.append(f"--out {shlex.quote(str(getattr(args, 'out', 'docs')))}")
+    for url in getattr(args, "url", None) or []:
+        parts.append(f"--url {shlex.quote(url)}")
     for opt in ("measurement_interval", "stability_percentage"):
         v = getattr(args, opt, None)
         if v is not None:
@@ -59,6 +68,12 @@ def bench_command(args: argparse.Namespace) -> int:
             report = write_outputs(results, Path(args.out))
             print(f"wrote {report}")
             return 0
+        if getattr(args, "write_repository", None):
+            from orchestrator.tooling.bench.variants import make_bench_repository
+
+            dest = make_bench_repository(Path(args.write_repository), getattr(args, "repo", REPO))
+            print(f"wrote the benchmark repository to {dest}")
+            return 0
         quick = bool(getattr(args, "quick", False))
         base = QUICK_SETTINGS if quick else FULL_SETTINGS
         changes = {}
@@ -70,6 +85,7 @@ def bench_command(args: argparse.Namespace) -> int:
         results = run_benchmark(
             getattr(args, "out", "docs"), quick=quick, repo=getattr(args, "repo", REPO),
             tool_dir=getattr(args, "tool_dir", DEFAULT_TOOL_DIR), settings=settings, command=_command_line(args),
+            urls=getattr(args, "url", None) or [],
         )
     except (BenchError, ServerError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

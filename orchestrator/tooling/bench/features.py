@@ -57,6 +57,7 @@ import yaml
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
 from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, replace_section
+from orchestrator.tooling.bench.stack import header_line, read_stack
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import read_config, write_config
 
@@ -361,7 +362,8 @@ def render_section(r: Mapping) -> str:
          f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
          f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
          f"figures in `bench/features.json`. Client-side latency on an open HTTP connection, ms; warmup "
-         f"figures are medians over {w['rounds']} load(s) of each copy.", "", "### Warmup: the first request after a load", "",
+         f"figures are medians over {w['rounds']} load(s) of each copy.", "", header_line(r.get("stack")), "",
+         "### Warmup: the first request after a load", "",
          "| model | load, s | first request, ms | its compute on the server, ms | warm request (median), ms |",
          "|---|---|---|---|---|"]
     for m in WARM_MODELS:
@@ -426,6 +428,7 @@ def run(out: Path, quick: bool = False) -> dict:
         start = ["tokenizer", "postprocess", "classifier", "classifier_fast", "classifier_fp16", "classifier_nc",
                  "classifier_fast_nc", "router", "router_nc", *SHADOW_VARIANTS]
         with TritonServer(repo, models=start, response_cache_bytes=64 << 20) as server:
+            results["stack"] = read_stack(server, embedded=True)
             client = Client(server.http_url, tokenizer)
             try:
                 results["warmup"] = bench_warmup(server, client, texts[:200], rounds=1 if quick else 3)

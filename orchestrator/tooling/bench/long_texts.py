@@ -71,6 +71,7 @@ from orchestrator.tooling.bench.plan import (
     Spec,
 )
 from orchestrator.tooling.bench.report import LONG_END, LONG_START, replace_section
+from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 
 COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs)"
 #: The models compared, in table order.
@@ -178,6 +179,7 @@ def render_section(r: Mapping[str, Any]) -> str:
          f"One run of `{COMMAND}`{' --quick' if r.get('quick') else ''} at {r['started_utc']} UTC on "
          f"{r['machine']['cores']} cores ({r['machine']['cpu_model']}), load average {r['load_start']} at start and "
          f"{r['load_end']} at the end, {r['wall_s']:.0f} s; figures in `bench/long_texts.json`.", "",
+         header_line(r.get("stack")), "",
          f"Texts: {ds['n']} long texts ({ds.get('positive')} positive) of {ds['tokens_min']} to {ds['tokens_max']} tokens "
          f"(median {ds['tokens_p50']:g}), "
          "each made of held-out test sentences of one label only (the order of `make bench`; a join is kept when its "
@@ -195,7 +197,10 @@ def render_section(r: Mapping[str, Any]) -> str:
     ens = perf.get("ensemble", {}).get("throughput")
     for model in MODELS:
         m, a, w = perf.get(model, {}), acc[model], win.get(model)
-        used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
+        if w is None and model != "ensemble":  # --url: the server's metrics are not read
+            used = "not read (server not started here)"
+        else:
+            used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
         skipped = "n/a" if w is None else f"{w['skipped_per_text']:.2f}"
         ratio = f"{m['throughput'] / ens:.2f}x" if m.get("throughput") and ens else "n/a"
         stable = {True: "yes", False: "no", None: "not checked"}[m.get("stable")] if not m.get("error") else "FAILED"
@@ -226,8 +231,12 @@ def _window_counts(server: Any, router: str) -> Tuple[float, float]:
             server.metric("orchestrator_chunks_skipped_total", router=router))
 
 
-def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR) -> dict:
-    """The whole benchmark (module docstring); writes the outputs and returns the results."""
+def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls: Sequence[str] = ()) -> dict:
+    """The whole benchmark (module docstring); writes the outputs and returns the results.
+
+    ``urls``: measure the running server at these ``--url`` values (``stack.parse_urls``;
+    gRPC needed; it must serve :data:`MODELS`) instead of starting one; the window counts,
+    read from the metrics of a server started here, are then not taken."""
     from transformers import AutoTokenizer
 
     from orchestrator.tooling.modeling import data
@@ -268,11 +277,13 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR) -> di
         results["stopping"] = [c for c in results["stopping"] if c["keys"]]
         input_file = write_input_data(Path(tmp) / "input-long.json", long_texts)
         start = ["tokenizer", "postprocess", "classifier", "classifier_fast", "ensemble", "router", ALL_WINDOWS]
-        with TritonServer(repo, models=start) as server:
+        with server_or_url(urls, lambda: TritonServer(repo, models=start), need="grpc") as server:
             url = server.grpc_url
+            results["stack"] = read_stack(server, embedded=not urls)
+            served(results["stack"], MODELS, "serve the repository of --write-repository DIR, or run without --url")
             accuracy, windows = {}, {}
             for model in MODELS:
-                before = _window_counts(server, model) if model != "ensemble" else None
+                before = _window_counts(server, model) if model != "ensemble" and not urls else None
                 res = classify_all(url, model, long_texts)
                 accuracy[model] = accuracy_summary(long_labels, res["verdicts"], res["routes"])
                 if before is not None:
@@ -325,8 +336,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
     parser.add_argument("--quick", action="store_true", help="60 texts, one round, short windows (a smoke run)")
+    add_url_argument(parser)
+    parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
+                        help="only write the repository this benchmark serves to DIR (to serve it yourself for --url)")
     args = parser.parse_args(argv)
-    print(render_section(run(args.out, quick=args.quick)))
+    if args.write_repository:
+        make_long_repository(args.write_repository)
+        print(f"wrote {args.write_repository}")
+        return 0
+    try:
+        print(render_section(run(args.out, quick=args.quick, urls=args.url)))
+    except (StackError, BenchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

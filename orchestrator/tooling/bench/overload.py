@@ -62,6 +62,7 @@ import yaml
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
 from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, replace_section
+from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
@@ -200,6 +201,7 @@ def render_section(r: Mapping[str, Any]) -> str:
     L.append(f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
              f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
              f"raw figures in `bench/overload.json`.")
+    L += ["", header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: short levels; the figures are a smoke test, not a benchmark."]
     L += ["", f"Capacity (1x): the ensemble's throughput in closed loop at concurrency {cap['concurrency']}, "
@@ -469,9 +471,27 @@ async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, gr
     return out
 
 
-def run(out: Path, quick: bool = False) -> Dict[str, Any]:
-    """The whole benchmark (module docstring); writes the outputs and returns the results."""
+def make_overload_repository(dest: Path, shipped: Mapping[str, Any]) -> Path:
+    """``model_repository/`` with the variants this benchmark compares (module docstring),
+    written to ``dest`` (``--write-repository``: to serve it in your own Triton for ``--url``)."""
     from orchestrator.tooling.bench.variants import make_bench_repository
+
+    repo = make_bench_repository(dest, REPO, variants={
+        "router_queue": {"base": "router"},
+        "router_overload": {"base": "router", "policy_root": overload_policy(dict(shipped))["root"]},
+        "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
+    for name in QUEUED:
+        set_queue_policy(repo / name / "config.pbtxt", TIMEOUT_QUEUE if name == "router_timeout" else {})
+    set_instances(repo / "router_two" / "config.pbtxt", TWO_INSTANCES)
+    return repo
+
+
+def run(out: Path, quick: bool = False, urls: Sequence[str] = ()) -> Dict[str, Any]:
+    """The whole benchmark (module docstring); writes the outputs and returns the results.
+
+    ``urls``: load the running server at these ``--url`` values (``stack.parse_urls``; gRPC
+    needed; it must serve :data:`SERVER_MODELS`, e.g. the repository this command builds)
+    instead of starting one."""
     from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import TritonServer
 
@@ -485,14 +505,10 @@ def run(out: Path, quick: bool = False) -> Dict[str, Any]:
     examples = [(held_out[i].text, int(held_out[i].label)) for i in order]
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     with tempfile.TemporaryDirectory(prefix="bench-overload-") as tmp:
-        repo = make_bench_repository(Path(tmp) / "model_repository", REPO, variants={
-            "router_queue": {"base": "router"},
-            "router_overload": {"base": "router", "policy_root": overload_policy(shipped)["root"]},
-            "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
-        for name in QUEUED:
-            set_queue_policy(repo / name / "config.pbtxt", TIMEOUT_QUEUE if name == "router_timeout" else {})
-        set_instances(repo / "router_two" / "config.pbtxt", TWO_INSTANCES)
-        with TritonServer(repo, models=list(SERVER_MODELS)) as server:
+        repo = make_overload_repository(Path(tmp) / "model_repository", shipped)
+        with server_or_url(urls, lambda: TritonServer(repo, models=list(SERVER_MODELS)), need="grpc") as server:
+            results["stack"] = read_stack(server, embedded=not urls)
+            served(results["stack"], list(SERVER_MODELS), "serve the repository of --write-repository DIR, or run without --url")
             results.update(asyncio.run(measure_all(
                 server.grpc_url, examples, level_s=results["level_s"], grace_s=results["grace_s"],
                 unloaded_n=50 if quick else 200, capacity_s=5.0 if quick else 15.0)))
@@ -510,8 +526,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
     parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
+    add_url_argument(parser)
+    parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
+                        help="only write the repository this benchmark serves to DIR (to serve it yourself for --url)")
     args = parser.parse_args(argv)
-    print(render_section(run(args.out, quick=args.quick)))
+    if args.write_repository:
+        shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+        print(f"wrote {make_overload_repository(args.write_repository, shipped)}")
+        return 0
+    try:
+        print(render_section(run(args.out, quick=args.quick, urls=args.url)))
+    except StackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from orchestrator.tooling.bench.goals import find_measurement, metric_of, paired_median, ratio
 from orchestrator.tooling.bench.plan import CONCURRENCIES, GRID_MODELS, LENGTH_MODELS, SWEEP_CONCURRENCY
+from orchestrator.tooling.bench.stack import CLASSIFIERS, devices, header_line, runtime_label
 
 WHAT_WE_TRIED_START = "<!-- what-we-tried:start (kept across runs: edit freely) -->"
 WHAT_WE_TRIED_END = "<!-- what-we-tried:end -->"
@@ -105,6 +106,8 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
         add(f"> **The models measured are from a `--quick` training run** "
             f"(`{r['models']['training'].get('command')}`): accuracy figures are not meaningful.")
         add("")
+    add("> " + header_line(r.get("stack")))
+    add("")
     add("## Machine and software")
     add("")
     add("| | |")
@@ -112,7 +115,12 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     add(f"| CPU | {mach['cpu_model']}, {mach['cores']} cores |")
     add(f"| memory | {_fmt(mach.get('memory_gib'))} GiB |")
     add(f"| OS, kernel | {mach.get('os')}, {mach.get('kernel')} |")
-    add(f"| Triton | {r['triton']['version']} (embedded, `nvidia-pytriton` wheel; Python backend, ONNX models through onnxruntime {r['software'].get('onnxruntime')} in Python models) |")
+    if r.get("stack") and not r["stack"].get("embedded"):
+        add(f"| Triton | {r['triton']['version']} at {r['stack'].get('url')} (not started by the benchmark); "
+            + "; ".join(f"{n}: {runtime_label(m)} {devices(m)}" for n, m in r["stack"].get("models", {}).items()
+                        if n in CLASSIFIERS) + " |")
+    else:
+        add(f"| Triton | {r['triton']['version']} (embedded, `nvidia-pytriton` wheel; Python backend, ONNX models through onnxruntime {r['software'].get('onnxruntime')} in Python models) |")
     add(f"| load generator | {r['software']['perf_analyzer']} (gRPC, same machine) |")
     add(f"| Python | {mach.get('python')} |")
     add(f"| code | {r.get('git') or 'n/a'} |")
@@ -301,9 +309,13 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
     s = r["settings"]
     add("## Method")
     add("")
-    add(f"- Server: one embedded Triton {r['triton']['version']} on a temporary copy of `model_repository/` "
-        "with the benchmark-only variants of `orchestrator.tooling.bench.VARIANTS` added; every model loaded, one "
-        "instance each, as configured (`configs/embedded.pbtxt` where present).")
+    if r.get("stack") and not r["stack"].get("embedded"):
+        add(f"- Server: Triton {r['triton']['version']} at {r['stack'].get('url')}, started by the user, not by the "
+            "benchmark; its models and instance groups as it reported them (`stack` in the results).")
+    else:
+        add(f"- Server: one embedded Triton {r['triton']['version']} on a temporary copy of `model_repository/` "
+            "with the benchmark-only variants of `orchestrator.tooling.bench.VARIANTS` added; every model loaded, one "
+            "instance each, as configured (`configs/embedded.pbtxt` where present).")
     add(f"- Load: `perf_analyzer` over gRPC on loopback, `--input-data` JSON with one real text per entry "
         f"(THRESHOLD 0.5), `--concurrency-range` 1, 4, 16 (one invocation per level), time windows of at least "
         f"{s['measurement_interval_ms']} ms, longer for slow levels (about {s.get('latencies_per_window', 10)} request "

@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -51,6 +51,8 @@ from orchestrator.tooling.bench.plan import (
 )
 from orchestrator.tooling.bench.plots import write_plots
 from orchestrator.tooling.bench.report import render_report
+from orchestrator.tooling.bench.stack import StackError, read_stack, served, server_or_url
+from orchestrator.tooling.bench.stack import describe as describe_stack
 from orchestrator.tooling.bench.variants import make_bench_repository, model_files
 
 
@@ -68,11 +70,13 @@ def _training_info(repo: Path) -> dict:
 
 def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path | str = REPO,
                   tool_dir: Path | str = DEFAULT_TOOL_DIR, settings: Optional[PASettings] = None,
-                  command: str = "python -m orchestrator.tooling.bench") -> dict:
+                  command: str = "python -m orchestrator.tooling.bench", urls: Sequence[str] = ()) -> dict:
     """Run the whole benchmark and write ``<out>/benchmarks.md`` and ``<out>/bench/``.
 
     ``quick``: fewer texts (200 for accuracy, 100 per length set, :data:`RAW_SIZES_QUICK`
-    and two raw-floor rounds instead of three), :data:`QUICK_SETTINGS`.
+    and two raw-floor rounds instead of three), :data:`QUICK_SETTINGS`. ``urls``: measure
+    the running server at these ``--url`` values (``stack.parse_urls``; it needs a gRPC URL
+    and must serve the benchmark repository's models) instead of starting one.
     Returns the results dict (also ``<out>/bench/results.json``). Raises BenchError or
     ServerError (see the module docstring).
     """
@@ -129,13 +133,17 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
 
         raw_round("before the server starts")
 
-        _log(f"starting the embedded Triton server on {bench_repo}")
-        with TritonServer(bench_repo) as server:
-            client = server.client()
+        _log(f"measuring the running server at {', '.join(urls)}" if urls else f"starting the embedded Triton server on {bench_repo}")
+        with server_or_url(urls, lambda: TritonServer(bench_repo), need="grpc") as server:
             try:
-                triton = {"version": client.get_server_metadata()["version"]}
-            finally:
-                client.close()
+                stack = read_stack(server, embedded=not urls)
+                served(stack, [spec.model for spec in bench_plan(quick)] + ["ensemble", "router_single", "router", "ensemble_pad512"],
+                       "load the benchmark repository into it (python -m orchestrator.tooling.bench --write-repository DIR "
+                       "writes it) or run without --url")
+            except StackError as exc:
+                raise BenchError(str(exc)) from None
+            _log(f"stack: {describe_stack(stack)}")
+            triton = {"version": stack["server"]["version"]}
             url = server.grpc_url
 
             _log(f"accuracy on {n_acc} held-out texts (also the warm-up)")
@@ -194,6 +202,7 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
         "load": {"before": load_before, "after": load_average(), "max_1min_during": max(during) if during else None},
         "git": git_revision(),
         "triton": triton,
+        "stack": stack,
         "software": {"perf_analyzer": pa_version, "onnxruntime": ort.__version__},
         "raw_rounds": len(raw_rounds),
         "settings": asdict(settings),

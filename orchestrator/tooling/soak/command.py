@@ -27,6 +27,10 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--max-duration", type=float, default=None, metavar="S", help="stop after S seconds of traffic")
     parser.add_argument("--max-requests", type=int, default=None, metavar="N", help="stop after N requests")
     parser.add_argument("--seed", type=int, default=None, help="seed for the texts and requests (default 0)")
+    parser.add_argument("--url", action="append", default=[], metavar="URL",
+                        help="soak a running server this command did not start: --url http://host:port --url "
+                             "grpc://host:port (or host:port, protocol found by asking); the fault steps that need "
+                             "its processes or change its models are not run (the report says which and why)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the timeline")
     return parser
 
@@ -58,7 +62,8 @@ def soak_command(args: argparse.Namespace) -> int:
     quiet = getattr(args, "quiet", False)
     try:
         result = run_soak(config, Path(args.repo) if getattr(args, "repo", None) else None,
-                          log=(lambda line: None) if quiet else (lambda line: print(line, flush=True)))
+                          log=(lambda line: None) if quiet else (lambda line: print(line, flush=True)),
+                          urls=getattr(args, "url", None) or [])
     except (ToolingError, ServerError, OSError, ValueError) as exc:
         print(f"error: soak could not run: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from orchestrator.tooling.bench.stack import header_line
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.soak.ledger import OUTCOMES, Record, error_key
@@ -253,6 +254,8 @@ def summarize(result: Mapping, command: str = "orchestrator soak") -> dict:
         "rss": dict(result.get("rss") or {}),
         "events": result["events"],
         "skipped": result.get("skipped") or [],
+        "not_run": dict(result.get("not_run") or {}),
+        "stack": result.get("stack"),
         "server_log": result.get("server_log"),
     }
     summary["goals"] = goals(summary)
@@ -343,6 +346,8 @@ def _timeline_lines(summary: Mapping) -> List[str]:
         lines.append(_row(f"{e['t_s']:.2f}", e.get("wall", "-"), e["event"] + (f" {detail}" if detail else "")))
     if summary["skipped"]:
         lines += ["", f"Skipped (time bound reached): {', '.join(summary['skipped'])}."]
+    for name, reason in (summary.get("not_run") or {}).items():
+        lines += ["", f"Not run: {name} ({reason})."]
     return lines
 
 
@@ -357,6 +362,8 @@ def markdown(summary: Mapping) -> str:
         f"{', '.join(map(str, machine['loadavg']))} at the end, Python {machine['python']}. "
         f"{cfg['http_threads']} HTTP + {cfg['grpc_threads']} gRPC client threads, client timeout {cfg['client_timeout_s']:g} s; "
         f"texts: {summary['pool']}; 1-{cfg['mix']['max_texts']} texts a request. What the soak does: docs/reliability.md.",
+        "",
+        header_line(summary.get("stack")),
         "",
         "## Totals",
         "",
@@ -409,4 +416,6 @@ def print_summary(summary: Mapping, stream=None) -> None:
     for g in summary["goals"]:
         mark = "n/a " if g["met"] is None else "met " if g["met"] else "MISS"
         print(f"  [{mark}] {g['goal']}: {g['measured'] or '-'} (bound {g['bound']})", file=stream)
+    for name, reason in (summary.get("not_run") or {}).items():
+        print(f"  not run: {name} ({reason})", file=stream)
     print("soak " + ("FAILED: " + ", ".join(summary["failed"]) if summary["failed"] else "passed"), file=stream, flush=True)

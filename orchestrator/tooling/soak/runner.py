@@ -37,11 +37,13 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import yaml
 
 from orchestrator.tooling import production
+from orchestrator.tooling.bench.stack import describe as describe_stack
+from orchestrator.tooling.bench.stack import parse_urls, read_stack, served
 from orchestrator.tooling.errors import ToolingError
 from orchestrator.tooling.soak import procs
 from orchestrator.tooling.soak.clients import Client, make_inputs, result_fields
@@ -128,6 +130,15 @@ def models_to_load(policy: dict) -> List[str]:
     return models if policy.get("inline") else ["tokenizer", "postprocess", *models]
 
 
+#: The fault steps a soak against a server it did not start (``--url``) leaves out, and why.
+EXTERNAL_SKIPS: Dict[str, str] = {
+    "classifier_unloaded": "unloads and reloads a model through the control plane: not done to a server this command did not start",
+    "stub_killed": "kills a Python-backend stub process: needs the server's processes on this machine",
+    "router_reload": "reloads the router through the control plane: not done to a server this command did not start",
+    "oversized": "reads the router stub's memory in /proc: needs the server's processes on this machine",
+}
+
+
 class Soak:
     """One soak run against ``server`` (a started :class:`~orchestrator.tooling.server.TritonServer`
     serving the shipped policy); :meth:`run` returns the raw results for the report."""
@@ -135,6 +146,9 @@ class Soak:
     def __init__(self, server, config: SoakConfig, pool: TextPool, margin: Optional[float],
                  log: Callable[[str], None] = print) -> None:
         self.server, self.config, self.pool, self.margin, self.log = server, config, pool, margin, log
+        #: fault steps that cannot run against this server, with the reason (a server this
+        #: command did not start: no local processes to kill or read, models not ours to unload)
+        self.not_run: Dict[str, str] = EXTERNAL_SKIPS if getattr(server, "external", False) else {}
         self.ledger = Ledger()
         self.events: List[dict] = []
         self.phase = PHASES[0]
@@ -389,6 +403,9 @@ class Soak:
             t.start()
         steps = [("classifier_unloaded", self.unload_classifier), ("stub_killed", self.kill_fast_stub),
                  ("router_reload", self.reload_router), ("oversized", self.send_oversized)]
+        for name, reason in self.not_run.items():
+            self.event(f"{name} skipped: {reason}")
+        steps = [(n, step) for n, step in steps if n not in self.not_run]
         try:
             if self._sleep(cfg.healthy_s):
                 for i, (_name, step) in enumerate(steps):
@@ -415,6 +432,7 @@ class Soak:
             "oversized": self.oversized,
             "rss": self.rss,
             "skipped": self.skipped,
+            "not_run": dict(self.not_run),
             "duration_s": time.monotonic() - self.t0,
             "config": asdict(cfg),
         }
@@ -438,12 +456,40 @@ def reference_sender(server):
     return send, client
 
 
+def run_external(urls: Sequence[str], config: SoakConfig, source: Path, log: Callable[[str], None]) -> dict:
+    """:func:`run_soak` against a running server (``--url``, HTTP and gRPC): its traffic and
+    checks, without the fault steps that need a server started here (:data:`EXTERNAL_SKIPS`).
+    The server must serve the router with the policy of ``source`` (its cascade margin and
+    models are read there)."""
+    external = parse_urls(urls)
+    if not (external.http_url and external.grpc_url):
+        raise SoakError("the soak sends over HTTP and gRPC: give --url http://host:port and --url grpc://host:port")
+    stack = read_stack(external)
+    policy = yaml.safe_load((source / "router" / "policy.yaml").read_text())
+    served(stack, [ACCURATE, FAST, "router"], "serve the repository with the shipped router")
+    log(f"[soak] against the running server at {external.http_url} (HTTP) and {external.grpc_url} (gRPC): {describe_stack(stack)}")
+    pool = build_pool(config.n_short, config.n_long, seed=config.seed)
+    pool.early_stopping = chunk_stops_early(policy)
+    send, client = reference_sender(external)
+    try:
+        compute_references(send, pool)
+    except RuntimeError as exc:
+        raise SoakError(str(exc)) from exc
+    finally:
+        client.close()
+    margin = cascade_margin(policy)
+    result = Soak(external, config, pool, margin, log).run()
+    result.update(pool=pool, margin=margin, models=sorted(stack["models"]), server_log=None, stack=stack)
+    return result
+
+
 def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None, workdir: Optional[Path] = None,
-             log: Callable[[str], None] = print) -> dict:
+             log: Callable[[str], None] = print, urls: Sequence[str] = ()) -> dict:
     """Run one soak (see the module doc) and return the raw results plus ``pool``,
-    ``margin``, ``models``, ``server_log``. Starts and stops its own server on a copy of
+    ``margin``, ``models``, ``server_log``, ``stack``. Starts and stops its own server on a copy of
     ``source_repository`` (default: the project's ``model_repository``) under ``workdir``
-    (default: a temporary directory, removed afterwards). Raises :class:`SoakError` or
+    (default: a temporary directory, removed afterwards); with ``urls`` soaks that running
+    server instead (:func:`run_external`). Raises :class:`SoakError` or
     :class:`~orchestrator.tooling.server.ServerError` when the soak cannot run."""
     import tempfile
 
@@ -451,6 +497,8 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
     from orchestrator.tooling.server import TritonServer
 
     source = Path(source_repository or default_model_repository())
+    if urls:
+        return run_external(urls, config, source, log)
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory(prefix="soak-")
@@ -475,10 +523,11 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
             finally:
                 client.close()
             log(f"[soak] healthy reference for {len(pool.references)} texts; pool {pool.summary()}")
+            stack = read_stack(server, embedded=True)
             result = Soak(server, config, pool, margin, log).run()
         finally:
             server.stop()
-        result.update(pool=pool, margin=margin, models=models, server_log=str(server.log_path))
+        result.update(pool=pool, margin=margin, models=models, server_log=str(server.log_path), stack=stack)
         return result
     finally:
         production.thaw(Path(workdir) / "model_repository")

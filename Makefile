@@ -1,34 +1,51 @@
-# The two commands a new user needs: `make demo` and `make test`. Both bootstrap the
-# project virtualenv (.venv) themselves and are idempotent.
+# The two commands a new user needs: `make demo` and `make test`. Both check the machine
+# first (Python >= requires-python of pyproject.toml, Linux x86_64 with glibc >= 2.35: each
+# problem printed with what to install), then build the project virtualenv (.venv) or reuse it
+# (one made by another Python is rebuilt) and are idempotent. `make demo` installs no torch;
+# torch (extra `train`) comes with `make test` and `make model`.
+# PYTHON: the interpreter that builds .venv (`make demo PYTHON=python3.12`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SETUP = $(PYTHON) orchestrator/tooling/preflight.py --venv $(VENV)
+# make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
+# 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
+# and `orchestrator classify` follows it).
+HTTP_PORT ?=
+GRPC_PORT ?=
+METRICS_PORT ?=
 
-.PHONY: venv demo test model serve clean
+.PHONY: venv venv-demo venv-train demo test model serve clean FORCE
 
+# The package with its test tools (no torch): what the tooling targets below need.
 venv: $(STAMP)
+$(STAMP): FORCE
+	@$(SETUP) --extras test
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,train]"
-	touch $(STAMP)
+# The package alone: what the demo needs.
+venv-demo:
+	@$(SETUP)
+
+# Everything, torch included: the tests that export and `make model`.
+venv-train:
+	@$(SETUP) --extras test,train
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
-model: $(STAMP)
+model: venv-train
 	$(PY) -m orchestrator.tooling.modeling.train
 
-demo: $(STAMP)
+demo: venv-demo
 	$(PY) -m orchestrator.tooling.demo
 
-test: $(STAMP)
+test: venv-train
 	$(PY) -m ruff check orchestrator tests
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	ORCHESTRATOR_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
-serve: $(STAMP)
-	$(VENV)/bin/orchestrator serve
+serve: venv-demo
+	$(VENV)/bin/orchestrator serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+	  $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -188,7 +188,7 @@ def build_checkpoints(base: Path) -> Dict[str, Tuple[Path, np.ndarray]]:
 @pytest.fixture(scope="session")
 def byom_checkpoints(tmp_path_factory) -> Dict[str, Tuple[Path, np.ndarray]]:
     """``{name: (checkpoint_dir, expected probabilities [len(TEXTS), C])}`` for :data:`SPECS`."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
     return build_checkpoints(tmp_path_factory.mktemp("byom"))
 
 

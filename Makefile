@@ -51,41 +51,46 @@ clean:
 	rm -rf $(VENV) .cache .pytest_cache
 
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
-# raw ONNX model; writes docs/benchmarks.md and docs/bench/ (about 15 minutes on 2 cores).
-# A 2-minute smoke run: make bench BENCH_ARGS=--quick
+# raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
+# on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and
+# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs, SOAK_OUT=docs,
+# LOCK_OUT=deploy rewrite the committed reports and lock (on a quiet machine).
+BENCH_OUT ?= .cache/docs
+SOAK_OUT ?= .cache/docs
+LOCK_OUT ?= .cache/deploy
 .PHONY: bench
 bench: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
-# texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
+# texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
 # Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
 .PHONY: soak
 soak: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak --out docs $(SOAK_ARGS)
+	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # Issue 13's model-configuration features side by side in one server (about 3 minutes):
 # first request after a load with and without warmup, the response cache on a workload
 # with 30% repeated texts, and what a shadow node costs the primary. Writes the
-# "bench-features" section of docs/benchmarks.md and docs/bench/features.json.
+# "bench-features" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/features.json.
 .PHONY: bench-features
 bench-features: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.features --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 20's long texts (about 5 minutes): the ensemble, the router classifying every window
 # and the shipped router (early stopping) on same-label long held-out texts, concurrency 4:
-# the "bench-long" section of docs/benchmarks.md and docs/bench/long_texts.json.
+# the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.long_texts --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 20's overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x and 4x the
 # ensemble's closed-loop capacity against ensemble, router and router in overload mode, one
-# server. Writes the "bench-overload" section of docs/benchmarks.md and docs/bench/overload.json.
+# server. Writes the "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
 .PHONY: bench-overload
 bench-overload: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.overload --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
@@ -128,7 +133,8 @@ deploy-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy check
 
 # --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
-# `make deploy-lock`: compile deploy/requirements-image.txt into deploy/requirements-image.lock
+# `make deploy-lock`: compile deploy/requirements-image.txt into $(LOCK_OUT)/requirements-image.lock
+# (LOCK_OUT=deploy: the committed deploy/requirements-image.lock)
 # (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in
 # deploy/tools/requirements-supply.txt, in .cache/tools/supply). `make sbom`: the image's
 # CycloneDX SBOM from that lock and the Dockerfile's base image (SBOM=path, default
@@ -136,7 +142,7 @@ deploy-check: $(STAMP)
 SBOM ?= .cache/sbom/orchestrator-image.cdx.json
 .PHONY: deploy-lock sbom
 deploy-lock: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy lock
+	$(PY) -m orchestrator.tooling.deploy lock --out $(LOCK_OUT)
 
 sbom: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)

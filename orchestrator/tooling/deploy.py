@@ -778,10 +778,11 @@ def check_supply_chain(deploy_dir: Path = DEPLOY_DIR) -> List[Finding]:  # noqa:
     return findings
 
 
-def compile_lock(tools: Tools, deploy_dir: Path = DEPLOY_DIR) -> Path:
-    """``deploy/requirements-image.lock`` from ``requirements-image.txt``: every package for
-    Python :data:`IMAGE_PYTHON` on :data:`IMAGE_PLATFORM`, pinned, with all its files' hashes."""
-    lock = deploy_dir / IMAGE_LOCK
+def compile_lock(tools: Tools, deploy_dir: Path = DEPLOY_DIR, out_dir: Optional[Path] = None) -> Path:
+    """``<out_dir>/requirements-image.lock`` (default ``deploy_dir``) from ``requirements-image.txt``:
+    every package for Python :data:`IMAGE_PYTHON` on :data:`IMAGE_PLATFORM`, pinned, with all its files' hashes."""
+    lock = Path(out_dir or deploy_dir) / IMAGE_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         tools.bin("uv"), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
         "--python-version", IMAGE_PYTHON, "--python-platform", IMAGE_PLATFORM,
@@ -850,7 +851,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
     sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
-    sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into deploy/{IMAGE_LOCK} (pinned, hashed)")
+    lk = sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into {IMAGE_LOCK} (pinned, hashed)")
+    lk.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "deploy"),
+                    help=f"directory of the written {IMAGE_LOCK} (default: .cache/deploy; --out deploy: the committed one)")
     sb = sub.add_parser("sbom", help=f"the image's CycloneDX SBOM from deploy/{IMAGE_LOCK}")
     sb.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "sbom" / "orchestrator-image.cdx.json"))
     args = parser.parse_args(argv)
@@ -862,8 +865,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(ensure_tools().root)
             return 0
         if args.command == "lock":
-            lock = compile_lock(ensure_supply_tools())
-            print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed")
+            lock = compile_lock(ensure_supply_tools(), out_dir=Path(args.out))
+            print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed"
+                  + ("" if lock.parent.resolve() == DEPLOY_DIR.resolve() else
+                     f" (the committed one, deploy/{IMAGE_LOCK}, is unchanged: compare them, or --out deploy)"))
             return 0
         if args.command == "sbom":
             out = build_sbom(ensure_supply_tools(), Path(args.out))

@@ -323,7 +323,8 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR) -> di
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.long_texts",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="60 texts, one round, short windows (a smoke run)")
     args = parser.parse_args(argv)
     print(render_section(run(args.out, quick=args.quick)))

@@ -508,7 +508,8 @@ def run(out: Path, quick: bool = False) -> Dict[str, Any]:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.overload",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
     args = parser.parse_args(argv)
     print(render_section(run(args.out, quick=args.quick)))

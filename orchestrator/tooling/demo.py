@@ -73,6 +73,18 @@ def accuracy_note(repo: Path) -> str:
             f"disagrees with the people's rating.")
 
 
+def _first_escalated(candidates, url: str, threshold: float):
+    """``(row, answer)`` of the first candidate the router escalates, in requests of 64 texts
+    (the router's max_batch_size); None when none of them is."""
+    for start in range(0, len(candidates), 64):
+        chunk = candidates[start:start + 64]
+        answers = classify([t for _, t, _ in chunk], model="router", url=url, threshold=threshold)
+        for row, answer in zip(chunk, answers):
+            if answer.route == "classifier":
+                return row, answer
+    return None
+
+
 WRONG = " \u2717"  # an answer that disagrees with the people's rating
 
 
@@ -95,12 +107,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             console.print(f"Server ready: HTTP {server.http_url}, gRPC {server.grpc_url}, log {server.log_path}")
             router = classify(texts, model="router", url=server.http_url, threshold=args.threshold)
             # a text the cascade escalates: the first candidate the router sends to `classifier`
-            candidates = escalation_candidates()
-            answers = classify([t for _, t, _ in candidates], model="router", url=server.http_url, threshold=args.threshold)
-            escalated = next((i for i, a in enumerate(answers) if a.route == "classifier"), None)
-            if escalated is not None:
-                rows.insert(len(rows) - 2, candidates[escalated])
-                router.insert(len(router) - 2, answers[escalated])
+            found = _first_escalated(escalation_candidates(), server.http_url, args.threshold)
+            if found is not None:
+                rows.insert(len(rows) - 2, found[0])
+                router.insert(len(router) - 2, found[1])
                 texts = [t for _, t, _ in rows]
             ensemble = classify(texts, model="ensemble", url=server.http_url, threshold=args.threshold)
     except ServerError as exc:

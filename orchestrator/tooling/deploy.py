@@ -828,18 +828,28 @@ def build_sbom(tools: Tools, out: Path, deploy_dir: Path = DEPLOY_DIR) -> Path:
 # All of it
 
 
-def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:
-    """Every check of the module docstring; returns the findings (empty: all passed)."""
-    tools = tools or ensure_tools(deploy_dir=deploy_dir)
+def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
+              progress=None) -> List[Finding]:
+    """Every check of the module docstring; returns the findings (empty: all passed).
+    ``progress``: called with the name of each check as it starts (``make deploy-check``
+    prints them)."""
+    say = progress or (lambda message: None)
+    if tools is None:
+        say("validators (the first run installs them into .cache/tools/deploy: about a minute)")
+        tools = ensure_tools(deploy_dir=deploy_dir)
+    say("schemas: rendered overlays, KServe and CRDs against their JSON schemas (kubernetes-validate)")
     findings, rendered = check_schemas(tools, deploy_dir)
+    say("checkov: manifests and Dockerfile")
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile"], tools)
-    findings += hadolint(deploy_dir / "Dockerfile", tools)
-    findings += check_image_files(deploy_dir)
-    findings += check_model_configs(repo)
-    findings += check_consistency(rendered, deploy_dir, repo)
-    findings += check_security(rendered)
-    findings += check_supply_chain(deploy_dir)
+    for name, run in (("hadolint: Dockerfile", lambda: hadolint(deploy_dir / "Dockerfile", tools)),
+                      ("image files: what the Dockerfile copies and runs", lambda: check_image_files(deploy_dir)),
+                      ("model configs", lambda: check_model_configs(repo)),
+                      ("consistency: manifests, image and model repository", lambda: check_consistency(rendered, deploy_dir, repo)),
+                      ("security: admin key, NetworkPolicy, base image", lambda: check_security(rendered)),
+                      ("supply chain: hashed lock, pinned base", lambda: check_supply_chain(deploy_dir))):
+        say(name)
+        findings += run()
     return findings
 
 
@@ -874,7 +884,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
-        findings = check_all()
+        findings = check_all(progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
     except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

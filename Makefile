@@ -1,77 +1,99 @@
-# The two commands a new user needs: `make demo` and `make test`. Both bootstrap the
-# project virtualenv (.venv) themselves and are idempotent.
+# The two commands a new user needs: `make demo` and `make test`. Both check the machine
+# first (Python >= requires-python of pyproject.toml, Linux x86_64 with glibc >= 2.35: each
+# problem printed with what to install), then build the project virtualenv (.venv) or reuse it
+# (one made by another Python is rebuilt) and are idempotent. `make demo` installs no torch;
+# torch (extra `train`) comes with `make test` and `make model`.
+# PYTHON: the interpreter that builds .venv (`make demo PYTHON=python3.12`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SETUP = $(PYTHON) orchestrator/tooling/preflight.py --venv $(VENV)
+# make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
+# 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
+# and `orchestrator classify` follows it).
+HTTP_PORT ?=
+GRPC_PORT ?=
+METRICS_PORT ?=
 
-.PHONY: venv demo test model serve clean
+.PHONY: venv venv-demo venv-train demo test model serve clean FORCE
 
+# The package with its test tools (no torch): what the tooling targets below need.
 venv: $(STAMP)
+$(STAMP): FORCE
+	@$(SETUP) --extras test
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,train]"
-	touch $(STAMP)
+# The package alone: what the demo needs.
+venv-demo:
+	@$(SETUP)
+
+# Everything, torch included: the tests that export and `make model`.
+venv-train:
+	@$(SETUP) --extras test,train
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
-model: $(STAMP)
+model: venv-train
 	$(PY) -m orchestrator.tooling.modeling.train
 
-demo: $(STAMP)
+demo: venv-demo
 	$(PY) -m orchestrator.tooling.demo
 
-test: $(STAMP)
+test: venv-train
 	$(PY) -m ruff check orchestrator tests
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	ORCHESTRATOR_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
-serve: $(STAMP)
-	$(VENV)/bin/orchestrator serve
+serve: venv-demo
+	$(VENV)/bin/orchestrator serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+	  $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
 
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
-# raw ONNX model; writes docs/benchmarks.md and docs/bench/ (about 15 minutes on 2 cores).
-# A 2-minute smoke run: make bench BENCH_ARGS=--quick
+# raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
+# on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and
+# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs, SOAK_OUT=docs,
+# LOCK_OUT=deploy rewrite the committed reports and lock (on a quiet machine).
+BENCH_OUT ?= .cache/docs
+SOAK_OUT ?= .cache/docs
+LOCK_OUT ?= .cache/deploy
 # Against a running server you started (it must serve the benchmark repository:
 # python -m orchestrator.tooling.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
 # the same BENCH_ARGS="--url ..." works for bench-long and bench-overload, SOAK_ARGS for soak.
 .PHONY: bench
 bench: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
-# texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
+# texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
 # Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
 .PHONY: soak
 soak: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak --out docs $(SOAK_ARGS)
+	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # Issue 13's model-configuration features side by side in one server (about 3 minutes):
 # first request after a load with and without warmup, the response cache on a workload
 # with 30% repeated texts, and what a shadow node costs the primary. Writes the
-# "bench-features" section of docs/benchmarks.md and docs/bench/features.json.
+# "bench-features" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/features.json.
 .PHONY: bench-features
 bench-features: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.features --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 20's long texts (about 5 minutes): the ensemble, the router classifying every window
 # and the shipped router (early stopping) on same-label long held-out texts, concurrency 4:
-# the "bench-long" section of docs/benchmarks.md and docs/bench/long_texts.json.
+# the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.long_texts --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 20's overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x and 4x the
 # ensemble's closed-loop capacity against ensemble, router and router in overload mode, one
-# server. Writes the "bench-overload" section of docs/benchmarks.md and docs/bench/overload.json.
+# server. Writes the "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
 .PHONY: bench-overload
 bench-overload: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.overload --out docs $(BENCH_ARGS)
+	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
@@ -122,7 +144,8 @@ deploy-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy check
 
 # --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
-# `make deploy-lock`: compile deploy/requirements-image.txt into deploy/requirements-image.lock
+# `make deploy-lock`: compile deploy/requirements-image.txt into $(LOCK_OUT)/requirements-image.lock
+# (LOCK_OUT=deploy: the committed deploy/requirements-image.lock)
 # (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in
 # deploy/tools/requirements-supply.txt, in .cache/tools/supply). `make sbom`: the image's
 # CycloneDX SBOM from that lock and the Dockerfile's base image (SBOM=path, default
@@ -130,7 +153,7 @@ deploy-check: $(STAMP)
 SBOM ?= .cache/sbom/orchestrator-image.cdx.json
 .PHONY: deploy-lock sbom
 deploy-lock: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy lock
+	$(PY) -m orchestrator.tooling.deploy lock --out $(LOCK_OUT)
 
 sbom: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)

@@ -101,8 +101,9 @@ def _labels(spec) -> Tuple[int, dict]:
     return len(spec), {"id2label": dict(enumerate(spec)), "label2id": {x: i for i, x in enumerate(spec)}}
 
 
-def build_checkpoint(name: str, path: Path, seed: int = 0) -> Path:
-    """Build checkpoint ``name`` of :data:`SPECS` into ``path`` (``save_pretrained``)."""
+def build_checkpoint(name: str, path: Path, seed: int = 0, spec=None) -> Path:
+    """Build checkpoint ``name`` of :data:`SPECS` (or ``spec``, a tuple like theirs) into
+    ``path`` (``save_pretrained``)."""
     import torch
     from transformers import (
         BertConfig,
@@ -113,7 +114,7 @@ def build_checkpoint(name: str, path: Path, seed: int = 0) -> Path:
         RobertaForSequenceClassification,
     )
 
-    arch, labels, problem = SPECS[name]
+    arch, labels, problem = spec or SPECS[name]
     num_labels, label_kwargs = _labels(labels)
     extra = dict(label_kwargs, **({"problem_type": problem} if problem else {}))
     tok = bpe_tokenizer() if arch == "roberta" else wordpiece_tokenizer()
@@ -188,7 +189,7 @@ def build_checkpoints(base: Path) -> Dict[str, Tuple[Path, np.ndarray]]:
 @pytest.fixture(scope="session")
 def byom_checkpoints(tmp_path_factory) -> Dict[str, Tuple[Path, np.ndarray]]:
     """``{name: (checkpoint_dir, expected probabilities [len(TEXTS), C])}`` for :data:`SPECS`."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
     return build_checkpoints(tmp_path_factory.mktemp("byom"))
 
 

@@ -4,12 +4,24 @@ execution environments the env tests build once. Helpers: ``tests/helpers.py``,
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from tests.envhelpers import ENV_PY, build_probe_env
 from tests.helpers import NOT_LOADED_AT_START, make_test_repository
+
+
+def pytest_configure(config):
+    """``make test`` sets ORCHESTRATOR_REQUIRE_TORCH=1: the tests that export then run, never skip."""
+    if os.environ.get("ORCHESTRATOR_REQUIRE_TORCH") == "1":
+        try:
+            import onnx  # noqa: F401
+            import torch  # noqa: F401
+        except ImportError as exc:
+            raise pytest.UsageError(f"make test needs the `train` extra (torch, onnx) for the export tests: {exc}; "
+                                    "run `.venv/bin/pip install -e '.[test,train]'`") from exc
 
 
 def pytest_collection_modifyitems(config, items):

@@ -7,12 +7,20 @@ heads (``orchestrator.runtime.heads``). ``router`` also answers ``ROUTE`` (BYTES
 Each column's label comes from Triton's classification extension: ``PROBABILITIES`` is
 asked with ``class_count`` = its columns and answers ``score:index:label`` strings, the
 label from the model's ``label_filename`` (``score:index`` for a model without one).
+
+Where the server is: ``orchestrator serve`` records its URLs in ``.cache/serve.json``
+(:func:`serve_record_path`) while it runs; without ``--url`` the client uses them, else
+Triton's standard ports. A service on the port that is not Triton is named as such
+(:func:`not_triton`), instead of a parse error.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -24,6 +32,90 @@ ALL_CLASSES = 1 << 16
 
 class ServerUnavailable(ConnectionError):
     """No Triton server answers at the URL (the message says how to start one)."""
+
+
+def serve_record_path() -> Path:
+    """``.cache/serve.json`` beside the embedded server's cache (``$ORCHESTRATOR_CACHE_DIR/..``)."""
+    from orchestrator.tooling.embedded import default_cache_dir
+
+    return default_cache_dir().parent / "serve.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def write_serve_record(urls: Dict[str, str], pid: int, path: Optional[Path] = None) -> Path:
+    """Record where ``orchestrator serve`` (process ``pid``) listens: ``{"pid", "http", "grpc", "metrics"}``."""
+    path = path or serve_record_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": pid, **urls}, indent=2) + "\n")
+    return path
+
+
+def remove_serve_record(pid: int, path: Optional[Path] = None) -> None:
+    """Remove the record if it is still process ``pid``'s (another serve may have replaced it)."""
+    path = path or serve_record_path()
+    record = read_serve_record(path, check_alive=False)
+    if record is not None and record.get("pid") == pid:
+        path.unlink(missing_ok=True)
+
+
+def read_serve_record(path: Optional[Path] = None, check_alive: bool = True) -> Optional[dict]:
+    """The record of a running ``orchestrator serve``, or None (none, unreadable, or its process gone)."""
+    path = path or serve_record_path()
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("pid"), int):
+        return None
+    if check_alive and not _alive(record["pid"]):
+        return None
+    return record
+
+
+def default_url(protocol: str, path: Optional[Path] = None) -> str:
+    """The running ``orchestrator serve``'s URL for ``protocol`` (its record), else Triton's standard port."""
+    record = read_serve_record(path)
+    if record and isinstance(record.get(protocol), str):
+        return record[protocol]
+    return DEFAULT_URLS[protocol]
+
+
+def not_triton(url: str, timeout_s: float = 5.0) -> Optional[ServerUnavailable]:
+    """A :class:`ServerUnavailable` naming what answers at ``url`` when it is not a Triton
+    (KServe v2) server: ``GET /v2`` must answer JSON with a ``name`` and ``extensions``.
+    None when it is one, or when nothing answers (the caller's error says that)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://{url}/v2", timeout=timeout_s) as resp:
+            status, ctype, body = resp.status, resp.headers.get("Content-Type", ""), resp.read(400)
+    except urllib.error.HTTPError as exc:
+        status, ctype, body = exc.code, exc.headers.get("Content-Type", "") if exc.headers else "", exc.read(400)
+    except (OSError, ValueError):
+        return None
+    try:
+        doc = json.loads(body)
+        if isinstance(doc, dict) and "name" in doc and "extensions" in doc:
+            return None
+    except ValueError:
+        pass
+    shown = " ".join(body.decode("utf-8", "replace").split())[:80]
+    record = read_serve_record()
+    hint = (f"`orchestrator serve` is listening at {record['http']} (.cache/serve.json): drop --url or pass that one"
+            if record and record.get("http") and record.get("http") != url else
+            "start one with `orchestrator serve` (it picks free ports when 8000-8002 are taken) or pass its --url")
+    return ServerUnavailable(f"the service at {url} is not a Triton server (GET /v2 answered HTTP {status}, "
+                             f"{ctype or 'no content type'}: {shown!r}); {hint}")
 
 
 @dataclass(frozen=True)
@@ -76,14 +168,17 @@ def text_inputs(tc, texts: Sequence[str], threshold: float = 0.5) -> list:
 
 
 def model_outputs(client, model: str, protocol: str) -> Tuple[int, bool]:
-    """``(columns, has_route)`` from the model's config: the columns of ``PROBABILITIES``
-    (:data:`ALL_CLASSES` when they are variable, ``[-1]``) and whether it has ``ROUTE``."""
-    config = client.get_model_config(model)
+    """``(columns, has_route)`` from the model's metadata (KServe v2; not the model config,
+    which the image's entrypoint restricts to the admin key): the columns of
+    ``PROBABILITIES`` (:data:`ALL_CLASSES` when they are variable, ``[-1]``) and whether it
+    has ``ROUTE``. Shapes include the batch dimension, ``[-1, C]``."""
+    meta = client.get_model_metadata(model)
     if protocol == "http":
-        outputs = [(o["name"], [int(d) for d in o.get("dims", [])]) for o in config.get("config", config)["output"]]
+        outputs = [(o["name"], [int(d) for d in o.get("shape", [])]) for o in meta["outputs"]]
     else:
-        outputs = [(o.name, list(o.dims)) for o in config.config.output]
-    dims = dict(outputs).get("PROBABILITIES", [])
+        outputs = [(o.name, [int(d) for d in o.shape]) for o in meta.outputs]
+    shape = dict(outputs).get("PROBABILITIES", [])
+    dims = shape[1:] if len(shape) == 2 else shape
     columns = dims[0] if len(dims) == 1 and dims[0] > 0 else ALL_CLASSES
     return columns, "ROUTE" in dict(outputs)
 
@@ -145,7 +240,7 @@ def classify(
             (its message names the input at fault).
     """
     tc = client_module(protocol)
-    url = url or DEFAULT_URLS[protocol]
+    url = url or default_url(protocol)
     inputs = text_inputs(tc, texts, threshold)
     if protocol == "http":
         client = tc.InferenceServerClient(url, connection_timeout=timeout_s, network_timeout=timeout_s)
@@ -160,7 +255,7 @@ def classify(
         outputs += [tc.InferRequestedOutput("ROUTE")] if has_route else []
         result = client.infer(model, inputs, outputs=outputs, **kwargs)
     except Exception as exc:  # noqa: BLE001 (connection errors differ by protocol; others re-raised)
-        unavailable = _unavailable(url, exc)
+        unavailable = _unavailable(url, exc) or (not_triton(url) if protocol == "http" else None)
         if unavailable is None:
             raise
         raise unavailable from None

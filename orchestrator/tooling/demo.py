@@ -3,13 +3,17 @@
 Starts the embedded server on ``model_repository/`` (loopback, free ports), classifies a
 handful of texts from the test split of the human-rated corpus (short ones, a negated one,
 a long multi-paragraph text over the classifiers' 128-token limit, and an empty one)
-through both models over HTTP with tritonclient, prints them side by side with the
-people's mean rating, and stops the server.
+through both models over HTTP with tritonclient, plus the first held-out text the fast
+classifier is unsure of (the cascade escalates it to ``classifier``), prints them side by
+side with the people's mean rating, marks each answer that disagrees with the people, says
+how accurate the demo models are (``model_repository/training_metrics.json``, the numbers of
+``MODEL_CARD.md``), and stops the server.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import List, Optional, Tuple
@@ -46,6 +50,49 @@ def demo_texts() -> List[Tuple[str, str, Optional[float]]]:
     return picked
 
 
+#: held-out texts tried, in order, to find one the cascade escalates (one request)
+ESCALATION_CANDIDATES = 200
+
+
+def escalation_candidates() -> List[Tuple[str, str, Optional[float]]]:
+    """Short held-out texts, any corpus, to find one whose ``classifier_fast`` answer is unsure."""
+    test = [e for e in data.held_out_examples() if 30 <= len(e.text) <= 140]
+    return [("unsure: escalated", e.text, e.rating) for e in test[:ESCALATION_CANDIDATES]]
+
+
+def accuracy_note(repo: Path) -> str:
+    """The demo models' measured test-split accuracy, from ``training_metrics.json``."""
+    try:
+        test = json.loads((repo / "training_metrics.json").read_text())["test"]
+        acc = {m: test[m]["all"]["accuracy"] for m in ("classifier", "classifier_fast")}
+    except (OSError, ValueError, KeyError):
+        return "The demo models are small and often wrong (model_repository/MODEL_CARD.md)."
+    return (f"The demo models are small and wrong on about one text in five: test-split accuracy "
+            f"{acc['classifier']:.1%} (classifier) and {acc['classifier_fast']:.1%} (classifier_fast) "
+            f"(model_repository/MODEL_CARD.md), weakest on negation and sarcasm; \u2717 marks an answer that "
+            f"disagrees with the people's rating.")
+
+
+def _first_escalated(candidates, url: str, threshold: float):
+    """``(row, answer)`` of the first candidate the router escalates, in requests of 64 texts
+    (the router's max_batch_size); None when none of them is."""
+    for start in range(0, len(candidates), 64):
+        chunk = candidates[start:start + 64]
+        answers = classify([t for _, t, _ in chunk], model="router", url=url, threshold=threshold)
+        for row, answer in zip(chunk, answers):
+            if answer.route == "classifier":
+                return row, answer
+    return None
+
+
+WRONG = " \u2717"  # an answer that disagrees with the people's rating
+
+
+def _verdict(pred, rating: Optional[float]) -> str:
+    wrong = rating is not None and pred.verdict != (rating > 0)
+    return f"{'positive' if pred.verdict else 'negative'} {pred.probability:.3f}{WRONG if wrong else ''}"
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
@@ -59,6 +106,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         with TritonServer(args.repo) as server:
             console.print(f"Server ready: HTTP {server.http_url}, gRPC {server.grpc_url}, log {server.log_path}")
             router = classify(texts, model="router", url=server.http_url, threshold=args.threshold)
+            # a text the cascade escalates: the first candidate the router sends to `classifier`
+            found = _first_escalated(escalation_candidates(), server.http_url, args.threshold)
+            if found is not None:
+                rows.insert(len(rows) - 2, found[0])
+                router.insert(len(router) - 2, found[1])
+                texts = [t for _, t, _ in rows]
             ensemble = classify(texts, model="ensemble", url=server.http_url, threshold=args.threshold)
     except ServerError as exc:
         console.print(f"[red]error:[/red] {exc}")
@@ -74,16 +127,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         table.add_row(
             f"[bold]{kind}[/bold]\n{shown!r}",
             human,
-            f"{'positive' if r.verdict else 'negative'} {r.probability:.3f}",
+            _verdict(r, rating),
             r.route,
-            f"{'positive' if e.verdict else 'negative'} {e.probability:.3f}",
+            _verdict(e, rating),
         )
     console.print(table)
     console.print(
         "The router answers the empty text without a model, chunks the long text into overlapping "
         "128-token windows (the ensemble truncates it), and escalates to `classifier` only texts whose "
-        "`classifier_fast` probability is within 0.15 of the threshold."
+        "`classifier_fast` probability is within 0.15 of the threshold (the row 'unsure: escalated')."
     )
+    console.print(accuracy_note(args.repo))
     console.print("Server stopped.")
     return 0
 

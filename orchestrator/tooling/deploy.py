@@ -778,10 +778,11 @@ def check_supply_chain(deploy_dir: Path = DEPLOY_DIR) -> List[Finding]:  # noqa:
     return findings
 
 
-def compile_lock(tools: Tools, deploy_dir: Path = DEPLOY_DIR) -> Path:
-    """``deploy/requirements-image.lock`` from ``requirements-image.txt``: every package for
-    Python :data:`IMAGE_PYTHON` on :data:`IMAGE_PLATFORM`, pinned, with all its files' hashes."""
-    lock = deploy_dir / IMAGE_LOCK
+def compile_lock(tools: Tools, deploy_dir: Path = DEPLOY_DIR, out_dir: Optional[Path] = None) -> Path:
+    """``<out_dir>/requirements-image.lock`` (default ``deploy_dir``) from ``requirements-image.txt``:
+    every package for Python :data:`IMAGE_PYTHON` on :data:`IMAGE_PLATFORM`, pinned, with all its files' hashes."""
+    lock = Path(out_dir or deploy_dir) / IMAGE_LOCK
+    lock.parent.mkdir(parents=True, exist_ok=True)
     cmd = [
         tools.bin("uv"), "pip", "compile", "--quiet", "--generate-hashes", "--no-header",
         "--python-version", IMAGE_PYTHON, "--python-platform", IMAGE_PLATFORM,
@@ -827,18 +828,28 @@ def build_sbom(tools: Tools, out: Path, deploy_dir: Path = DEPLOY_DIR) -> Path:
 # All of it
 
 
-def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:
-    """Every check of the module docstring; returns the findings (empty: all passed)."""
-    tools = tools or ensure_tools(deploy_dir=deploy_dir)
+def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
+              progress=None) -> List[Finding]:
+    """Every check of the module docstring; returns the findings (empty: all passed).
+    ``progress``: called with the name of each check as it starts (``make deploy-check``
+    prints them)."""
+    say = progress or (lambda message: None)
+    if tools is None:
+        say("validators (the first run installs them into .cache/tools/deploy: about a minute)")
+        tools = ensure_tools(deploy_dir=deploy_dir)
+    say("schemas: rendered overlays, KServe and CRDs against their JSON schemas (kubernetes-validate)")
     findings, rendered = check_schemas(tools, deploy_dir)
+    say("checkov: manifests and Dockerfile")
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile"], tools)
-    findings += hadolint(deploy_dir / "Dockerfile", tools)
-    findings += check_image_files(deploy_dir)
-    findings += check_model_configs(repo)
-    findings += check_consistency(rendered, deploy_dir, repo)
-    findings += check_security(rendered)
-    findings += check_supply_chain(deploy_dir)
+    for name, run in (("hadolint: Dockerfile", lambda: hadolint(deploy_dir / "Dockerfile", tools)),
+                      ("image files: what the Dockerfile copies and runs", lambda: check_image_files(deploy_dir)),
+                      ("model configs", lambda: check_model_configs(repo)),
+                      ("consistency: manifests, image and model repository", lambda: check_consistency(rendered, deploy_dir, repo)),
+                      ("security: admin key, NetworkPolicy, base image", lambda: check_security(rendered)),
+                      ("supply chain: hashed lock, pinned base", lambda: check_supply_chain(deploy_dir))):
+        say(name)
+        findings += run()
     return findings
 
 
@@ -850,7 +861,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
     sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
-    sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into deploy/{IMAGE_LOCK} (pinned, hashed)")
+    lk = sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into {IMAGE_LOCK} (pinned, hashed)")
+    lk.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "deploy"),
+                    help=f"directory of the written {IMAGE_LOCK} (default: .cache/deploy; --out deploy: the committed one)")
     sb = sub.add_parser("sbom", help=f"the image's CycloneDX SBOM from deploy/{IMAGE_LOCK}")
     sb.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "sbom" / "orchestrator-image.cdx.json"))
     args = parser.parse_args(argv)
@@ -862,14 +875,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(ensure_tools().root)
             return 0
         if args.command == "lock":
-            lock = compile_lock(ensure_supply_tools())
-            print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed")
+            lock = compile_lock(ensure_supply_tools(), out_dir=Path(args.out))
+            print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed"
+                  + ("" if lock.parent.resolve() == DEPLOY_DIR.resolve() else
+                     f" (the committed one, deploy/{IMAGE_LOCK}, is unchanged: compare them, or --out deploy)"))
             return 0
         if args.command == "sbom":
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
-        findings = check_all()
+        findings = check_all(progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
     except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

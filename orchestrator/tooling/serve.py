@@ -19,6 +19,7 @@ a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import sys
@@ -29,9 +30,11 @@ from pathlib import Path
 from typing import Sequence
 
 from orchestrator.tooling import repository
+from orchestrator.tooling.client import remove_serve_record, write_serve_record
 from orchestrator.tooling.embedded import default_cache_dir, extra_backends
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.paths import MODEL_REPOSITORY_NAME, default_model_repository
+from orchestrator.tooling.repository import list_models
 from orchestrator.tooling.server import ServerError, TritonServer, port_is_free
 
 __all__ = [
@@ -177,6 +180,29 @@ def _resolve_repository(repo: str | None) -> Path:
     return default_model_repository()
 
 
+def loaded_count(log: Path) -> int:
+    """Models the server's log says it loaded so far (``successfully loaded '<name>'`` lines)."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            return sum("successfully loaded '" in line for line in f)
+    except OSError:
+        return 0
+
+
+def _start_progress(server: TritonServer, total: int, interval: float = 5.0) -> threading.Event:
+    """Print, every ``interval`` s until the returned event is set, how far the start is."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not done.wait(interval):
+            print(f"  ... {time.monotonic() - started:.0f} s: {loaded_count(server.log_path)} of {total} models loaded",
+                  flush=True)
+
+    threading.Thread(target=tick, name="serve-progress", daemon=True).start()
+    return done
+
+
 class _Terminate(BaseException):
     """Raised from the SIGTERM handler of `serve` to leave the wait loop."""
 
@@ -233,7 +259,15 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
     rc = 0
     try:
         try:
-            server.start()
+            total = len(server.models) if server.models is not None else len(list_models(server.model_repository,
+                                                                                          server.model_config_name))
+            print(f"Starting Triton (embedded) on {server.model_repository}: {total} models to load "
+                  f"(15-35 s on 2 cores); log {server.log_path}", flush=True)
+            progress = _start_progress(server, total)
+            try:
+                server.start()
+            finally:
+                progress.set()
             print(f"Triton Inference Server (embedded, nvidia-pytriton) ready, pid {server.pid}")
             print(f"  HTTP     http://{server.http_url}")
             print(f"  gRPC     {server.grpc_url}")
@@ -247,6 +281,9 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
             urls = {"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url}
             for note in taken_notes(taken, urls):
                 print(f"  note: {note}")
+            record = write_serve_record({"http": server.http_url, "grpc": server.grpc_url, "metrics": server.metrics_url},
+                                        os.getpid())
+            print(f"  record   {record} (`orchestrator classify` uses these URLs while this runs)")
             print("Press Ctrl-C to stop.", flush=True)
             while server.running:
                 time.sleep(0.5)
@@ -263,6 +300,7 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
             for sig in previous:
                 signal.signal(sig, signal.SIG_IGN)
         try:
+            remove_serve_record(os.getpid())
             server.stop()
             if copy_root is not None:
                 shutil.rmtree(copy_root, ignore_errors=True)

@@ -18,7 +18,7 @@ from orchestrator.tooling.client import classify, format_prediction
 from tests.byom import TEXTS, byom_checkpoints, export_all, infer, served_models, start_server  # noqa: F401
 from tests.helpers import add_router_variant, make_test_repository
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
 
 
 HEADS = ["bert1", "bert2", "distilbert2", "roberta2", "stars5", "toxic6"]

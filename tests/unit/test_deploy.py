@@ -677,3 +677,23 @@ def test_grafana_dashboard_is_well_formed():
     assert exprs and all(set(re.findall(r"\$(\w+)", e)) - {"__rate_interval"} <= variables for e in exprs)
     families = {m for e in exprs for m in re.findall(r"\b((?:orchestrator|nv)_\w+)", e)}
     assert {m for m in families if m.startswith("orchestrator_")} and {m for m in families if m.startswith("nv_")}
+
+
+def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
+    """Issue 26: the first `make deploy-check` was silent for a minute and named no check."""
+    calls = []
+    for name in ("check_schemas", "checkov", "hadolint", "check_image_files", "check_model_configs",
+                 "check_consistency", "check_security", "check_supply_chain"):
+        def fake(*args, _name=name, **kwargs):
+            calls.append(_name)
+            return ([], {}) if _name == "check_schemas" else []
+        monkeypatch.setattr(D, name, fake)
+    monkeypatch.setattr(D, "checkov_files", lambda rendered, tmp: [])
+    monkeypatch.setattr(D, "ensure_tools", lambda **kwargs: calls.append("ensure_tools") or object())
+    said = []
+    assert D.check_all(progress=said.append) == []
+    assert calls[0] == "ensure_tools" and len(said) == len(calls)  # one message before each step
+    assert said[0].startswith("validators") and said[1].startswith("schemas") and said[-1].startswith("supply chain")
+    assert D.main(["check"]) == 0
+    err = capsys.readouterr().err
+    assert "deploy check: hadolint: Dockerfile ..." in err and "deploy check: model configs ..." in err

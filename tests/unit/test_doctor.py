@@ -250,3 +250,28 @@ def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
     assert "2 of 2 Python models have problems" in out and "nope has no config" in out
     assert doctor.doctor_command(parser.parse_args(["--repo", str(tmp_path / "nope")])) == 1
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_model_added_after_env_install_is_reported_with_the_fix(tmp_path, packed_fake_env, capsys):
+    """Issue 26: a model exported after `make env` has no configs/env.pbtxt; with
+    --model-config-name=env Triton would load its config.pbtxt (for an exported classifier,
+    the native onnxruntime backend). The doctor names it and the command that fixes it."""
+    repo = model_with_env(tmp_path, None, stub=None)
+    install.install_env(repo, ["probe"], tarball=packed_fake_env, base_config_name=None)
+    assert install.models_missing_env_config(repo, "env", None) == []
+    late = model_with_env(tmp_path, None, stub=None, name="late")  # same repository, no env config
+    assert late == repo
+    assert install.models_missing_env_config(repo, "env", None) == ["late"]
+    parser = doctor.add_doctor_arguments(argparse.ArgumentParser())
+    assert doctor.doctor_command(parser.parse_args(["--repo", str(repo), "--config-name", "env"])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "late [env-config]: no configs/env.pbtxt" in out
+    assert f"Fix: orchestrator env install --repo {repo} --models late" in out
+    # the fix: the doctor is content again
+    install.install_env(repo, ["late"], tarball=packed_fake_env, base_config_name=None)
+    assert install.models_missing_env_config(repo, "env", None) == []
+    # no env installed anywhere: nothing is missing (the default configs are what runs)
+    other = model_with_env(tmp_path / "plain", None, stub=None)
+    assert install.models_missing_env_config(other, "env", None) == []
+    reports, _ = doctor.diagnose(ROOT / "model_repository", "env")
+    assert not any(f.kind == "env-config" for r in reports for f in r.findings)

@@ -29,7 +29,7 @@ from orchestrator.tooling.repository import read_config, write_config
 from orchestrator.tooling.warmup import warmup_sample
 from tests.helpers import REPO
 
-try:  # the `train` extra; `make test` alone installs neither
+try:  # the `train` extra: `make test` installs it, `make demo` does not
     import onnx
     import torch
 except ImportError:

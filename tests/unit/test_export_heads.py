@@ -19,7 +19,7 @@ from orchestrator.tooling.warmup import SAMPLE_TEXT
 from tests.byom import MAX_LENGTH, STAR_LABELS, TEXTS, TOXIC_LABELS, build_checkpoint, byom_checkpoints  # noqa: F401
 from tests.helpers import REPO
 
-pytest.importorskip("torch")
+pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
 
 #: name -> (kind, labels, positive_index, pad id)
 EXPECTED = {

@@ -418,7 +418,7 @@ def test_parity_command_on_exported_heads(byom_checkpoints, tmp_path, capsys, na
     from orchestrator.tooling.modeling import export as E
     from tests.byom import TEXTS
 
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
     repo = tmp_path / "model_repository"
     shutil.copytree(REPO / "tokenizer", repo / "tokenizer")  # a repository holds more than the models compared
     E.export_checkpoint(str(byom_checkpoints[name][0]), repo, name, fp16=True, quiet=True, tensorrt=False)

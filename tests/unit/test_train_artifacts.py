@@ -141,7 +141,7 @@ def test_model_card_mentions_source_rule_and_results():
 
 def test_quick_training_run_writes_contract_artifacts(tmp_path):
     """``--quick`` smoke run (about 20 s on 2 cores) into a temporary model repository."""
-    pytest.importorskip("torch")
+    pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
     pytest.importorskip("vaderSentiment")
     from orchestrator.tooling.modeling import data as D
     from orchestrator.tooling.modeling import train as T

@@ -21,7 +21,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     """Add the ``orchestrator bench`` options to ``parser`` (returned for chaining)."""
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short windows, no stability check, fewer texts (under 2 minutes)")
-    parser.add_argument("--out", default="docs", help="where benchmarks.md and bench/ go (default: %(default)s)")
+    parser.add_argument("--out", default=".cache/docs",
+                        help="where benchmarks.md and bench/ go (default: %(default)s; --out docs rewrites the committed ones)")
     parser.add_argument("--repo", default=str(REPO), help="model repository to copy (default: this checkout's)")
     parser.add_argument("--tool-dir", default=str(DEFAULT_TOOL_DIR),
                         help="where perf_analyzer is installed (default: .cache/tools/perf_analyzer)")

@@ -445,7 +445,8 @@ def run(out: Path, quick: bool = False) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.features", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="one warmup round and shorter workloads (a smoke run)")
     args = parser.parse_args(argv)
     results = run(args.out, quick=args.quick)

@@ -334,7 +334,8 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.long_texts",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="60 texts, one round, short windows (a smoke run)")
     add_url_argument(parser)
     parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",

@@ -524,7 +524,8 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = ()) -> Dict[str, A
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.overload",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path("docs"), help="where benchmarks.md and bench/ are (default: docs)")
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
     add_url_argument(parser)
     parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",

@@ -57,6 +57,7 @@ from orchestrator.tooling.cliutil import comma_list
 from orchestrator.tooling.env.checks import OK, PROBLEM, WARNING, Finding, check_env, check_libpython, check_numpy
 from orchestrator.tooling.env.common import ENV_PATH_PARAMETER, MODEL_DIR_KEYWORD, STUB_NAME, EnvError, version_text
 from orchestrator.tooling.env.inspection import EnvInfo, inspect_env
+from orchestrator.tooling.env.install import env_install_command, models_missing_env_config
 from orchestrator.tooling.env.stubs import StubInfo, dispatcher_target, embedded_library_path, embedded_stub, inspect_stub
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.repository import config_path, get_parameter, is_python_model, list_models, read_config
@@ -191,6 +192,15 @@ def diagnose(
     reports: list[ModelReport] = []
     skipped: list[str] = []
     names = list(models) if models is not None else list_models(repo, config_name)
+    missing = [m for m in models_missing_env_config(repo, config_name) if m in names] if config_name else []
+    for name in missing:  # added after `env install`: Triton would load their config.pbtxt instead
+        path = config_path(repo / name, config_name)
+        reports.append(ModelReport(name, path or repo / name, "-", "?", "-", "-", [Finding(
+            PROBLEM, "env-config",
+            f"no configs/{config_name}.pbtxt (other models have one: this model was added after the env was installed); "
+            f"with --model-config-name={config_name} Triton loads its {path.name if path else 'config.pbtxt'} instead. "
+            f"Fix: {env_install_command(repo, missing)}")]))
+    names = [n for n in names if n not in missing]
     with tempfile.TemporaryDirectory(prefix="doctor-") as tmp:
         cache = _EnvCache(Path(tmp))
         for name in names:

@@ -31,9 +31,17 @@ from orchestrator.tooling.env.common import (
 )
 from orchestrator.tooling.env.inspection import inspect_env
 from orchestrator.tooling.env.stubs import place_stub, stub_for
-from orchestrator.tooling.repository import config_path, is_python_model, list_models, read_config, set_parameter, write_config
+from orchestrator.tooling.repository import (
+    config_path,
+    get_parameter,
+    is_python_model,
+    list_models,
+    read_config,
+    set_parameter,
+    write_config,
+)
 
-__all__ = ["InstalledModel", "install_env", "python_models"]
+__all__ = ["InstalledModel", "install_env", "python_models", "models_missing_env_config", "env_install_command"]
 
 
 @dataclass
@@ -59,6 +67,31 @@ def python_models(repo: str | os.PathLike, config_name: str | None) -> list[str]
         if path is not None and is_python_model(read_config(path)):
             names.append(name)
     return names
+
+
+def models_missing_env_config(repo: str | os.PathLike, config_name: str = ENV_CONFIG_NAME,
+                              base_config_name: str | None = "embedded") -> list[str]:
+    """The Python models (by ``base_config_name``) of ``repo`` without
+    ``configs/<config_name>.pbtxt`` while other models have one: models added (exported)
+    after ``env install``. A server started with ``--model-config-name=config_name`` would
+    load their ``config.pbtxt`` instead (for an exported classifier: Triton's native
+    ``onnxruntime`` backend, absent from the embedded server). Empty when no model has the
+    variant (no env installed). Raises ConfigError for a config that does not parse."""
+    repo = Path(repo)
+
+    def variant(name: str) -> Path:
+        return repo / name / "configs" / f"{config_name}.pbtxt"
+
+    installed = [n for n in list_models(repo, config_name)
+                 if variant(n).is_file() and get_parameter(read_config(variant(n)), ENV_PATH_PARAMETER) is not None]
+    if not installed:
+        return []
+    return [name for name in python_models(repo, base_config_name) if not variant(name).is_file()]
+
+
+def env_install_command(repo: str | os.PathLike, models: Sequence[str]) -> str:
+    """The command that installs the env (``.cache/env``, from ``make env``) into ``models``."""
+    return f"orchestrator env install --repo {repo} --models {','.join(models)}"
 
 
 def _place(source: Path, target: Path, link: bool) -> str:

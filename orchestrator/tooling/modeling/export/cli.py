@@ -41,6 +41,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
                         help="UTF-8 file, one text a line, for the export check (default: built-in samples)")
     parser.add_argument("--revision", default=None, help="hub revision (hub ids only)")
     parser.add_argument("--no-tensorrt", action="store_true", help="skip the TensorRT plan even if trtexec exists")
+    parser.add_argument("--router", action="store_true",
+                        help="also write NAME_router: the shipped router with a starter policy for this model "
+                             "(any head; empty texts, chunking at the model's max_length)")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
@@ -61,7 +64,9 @@ def _summary(result: ExportResult, console) -> None:
         console.print(f"head: {result.head['kind']}, labels {result.head['labels']}, tokenizer model "
                       f"{result.head['tokenizer']}, max_length {result.head['max_length']}")
     console.print(f"models: {', '.join(result.models)}")
-    console.print(f"wrote {len(result.files)} files, {total:,} bytes under {result.repo}")
+    weights = {p: n for p, n in result.files.items() if p.endswith(("/model.onnx", "/model.plan"))}
+    console.print(f"wrote {len(result.files)} files, {total:,} bytes under {result.repo} "
+                  f"({', '.join(f'{p} {n:,}' for p, n in weights.items())})")
 
 
 def export_command(args: argparse.Namespace) -> int:
@@ -93,12 +98,43 @@ def export_command(args: argparse.Namespace) -> int:
                 positive_label=args.positive_label, texts=texts, fp16_tolerance=args.fp16_tolerance,
                 tensorrt=trt, revision=args.revision, quiet=args.quiet, console=console,
             )
+        if getattr(args, "router", False) and not args.fp16_from_onnx:
+            _add_router(result, repo, console)
     except ExportError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
         _summary(result, console)
+    _warn_env(repo, result.models, console)
     return 0
+
+
+def _add_router(result: ExportResult, repo: Path, console) -> None:
+    from orchestrator.runtime.heads import read_head
+    from orchestrator.tooling.modeling.export.starter import write_starter_router
+
+    router = write_starter_router(repo, result.name, read_head(repo / result.name))
+    result.models.append(router.name)
+    result.files.update({str(p.relative_to(repo)): p.stat().st_size for p in sorted(router.rglob("*"))
+                         if p.is_file() and "__pycache__" not in p.parts})
+    console.print(f"router: {router.name} (policy {router / 'policy.yaml'}). A running server takes the new models when "
+                  "restarted (`orchestrator serve` loads every model of the repository) or through a repository load "
+                  "(README, 'Bring your own model')", highlight=False)
+
+
+def _warn_env(repo: Path, models, console) -> None:
+    """Say when the repository has an env installed (configs/env.pbtxt) but the new models lack it."""
+    from orchestrator.tooling.env.install import env_install_command, models_missing_env_config
+    from orchestrator.tooling.errors import ToolingError
+
+    try:
+        missing = [m for m in models_missing_env_config(repo) if m in models]
+    except ToolingError:
+        return
+    if missing:
+        console.print(f"warning: an execution env is installed in {repo} (configs/env.pbtxt), but not in the models just "
+                      f"written ({', '.join(missing)}): with --model-config-name=env Triton would load their config.pbtxt "
+                      f"instead. Install it: {env_install_command(repo, missing)}", highlight=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

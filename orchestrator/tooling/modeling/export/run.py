@@ -173,11 +173,18 @@ def _record(result: ExportResult, model_dir: Path, extra: dict) -> None:
     write_atomic(model_dir / "export.json", (json.dumps(rec, indent=2) + "\n").encode("utf-8"), 0o644)
 
 
+#: files in a model directory that `env install` wrote, not the export (hard links to one
+#: tarball of hundreds of MB: counting them made a 0.2 MB model "414,047,550 bytes written")
+_NOT_EXPORTED = ("triton_env", "triton_python_backend_stub")
+
+
 def _files(repo: Path, dirs: Sequence[Path]) -> dict:
+    """Repository-relative path -> bytes of the files the export wrote into ``dirs``."""
     out = {}
     for d in dirs:
         for p in sorted(d.rglob("*")):
-            if p.is_file() and "__pycache__" not in p.parts:
+            if p.is_file() and "__pycache__" not in p.parts and not p.name.startswith(_NOT_EXPORTED) \
+                    and p.relative_to(d).as_posix() != "configs/env.pbtxt":
                 out[str(p.relative_to(repo))] = p.stat().st_size
     return out
 

@@ -1,0 +1,93 @@
+"""``orchestrator export --router``: a router of the exported model's own, ``NAME_router``.
+
+The shipped ``router`` serves the demo's binary classifiers; a policy naming a model with
+another head (multi-class, multi-label, other labels) is refused, by design. This writes a
+copy of the shipped router (its code, config renamed, warmup) with a starter policy for the
+exported model, whatever its head:
+
+- empty texts answered without a model (``{empty: true}``; probability 0.5 for binary and
+  multi-label heads, 1/K for a K-class head; verdict false);
+- texts longer than the model's ``max_length`` chunked into windows of that length
+  (stride 3/4 of it), ``max_sequence_length`` = the same;
+- tokenized in the router's process with the model's own tokenizer (``inline``);
+
+and its ``labels.txt`` (the head's output labels, Triton's classification extension). The
+policy binds to the repository as ``orchestrator policy check --repo`` checks it (tested in
+``tests/unit/test_export_starter.py``; served in ``tests/server/test_byom.py``).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from orchestrator.runtime.heads import MULTICLASS, Head
+from orchestrator.tooling import repository
+from orchestrator.tooling.modeling.configs import write_label_file
+from orchestrator.tooling.paths import PROJECT_ROOT
+
+
+def router_name(model: str) -> str:
+    """The starter router's model name for ``model``."""
+    return f"{model}_router"
+
+
+def starter_policy(model: str, head: Head) -> str:
+    """The starter policy's YAML text for ``model`` with ``head`` (comments say what to change)."""
+    window = head.max_length
+    stride = max(1, window * 3 // 4)
+    empty_p = round(1.0 / len(head.labels), 6) if head.kind == MULTICLASS else 0.5
+    labels = ", ".join(head.output_labels())
+    return f"""\
+# Starter routing policy for {model} ({head.describe()}), written by `orchestrator export --router`.
+# Format: docs/policy.md. Check a change with:
+#   orchestrator policy check <repo>/{router_name(model)}/policy.yaml --repo <repo> --write-labels
+version: 1
+description: >
+  {model}: empty texts answered without a model; texts over {window} tokens (the model's
+  max_length) chunked into overlapping windows of {window} tokens, a new one every {stride}.
+  Output labels: {labels}.
+max_sequence_length: {window}   # the model's max_length (its head.json)
+inline:
+  tokenizer: true               # tokenize in the router's process with {head.tokenizer}'s files
+root:
+  kind: sequence
+  name: main
+  steps:
+    - kind: switch
+      name: guard
+      cases:
+        - when: {{empty: true}}
+          # no model called; {"1/K per label for a K-class head" if head.kind == MULTICLASS else "0.5 per column"}
+          then: {{kind: constant, name: empty, probability: {empty_p}, verdict: false}}
+    - kind: chunk
+      name: chunk
+      window: {window}
+      stride: {stride}
+      node: {{kind: model, name: {model}, model: {model}}}
+"""
+
+
+def write_starter_router(repo: Path, model: str, head: Head, source: Path | None = None) -> Path:
+    """Write ``<repo>/<model>_router``: the shipped router (``source``, default the repository's
+    ``router``, else this checkout's) renamed, with :func:`starter_policy` and the head's
+    ``labels.txt``. An existing ``<model>_router`` is replaced. Returns its directory.
+
+    Raises ConfigError: the source router's config does not parse; FileNotFoundError: no
+    source router.
+    """
+    repo = Path(repo)
+    if source is None:
+        source = repo / "router" if (repo / "router" / "config.pbtxt").is_file() else PROJECT_ROOT / "model_repository" / "router"
+    dest = repo / router_name(model)
+    if dest.exists():
+        shutil.rmtree(dest)
+    repository.copy_model(source, dest, [f"The router of {model}, written by `orchestrator export --router` "
+                                         f"(a copy of {source.name}/config.pbtxt)."])
+    # what `env install` put into the source router belongs to that install (doctor: env-config)
+    shutil.rmtree(dest / "configs", ignore_errors=True)
+    for leftover in [*dest.glob("triton_env*"), *dest.glob("triton_python_backend_stub*")]:
+        leftover.unlink()
+    (dest / "policy.yaml").write_text(starter_policy(model, head))
+    write_label_file(dest, head)
+    return dest

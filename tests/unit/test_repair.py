@@ -15,9 +15,13 @@ from orchestrator.runtime.control import ControlError, ServerOptions
 from orchestrator.runtime.ondemand import ModelManager, _RepairLock
 from orchestrator.runtime.stubs import StubWatch
 from tests.helpers import Log
-from tests.unit.test_stubs import SERVER, FakeProc
+from tests.unit.test_stubs import FakeProc
 
 TICKS = os.sysconf("SC_CLK_TCK")
+#: The fake server's pid: the repair lock is an abstract Unix socket named after it, shared by
+#: every process of this machine, so a constant would let two pytest runs at once (two
+#: checkouts) take each other's lock.
+SERVER = 4_000_000 + os.getpid()
 
 
 class Proc(FakeProc):
@@ -36,7 +40,7 @@ class Proc(FakeProc):
 
     def start(self, model: str, instance: str) -> int:
         self.pid += 1
-        self.add(self.pid, model, instance, start=self.ticks())
+        self.add(self.pid, model, instance, start=self.ticks(), ppid=SERVER)
         return self.pid
 
 
@@ -55,18 +59,20 @@ class Uptime(StubWatch):
 class Control:
     """``reload``: ``new`` starts a new stub for each instance (and reaps the old ones),
     ``noop`` returns at once and starts nothing (Triton 2.51, directory unchanged),
-    ``refuse`` raises a refusal."""
+    ``refuse`` raises a refusal. With a ``gate``, a reload returns only once it is set."""
 
     via, timeout_s = "grpc", 5.0
 
-    def __init__(self, proc: Proc, behaviour: str = "new", delay_s: float = 0.0):
-        self.proc, self.behaviour, self.delay_s = proc, behaviour, delay_s
+    def __init__(self, proc: Proc, behaviour: str = "new", delay_s: float = 0.0, gate: "threading.Event | None" = None):
+        self.proc, self.behaviour, self.delay_s, self.gate = proc, behaviour, delay_s, gate
         self.calls, self.lock = [], threading.Lock()
 
     def reload(self, model, stamp):
         with self.lock:
             self.calls.append(model)
         time.sleep(self.delay_s)
+        if self.gate is not None:
+            assert self.gate.wait(10.0), "the test never opened the gate"
         if self.behaviour == "refuse":
             raise ControlError("the server refused the load of 'm': This protocol is restricted", refused=True)
         if self.behaviour == "new":
@@ -135,7 +141,7 @@ def wait_for(predicate, timeout=5.0):
 
 
 def kill(proc, pid):
-    proc.die(pid, int((proc.root / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]))
+    proc.die(pid, int((proc.root / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]), ppid=SERVER)
 
 
 def test_a_reload_that_starts_no_new_stub_is_a_counted_failure_and_is_retried(proc):
@@ -205,12 +211,19 @@ def test_a_stub_killed_before_the_watch_knew_it_is_repaired(proc):
 
 def test_two_router_instances_repair_once(proc):
     """Both instances see the dead stub: the lock lets one reload; the other finds the new
-    stub and does not reload again."""
-    control = Control(proc, "new", delay_s=0.3)
+    stub and does not reload again.
+
+    The reload waits for ``gate`` until both have seen the failure: without it, a main thread
+    descheduled for the reload's 0.3 s (a loaded machine) let the second instance see the
+    failure only after the first had repaired it: a failure this instance cannot tell from a
+    new one (``STALE_S`` covers its own repairs only), so it reloaded again."""
+    gate = threading.Event()
+    control = Control(proc, "new", delay_s=0.3, gate=gate)
     a, a_done, a_metrics, _ = manager(proc, control)
     b, b_done, b_metrics, b_log = manager(proc, control)
     kill(proc, 1001)
     assert a.repair("classifier_fast", delay_s=0.0) and b.repair("classifier_fast", delay_s=0.02)
+    gate.set()
     assert wait_for(lambda: a_done and b_done)
     assert control.calls == ["classifier_fast"]
     assert sorted(a_metrics.outcomes() + b_metrics.outcomes()) == ["already_repaired", "success"]
@@ -253,9 +266,9 @@ def test_the_same_stub_killed_three_times_is_repaired_three_times_with_growing_d
 
 
 def test_the_lock_is_held_by_one_holder_and_freed_on_release():
-    a, b = _RepairLock(4242, "m"), _RepairLock(4242, "m")
+    a, b = _RepairLock(SERVER, "m"), _RepairLock(SERVER, "m")
     assert a.acquire() and not b.acquire()
-    for other in (_RepairLock(4242, "other"), _RepairLock(4243, "m")):  # another model, another server
+    for other in (_RepairLock(SERVER, "other"), _RepairLock(SERVER + 1, "m")):  # another model, another server
         assert other.acquire()
         other.release()
     a.release()

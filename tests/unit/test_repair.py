@@ -321,3 +321,35 @@ def test_the_breaker_holds_the_circuit_open_while_the_repair_runs():
     assert breaker.state("m") == OPEN
     clock.t += REPAIRING_OPEN_S  # a repair that never ends does not hold the circuit for ever
     assert breaker.state("m") == HALF_OPEN
+
+
+class PartialControl(Control):
+    """A reload that starts a new stub for the listed instances only (a fixture with one
+    instance per model cannot tell "every instance" from "one instance")."""
+
+    def __init__(self, proc, instances):
+        super().__init__(proc, "noop")
+        self.instances = instances
+
+    def reload(self, model, stamp):
+        super().reload(model, stamp)
+        for name in self.instances:
+            self.proc.start(model, name)
+        return "config"
+
+
+def test_a_model_with_several_instances_is_repaired_only_when_every_instance_has_a_new_stub(proc):
+    """``classifier_fast`` with two instances (``count: 2``): a reload that replaced the stub
+    of one instance and left the other's old stub running is no repair."""
+    second = proc.start("classifier_fast", "classifier_fast_0_1")  # pid 1003
+    control = PartialControl(proc, ["classifier_fast_0_0"])
+    m, repaired, metrics, log = manager(proc, control)
+    kill(proc, 1001)
+    assert m.repair("classifier_fast", delay_s=0.0) is True
+    assert wait_for(lambda: metrics.outcomes()[:1] == ["failure"])
+    assert repaired == [] and any("no new stub process of 'classifier_fast' is up and ready" in line for line in log.lines)
+    control.instances = ["classifier_fast_0_0", "classifier_fast_0_1"]  # the next reload replaces both
+    assert wait_for(lambda: repaired == ["classifier_fast"])
+    live = m.stubs.live("classifier_fast")
+    assert sorted(live) == ["classifier_fast_0_0", "classifier_fast_0_1"] and second not in {pid for pid, _ in live.values()}
+    assert metrics.outcomes()[-1] == "success"

@@ -36,7 +36,12 @@ class Proc(FakeProc):
         return int((1000 + time.monotonic() - self.t0) * TICKS)
 
     def write_uptime(self) -> None:
-        (self.root / "uptime").write_text(f"{self.ticks() / TICKS:.2f} 0.00\n")
+        """Atomically, as the kernel answers a read of /proc/uptime: several repair threads
+        write and read it at once (a reader of a half-written file gets no clock, and a
+        repair without a clock cannot see that another instance already replaced the stub)."""
+        tmp = self.root / f"uptime.{threading.get_ident()}"
+        tmp.write_text(f"{self.ticks() / TICKS:.2f} 0.00\n")
+        os.replace(tmp, self.root / "uptime")
 
     def start(self, model: str, instance: str) -> int:
         self.pid += 1
@@ -341,12 +346,13 @@ class PartialControl(Control):
 def test_a_model_with_several_instances_is_repaired_only_when_every_instance_has_a_new_stub(proc):
     """``classifier_fast`` with two instances (``count: 2``): a reload that replaced the stub
     of one instance and left the other's old stub running is no repair."""
-    second = proc.start("classifier_fast", "classifier_fast_0_1")  # pid 1003
+    second = proc.pid = proc.pid + 1  # pid 1003, started a second ago (with its model's load)
+    proc.add(second, "classifier_fast", "classifier_fast_0_1", start=proc.ticks() - TICKS, ppid=SERVER)
     control = PartialControl(proc, ["classifier_fast_0_0"])
     m, repaired, metrics, log = manager(proc, control)
     kill(proc, 1001)
     assert m.repair("classifier_fast", delay_s=0.0) is True
-    assert wait_for(lambda: metrics.outcomes()[:1] == ["failure"])
+    assert wait_for(lambda: metrics.outcomes()[:1] == ["failure"]), (log.lines, metrics.seen)
     assert repaired == [] and any("no new stub process of 'classifier_fast' is up and ready" in line for line in log.lines)
     control.instances = ["classifier_fast_0_0", "classifier_fast_0_1"]  # the next reload replaces both
     assert wait_for(lambda: repaired == ["classifier_fast"])

@@ -24,7 +24,6 @@ import pytest
 from tests.envhelpers import ENV_PY, build_probe_env
 from tests.helpers import NOT_LOADED_AT_START, make_test_repository
 
-
 #: Helper name -> the markers of every test that calls it (directly or through a fixture).
 #: ``slow``: exports or trains a torch model, or builds an execution environment (seconds to
 #: a minute each on 2 cores); ``network``: may download from the package index (pip installs

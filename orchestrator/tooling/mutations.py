@@ -12,7 +12,7 @@ the test files that cover it, in a throw-away copy of the tracked files (the wor
 never changed); it is *caught* when they fail. A mutation that only a slow test catches says
 which (``caught_by``) and is run against that test.
 
-    python -m orchestrator.tooling.mutations            # all (make mutations), about 3 minutes on 2 cores
+    python -m orchestrator.tooling.mutations            # all (make mutations), about 2 minutes on 2 cores
     python -m orchestrator.tooling.mutations -k shadow  # those whose name contains "shadow"
     python -m orchestrator.tooling.mutations --check    # only find every target (seconds)
 

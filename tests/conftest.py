@@ -57,18 +57,29 @@ def _names(code: types.CodeType) -> Iterator[str]:
 
 
 def heavy_marks(item: pytest.Item) -> Set[str]:
-    """The markers :data:`HEAVY_CALLS` gives ``item``: from its own code and every fixture in
-    its closure."""
-    functions = [getattr(item, "function", None)]
+    """The markers :data:`HEAVY_CALLS` gives ``item``: from its own code, every fixture in
+    its closure, and the helper functions of ``tests/`` they call (followed through their
+    module globals)."""
+    todo = [getattr(item, "function", None)]
     info = getattr(item, "_fixtureinfo", None)
     for defs in (info.name2fixturedefs.values() if info is not None else ()):
-        functions += [d.func for d in defs]
+        todo += [d.func for d in defs]
     marks: Set[str] = set()
-    for fn in functions:
-        code = getattr(getattr(fn, "__wrapped__", fn), "__code__", None)
-        if code is not None:
-            for name in set(_names(code)) & HEAVY_CALLS.keys():
-                marks.update(HEAVY_CALLS[name])
+    seen: Set[int] = set()
+    while todo:
+        fn = todo.pop()
+        fn = getattr(fn, "__wrapped__", fn)
+        code = getattr(fn, "__code__", None)
+        if code is None or id(code) in seen:
+            continue
+        seen.add(id(code))
+        names = set(_names(code))
+        for name in names & HEAVY_CALLS.keys():
+            marks.update(HEAVY_CALLS[name])
+        for name in names:
+            helper = getattr(fn, "__globals__", {}).get(name)
+            if isinstance(helper, types.FunctionType) and helper.__module__.startswith("tests."):
+                todo.append(helper)
     return marks
 
 

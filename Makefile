@@ -50,6 +50,19 @@ serve: venv-demo
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
 
+# The fast loop (issue 28): tests/unit and tests/mock without a server, the package index or
+# heavy builds (markers server, slow, network: tests/conftest.py), about 1 minute on 2 cores.
+# README "Tests" says which tests to run for which change; `make test` still runs everything.
+FAST := not server and not slow and not network
+.PHONY: test-fast mutations
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "$(FAST)" tests/unit tests/mock
+
+# Every mutation of orchestrator/tooling/mutations.py (targets found by AST, not by text) run
+# against the fast tests that cover it; fails when one is not caught or a target is gone.
+mutations: $(STAMP)
+	$(PY) -m orchestrator.tooling.mutations
+
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
 # on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and

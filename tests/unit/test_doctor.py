@@ -219,7 +219,9 @@ def test_conda_env_is_not_asked_for_a_base_interpreter(tmp_path, other_libpython
     envhelpers.fake_env(tmp_path / "repo" / "probe" / "env", OTHER_PY, flavour="conda", libpython=other_libpython)
     repo = model_with_env(tmp_path, "$$TRITON_MODEL_DIRECTORY/env")
     report = diagnose_one(repo)
-    assert report.healthy, report.findings and report.env_python == OTHER_PY
+    assert report.healthy, report.findings
+    assert report.env_python == OTHER_PY
+    assert [f for f in report.findings if f.kind == "base-interpreter"] == []  # a conda env has no pyvenv.cfg home
 
 
 def test_dispatcher_picks_the_stub_per_config(tmp_path, packed_fake_env):

@@ -15,9 +15,13 @@ from orchestrator.runtime.control import ControlError, ServerOptions
 from orchestrator.runtime.ondemand import ModelManager, _RepairLock
 from orchestrator.runtime.stubs import StubWatch
 from tests.helpers import Log
-from tests.unit.test_stubs import SERVER, FakeProc
+from tests.unit.test_stubs import FakeProc
 
 TICKS = os.sysconf("SC_CLK_TCK")
+#: The fake server's pid: the repair lock is an abstract Unix socket named after it, shared by
+#: every process of this machine, so a constant would let two pytest runs at once (two
+#: checkouts) take each other's lock.
+SERVER = 4_000_000 + os.getpid()
 
 
 class Proc(FakeProc):
@@ -32,11 +36,16 @@ class Proc(FakeProc):
         return int((1000 + time.monotonic() - self.t0) * TICKS)
 
     def write_uptime(self) -> None:
-        (self.root / "uptime").write_text(f"{self.ticks() / TICKS:.2f} 0.00\n")
+        """Atomically, as the kernel answers a read of /proc/uptime: several repair threads
+        write and read it at once (a reader of a half-written file gets no clock, and a
+        repair without a clock cannot see that another instance already replaced the stub)."""
+        tmp = self.root / f"uptime.{threading.get_ident()}"
+        tmp.write_text(f"{self.ticks() / TICKS:.2f} 0.00\n")
+        os.replace(tmp, self.root / "uptime")
 
     def start(self, model: str, instance: str) -> int:
         self.pid += 1
-        self.add(self.pid, model, instance, start=self.ticks())
+        self.add(self.pid, model, instance, start=self.ticks(), ppid=SERVER)
         return self.pid
 
 
@@ -55,18 +64,20 @@ class Uptime(StubWatch):
 class Control:
     """``reload``: ``new`` starts a new stub for each instance (and reaps the old ones),
     ``noop`` returns at once and starts nothing (Triton 2.51, directory unchanged),
-    ``refuse`` raises a refusal."""
+    ``refuse`` raises a refusal. With a ``gate``, a reload returns only once it is set."""
 
     via, timeout_s = "grpc", 5.0
 
-    def __init__(self, proc: Proc, behaviour: str = "new", delay_s: float = 0.0):
-        self.proc, self.behaviour, self.delay_s = proc, behaviour, delay_s
+    def __init__(self, proc: Proc, behaviour: str = "new", delay_s: float = 0.0, gate: "threading.Event | None" = None):
+        self.proc, self.behaviour, self.delay_s, self.gate = proc, behaviour, delay_s, gate
         self.calls, self.lock = [], threading.Lock()
 
     def reload(self, model, stamp):
         with self.lock:
             self.calls.append(model)
         time.sleep(self.delay_s)
+        if self.gate is not None:
+            assert self.gate.wait(10.0), "the test never opened the gate"
         if self.behaviour == "refuse":
             raise ControlError("the server refused the load of 'm': This protocol is restricted", refused=True)
         if self.behaviour == "new":
@@ -135,7 +146,7 @@ def wait_for(predicate, timeout=5.0):
 
 
 def kill(proc, pid):
-    proc.die(pid, int((proc.root / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]))
+    proc.die(pid, int((proc.root / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19]), ppid=SERVER)
 
 
 def test_a_reload_that_starts_no_new_stub_is_a_counted_failure_and_is_retried(proc):
@@ -205,12 +216,19 @@ def test_a_stub_killed_before_the_watch_knew_it_is_repaired(proc):
 
 def test_two_router_instances_repair_once(proc):
     """Both instances see the dead stub: the lock lets one reload; the other finds the new
-    stub and does not reload again."""
-    control = Control(proc, "new", delay_s=0.3)
+    stub and does not reload again.
+
+    The reload waits for ``gate`` until both have seen the failure: without it, a main thread
+    descheduled for the reload's 0.3 s (a loaded machine) let the second instance see the
+    failure only after the first had repaired it: a failure this instance cannot tell from a
+    new one (``STALE_S`` covers its own repairs only), so it reloaded again."""
+    gate = threading.Event()
+    control = Control(proc, "new", delay_s=0.3, gate=gate)
     a, a_done, a_metrics, _ = manager(proc, control)
     b, b_done, b_metrics, b_log = manager(proc, control)
     kill(proc, 1001)
     assert a.repair("classifier_fast", delay_s=0.0) and b.repair("classifier_fast", delay_s=0.02)
+    gate.set()
     assert wait_for(lambda: a_done and b_done)
     assert control.calls == ["classifier_fast"]
     assert sorted(a_metrics.outcomes() + b_metrics.outcomes()) == ["already_repaired", "success"]
@@ -253,9 +271,9 @@ def test_the_same_stub_killed_three_times_is_repaired_three_times_with_growing_d
 
 
 def test_the_lock_is_held_by_one_holder_and_freed_on_release():
-    a, b = _RepairLock(4242, "m"), _RepairLock(4242, "m")
+    a, b = _RepairLock(SERVER, "m"), _RepairLock(SERVER, "m")
     assert a.acquire() and not b.acquire()
-    for other in (_RepairLock(4242, "other"), _RepairLock(4243, "m")):  # another model, another server
+    for other in (_RepairLock(SERVER, "other"), _RepairLock(SERVER + 1, "m")):  # another model, another server
         assert other.acquire()
         other.release()
     a.release()
@@ -308,3 +326,36 @@ def test_the_breaker_holds_the_circuit_open_while_the_repair_runs():
     assert breaker.state("m") == OPEN
     clock.t += REPAIRING_OPEN_S  # a repair that never ends does not hold the circuit for ever
     assert breaker.state("m") == HALF_OPEN
+
+
+class PartialControl(Control):
+    """A reload that starts a new stub for the listed instances only (a fixture with one
+    instance per model cannot tell "every instance" from "one instance")."""
+
+    def __init__(self, proc, instances):
+        super().__init__(proc, "noop")
+        self.instances = instances
+
+    def reload(self, model, stamp):
+        super().reload(model, stamp)
+        for name in self.instances:
+            self.proc.start(model, name)
+        return "config"
+
+
+def test_a_model_with_several_instances_is_repaired_only_when_every_instance_has_a_new_stub(proc):
+    """``classifier_fast`` with two instances (``count: 2``): a reload that replaced the stub
+    of one instance and left the other's old stub running is no repair."""
+    second = proc.pid = proc.pid + 1  # pid 1003, started a second ago (with its model's load)
+    proc.add(second, "classifier_fast", "classifier_fast_0_1", start=proc.ticks() - TICKS, ppid=SERVER)
+    control = PartialControl(proc, ["classifier_fast_0_0"])
+    m, repaired, metrics, log = manager(proc, control)
+    kill(proc, 1001)
+    assert m.repair("classifier_fast", delay_s=0.0) is True
+    assert wait_for(lambda: metrics.outcomes()[:1] == ["failure"]), (log.lines, metrics.seen)
+    assert repaired == [] and any("no new stub process of 'classifier_fast' is up and ready" in line for line in log.lines)
+    control.instances = ["classifier_fast_0_0", "classifier_fast_0_1"]  # the next reload replaces both
+    assert wait_for(lambda: repaired == ["classifier_fast"])
+    live = m.stubs.live("classifier_fast")
+    assert sorted(live) == ["classifier_fast_0_0", "classifier_fast_0_1"] and second not in {pid for pid, _ in live.values()}
+    assert metrics.outcomes()[-1] == "success"

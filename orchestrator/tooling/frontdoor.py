@@ -1,0 +1,404 @@
+"""The front door: an nginx front proxy in the Triton pod (issue 27; docs/deployment.md,
+"The front door").
+
+Triton listens on loopback only; clients reach it through nginx, which admits only what a
+client of the router needs and bounds and meters every request:
+
+* HTTP (``listen`` port 8000): ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``
+  (server metadata), ``GET /v2/models/router[/versions/N]`` (metadata) and ``.../ready``,
+  ``POST .../infer``. Everything else: 404 (403 for another method).
+* gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata``,
+  ``ModelReady``, ``ModelMetadata`` and ``ModelInfer`` of ``inference.GRPCInferenceService``;
+  every other method (repository, config, statistics, shared memory, trace, logging,
+  ``ModelStreamInfer``) answers UNIMPLEMENTED. The model name of a gRPC call is inside the
+  protobuf body, which nginx does not parse: over gRPC the front door restricts methods,
+  not models (``grpc: false`` in the quotas file closes gRPC where that is not enough).
+* Metrics (8002): ``GET /metrics`` only.
+* Bodies: HTTP up to :func:`orchestrator.tooling.deploy.http_max_input_size` (2 x the
+  router policy's ``limits.max_request_bytes`` + 64 KiB: JSON escapes texts), gRPC up to
+  ``max_request_bytes`` + 64 KiB (binary tensors: 4 bytes of length per text). Over it:
+  HTTP 413, gRPC RESOURCE_EXHAUSTED, both saying which limit.
+* Quotas: token buckets (nginx ``limit_req``, ``nodelay``) per client named by the header
+  ``x-client-id`` (``deploy/k8s/base/frontdoor/quotas.yaml``); a request without a listed
+  name is metered per source address at the default rate. Over quota: HTTP 429, gRPC
+  RESOURCE_EXHAUSTED, both saying it is the client's quota. Health and readiness are not
+  metered (the kubelet's probes must never be refused for a busy client).
+
+``python -m orchestrator.tooling.frontdoor render [--out PATH]`` writes the configuration
+(default ``.cache/frontdoor/nginx.conf``; the manifests' copy is
+``deploy/k8s/base/frontdoor/nginx.conf``: ``--out`` it there after changing the policy or the
+quotas), ``check`` compares the manifests' copy with a fresh render and runs ``nginx -t``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import yaml
+
+from orchestrator.tooling.deploy import DEPLOY_DIR, MODEL_REPOSITORY, ROUTERS, DeployError, http_max_input_size, router_policy
+from orchestrator.tooling.paths import PROJECT_ROOT
+
+FRONTDOOR_DIR = DEPLOY_DIR / "k8s" / "base" / "frontdoor"
+QUOTAS_FILE = FRONTDOOR_DIR / "quotas.yaml"
+RENDERED_FILE = FRONTDOOR_DIR / "nginx.conf"
+#: gRPC body headroom over ``max_request_bytes``: 4 bytes of length per text, the protobuf
+#: framing and the other inputs (same allowance as Triton's HTTP limit's headroom).
+GRPC_HEADROOM = 64 * 1024
+GRPC_SERVICE = "inference.GRPCInferenceService"
+#: gRPC methods a client of the router needs; metered ones first.
+GRPC_METERED = ("ModelInfer", "ModelMetadata", "ServerMetadata")
+GRPC_UNMETERED = ("ServerLive", "ServerReady", "ModelReady")
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HEADER = re.compile(r"^[a-z0-9-]{1,64}$")
+INSTALL_HINT = "apt-get install nginx-light (Debian/Ubuntu; nginx >= 1.19.5 with the http_v2 module)"
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A token bucket: ``rate`` requests per second sustained, ``burst`` more at once."""
+
+    rate: int
+    burst: int
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The quotas file: the identity header, the default quota (per source address, for a
+    request without a listed client name) and each named client's quota; ``grpc``: whether
+    the gRPC port is open."""
+
+    header: str
+    default: Quota
+    clients: Dict[str, Quota] = field(default_factory=dict)
+    grpc: bool = True
+
+
+def _quota(value: object, where: str) -> Quota:
+    if not isinstance(value, dict) or set(value) != {"rate_per_s", "burst"}:
+        raise DeployError(f"{where}: a quota is {{rate_per_s: N, burst: N}}, not {value!r}")
+    rate, burst = value["rate_per_s"], value["burst"]
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+        raise DeployError(f"{where}.rate_per_s must be an integer >= 1 (requests per second), not {rate!r}")
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        raise DeployError(f"{where}.burst must be an integer >= 0, not {burst!r}")
+    return Quota(rate, burst)
+
+
+def parse_quotas(data: object, source: str = "quotas") -> Quotas:
+    """:class:`Quotas` from the quotas file's YAML; :class:`DeployError` naming the key."""
+    if not isinstance(data, dict):
+        raise DeployError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
+    unknown = set(data) - {"client_header", "default", "clients", "grpc"}
+    if unknown:
+        raise DeployError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc)")
+    header = str(data.get("client_header", "x-client-id")).lower()
+    if not _HEADER.match(header):
+        raise DeployError(f"{source}: client_header {header!r} is not a header name (a-z 0-9 -)")
+    if "default" not in data:
+        raise DeployError(f"{source}: no default quota (for clients without a listed {header})")
+    clients = {}
+    for name, value in (data.get("clients") or {}).items():
+        if not isinstance(name, str) or not _NAME.match(name) or name == "default":
+            raise DeployError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
+        clients[name] = _quota(value, f"{source}: clients.{name}")
+    grpc = data.get("grpc", True)
+    if not isinstance(grpc, bool):
+        raise DeployError(f"{source}: grpc must be true or false, not {grpc!r}")
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc)
+
+
+def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
+    try:
+        return parse_quotas(yaml.safe_load(Path(path).read_text()), str(path))
+    except (OSError, yaml.YAMLError) as exc:
+        raise DeployError(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request-body limits in bytes."""
+
+    http: int
+    grpc: int
+
+
+def body_limits(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> Limits:
+    """The front door's body limits from the routers' ``limits.max_request_bytes``."""
+    largest = max(router_policy(Path(repo), r).limits.max_request_bytes for r in routers)
+    return Limits(http_max_input_size(repo, routers), largest + GRPC_HEADROOM)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where nginx listens (``listen``: address; the three ports) and Triton's loopback ports."""
+
+    listen: str = "0.0.0.0"
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    triton_http: int = 18000
+    triton_grpc: int = 18001
+    triton_metrics: int = 18002
+
+
+def _grpc_answer(status: int, message: str) -> str:
+    # A trailers-only gRPC answer: HTTP 200 headers with grpc-status and END_STREAM.
+    return (f'default_type application/grpc; add_header grpc-status {status} always; '
+            f'add_header grpc-message "{message}" always; return 204;')
+
+
+def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: str = "/tmp/nginx",
+           router: str = ROUTERS[0], workers: int = 2) -> str:
+    """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
+    request-body buffers (an emptyDir in the pod)."""
+    h = quotas.header.replace("-", "_")
+    names = sorted(quotas.clients)
+    out: List[str] = [
+        "# The front door (docs/deployment.md, \"The front door\"). Generated by",
+        "#   python -m orchestrator.tooling.frontdoor render --out deploy/k8s/base/frontdoor/nginx.conf",
+        "# from the router policy's limits.max_request_bytes and quotas.yaml: do not edit by hand",
+        "# (make deploy-check and tests/unit/test_frontdoor.py compare it with a fresh render).",
+        f"worker_processes {workers};",
+        f"pid {run_dir}/nginx.pid;",
+        "error_log stderr warn;",
+        "daemon off;",
+        "events { worker_connections 4096; }",
+        "http {",
+        "  server_tokens off;",
+        "  access_log off;",
+        f"  client_body_temp_path {run_dir}/body;",
+        f"  proxy_temp_path {run_dir}/proxy;",
+        f"  fastcgi_temp_path {run_dir}/fastcgi;",
+        f"  uwsgi_temp_path {run_dir}/uwsgi;",
+        f"  scgi_temp_path {run_dir}/scgi;",
+        "  client_body_buffer_size 1m;",
+        "  # Triton answers when the request is done; on-demand loads can take minutes.",
+        "  proxy_read_timeout 600s; proxy_send_timeout 600s; grpc_read_timeout 600s; grpc_send_timeout 600s;",
+        "  proxy_http_version 1.1;",
+        "  proxy_set_header Connection \"\";",
+        f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
+        f"  upstream triton_grpc {{ server 127.0.0.1:{ports.triton_grpc}; keepalive 32; }}",
+        f"  # Client identity: the {quotas.header} header when it names a listed client, else 'default'.",
+        f"  map $http_{h} $frontdoor_client {{",
+        "    default default;",
+        *[f"    \"{n}\" \"{n}\";" for n in names],
+        "  }",
+        "  map $frontdoor_client $frontdoor_quota {",
+        f"    default \"{quotas.default.rate} requests/s, burst {quotas.default.burst}, per source address\";",
+        *[f"    \"{n}\" \"{quotas.clients[n].rate} requests/s, burst {quotas.clients[n].burst}\";" for n in names],
+        "  }",
+        "  # One token bucket zone per client (a zone has one rate); an empty key is not metered.",
+        f"  map $http_{h} $quota_key_default {{",
+        "    default $binary_remote_addr;",
+        *[f"    \"{n}\" \"\";" for n in names],
+        "  }",
+        f"  limit_req_zone $quota_key_default zone=quota_default:10m rate={quotas.default.rate}r/s;",
+    ]
+    metered = [f"limit_req zone=quota_default burst={quotas.default.burst} nodelay;"]
+    for i, n in enumerate(names):
+        q = quotas.clients[n]
+        out += [f"  map $http_{h} $quota_key_{i} {{ default \"\"; \"{n}\" \"{n}\"; }}",
+                f"  limit_req_zone $quota_key_{i} zone=quota_{i}:1m rate={q.rate}r/s;"]
+        metered.append(f"limit_req zone=quota_{i} burst={q.burst} nodelay;")
+    meter = " ".join(metered)
+    quota_text = f"quota exceeded: client $frontdoor_client ({quotas.header}) is over its quota of $frontdoor_quota (front door)"
+    v = r"(/versions/[0-9]+)?"
+    too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
+    out += [
+        "  limit_req_status 429;",
+        "  limit_req_log_level warn;",
+        "",
+        "  server {",
+        f"    listen {ports.listen}:{ports.http};",
+        f"    client_max_body_size {limits.http};",
+        "    error_page 429 @quota;",
+        "    error_page 413 @too_large;",
+        f"    location @quota {{ default_type application/json; return 429 '{{\"error\":\"{quota_text}\"}}'; }}",
+        f"    location @too_large {{ default_type application/json; return 413 '{{\"error\":\"{too_large}\"}}'; }}",
+        "    location = /v2/health/live { limit_except GET { deny all; } proxy_pass http://triton_http; }",
+        "    location = /v2/health/ready { limit_except GET { deny all; } proxy_pass http://triton_http; }",
+        f"    location = /v2 {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http; }}",
+        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only the {router} model (infer, metadata, ready) and server health\"}}'; }}",
+        "  }",
+    ]
+    if quotas.grpc:
+        out += [
+            "",
+            "  server {",
+            f"    listen {ports.listen}:{ports.grpc} http2;",
+            f"    client_max_body_size {limits.grpc};",
+            "    error_page 429 = @quota;",
+            "    error_page 413 = @too_large;",
+            f"    location @quota {{ {_grpc_answer(8, quota_text)} }}",
+            f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
+            *[f"    location = /{GRPC_SERVICE}/{m} {{ {meter} grpc_pass grpc://triton_grpc; }}" for m in GRPC_METERED],
+            *[f"    location = /{GRPC_SERVICE}/{m} {{ grpc_pass grpc://triton_grpc; }}" for m in GRPC_UNMETERED],
+            f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
+            "  }",
+        ]
+    out += [
+        "",
+        "  server {",
+        f"    listen {ports.listen}:{ports.metrics};",
+        f"    location = /metrics {{ limit_except GET {{ deny all; }} proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
+        "    location / { return 404; }",
+        "  }",
+        "}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def render_default(ports: Ports = Ports(), **kwargs) -> str:
+    """The manifests' configuration: the shipped quotas and the shipped router's policy."""
+    return render(load_quotas(), body_limits(), ports, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# nginx itself
+
+
+def nginx_binary() -> Optional[str]:
+    """The nginx binary (``NGINX`` or on PATH, then /usr/sbin/nginx), else None."""
+    found = os.environ.get("NGINX") or shutil.which("nginx")
+    if found:
+        return found
+    return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+
+
+def check_config(text: str, binary: Optional[str] = None) -> subprocess.CompletedProcess:
+    """``nginx -t`` on ``text`` (its run directory is replaced by a temporary one)."""
+    binary = binary or nginx_binary()
+    if binary is None:
+        raise DeployError(f"nginx is not installed: {INSTALL_HINT}")
+    with tempfile.TemporaryDirectory(prefix="frontdoor-") as tmp:
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {tmp}", text))
+        return subprocess.run([binary, "-t", "-q", "-e", "stderr", "-p", tmp, "-c", str(conf)],
+                              capture_output=True, text=True, timeout=60)
+
+
+class FrontDoor:
+    """nginx with a rendered configuration, as a child process (tests and the soak).
+
+    Usage::
+
+        with FrontDoor(render(quotas, limits, Ports("127.0.0.1", 9000, ...))) as door:
+            ...
+    """
+
+    def __init__(self, text: str, ports: Ports, run_dir: Optional[Path] = None, binary: Optional[str] = None):
+        self.binary = binary or nginx_binary()
+        if self.binary is None:
+            raise DeployError(f"nginx is not installed: {INSTALL_HINT}")
+        self.ports = ports
+        self._tmp = None if run_dir else tempfile.TemporaryDirectory(prefix="frontdoor-")
+        self.run_dir = Path(run_dir) if run_dir else Path(self._tmp.name)  # type: ignore[union-attr]
+        self.text = re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {self.run_dir}", text)
+        # Started as root, nginx's workers run as nobody and must reach their body buffers.
+        self.run_dir.chmod(0o711)
+        self.proc: Optional[subprocess.Popen] = None
+        self.log_path = self.run_dir / "nginx.log"
+
+    def start(self, timeout: float = 15.0) -> "FrontDoor":
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(self.text)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([self.binary, "-e", "stderr", "-p", str(self.run_dir), "-c", str(conf)],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        wanted = [self.ports.http, self.ports.metrics]
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise DeployError(f"nginx exited ({self.proc.returncode}): {self.log_path.read_text()[-2000:]}")
+            if all(_listening(self.ports.listen, p) for p in wanted):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise DeployError(f"nginx did not listen on {wanted} within {timeout} s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful: finish what was accepted
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "FrontDoor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host if host not in ("0.0.0.0", "") else "127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def check_rendered(path: Path = RENDERED_FILE) -> List[str]:
+    """Problems with the manifests' configuration: differs from a fresh render, or ``nginx -t``
+    refuses it (skipped, and said, when nginx is not installed)."""
+    problems = []
+    fresh = render_default()
+    if not path.exists() or path.read_text() != fresh:
+        problems.append(f"{path.relative_to(PROJECT_ROOT)} differs from the policy and quotas.yaml: "
+                        f"python -m orchestrator.tooling.frontdoor render --out {path.relative_to(PROJECT_ROOT)}")
+    if nginx_binary() is not None:
+        result = check_config(fresh)
+        if result.returncode != 0:
+            problems.append(f"nginx -t refuses the front door's configuration: {result.stderr.strip()}")
+    return problems
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.frontdoor", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("render", help="write the nginx configuration from the policy and the quotas")
+    r.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "frontdoor" / "nginx.conf"))
+    sub.add_parser("check", help=f"compare {RENDERED_FILE.relative_to(PROJECT_ROOT)} with a fresh render; nginx -t")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "render":
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(render_default())
+            print(out)
+            return 0
+        problems = check_rendered()
+    except DeployError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for p in problems:
+        print(p)
+    if nginx_binary() is None:
+        print(f"nginx -t not run: nginx is not installed ({INSTALL_HINT})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

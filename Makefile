@@ -43,7 +43,8 @@ bench: $(STAMP)
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
 # texts; writes docs/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
-# Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
+# Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short;
+# the clients through the front door (nginx, docs/deployment.md): SOAK_ARGS=--front-door
 .PHONY: soak
 soak: $(STAMP)
 	$(PY) -m orchestrator.tooling.soak --out docs $(SOAK_ARGS)

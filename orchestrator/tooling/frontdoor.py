@@ -187,6 +187,9 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  client_body_buffer_size 1m;",
         "  # Triton answers when the request is done; on-demand loads can take minutes.",
         "  proxy_read_timeout 600s; proxy_send_timeout 600s; grpc_read_timeout 600s; grpc_send_timeout 600s;",
+        "  # Pooled client connections stay open: a close after nginx's default 1000 requests races",
+        "  # the client's next request on it (HTTP clients see a reset, gRPC a GOAWAY).",
+        "  keepalive_requests 1000000; keepalive_timeout 620s;",
         "  proxy_http_version 1.1;",
         "  proxy_set_header Connection \"\";",
         f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
@@ -350,6 +353,37 @@ class FrontDoor:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ThroughFrontDoor:
+    """A :class:`~orchestrator.tooling.server.TritonServer` seen through a started
+    :class:`FrontDoor`: ``http_url``/``grpc_url`` are the front door's, ``admin_grpc_url``
+    the server's own (the admin APIs are not admitted through the door); everything else
+    is the server's (``pid``, ``control_headers``, ``log_path``, ...). The soak's
+    ``--front-door`` mode."""
+
+    def __init__(self, server, door: FrontDoor):
+        self._server, self.door = server, door
+        host = "127.0.0.1" if door.ports.listen in ("0.0.0.0", "") else door.ports.listen
+        self.http_url = f"{host}:{door.ports.http}"
+        self.grpc_url = f"{host}:{door.ports.grpc}"
+        self.admin_grpc_url = server.grpc_url
+
+    def __getattr__(self, name: str):
+        return getattr(self._server, name)
+
+
+def start_in_front_of(server, quotas: Optional[Quotas] = None, repo: Optional[Path] = None) -> ThroughFrontDoor:
+    """Start nginx on free loopback ports in front of a started ``server`` with the body
+    limits of ``repo``'s router policy (default: the server's repository) and ``quotas``
+    (default: one client at 100000 requests/s, i.e. no quota in the way)."""
+    from orchestrator.tooling.server import find_free_ports
+
+    http, grpc, metrics = find_free_ports(3)
+    ports = Ports("127.0.0.1", http, grpc, metrics, server.http_port, server.grpc_port, server.metrics_port)
+    quotas = quotas or Quotas("x-client-id", Quota(100000, 100000))
+    door = FrontDoor(render(quotas, body_limits(Path(repo or server.model_repository)), ports, workers=1), ports).start()
+    return ThroughFrontDoor(server, door)
 
 
 def _listening(host: str, port: int) -> bool:

@@ -110,3 +110,30 @@ def test_bad_quotas_named(data, words):
 def test_shipped_quotas_parse():
     data = yaml.safe_load(F.QUOTAS_FILE.read_text())
     assert F.parse_quotas(data).default.rate >= 1
+
+
+def test_soak_front_door_mode_is_wired():
+    """``make soak SOAK_ARGS=--front-door``: the config asks for it, the report takes the front
+    door's size refusal as a refusal only in that mode, and the server seen through the door
+    keeps the server's own admin port."""
+    import argparse
+
+    from orchestrator.tooling.soak.command import add_soak_arguments, config_from_args
+    from orchestrator.tooling.soak.report import oversized_summary
+
+    args = add_soak_arguments(argparse.ArgumentParser()).parse_args(["--short", "--front-door"])
+    assert config_from_args(args).front_door is True
+    assert config_from_args(add_soak_arguments(argparse.ArgumentParser()).parse_args([])).front_door is False
+    items = [{"outcome": "error", "status": "StatusCode.RESOURCE_EXHAUSTED", "message": "request body over the front door limit"},
+             {"outcome": "error", "status": "400", "message": "max_text_bytes"}]
+    assert oversized_summary(items)["invalid_arg"] == 1
+    assert oversized_summary(items, front_door=True)["invalid_arg"] == 2
+
+    class Server:
+        grpc_url, http_url, pid = "127.0.0.1:1", "127.0.0.1:2", 42
+
+    class Door:
+        ports = F.Ports("127.0.0.1", 9000, 9001, 9002)
+
+    seen = F.ThroughFrontDoor(Server(), Door())  # type: ignore[arg-type]
+    assert (seen.http_url, seen.grpc_url, seen.admin_grpc_url, seen.pid) == ("127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:1", 42)

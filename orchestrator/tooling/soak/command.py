@@ -28,6 +28,8 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--max-requests", type=int, default=None, metavar="N", help="stop after N requests")
     parser.add_argument("--seed", type=int, default=None, help="seed for the texts and requests (default 0)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the timeline")
+    parser.add_argument("--front-door", action="store_true",
+                        help="send the clients' requests through the front door (nginx, docs/deployment.md); needs nginx")
     return parser
 
 
@@ -43,6 +45,8 @@ def config_from_args(args: argparse.Namespace):
         changes["max_duration_s"] = args.max_duration
     if getattr(args, "max_requests", None):
         changes["max_requests"] = args.max_requests
+    if getattr(args, "front_door", False):
+        changes["front_door"] = True
     if getattr(args, "seed", None) is not None:
         changes["seed"] = args.seed
     return dataclasses.replace(config, **changes)

@@ -7,14 +7,15 @@ client of the router needs and bounds and meters every request:
 * HTTP (``listen`` port 8000): ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``
   (server metadata), ``GET /v2/models/router[/versions/N]`` (metadata) and ``.../ready``,
   ``POST .../infer``. Everything else: 404 (403 for another method).
-* gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata``,
-  ``ModelReady``, ``ModelMetadata`` and ``ModelInfer`` of ``inference.GRPCInferenceService``;
-  every other method (repository, config, statistics, shared memory, trace, logging,
-  ``ModelStreamInfer``) answers UNIMPLEMENTED. The model name of a gRPC call is inside the
-  protobuf body, which nginx does not parse: over gRPC the front door restricts methods,
-  not models (``grpc: false`` in the quotas file closes gRPC where that is not enough).
+* gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata`` of
+  ``inference.GRPCInferenceService``, and ``ModelReady``, ``ModelMetadata``, ``ModelInfer``
+  for the router only: the model name is read from the protobuf body by a small Lua check
+  (:data:`MODEL_CHECK_LUA`, nginx's Lua module); another model answers PERMISSION_DENIED.
+  Every other method (repository, config, statistics, shared memory, trace, logging,
+  ``ModelStreamInfer``) answers UNIMPLEMENTED. ``grpc_model_check: false`` in the quotas file
+  drops the Lua check (methods only); ``grpc: false`` closes the gRPC port.
 * Metrics (8002): ``GET /metrics`` only.
-* Bodies: HTTP up to :func:`orchestrator.tooling.deploy.http_max_input_size` (2 x the
+* Bodies (read whole before anything goes to Triton): HTTP up to :func:`orchestrator.tooling.deploy.http_max_input_size` (2 x the
   router policy's ``limits.max_request_bytes`` + 64 KiB: JSON escapes texts), gRPC up to
   ``max_request_bytes`` + 64 KiB (binary tensors: 4 bytes of length per text). Over it:
   HTTP 413, gRPC RESOURCE_EXHAUSTED, both saying which limit.
@@ -61,9 +62,73 @@ GRPC_SERVICE = "inference.GRPCInferenceService"
 #: gRPC methods a client of the router needs; metered ones first.
 GRPC_METERED = ("ModelInfer", "ModelMetadata", "ServerMetadata")
 GRPC_UNMETERED = ("ServerLive", "ServerReady", "ModelReady")
+#: The gRPC methods whose request names a model in field 1 (``model_name`` of
+#: ``ModelInferRequest``, ``name`` of ``ModelMetadataRequest`` and ``ModelReadyRequest``):
+#: with ``model_check``, admitted for the router only.
+GRPC_MODEL_NAMED = ("ModelInfer", "ModelMetadata", "ModelReady")
+#: Debian's dynamic modules (libnginx-mod-http-lua, which pulls libnginx-mod-http-ndk).
+MODULES_DIR = "/usr/lib/nginx/modules"
+LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
+
+#: The gRPC model check (lua-nginx-module, run in nginx's access phase on the whole body,
+#: which ``client_max_body_size`` has already bounded): one uncompressed gRPC message whose
+#: length prefix matches the body, a protobuf whose top-level fields all parse, and field 1
+#: present and equal to the admitted model every time it occurs (protobuf keeps the last).
+#: Anything else: 403, answered as gRPC PERMISSION_DENIED.
+MODEL_CHECK_LUA = r"""
+    frontdoor = {}
+    function frontdoor.model_is(body, want)
+      if not body or #body < 5 or string.byte(body, 1) ~= 0 then return false end
+      local b2, b3, b4, b5 = string.byte(body, 2, 5)
+      local n = #body
+      if ((b2 * 256 + b3) * 256 + b4) * 256 + b5 ~= n - 5 then return false end
+      local i, seen = 6, false
+      local function varint()
+        local v, scale = 0, 1
+        for _ = 1, 10 do
+          local c = string.byte(body, i)
+          if not c then return nil end
+          i = i + 1
+          v = v + (c % 128) * scale
+          if c < 128 then return v end
+          scale = scale * 128
+        end
+        return nil
+      end
+      while i <= n do
+        local key = varint()
+        if not key then return false end
+        local field, wire = math.floor(key / 8), key % 8
+        if wire == 0 then
+          if not varint() then return false end
+        elseif wire == 1 then
+          i = i + 8
+        elseif wire == 5 then
+          i = i + 4
+        elseif wire == 2 then
+          local len = varint()
+          if not len or i + len - 1 > n then return false end
+          if field == 1 then
+            if string.sub(body, i, i + len - 1) ~= want then return false end
+            seen = true
+          end
+          i = i + len
+        else
+          return false
+        end
+        if i > n + 1 then return false end
+      end
+      return seen
+    end
+    function frontdoor.admit(want)
+      ngx.req.read_body()
+      if not frontdoor.model_is(ngx.req.get_body_data(), want) then return ngx.exit(403) end
+    end
+"""
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEADER = re.compile(r"^[a-z0-9-]{1,64}$")
-INSTALL_HINT = "apt-get install nginx-light (Debian/Ubuntu; nginx >= 1.19.5 with the http_v2 module)"
+INSTALL_HINT = ("apt-get install nginx-light libnginx-mod-http-lua (Debian/Ubuntu; nginx >= 1.19.5 with the http_v2 "
+                "module, and the Lua module for the gRPC model check)")
 
 
 @dataclass(frozen=True)
@@ -78,12 +143,14 @@ class Quota:
 class Quotas:
     """The quotas file: the identity header, the default quota (per source address, for a
     request without a listed client name) and each named client's quota; ``grpc``: whether
-    the gRPC port is open."""
+    the gRPC port is open; ``model_check``: whether gRPC calls that name a model are
+    admitted for the router only (needs nginx's Lua module), else by method only."""
 
     header: str
     default: Quota
     clients: Dict[str, Quota] = field(default_factory=dict)
     grpc: bool = True
+    model_check: bool = True
 
 
 def _quota(value: object, where: str) -> Quota:
@@ -101,9 +168,9 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     """:class:`Quotas` from the quotas file's YAML; :class:`DeployError` naming the key."""
     if not isinstance(data, dict):
         raise DeployError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
-    unknown = set(data) - {"client_header", "default", "clients", "grpc"}
+    unknown = set(data) - {"client_header", "default", "clients", "grpc", "grpc_model_check"}
     if unknown:
-        raise DeployError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc)")
+        raise DeployError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc, grpc_model_check)")
     header = str(data.get("client_header", "x-client-id")).lower()
     if not _HEADER.match(header):
         raise DeployError(f"{source}: client_header {header!r} is not a header name (a-z 0-9 -)")
@@ -114,10 +181,11 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
         if not isinstance(name, str) or not _NAME.match(name) or name == "default":
             raise DeployError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
         clients[name] = _quota(value, f"{source}: clients.{name}")
-    grpc = data.get("grpc", True)
-    if not isinstance(grpc, bool):
-        raise DeployError(f"{source}: grpc must be true or false, not {grpc!r}")
-    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc)
+    grpc, check = data.get("grpc", True), data.get("grpc_model_check", True)
+    for key, value in (("grpc", grpc), ("grpc_model_check", check)):
+        if not isinstance(value, bool):
+            raise DeployError(f"{source}: {key} must be true or false, not {value!r}")
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check)
 
 
 def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
@@ -161,7 +229,7 @@ def _grpc_answer(status: int, message: str) -> str:
 
 
 def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: str = "/tmp/nginx",
-           router: str = ROUTERS[0], workers: int = 2) -> str:
+           router: str = ROUTERS[0], workers: int = 2, modules_dir: str = MODULES_DIR) -> str:
     """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
     request-body buffers (an emptyDir in the pod)."""
     h = quotas.header.replace("-", "_")
@@ -172,6 +240,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "# from the router policy's limits.max_request_bytes and quotas.yaml: do not edit by hand",
         "# (make deploy-check and tests/unit/test_frontdoor.py compare it with a fresh render).",
         f"worker_processes {workers};",
+        *([f"load_module {modules_dir}/{m};" for m in LUA_MODULES] if quotas.grpc and quotas.model_check else []),
         f"pid {run_dir}/nginx.pid;",
         "error_log stderr warn;",
         "daemon off;",
@@ -223,6 +292,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
     out += [
         "  limit_req_status 429;",
         "  limit_req_log_level warn;",
+        *(["  init_by_lua_block {" + MODEL_CHECK_LUA.rstrip() + "\n  }"] if quotas.grpc and quotas.model_check else []),
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.http};",
@@ -240,6 +310,12 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only the {router} model (infer, metadata, ready) and server health\"}}'; }}",
         "  }",
     ]
+    def _check(method: str) -> str:
+        if not (quotas.model_check and method in GRPC_MODEL_NAMED):
+            return ""
+        # the whole body in memory (bounded by client_max_body_size) for the Lua check
+        return f"client_body_buffer_size {limits.grpc}; access_by_lua_block {{ frontdoor.admit(\"{router}\") }} "
+
     if quotas.grpc:
         out += [
             "",
@@ -250,8 +326,10 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             "    error_page 413 = @too_large;",
             f"    location @quota {{ {_grpc_answer(8, quota_text)} }}",
             f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
-            *[f"    location = /{GRPC_SERVICE}/{m} {{ {meter} grpc_pass grpc://triton_grpc; }}" for m in GRPC_METERED],
-            *[f"    location = /{GRPC_SERVICE}/{m} {{ grpc_pass grpc://triton_grpc; }}" for m in GRPC_UNMETERED],
+            "    error_page 403 = @not_router;",
+            f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only the {router} model')} }}",
+            *[f"    location = /{GRPC_SERVICE}/{m} {{ {meter + ' ' if m in GRPC_METERED else ''}{_check(m)}grpc_pass grpc://triton_grpc; }}"
+              for m in GRPC_METERED + GRPC_UNMETERED],
             f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
             "  }",
         ]

@@ -4,7 +4,7 @@ embedded tritonserver on loopback ports, with the admin APIs restricted as in th
 
 Checked through it, over HTTP and gRPC: the router answers; an oversized body is refused
 before Triton runs anything (the router's statistics do not move); a direct classifier call
-and the admin APIs are refused; one client over its quota gets 429 / RESOURCE_EXHAUSTED
+(gRPC too: the Lua model check) and the admin APIs are refused; one client over its quota gets 429 / RESOURCE_EXHAUSTED
 saying so while another keeps its full rate; under a bounded load from several threads no
 response is lost, duplicated or different from Triton's own answer.
 """
@@ -17,6 +17,7 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,8 +29,8 @@ from orchestrator.tooling.server import TritonServer, find_free_ports
 
 pytestmark = pytest.mark.server
 
-if F.nginx_binary() is None:
-    pytest.skip(f"nginx is not installed: {F.INSTALL_HINT}", allow_module_level=True)
+if F.nginx_binary() is None or not all(Path(F.MODULES_DIR, m).exists() for m in F.LUA_MODULES):
+    pytest.skip(f"nginx or its Lua module is not installed: {F.INSTALL_HINT}", allow_module_level=True)
 
 import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -76,6 +77,12 @@ def http(port: int, path: str, method: str = "GET", body: bytes | None = None, c
 def router_counts(server: TritonServer) -> int:
     """Requests the router has seen (success + fail), from Triton's statistics extension."""
     stats = server.client().get_inference_statistics("router", headers=server.control_headers("http"))
+    s = stats["model_stats"][0]["inference_stats"]
+    return int(s["success"]["count"]) + int(s["fail"]["count"])
+
+
+def classifier_counts(server: TritonServer) -> int:
+    stats = server.client().get_inference_statistics("classifier", headers=server.control_headers("http"))
     s = stats["model_stats"][0]["inference_stats"]
     return int(s["success"]["count"]) + int(s["fail"]["count"])
 
@@ -170,6 +177,21 @@ def test_direct_classifier_and_admin_calls_refused(stack):
     status, text = http(door.ports.http, "/v2/models/classifier/infer", "POST", body)
     assert "not admitted by the front door" in text
     assert http(door.ports.http, "/v2/models/router/infer", "GET")[0] == 403  # wrong method
+    before = classifier_counts(server)
+    c = grpc_client(door)
+    try:
+        ids = grpcclient.InferInput("input_ids", [1, 8], "INT64")
+        ids.set_data_from_numpy(np.ones((1, 8), dtype=np.int64))
+        for call in (lambda: c.infer("classifier", [ids]), lambda: c.get_model_metadata("classifier"),
+                     lambda: c.is_model_ready("classifier"), lambda: c.infer("classifier", [ids], model_version="1")):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+            assert "only the router model" in info.value.message()
+        assert c.is_model_ready("router") and c.get_model_metadata("router").name == "router"
+    finally:
+        c.close()
+    assert classifier_counts(server) == before, "Triton ran the classifier for a client"
     c = grpc_client(door)
     try:
         for call in (lambda: c.get_model_repository_index(), lambda: c.get_model_config("router"),

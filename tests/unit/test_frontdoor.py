@@ -137,3 +137,72 @@ def test_soak_front_door_mode_is_wired():
 
     seen = F.ThroughFrontDoor(Server(), Door())  # type: ignore[arg-type]
     assert (seen.http_url, seen.grpc_url, seen.admin_grpc_url, seen.pid) == ("127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:1", 42)
+
+
+def _lua_available() -> bool:
+    import os
+
+    return F.nginx_binary() is not None and all(os.path.exists(f"{F.MODULES_DIR}/{m}") for m in F.LUA_MODULES)
+
+
+def _frame(message: bytes, compressed: int = 0, length: int | None = None) -> bytes:
+    return bytes([compressed]) + (len(message) if length is None else length).to_bytes(4, "big") + message
+
+
+def _field(number: int, value: bytes) -> bytes:
+    return bytes([number << 3 | 2, len(value)]) + value
+
+
+MODEL_BODIES = [
+    # (gRPC body, admitted as a call of model "router")
+    (_frame(_field(1, b"router")), True),
+    (_frame(_field(1, b"router") + _field(2, b"1") + bytes([3 << 3 | 0, 0x96, 0x01]) + bytes([4 << 3 | 1]) + b"\0" * 8), True),
+    (_frame(bytes([5 << 3 | 5]) + b"\0" * 4 + _field(1, b"router")), True),
+    (_frame(_field(1, b"classifier")), False),
+    (_frame(_field(1, b"router") + _field(1, b"classifier")), False),  # protobuf keeps the last
+    (_frame(_field(1, b"classifier") + _field(1, b"router")), False),
+    (_frame(_field(1, b"routerx")), False),
+    (_frame(_field(1, b"route")), False),
+    (_frame(_field(2, b"router")), False),  # no model name at all
+    (_frame(b""), False),
+    (_frame(_field(1, b"router"), compressed=1), False),  # compressed: not inspectable
+    (_frame(_field(1, b"router"), length=7), False),  # length prefix disagrees
+    (_frame(_field(1, b"router")) + _frame(_field(1, b"classifier")), False),  # two messages
+    (_frame(bytes([1 << 3 | 2, 50]) + b"router"), False),  # length past the end
+    (_frame(bytes([1 << 3 | 3]) + _field(1, b"router")), False),  # a group: refused
+    (_frame(bytes([0x80] * 11)), False),  # a varint that never ends
+    (b"\0\0\0", False),
+]
+
+
+@pytest.mark.skipif(not _lua_available(), reason=f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
+def test_the_grpc_model_check_admits_the_router_only(tmp_path):
+    """The Lua check itself, in the real nginx, on crafted gRPC bodies (no Triton needed)."""
+    import urllib.request
+
+    from orchestrator.tooling.server import find_free_ports
+
+    (port,) = find_free_ports(1)
+    text = "\n".join([*[f"load_module {F.MODULES_DIR}/{m};" for m in F.LUA_MODULES], "daemon off; pid PIDFILE; error_log stderr warn;",
+                      "events {}", "http { client_body_temp_path BODY; init_by_lua_block {" + F.MODEL_CHECK_LUA + "}",
+                      f"  server {{ listen 127.0.0.1:{port}; client_body_buffer_size 1m; location / {{ content_by_lua_block {{",
+                      "    ngx.req.read_body() ngx.print(frontdoor.model_is(ngx.req.get_body_data(), 'router') and 'yes' or 'no') } } } }"])
+    text = text.replace("PIDFILE", str(tmp_path / "nginx.pid")).replace("BODY", str(tmp_path / "body"))
+    with F.FrontDoor(text, F.Ports("127.0.0.1", port, 0, port), run_dir=tmp_path):
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        for body, admitted in MODEL_BODIES:
+            with opener.open(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body, method="POST"), timeout=10) as r:
+                assert r.read() == (b"yes" if admitted else b"no"), body
+
+
+def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
+    grpc = F.render_default().split("  server {")[2]
+    for line in grpc.splitlines():
+        method = re.search(r"GRPCInferenceService/(\w+)", line)
+        if method:
+            assert ('frontdoor.admit("router")' in line) == (method.group(1) in F.GRPC_MODEL_NAMED), line
+            if method.group(1) in F.GRPC_MODEL_NAMED:
+                assert f"client_body_buffer_size {F.body_limits().grpc};" in line  # the whole body in memory
+    assert "grpc-status 7" in grpc.split("location @not_router")[1].split("\n")[0]
+    off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
+    assert "lua" not in off and "load_module" not in off and "grpc_pass" in off

@@ -1,7 +1,8 @@
 """The CVE gate (issue 27): ``deploy/triton-cves.yaml`` lists Triton CVEs with the NGC release
 that fixes each, where a source names one; :func:`check_base` refuses a
 ``deploy/Dockerfile`` base older than the newest confirmed fix, or released before the month
-after an unconfirmed CVE was published (it cannot hold a later fix). docs/deployment.md,
+after an unconfirmed CVE was published (it cannot hold a later fix); ``make deploy-check``
+runs it (``orchestrator.tooling.deploy``, check ``cve``). docs/deployment.md,
 "Security", holds the same table (:func:`markdown_table`; tests/unit/test_cves.py)."""
 
 from __future__ import annotations
@@ -14,9 +15,15 @@ from typing import List, Optional, Tuple
 
 import yaml
 
-from orchestrator.tooling.deploy import DEPLOY_DIR, DeployError, Finding, base_image
+from orchestrator.tooling.errors import ToolingError
+from orchestrator.tooling.paths import PROJECT_ROOT
 
-CVE_FILE = DEPLOY_DIR / "triton-cves.yaml"
+# Not imported from orchestrator.tooling.deploy, which calls this module's check.
+CVE_FILE = PROJECT_ROOT / "deploy" / "triton-cves.yaml"
+
+
+class CveError(ToolingError):
+    """The CVE table cannot be read; the message names the row and field."""
 _CVE = re.compile(r"^CVE-\d{4}-\d{4,}$")
 _RELEASE = re.compile(r"^(\d\d)\.(\d\d)$")
 
@@ -44,31 +51,31 @@ class Cve:
 
 
 def load_cves(path: Path = CVE_FILE) -> List[Cve]:
-    """The table; :class:`DeployError` naming the row and field that is wrong."""
+    """The table; :class:`CveError` naming the row and field that is wrong."""
     try:
         rows = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
-        raise DeployError(f"{path}: {exc}") from None
+        raise CveError(f"{path}: {exc}") from None
     if not isinstance(rows, list) or not rows:
-        raise DeployError(f"{path}: a list of CVE rows")
+        raise CveError(f"{path}: a list of CVE rows")
     out = []
     for i, row in enumerate(rows):
         where = f"{path}: row {i + 1}"
         if not isinstance(row, dict) or set(row) != {"cve", "cvss", "what", "published", "fixed_in", "source"}:
-            raise DeployError(f"{where}: keys must be cve, cvss, what, published, fixed_in, source")
+            raise CveError(f"{where}: keys must be cve, cvss, what, published, fixed_in, source")
         if not _CVE.match(str(row["cve"])):
-            raise DeployError(f"{where}: cve {row['cve']!r} is not CVE-YYYY-NNNN")
+            raise CveError(f"{where}: cve {row['cve']!r} is not CVE-YYYY-NNNN")
         fixed = row["fixed_in"]
         m = _RELEASE.match(str(fixed)) if fixed is not None else None
         if fixed is not None and not m:
-            raise DeployError(f"{where} ({row['cve']}): fixed_in {fixed!r} is not an NGC release YY.MM (quote it) or null")
+            raise CveError(f"{where} ({row['cve']}): fixed_in {fixed!r} is not an NGC release YY.MM (quote it) or null")
         published = row["published"]
         if published is not None and not isinstance(published, dt.date):
-            raise DeployError(f"{where} ({row['cve']}): published {published!r} is not a date YYYY-MM-DD")
+            raise CveError(f"{where} ({row['cve']}): published {published!r} is not a date YYYY-MM-DD")
         if fixed is None and published is None:
-            raise DeployError(f"{where} ({row['cve']}): neither fixed_in nor published: the gate has nothing to hold a base to")
+            raise CveError(f"{where} ({row['cve']}): neither fixed_in nor published: the gate has nothing to hold a base to")
         if not str(row["source"]).strip():
-            raise DeployError(f"{where} ({row['cve']}): no source")
+            raise CveError(f"{where} ({row['cve']}): no source")
         out.append(Cve(row["cve"], row["cvss"], str(row["what"]), published,
                        (int(m.group(1)), int(m.group(2))) if m else None, str(row["source"])))
     return out
@@ -78,17 +85,16 @@ def minimum_release(cves: List[Cve]) -> Tuple[int, int]:
     return max(c.needs for c in cves)
 
 
-def check_base(deploy_dir: Path = DEPLOY_DIR) -> List[Finding]:
-    """A finding per CVE whose gate the Dockerfile's base release does not pass."""
-    base = base_image(deploy_dir / "Dockerfile")
-    release = base.release
-    findings = []
-    for c in load_cves(deploy_dir / CVE_FILE.name):
+def check_base(reference: str, release: Optional[Tuple[int, int]], path: Path = CVE_FILE) -> List[str]:
+    """A message per CVE whose gate the base image ``reference`` (NGC ``release`` (YY, MM),
+    None when its tag is no release) does not pass."""
+    out = []
+    for c in load_cves(path):
         if release is None or release < c.needs:
             why = (f"fixed in {c.fixed_in[0]}.{c.fixed_in[1]:02d}" if c.fixed_in else
                    f"published {c.published}, fixed release not confirmed: a base released before {c.needs[0]}.{c.needs[1]:02d} cannot hold the fix")
-            findings.append(Finding("cve", "deploy/Dockerfile", f"FROM {base.reference}: {c.cve} {why}"))
-    return findings
+            out.append(f"FROM {reference}: {c.cve} {why}")
+    return out
 
 
 def markdown_table(cves: List[Cve]) -> str:

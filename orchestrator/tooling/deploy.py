@@ -50,7 +50,6 @@ many pinned dependencies never touch the project's. Errors: :class:`DeployError`
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import os
@@ -67,8 +66,11 @@ import yaml
 
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.policy import PolicyError, bind_heads, load_policy
+from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
+from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod  # noqa: F401 (servingruntime_as_pod: its home before)
 from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.prod_overlay import check_prod_images
 from orchestrator.tooling.repository import get_parameter, read_config
 
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
@@ -461,24 +463,6 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
 # KServe for checkov, and the security properties of the manifests
 
 
-def servingruntime_as_pod(doc: dict) -> dict:
-    """The Pod KServe makes of a ``ServingRuntime``'s pod fields (containers, volumes,
-    scheduling), for checkov, which knows no KServe kinds. The runtime's annotations (its
-    ``checkov.io/skipN`` waivers) go with it; the name says where it came from."""
-    spec = doc.get("spec") or {}
-    meta = doc.get("metadata") or {}
-    pod_fields = ("containers", "volumes", "affinity", "nodeSelector", "tolerations", "imagePullSecrets", "hostIPC", "schedulerName")
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"servingruntime-{meta.get('name', 'unnamed')}", "annotations": dict(meta.get("annotations") or {})},
-        "spec": {k: copy.deepcopy(spec[k]) for k in pod_fields if k in spec},
-    }
-    if "namespace" in meta:
-        pod["metadata"]["namespace"] = meta["namespace"]
-    return pod
-
-
 def checkov_files(rendered: dict, where: Path) -> List[Path]:
     """Write each rendered kustomization into ``where`` for checkov, and beside it the Pods
     of its ``ServingRuntime`` documents (``<name>_servingruntime-pods.yaml``)."""
@@ -488,7 +472,6 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
         path = Path(where) / f"{stem}.yaml"
         path.write_text(text)
         files.append(path)
-        from orchestrator.tooling.kserve_pod import predictor_pod  # imports this module
         pods = [predictor_pod(d, documents(text)) for d in documents(text) if d.get("kind") == "ServingRuntime"]
         if pods:
             path = Path(where) / f"{stem}_servingruntime-pods.yaml"
@@ -843,8 +826,10 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
     findings += hadolint(deploy_dir / "Dockerfile", tools) + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)
-    from orchestrator.tooling.deploy_gates import check_gates  # imports this module
-    findings += check_gates(rendered, deploy_dir, prod)
+    findings += [Finding("frontdoor", *f) for f in frontdoor.check_manifests(rendered, deploy_dir)]
+    base = base_image(deploy_dir / "Dockerfile")
+    findings += [Finding("cve", "deploy/Dockerfile", m) for m in cves.check_base(base.reference, base.release, deploy_dir / cves.CVE_FILE.name)]
+    findings += [Finding("prod", *f) for f in check_prod_images(rendered, prod)]
     findings += check_image_files(deploy_dir)
     findings += check_model_configs(repo)
     findings += check_consistency(rendered, deploy_dir, repo)
@@ -882,7 +867,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
         findings = check_all(prod=args.prod)
-    except DeployError as exc:
+    except (DeployError, frontdoor.FrontDoorError, cves.CveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for f in findings:

@@ -15,7 +15,7 @@ client of the router needs and bounds and meters every request:
   ``ModelStreamInfer``) answers UNIMPLEMENTED. ``grpc_model_check: false`` in the quotas file
   drops the Lua check (methods only); ``grpc: false`` closes the gRPC port.
 * Metrics (8002): ``GET /metrics`` only.
-* Bodies (read whole before anything goes to Triton): HTTP up to :func:`orchestrator.tooling.deploy.http_max_input_size` (2 x the
+* Bodies (read whole before anything goes to Triton): HTTP up to the manifests' ``HTTP_MAX_INPUT_SIZE`` (2 x the
   router policy's ``limits.max_request_bytes`` + 64 KiB: JSON escapes texts), gRPC up to
   ``max_request_bytes`` + 64 KiB (binary tensors: 4 bytes of length per text). Over it:
   HTTP 413, gRPC RESOURCE_EXHAUSTED, both saying which limit.
@@ -45,12 +45,27 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from orchestrator.tooling.deploy import DEPLOY_DIR, MODEL_REPOSITORY, ROUTERS, DeployError, http_max_input_size, router_policy
+from orchestrator.runtime.policy import PolicyError, load_policy
+from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.repository import get_parameter, read_config
+
+# Not imported from orchestrator.tooling.deploy, which calls this module's checks.
+DEPLOY_DIR = PROJECT_ROOT / "deploy"
+MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+ROUTERS = ("router",)
+#: HTTP bodies: 2 x max_request_bytes + this, the same bound as the manifests'
+#: HTTP_MAX_INPUT_SIZE (orchestrator.tooling.deploy.http_max_input_size; a test keeps them equal).
+HTTP_HEADROOM = 64 * 1024
+
+
+class FrontDoorError(ToolingError):
+    """The front door cannot be configured or started; the message says what to do."""
+
 
 FRONTDOOR_DIR = DEPLOY_DIR / "k8s" / "base" / "frontdoor"
 QUOTAS_FILE = DEPLOY_DIR / "frontdoor" / "quotas.yaml"
@@ -155,36 +170,36 @@ class Quotas:
 
 def _quota(value: object, where: str) -> Quota:
     if not isinstance(value, dict) or set(value) != {"rate_per_s", "burst"}:
-        raise DeployError(f"{where}: a quota is {{rate_per_s: N, burst: N}}, not {value!r}")
+        raise FrontDoorError(f"{where}: a quota is {{rate_per_s: N, burst: N}}, not {value!r}")
     rate, burst = value["rate_per_s"], value["burst"]
     if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
-        raise DeployError(f"{where}.rate_per_s must be an integer >= 1 (requests per second), not {rate!r}")
+        raise FrontDoorError(f"{where}.rate_per_s must be an integer >= 1 (requests per second), not {rate!r}")
     if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
-        raise DeployError(f"{where}.burst must be an integer >= 0, not {burst!r}")
+        raise FrontDoorError(f"{where}.burst must be an integer >= 0, not {burst!r}")
     return Quota(rate, burst)
 
 
 def parse_quotas(data: object, source: str = "quotas") -> Quotas:
-    """:class:`Quotas` from the quotas file's YAML; :class:`DeployError` naming the key."""
+    """:class:`Quotas` from the quotas file's YAML; :class:`FrontDoorError` naming the key."""
     if not isinstance(data, dict):
-        raise DeployError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
+        raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
     unknown = set(data) - {"client_header", "default", "clients", "grpc", "grpc_model_check"}
     if unknown:
-        raise DeployError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc, grpc_model_check)")
+        raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc, grpc_model_check)")
     header = str(data.get("client_header", "x-client-id")).lower()
     if not _HEADER.match(header):
-        raise DeployError(f"{source}: client_header {header!r} is not a header name (a-z 0-9 -)")
+        raise FrontDoorError(f"{source}: client_header {header!r} is not a header name (a-z 0-9 -)")
     if "default" not in data:
-        raise DeployError(f"{source}: no default quota (for clients without a listed {header})")
+        raise FrontDoorError(f"{source}: no default quota (for clients without a listed {header})")
     clients = {}
     for name, value in (data.get("clients") or {}).items():
         if not isinstance(name, str) or not _NAME.match(name) or name == "default":
-            raise DeployError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
+            raise FrontDoorError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
         clients[name] = _quota(value, f"{source}: clients.{name}")
     grpc, check = data.get("grpc", True), data.get("grpc_model_check", True)
     for key, value in (("grpc", grpc), ("grpc_model_check", check)):
         if not isinstance(value, bool):
-            raise DeployError(f"{source}: {key} must be true or false, not {value!r}")
+            raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
     return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check)
 
 
@@ -192,7 +207,7 @@ def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
     try:
         return parse_quotas(yaml.safe_load(Path(path).read_text()), str(path))
     except (OSError, yaml.YAMLError) as exc:
-        raise DeployError(f"{path}: {exc}") from None
+        raise FrontDoorError(f"{path}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -203,10 +218,20 @@ class Limits:
     grpc: int
 
 
+def max_request_bytes(repo: Path, router: str) -> int:
+    """``limits.max_request_bytes`` of the policy ``router`` reads (its config's parameter
+    ``policy``, default ``policy.yaml``)."""
+    try:
+        name = get_parameter(read_config(Path(repo) / router / "config.pbtxt"), "policy") or "policy.yaml"
+        return load_policy(Path(repo) / router / name).limits.max_request_bytes
+    except (ConfigError, PolicyError, OSError) as exc:
+        raise FrontDoorError(f"router {router!r}: {exc}") from None
+
+
 def body_limits(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> Limits:
     """The front door's body limits from the routers' ``limits.max_request_bytes``."""
-    largest = max(router_policy(Path(repo), r).limits.max_request_bytes for r in routers)
-    return Limits(http_max_input_size(repo, routers), largest + GRPC_HEADROOM)
+    largest = max(max_request_bytes(Path(repo), r) for r in routers)
+    return Limits(2 * largest + HTTP_HEADROOM, largest + GRPC_HEADROOM)
 
 
 @dataclass(frozen=True)
@@ -366,7 +391,7 @@ def check_config(text: str, binary: Optional[str] = None) -> subprocess.Complete
     """``nginx -t`` on ``text`` (its run directory is replaced by a temporary one)."""
     binary = binary or nginx_binary()
     if binary is None:
-        raise DeployError(f"nginx is not installed: {INSTALL_HINT}")
+        raise FrontDoorError(f"nginx is not installed: {INSTALL_HINT}")
     with tempfile.TemporaryDirectory(prefix="frontdoor-") as tmp:
         conf = Path(tmp) / "nginx.conf"
         conf.write_text(re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {tmp}", text))
@@ -386,7 +411,7 @@ class FrontDoor:
     def __init__(self, text: str, ports: Ports, run_dir: Optional[Path] = None, binary: Optional[str] = None):
         self.binary = binary or nginx_binary()
         if self.binary is None:
-            raise DeployError(f"nginx is not installed: {INSTALL_HINT}")
+            raise FrontDoorError(f"nginx is not installed: {INSTALL_HINT}")
         self.ports = ports
         self._tmp = None if run_dir else tempfile.TemporaryDirectory(prefix="frontdoor-")
         self.run_dir = Path(run_dir) if run_dir else Path(self._tmp.name)  # type: ignore[union-attr]
@@ -407,12 +432,12 @@ class FrontDoor:
         wanted = [self.ports.http, self.ports.metrics]
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise DeployError(f"nginx exited ({self.proc.returncode}): {self.log_path.read_text()[-2000:]}")
+                raise FrontDoorError(f"nginx exited ({self.proc.returncode}): {self.log_path.read_text()[-2000:]}")
             if all(_listening(self.ports.listen, p) for p in wanted):
                 return self
             time.sleep(0.05)
         self.stop()
-        raise DeployError(f"nginx did not listen on {wanted} within {timeout} s: {self.log_path.read_text()[-2000:]}")
+        raise FrontDoorError(f"nginx did not listen on {wanted} within {timeout} s: {self.log_path.read_text()[-2000:]}")
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -534,25 +559,24 @@ def _check_pod(pod: dict, ports: Ports = Ports()) -> List[str]:
     return out
 
 
-def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> list:
-    """``make deploy-check``'s front-door findings (:class:`orchestrator.tooling.deploy.Finding`):
-    the configuration in step with the policy and quotas (and ``nginx -t``), every Deployment's
-    pod behind it (Triton on loopback, the front door's ports, its ConfigMap holding the
-    rendered configuration), and ``NO_PROXY`` for loopback in every Triton container."""
-    from orchestrator.tooling.deploy import Finding, documents
-
-    findings = [Finding("frontdoor", "deploy/k8s/base/frontdoor", p) for p in check_rendered(deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf", deploy_dir / "frontdoor" / "quotas.yaml")]
-    expected = (deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf").read_text() if (deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf").exists() else None
+def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> List[Tuple[str, str]]:
+    """``make deploy-check``'s front-door problems as ``(source, message)``: the configuration
+    in step with the policy and quotas (and ``nginx -t``), every Deployment's pod behind it
+    (Triton on loopback, the front door's ports, its ConfigMap holding the rendered
+    configuration), and ``NO_PROXY`` for loopback in every Triton container."""
+    conf = deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf"
+    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, deploy_dir / "frontdoor" / "quotas.yaml")]
+    expected = conf.read_text() if conf.exists() else None
     for rel, text in rendered.items():
-        for doc in documents(text):
+        for doc in (d for d in yaml.safe_load_all(text) if isinstance(d, dict)):
             kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
             if kind == "Deployment":
-                findings += [Finding("frontdoor", rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"])]
+                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"])]
             elif kind == "ServingRuntime":
-                findings += [Finding("frontdoor", rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
+                out += [(rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
             elif kind == "ConfigMap" and name.startswith("orchestrator-frontdoor") and (doc.get("data") or {}).get("nginx.conf") != expected:
-                findings.append(Finding("frontdoor", rel, f"ConfigMap/{name}: nginx.conf is not deploy/k8s/base/frontdoor/nginx.conf"))
-    return findings
+                out.append((rel, f"ConfigMap/{name}: nginx.conf is not deploy/k8s/base/frontdoor/nginx.conf"))
+    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -570,7 +594,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(out)
             return 0
         problems = check_rendered()
-    except DeployError as exc:
+    except FrontDoorError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for p in problems:

@@ -1,6 +1,6 @@
 """The predictor Pod KServe makes of an InferenceService and its ServingRuntime, for checkov
 (which knows no KServe kinds): the runtime's containers and volumes
-(:func:`orchestrator.tooling.deploy.servingruntime_as_pod`) with the predictor's pod-level
+(:func:`servingruntime_as_pod`) with the predictor's pod-level
 fields (``V1beta1PredictorSpec`` embeds a ``PodSpec``: security context, service-account
 token, grace period, scheduling), the model's resources on the first container, and the
 labels KServe puts on predictor pods, so that a NetworkPolicy selecting them is matched."""
@@ -17,12 +17,28 @@ PREDICTOR_POD_FIELDS = ("securityContext", "automountServiceAccountToken", "term
 ISVC_LABEL = "serving.kserve.io/inferenceservice"
 
 
+def servingruntime_as_pod(doc: dict) -> dict:
+    """The Pod KServe makes of a ``ServingRuntime``'s pod fields (containers, volumes,
+    scheduling), for checkov, which knows no KServe kinds. The runtime's annotations (its
+    ``checkov.io/skipN`` waivers) go with it; the name says where it came from."""
+    spec = doc.get("spec") or {}
+    meta = doc.get("metadata") or {}
+    pod_fields = ("containers", "volumes", "affinity", "nodeSelector", "tolerations", "imagePullSecrets", "hostIPC", "schedulerName")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"servingruntime-{meta.get('name', 'unnamed')}", "annotations": dict(meta.get("annotations") or {})},
+        "spec": {k: copy.deepcopy(spec[k]) for k in pod_fields if k in spec},
+    }
+    if "namespace" in meta:
+        pod["metadata"]["namespace"] = meta["namespace"]
+    return pod
+
+
 def predictor_pod(runtime: dict, docs: List[dict]) -> dict:
     """The Pod of ``runtime`` (a ServingRuntime document) as the first InferenceService in
     ``docs`` that names it as ``predictor.model.runtime`` makes it; the runtime's Pod alone
     when none does."""
-    from orchestrator.tooling.deploy import servingruntime_as_pod
-
     pod = servingruntime_as_pod(runtime)
     isvc = _service_of(runtime, docs)
     if isvc is None:

@@ -4,13 +4,12 @@ it, and make deploy-check refusing a base release that cannot hold a listed fix.
 from __future__ import annotations
 
 import re
-import shutil
 
 import pytest
 import yaml
 
 from orchestrator.tooling import cves as C
-from orchestrator.tooling.deploy import DeployError
+from orchestrator.tooling import deploy as D
 from tests.helpers import ROOT
 
 DOC = ROOT / "docs" / "deployment.md"
@@ -29,17 +28,17 @@ def test_every_unconfirmed_fix_says_so_and_every_row_has_a_source():
         assert re.search(r"https?://|bulletin|same as", c.source), c
 
 
-def _deploy_dir(tmp_path, tag):
-    d = tmp_path / "deploy"
-    d.mkdir()
+def _check(tmp_path, tag=None):
+    """The gate's findings on the shipped Dockerfile, its base moved to NGC ``tag``."""
     text = (ROOT / "deploy" / "Dockerfile").read_text()
-    (d / "Dockerfile").write_text(re.sub(r"tritonserver:\d\d\.\d\d-py3", f"tritonserver:{tag}-py3", text))
-    shutil.copy(C.CVE_FILE, d / C.CVE_FILE.name)
-    return d
+    path = tmp_path / "Dockerfile"
+    path.write_text(text if tag is None else re.sub(r"tritonserver:\d\d\.\d\d-py3", f"tritonserver:{tag}-py3", text))
+    base = D.base_image(path)
+    return C.check_base(base.reference, base.release)
 
 
-def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_entry():
-    assert C.check_base() == []
+def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_entry(tmp_path):
+    assert _check(tmp_path) == []
     assert C.minimum_release(C.load_cves()) == (26, 6)  # bulletin 5828 (2026-05-20): the month after
 
 
@@ -48,13 +47,13 @@ def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_entry():
     ("26.04", {"CVE-2026-24146", "CVE-2026-24173", "CVE-2026-24206", "CVE-2026-24207", "CVE-2026-24208", "CVE-2026-24209"}),
 ])
 def test_a_base_released_before_a_bulletin_is_refused(tmp_path, tag, named):
-    findings = C.check_base(_deploy_dir(tmp_path, tag))
-    assert {f.message.split(": ")[1].split()[0] for f in findings} == named
-    assert "fixed release not confirmed" in findings[0].message
+    findings = _check(tmp_path, tag)
+    assert {f.split(": ")[1].split()[0] for f in findings} == named
+    assert "fixed release not confirmed" in findings[0]
 
 
 def test_a_base_older_than_a_confirmed_fix_is_refused(tmp_path):
-    messages = [f.message for f in C.check_base(_deploy_dir(tmp_path, "25.07"))]
+    messages = _check(tmp_path, "25.07")
     assert any("CVE-2025-23316 fixed in 25.08" in m for m in messages), messages
     assert not any("CVE-2025-23310" in m for m in messages)
 
@@ -71,5 +70,5 @@ def test_a_bad_row_is_named(tmp_path, change, words):
     change(rows[0])
     path = tmp_path / "cves.yaml"
     path.write_text(yaml.safe_dump(rows))
-    with pytest.raises(DeployError, match=re.escape(words)):
+    with pytest.raises(C.CveError, match=re.escape(words)):
         C.load_cves(path)

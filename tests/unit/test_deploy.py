@@ -736,22 +736,22 @@ def test_the_pods_sit_behind_the_front_door(schema_check, kind, breaker, message
     assert F.check_manifests(rendered) == []
     rel = "kserve" if kind == "ServingRuntime" else "k8s/overlays/cpu"
     findings = F.check_manifests(_broken(rendered, rel, kind, breaker))
-    assert len(findings) == 1 and message in findings[0].message, findings
+    assert len(findings) == 1 and message in findings[0][1], findings
 
 
 def test_the_prod_overlay_is_by_digest_and_refuses_the_placeholder(schema_check):
-    from orchestrator.tooling import deploy_gates as G
+    from orchestrator.tooling import prod_overlay as G
 
     _, rendered = schema_check
     assert G.check_prod_images(rendered) == []
-    placeholder = G.check_prod_images(rendered, prod=True)
-    assert [f.message.split(":")[0] for f in placeholder] == ["Deployment/orchestrator-triton container triton", "Deployment/orchestrator-triton container frontdoor"]
-    assert all("placeholder digest" in f.message for f in placeholder)
+    placeholder = [m for _, m in G.check_prod_images(rendered, prod=True)]
+    assert [m.split(":")[0] for m in placeholder] == ["Deployment/orchestrator-triton container triton", "Deployment/orchestrator-triton container frontdoor"]
+    assert all("placeholder digest" in m for m in placeholder)
     filled = rendered["k8s/overlays/prod"].replace("sha256:" + "0" * 64, "sha256:" + "ab" * 32)
     assert G.check_prod_images({**rendered, "k8s/overlays/prod": filled}, prod=True) == []
     by_tag = filled.replace("orchestrator-triton@sha256:" + "ab" * 32, "orchestrator-triton:0.1.0", 1)
-    assert "is not REGISTRY/NAME@sha256" in G.check_prod_images({**rendered, "k8s/overlays/prod": by_tag})[0].message
+    assert "is not REGISTRY/NAME@sha256" in G.check_prod_images({**rendered, "k8s/overlays/prod": by_tag})[0][1]
     always = filled.replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Always", 1)
-    assert "not IfNotPresent" in G.check_prod_images({**rendered, "k8s/overlays/prod": always})[0].message
+    assert "not IfNotPresent" in G.check_prod_images({**rendered, "k8s/overlays/prod": always})[0][1]
     dep = find(D.documents(rendered["k8s/overlays/prod"]), "Deployment")
     assert not any(v.startswith("CKV_K8S_43") for v in dep["metadata"]["annotations"].values())  # checkov sees the digest

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.tooling import frontdoor as F
-from orchestrator.tooling.deploy import DeployError, router_policy
+from orchestrator.tooling.deploy import http_max_input_size, router_policy
 from tests.helpers import ROOT
 
 
@@ -24,7 +24,7 @@ def test_body_limits_follow_the_policy():
     largest = router_policy(ROOT / "model_repository", "router").limits.max_request_bytes
     limits = F.body_limits()
     assert limits.grpc == largest + 64 * 1024
-    assert limits.http == 2 * largest + 64 * 1024
+    assert limits.http == 2 * largest + 64 * 1024 == http_max_input_size()  # the manifests' HTTP_MAX_INPUT_SIZE
     text = F.render_default()
     servers = text.split("  server {")[1:]
     assert f"client_max_body_size {limits.http};" in servers[0]
@@ -103,7 +103,7 @@ def test_grpc_false_closes_the_grpc_port():
     ({"default": {"rate_per_s": 1, "burst": 1}, "quota": 3}, "unknown keys ['quota']"),
 ])
 def test_bad_quotas_named(data, words):
-    with pytest.raises(DeployError, match=re.escape(words)):
+    with pytest.raises(F.FrontDoorError, match=re.escape(words)):
         F.parse_quotas(data, "quotas.yaml")
 
 

@@ -383,8 +383,13 @@ def nginx_binary() -> Optional[str]:
     """The nginx binary (``NGINX`` or on PATH, then /usr/sbin/nginx), else None."""
     found = os.environ.get("NGINX") or shutil.which("nginx")
     if found:
-        return found
+        return found if os.access(found, os.X_OK) else None
     return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+
+
+def nginx_ready() -> bool:
+    """nginx and the Lua modules the shipped configuration loads are installed."""
+    return nginx_binary() is not None and all(Path(MODULES_DIR, m).exists() for m in LUA_MODULES)
 
 
 def check_config(text: str, binary: Optional[str] = None) -> subprocess.CompletedProcess:
@@ -506,14 +511,14 @@ def _shown(path: Path) -> str:
 
 def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE) -> List[str]:
     """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``):
-    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx is not
-    installed; ``main`` says so)."""
+    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx or its Lua
+    module is not installed; ``main`` says so)."""
     problems = []
     fresh = render(load_quotas(quotas), body_limits())
     if not Path(path).exists() or Path(path).read_text() != fresh:
         problems.append(f"{_shown(path)} differs from the policy and quotas.yaml: "
                         f"python -m orchestrator.tooling.frontdoor render --out {_shown(path)}")
-    if nginx_binary() is not None:
+    if nginx_ready():
         result = check_config(fresh)
         if result.returncode != 0:
             problems.append(f"nginx -t refuses the front door's configuration: {result.stderr.strip()}")
@@ -599,8 +604,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 1
     for p in problems:
         print(p)
-    if nginx_binary() is None:
-        print(f"nginx -t not run: nginx is not installed ({INSTALL_HINT})")
+    if not nginx_ready():
+        print(f"nginx -t not run: nginx or its Lua module is not installed ({INSTALL_HINT})")
     return 1 if problems else 0
 
 

@@ -17,7 +17,6 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,7 +28,7 @@ from orchestrator.tooling.server import TritonServer, find_free_ports
 
 pytestmark = pytest.mark.server
 
-if F.nginx_binary() is None or not all(Path(F.MODULES_DIR, m).exists() for m in F.LUA_MODULES):
+if not F.nginx_ready():
     pytest.skip(f"nginx or its Lua module is not installed: {F.INSTALL_HINT}", allow_module_level=True)
 
 import tritonclient.grpc as grpcclient  # noqa: E402

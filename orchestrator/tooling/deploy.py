@@ -50,7 +50,6 @@ many pinned dependencies never touch the project's. Errors: :class:`DeployError`
 from __future__ import annotations
 
 import argparse
-import copy
 import hashlib
 import json
 import os
@@ -67,14 +66,17 @@ import yaml
 
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.policy import PolicyError, bind_heads, load_policy
+from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
+from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod  # noqa: F401 (servingruntime_as_pod: its home before)
 from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.prod_overlay import check_prod_images
 from orchestrator.tooling.repository import get_parameter, read_config
 
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 #: What ``kubectl apply -k`` is pointed at (relative to ``deploy/``).
-KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "kserve")
+KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "k8s/overlays/prod", "kserve")
 #: The configurations the image loads: config.pbtxt (gpu overlay, KServe) and embedded (cpu).
 CONFIG_NAMES = ("", "embedded")
 #: The routers the shipped manifests serve.
@@ -461,24 +463,6 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
 # KServe for checkov, and the security properties of the manifests
 
 
-def servingruntime_as_pod(doc: dict) -> dict:
-    """The Pod KServe makes of a ``ServingRuntime``'s pod fields (containers, volumes,
-    scheduling), for checkov, which knows no KServe kinds. The runtime's annotations (its
-    ``checkov.io/skipN`` waivers) go with it; the name says where it came from."""
-    spec = doc.get("spec") or {}
-    meta = doc.get("metadata") or {}
-    pod_fields = ("containers", "volumes", "affinity", "nodeSelector", "tolerations", "imagePullSecrets", "hostIPC", "schedulerName")
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": f"servingruntime-{meta.get('name', 'unnamed')}", "annotations": dict(meta.get("annotations") or {})},
-        "spec": {k: copy.deepcopy(spec[k]) for k in pod_fields if k in spec},
-    }
-    if "namespace" in meta:
-        pod["metadata"]["namespace"] = meta["namespace"]
-    return pod
-
-
 def checkov_files(rendered: dict, where: Path) -> List[Path]:
     """Write each rendered kustomization into ``where`` for checkov, and beside it the Pods
     of its ``ServingRuntime`` documents (``<name>_servingruntime-pods.yaml``)."""
@@ -488,7 +472,7 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
         path = Path(where) / f"{stem}.yaml"
         path.write_text(text)
         files.append(path)
-        pods = [servingruntime_as_pod(d) for d in documents(text) if d.get("kind") == "ServingRuntime"]
+        pods = [predictor_pod(d, documents(text)) for d in documents(text) if d.get("kind") == "ServingRuntime"]
         if pods:
             path = Path(where) / f"{stem}_servingruntime-pods.yaml"
             path.write_text(yaml.safe_dump_all(pods, sort_keys=False))
@@ -499,10 +483,13 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
 #: The readiness the manifests must probe: the router's own (``/v2/health/ready`` under
 #: --strict-readiness goes NotReady when an optional on-demand load fails).
 READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
-LIVE_PATH = "/v2/health/live"
+#: Liveness is the router's readiness too (/v2/health/live stays 200 with the router gone),
+#: failing for longer than a repair or a router reload takes (docs/deployment.md, "Security").
+LIVENESS_MIN_S = 120
 #: What the clients and Prometheus may reach (NetworkPolicy ingress).
 CLIENT_PORTS = {8000, 8001}
 METRICS_PORT = 8002
+KSERVE_PORTS = {8012, 8080, 9000}  # Knative's queue-proxy, the runtime's HTTP and gRPC
 
 
 def _workloads(doc: dict):
@@ -520,7 +507,11 @@ def _workloads(doc: dict):
 
 
 def _probe_path(container: dict, probe: str) -> Optional[str]:
-    return ((container.get(probe) or {}).get("httpGet") or {}).get("path")
+    p = container.get(probe) or {}
+    if "exec" in p:  # Triton behind the front door: probed on loopback
+        m = re.search(r"http://(?:127\.0\.0\.1|localhost):\d+(/[^'\" )]*)", " ".join(p["exec"].get("command") or []))
+        return m.group(1) if m else None
+    return (p.get("httpGet") or {}).get("path")
 
 
 def _mounted_volume(container: dict, volumes: list, path: str) -> Optional[dict]:
@@ -559,8 +550,9 @@ def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one
         bad(f"readinessProbe must be {READY_PATH} (the router's own readiness), not {_probe_path(container, 'readinessProbe')}")
     if _probe_path(container, "startupProbe") != READY_PATH:
         bad(f"startupProbe must be {READY_PATH}, not {_probe_path(container, 'startupProbe')}")
-    if _probe_path(container, "livenessProbe") != LIVE_PATH:
-        bad(f"livenessProbe must be {LIVE_PATH}, not {_probe_path(container, 'livenessProbe')}")
+    live = container.get("livenessProbe") or {}
+    if _probe_path(container, "livenessProbe") != READY_PATH or live.get("periodSeconds", 10) * live.get("failureThreshold", 3) < LIVENESS_MIN_S:
+        bad(f"livenessProbe must be {READY_PATH} for at least {LIVENESS_MIN_S} s (periodSeconds x failureThreshold), not {_probe_path(container, 'livenessProbe')}")
     shm = _mounted_volume(container, volumes, "/dev/shm")
     if not shm or (shm.get("emptyDir") or {}).get("medium") != "Memory":
         bad("/dev/shm is not a memory emptyDir (the Python backend's shared memory; the runtime's default is 64 MiB)")
@@ -597,8 +589,8 @@ def _check_network_policy(source: str, doc: dict) -> List[Finding]:  # noqa: C90
         ports = {p.get("port") for p in rule.get("ports") or []}
         if not peers:
             bad(f"ingress[{i}] admits every source")
-        if not ports or not ports <= CLIENT_PORTS | {METRICS_PORT}:
-            bad(f"ingress[{i}] ports {sorted(ports, key=str) or 'all'}: only {sorted(CLIENT_PORTS | {METRICS_PORT})}")
+        if not ports or not ports <= CLIENT_PORTS | KSERVE_PORTS | {METRICS_PORT}:
+            bad(f"ingress[{i}] ports {sorted(ports, key=str) or 'all'}: only {sorted(CLIENT_PORTS | KSERVE_PORTS | {METRICS_PORT})}")
         for peer in peers or []:
             selector = peer.get("namespaceSelector")
             if selector is not None and not (selector.get("matchLabels") or selector.get("matchExpressions")):
@@ -639,7 +631,7 @@ def check_security(rendered: dict) -> List[Finding]:
             findings += _check_workload(rel, doc)
             if doc.get("kind") == "NetworkPolicy":
                 findings += _check_network_policy(rel, doc)
-        if "Deployment" in kinds and "NetworkPolicy" not in kinds:
+        if kinds & {"Deployment", "ServingRuntime"} and "NetworkPolicy" not in kinds:
             findings.append(Finding("security", rel, "no NetworkPolicy"))
     return findings
 
@@ -829,7 +821,7 @@ def build_sbom(tools: Tools, out: Path, deploy_dir: Path = DEPLOY_DIR) -> Path:
 
 
 def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
-              progress=None) -> List[Finding]:
+              prod: bool = False, progress=None) -> List[Finding]:
     """Every check of the module docstring; returns the findings (empty: all passed).
     ``progress``: called with the name of each check as it starts (``make deploy-check``
     prints them)."""
@@ -841,8 +833,16 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     findings, rendered = check_schemas(tools, deploy_dir)
     say("checkov: manifests and Dockerfile")
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
-        findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile"], tools)
-    for name, run in (("hadolint: Dockerfile", lambda: hadolint(deploy_dir / "Dockerfile", tools)),
+        findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
+    base = base_image(deploy_dir / "Dockerfile")
+    for name, run in (("hadolint: Dockerfiles", lambda: hadolint(deploy_dir / "Dockerfile", tools)
+                       + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)),
+                      ("front door: proxy sidecar, ports, config", lambda: [Finding("frontdoor", *f)
+                                                                            for f in frontdoor.check_manifests(rendered, deploy_dir)]),
+                      ("CVE gate: base release against deploy/triton-cves.yaml", lambda: [
+                          Finding("cve", "deploy/Dockerfile", m)
+                          for m in cves.check_base(base.reference, base.release, deploy_dir / cves.CVE_FILE.name)]),
+                      ("production overlay: images by digest", lambda: [Finding("prod", *f) for f in check_prod_images(rendered, prod)]),
                       ("image files: what the Dockerfile copies and runs", lambda: check_image_files(deploy_dir)),
                       ("model configs", lambda: check_model_configs(repo)),
                       ("consistency: manifests, image and model repository", lambda: check_consistency(rendered, deploy_dir, repo)),
@@ -859,7 +859,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     lm = sub.add_parser("load-models", help="print LOAD_MODELS: the routers and the models their policies keep loaded")
     lm.add_argument("--repo", default=str(MODEL_REPOSITORY))
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
-    sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)")
+    sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)").add_argument(
+        "--prod", action="store_true", help="also refuse the production overlay's placeholder digests")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
     lk = sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into {IMAGE_LOCK} (pinned, hashed)")
     lk.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "deploy"),
@@ -884,8 +885,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
-        findings = check_all(progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
-    except DeployError as exc:
+        findings = check_all(prod=args.prod, progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
+    except (DeployError, frontdoor.FrontDoorError, cves.CveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for f in findings:

@@ -218,6 +218,7 @@ class _KServeSchemas:
 #: (apiVersion, kind) -> (where the schema comes from, how to build it)
 CRDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("cloudcoil-models-prometheus-operator", "cloudcoil.models.prometheus_operator.v1"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"): ("cloudcoil-models-prometheus-operator", "cloudcoil.models.prometheus_operator.v1"),
     ("keda.sh/v1alpha1", "ScaledObject"): ("cloudcoil-models-keda", "cloudcoil.models.keda.v1alpha1"),
     ("serving.kserve.io/v1beta1", "InferenceService"): ("kserve SDK", "V1beta1InferenceService"),
     ("serving.kserve.io/v1alpha1", "ServingRuntime"): ("kserve SDK", "V1alpha1ServingRuntime"),

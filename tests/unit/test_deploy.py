@@ -91,9 +91,12 @@ def test_overlays_set_what_each_target_needs(schema_check):
     for docs in (cpu, gpu, keda):
         pod = find(docs, "Deployment")["spec"]["template"]["spec"]
         c = pod["containers"][0]
-        assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-        # the router's own readiness, not "every loaded model" (/v2/health/ready, strict)
-        assert c["readinessProbe"]["httpGet"]["path"] == c["startupProbe"]["httpGet"]["path"] == "/v2/models/router/ready"
+        # Triton on loopback behind the front door: probed there; the router's own readiness,
+        # not "every loaded model" (/v2/health/ready, strict); liveness the same for 3 minutes
+        for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+            assert D._probe_path(c, probe) == "/v2/models/router/ready", probe
+            assert "'http://127.0.0.1:18000/v2/models/router/ready'" in c[probe]["exec"]["command"][-1]
+        assert c["livenessProbe"]["periodSeconds"] * c["livenessProbe"]["failureThreshold"] == 180
         pre_stop = int(c["lifecycle"]["preStop"]["exec"]["command"][-1])
         # in-flight requests finish: the grace period outlasts preStop + Triton's exit timeout
         assert pod["terminationGracePeriodSeconds"] > pre_stop + int(env(docs)["EXIT_TIMEOUT_SECS"])
@@ -137,7 +140,7 @@ def test_a_broken_manifest_file_fails_the_check_in_every_overlay(tools, tmp_path
     base.write_text(base.read_text().replace("readinessProbe:", "readinesProbe:"))
     findings, _ = D.check_schemas(tools, deploy)
     broken = {f.source for f in findings if "readinesProbe" in f.message}
-    assert broken == {f"{o} (rendered)" for o in ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda")} | {
+    assert broken == {f"{o} (rendered)" for o in ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "k8s/overlays/prod")} | {
         "deploy/k8s/base/deployment.yaml"
     }
 
@@ -158,10 +161,10 @@ def test_checkov_finds_nothing_and_every_waiver_has_a_reason(schema_check, tools
     pods = [f for f in files if f.name.endswith("_servingruntime-pods.yaml")]
     assert [f.name for f in pods] == ["kserve_servingruntime-pods.yaml"]
     assert [d["kind"] for d in D.documents(pods[0].read_text())] == ["Pod"]
-    assert D.checkov(files + [DEPLOY / "Dockerfile"], tools) == []
+    assert D.checkov(files + [DEPLOY / "Dockerfile", DEPLOY / "frontdoor" / "Dockerfile"], tools) == []
     docs = D.documents(rendered["k8s/overlays/gpu"]) + D.documents(rendered["kserve"])
     waivers = [v for d in docs for k, v in (d["metadata"].get("annotations") or {}).items() if k.startswith("checkov.io/skip")]
-    assert len(waivers) >= 7 and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
+    assert len(waivers) >= 4 and all(re.match(r"^CKV\w*_\d+=\S.{20,}", w) for w in waivers)
 
 
 def test_checkov_scans_the_servingruntime(schema_check, tools, tmp_path):
@@ -535,7 +538,7 @@ def test_the_manifests_close_the_control_plane_and_the_network(schema_check):
     runtime = find(D.documents(rendered["kserve"]), "ServingRuntime")["spec"]
     c = runtime["containers"][0]
     assert c["readinessProbe"]["httpGet"] == c["startupProbe"]["httpGet"] == {"path": "/v2/models/router/ready", "port": 8080}
-    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/models/router/ready" and c["livenessProbe"]["failureThreshold"] == 18
     assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     shm = next(v for v in runtime["volumes"] if v["name"] == "dshm")
     assert shm["emptyDir"]["medium"] == "Memory"
@@ -562,7 +565,9 @@ SECURITY_BREAKS = [
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["ingress"][0]["from"][0].update(namespaceSelector={}), "admits every namespace"),
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"].update(policyTypes=["Ingress"]), "policyTypes must hold Ingress and Egress"),
     ("k8s/overlays/gpu", "NetworkPolicy", lambda d: d["spec"]["egress"][1]["to"][0]["ipBlock"].update(cidr="0.0.0.0/0"), "reaches every address"),
-    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"].update(path="/v2/health/ready"), "readinessProbe must be /v2/models/router/ready"),
+    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(readinessProbe={"httpGet": {"path": "/v2/health/ready", "port": 8000}}), "readinessProbe must be /v2/models/router"),
+    ("k8s/overlays/gpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["livenessProbe"].update(failureThreshold=3), "livenessProbe must be /v2/models/router/ready for at least 120 s"),
+    ("kserve", "ServingRuntime", lambda d: d["spec"]["containers"][0].update(livenessProbe={"httpGet": {"path": "/v2/health/live", "port": 8080}}), "livenessProbe must be /v2/models/router/ready"),
     ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "TRITON_ADMIN_UNRESTRICTED", "value": "1"}), "opens the admin APIs"),
     ("k8s/overlays/cpu", "Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0]["env"].append({"name": "ADMIN_KEY", "value": "hunter2hunter2hunter2"}), "holds a literal value"),
     ("kserve", "ServingRuntime", lambda d: d["spec"]["volumes"].pop(0), "/dev/shm is not a memory emptyDir"),
@@ -689,11 +694,87 @@ def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
             return ([], {}) if _name == "check_schemas" else []
         monkeypatch.setattr(D, name, fake)
     monkeypatch.setattr(D, "checkov_files", lambda rendered, tmp: [])
+    for owner, name in ((D.frontdoor, "check_manifests"), (D.cves, "check_base"), (D, "check_prod_images")):
+        monkeypatch.setattr(owner, name, lambda *args, _name=name, **kwargs: calls.append(_name) or [])
+    monkeypatch.setattr(D, "base_image", lambda path: __import__("types").SimpleNamespace(reference="x", release="26.08"))
     monkeypatch.setattr(D, "ensure_tools", lambda **kwargs: calls.append("ensure_tools") or object())
     said = []
     assert D.check_all(progress=said.append) == []
-    assert calls[0] == "ensure_tools" and len(said) == len(calls)  # one message before each step
+    assert calls[0] == "ensure_tools" and len(said) == len(calls) - 1  # one message before each step (hadolint runs twice, one step)
     assert said[0].startswith("validators") and said[1].startswith("schemas") and said[-1].startswith("supply chain")
     assert D.main(["check"]) == 0
     err = capsys.readouterr().err
-    assert "deploy check: hadolint: Dockerfile ..." in err and "deploy check: model configs ..." in err
+    assert "deploy check: hadolint: Dockerfiles ..." in err and "deploy check: model configs ..." in err
+
+
+# ----------------------------------------------------------------------------- KServe at parity (issue 27)
+
+
+def test_the_predictor_pod_is_at_parity_with_the_deployment(schema_check, tools, tmp_path):
+    """checkov on the predictor Pod KServe makes of the ServingRuntime and the
+    InferenceService: no waiver on security context, token, namespace or NetworkPolicy,
+    and each of them fails when taken away."""
+    _, rendered = schema_check
+    docs = D.documents(rendered["kserve"])
+    runtime = find(docs, "ServingRuntime")
+    waived = {v.split("=")[0] for k, v in runtime["metadata"]["annotations"].items() if k.startswith("checkov.io/skip")}
+    assert waived == {"CKV_K8S_43", "CKV_K8S_40"}  # the same two as the Deployment's
+    pod = __import__("orchestrator.tooling.kserve_pod", fromlist=["x"]).predictor_pod(runtime, docs)
+    assert pod["spec"]["automountServiceAccountToken"] is False and pod["spec"]["securityContext"]["runAsNonRoot"]
+    assert pod["metadata"]["labels"]["serving.kserve.io/inferenceservice"] == find(docs, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]["serving.kserve.io/inferenceservice"]
+    c = pod["spec"]["containers"][0]
+    assert "/" in c["image"].split(":")[0] and c["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "10"]
+    assert pod["spec"]["terminationGracePeriodSeconds"] > 10 + 30
+
+    predictor = find(docs, "InferenceService")["spec"]["predictor"]
+    predictor["automountServiceAccountToken"] = True
+    predictor.pop("securityContext")
+    docs = [d for d in docs if d["kind"] != "NetworkPolicy"]
+    files = D.checkov_files({"kserve": yaml.safe_dump_all(docs)}, tmp_path)
+    failed = {f.message.split()[0] for f in D.checkov(files, tools, frameworks=("kubernetes",)) if "pods" in f.source}
+    assert {"CKV_K8S_38", "CKV2_K8S_6"} <= failed, failed
+    assert "no NetworkPolicy" in " ".join(f.message for f in D.check_security({"kserve": yaml.safe_dump_all(docs)}))
+
+
+def _triton_env(d, name, value):
+    env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+    next(e for e in env if e["name"] == name)["value"] = value
+
+
+FRONTDOOR_BREAKS = [
+    ("Deployment", lambda d: _triton_env(d, "BIND_ADDRESS", "0.0.0.0"), "triton BIND_ADDRESS='0.0.0.0'"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"].pop(1), "no frontdoor container"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][0].update(ports=[{"containerPort": 18000}]), "container triton exposes ports"),
+    ("Deployment", lambda d: _triton_env(d, "NO_PROXY", "10.0.0.0/8"), "NO_PROXY must list 127.0.0.1, localhost"),
+    ("ServingRuntime", lambda d: d["spec"]["containers"][0]["env"].pop(), "no_proxy must list"),
+    ("ConfigMap", lambda d: d["data"].update({"nginx.conf": d["data"]["nginx.conf"].replace("client_max_body_size", "#")}), "nginx.conf is not"),
+]
+
+
+@pytest.mark.parametrize("kind,breaker,message", FRONTDOOR_BREAKS)
+def test_the_pods_sit_behind_the_front_door(schema_check, kind, breaker, message):
+    from orchestrator.tooling import frontdoor as F
+
+    _, rendered = schema_check
+    assert F.check_manifests(rendered) == []
+    rel = "kserve" if kind == "ServingRuntime" else "k8s/overlays/cpu"
+    findings = F.check_manifests(_broken(rendered, rel, kind, breaker))
+    assert len(findings) == 1 and message in findings[0][1], findings
+
+
+def test_the_prod_overlay_is_by_digest_and_refuses_the_placeholder(schema_check):
+    from orchestrator.tooling import prod_overlay as G
+
+    _, rendered = schema_check
+    assert G.check_prod_images(rendered) == []
+    placeholder = [m for _, m in G.check_prod_images(rendered, prod=True)]
+    assert [m.split(":")[0] for m in placeholder] == ["Deployment/orchestrator-triton container triton", "Deployment/orchestrator-triton container frontdoor"]
+    assert all("placeholder digest" in m for m in placeholder)
+    filled = rendered["k8s/overlays/prod"].replace("sha256:" + "0" * 64, "sha256:" + "ab" * 32)
+    assert G.check_prod_images({**rendered, "k8s/overlays/prod": filled}, prod=True) == []
+    by_tag = filled.replace("orchestrator-triton@sha256:" + "ab" * 32, "orchestrator-triton:0.1.0", 1)
+    assert "is not REGISTRY/NAME@sha256" in G.check_prod_images({**rendered, "k8s/overlays/prod": by_tag})[0][1]
+    always = filled.replace("imagePullPolicy: IfNotPresent", "imagePullPolicy: Always", 1)
+    assert "not IfNotPresent" in G.check_prod_images({**rendered, "k8s/overlays/prod": always})[0][1]
+    dep = find(D.documents(rendered["k8s/overlays/prod"]), "Deployment")
+    assert not any(v.startswith("CKV_K8S_43") for v in dep["metadata"]["annotations"].values())  # checkov sees the digest

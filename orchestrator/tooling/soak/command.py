@@ -32,6 +32,8 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "grpc://host:port (or host:port, protocol found by asking); the fault steps that need "
                              "its processes or change its models are not run (the report says which and why)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the timeline")
+    parser.add_argument("--front-door", action="store_true",
+                        help="send the clients' requests through the front door (nginx, docs/deployment.md); needs nginx")
     return parser
 
 
@@ -47,6 +49,8 @@ def config_from_args(args: argparse.Namespace):
         changes["max_duration_s"] = args.max_duration
     if getattr(args, "max_requests", None):
         changes["max_requests"] = args.max_requests
+    if getattr(args, "front_door", False):
+        changes["front_door"] = True
     if getattr(args, "seed", None) is not None:
         changes["seed"] = args.seed
     return dataclasses.replace(config, **changes)

@@ -33,6 +33,8 @@ LATENCY_RATIO = 2.0
 RSS_GROWTH_BYTES = 50 * 2**20
 OVERSIZED_AT_ONCE_S = 1.0
 INVALID_ARG = ("400", "StatusCode.INVALID_ARGUMENT")  # HTTP status, gRPC status code
+#: The front door's refusal of a body over its limit (--front-door; docs/deployment.md).
+FRONT_DOOR_TOO_LARGE = ("413", "StatusCode.RESOURCE_EXHAUSTED")
 
 
 def latency_stats(latencies_s: Sequence[float]) -> dict:
@@ -140,10 +142,12 @@ def recovery(records: Sequence[Record], kill_time: Optional[float], pool, margin
             "to_fast_s": round(min(to_fast), 3) if to_fast else None}
 
 
-def oversized_summary(items: Sequence[Mapping]) -> dict:
-    """The oversized requests: how many, refused with INVALID_ARG, their latency, the
-    messages, and the probes sent while one was in flight."""
-    invalid = [o for o in items if o.get("outcome") == "error" and o.get("status") in INVALID_ARG]
+def oversized_summary(items: Sequence[Mapping], front_door: bool = False) -> dict:
+    """The oversized requests: how many, refused with INVALID_ARG (or, through the front
+    door, its size refusal), their latency, the messages, and the probes sent while one
+    was in flight."""
+    refused = INVALID_ARG + (FRONT_DOOR_TOO_LARGE if front_door else ())
+    invalid = [o for o in items if o.get("outcome") == "error" and o.get("status") in refused]
     overlapped = [o for o in items if o.get("probe_sent_in_flight")]
     return {
         "sent": len(items),
@@ -251,7 +255,7 @@ def summarize(result: Mapping, command: str = "orchestrator soak") -> dict:
                                 for r in records if r.mismatched_ids][:10],
         "recovery": {**recovery(records, result.get("kill_time"), pool, result.get("margin")),
                      "new_stub": result.get("new_stub"), "heals": list(result.get("heals") or [])},
-        "oversized": oversized_summary(result.get("oversized") or []),
+        "oversized": oversized_summary(result.get("oversized") or [], bool((result.get("config") or {}).get("front_door"))),
         "rss": dict(result.get("rss") or {}),
         "events": result["events"],
         "skipped": result.get("skipped") or [],

@@ -82,7 +82,9 @@ class SoakConfig:
     ``http_threads`` / ``grpc_threads``: client threads per protocol, each sending one
     request after another; ``client_timeout_s``: a request with no response by then is
     LOST; ``n_short`` / ``n_long``: texts in the pool; ``oversized_bytes``: size of the
-    oversized text (8 MiB); ``seed``: texts and requests are drawn from it.
+    oversized text (8 MiB); ``seed``: texts and requests are drawn from it;
+    ``front_door``: the clients go through nginx (``--front-door``), the faults straight to
+    the server.
     """
 
     http_threads: int = 4
@@ -96,6 +98,7 @@ class SoakConfig:
     oversized_count: int = 20
     oversized_bytes: int = 8 * 1024 * 1024
     client_timeout_s: float = 30.0
+    front_door: bool = False
     max_duration_s: float = 600.0
     max_requests: int = 200_000
     n_short: int = 400
@@ -252,7 +255,8 @@ class Soak:
 
         from orchestrator.runtime.control import repair_config
 
-        client = grpcclient.InferenceServerClient(self.server.grpc_url)
+        # the server's own port, also behind the front door (which does not admit the admin APIs)
+        client = grpcclient.InferenceServerClient(getattr(self.server, "admin_grpc_url", self.server.grpc_url))
         headers = self.server.control_headers("grpc")
         try:
             if action == "reload":
@@ -524,7 +528,17 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
                 client.close()
             log(f"[soak] healthy reference for {len(pool.references)} texts; pool {pool.summary()}")
             stack = read_stack(server, embedded=True)
-            result = Soak(server, config, pool, margin, log).run()
+            target = server
+            if config.front_door:  # the clients through nginx (orchestrator.tooling.frontdoor)
+                from orchestrator.tooling.frontdoor import start_in_front_of
+
+                target = start_in_front_of(server, repo=repo)
+                log(f"[soak] clients through the front door (nginx) at {target.http_url} and {target.grpc_url}")
+            try:
+                result = Soak(target, config, pool, margin, log).run()
+            finally:
+                if target is not server:
+                    target.door.stop()
         finally:
             server.stop()
         result.update(pool=pool, margin=margin, models=models, server_log=str(server.log_path), stack=stack)

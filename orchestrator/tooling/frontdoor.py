@@ -1,0 +1,613 @@
+"""The front door: an nginx front proxy in the Triton pod (issue 27; docs/deployment.md,
+"The front door").
+
+Triton listens on loopback only; clients reach it through nginx, which admits only what a
+client of the router needs and bounds and meters every request:
+
+* HTTP (``listen`` port 8000): ``GET /v2/health/live``, ``/v2/health/ready``, ``/v2``
+  (server metadata), ``GET /v2/models/router[/versions/N]`` (metadata) and ``.../ready``,
+  ``POST .../infer``. Everything else: 404 (403 for another method).
+* gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata`` of
+  ``inference.GRPCInferenceService``, and ``ModelReady``, ``ModelMetadata``, ``ModelInfer``
+  for the router only: the model name is read from the protobuf body by a small Lua check
+  (:data:`MODEL_CHECK_LUA`, nginx's Lua module); another model answers PERMISSION_DENIED.
+  Every other method (repository, config, statistics, shared memory, trace, logging,
+  ``ModelStreamInfer``) answers UNIMPLEMENTED. ``grpc_model_check: false`` in the quotas file
+  drops the Lua check (methods only); ``grpc: false`` closes the gRPC port.
+* Metrics (8002): ``GET /metrics`` only.
+* Bodies (read whole before anything goes to Triton): HTTP up to the manifests' ``HTTP_MAX_INPUT_SIZE`` (2 x the
+  router policy's ``limits.max_request_bytes`` + 64 KiB: JSON escapes texts), gRPC up to
+  ``max_request_bytes`` + 64 KiB (binary tensors: 4 bytes of length per text). Over it:
+  HTTP 413, gRPC RESOURCE_EXHAUSTED, both saying which limit.
+* Quotas: token buckets (nginx ``limit_req``, ``nodelay``) per client named by the header
+  ``x-client-id`` (``deploy/frontdoor/quotas.yaml``); a request without a listed
+  name is metered per source address at the default rate. Over quota: HTTP 429, gRPC
+  RESOURCE_EXHAUSTED, both saying it is the client's quota. Health and readiness are not
+  metered (the kubelet's probes must never be refused for a busy client).
+
+``python -m orchestrator.tooling.frontdoor render [--out PATH]`` writes the configuration
+(default ``.cache/frontdoor/nginx.conf``; the manifests' copy is
+``deploy/k8s/base/frontdoor/nginx.conf``: ``--out`` it there after changing the policy or the
+quotas), ``check`` compares the manifests' copy with a fresh render and runs ``nginx -t``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import yaml
+
+from orchestrator.runtime.policy import PolicyError, load_policy
+from orchestrator.tooling.errors import ConfigError, ToolingError
+from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.repository import get_parameter, read_config
+
+# Not imported from orchestrator.tooling.deploy, which calls this module's checks.
+DEPLOY_DIR = PROJECT_ROOT / "deploy"
+MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
+ROUTERS = ("router",)
+#: HTTP bodies: 2 x max_request_bytes + this, the same bound as the manifests'
+#: HTTP_MAX_INPUT_SIZE (orchestrator.tooling.deploy.http_max_input_size; a test keeps them equal).
+HTTP_HEADROOM = 64 * 1024
+
+
+class FrontDoorError(ToolingError):
+    """The front door cannot be configured or started; the message says what to do."""
+
+
+FRONTDOOR_DIR = DEPLOY_DIR / "k8s" / "base" / "frontdoor"
+QUOTAS_FILE = DEPLOY_DIR / "frontdoor" / "quotas.yaml"
+RENDERED_FILE = FRONTDOOR_DIR / "nginx.conf"
+#: gRPC body headroom over ``max_request_bytes``: 4 bytes of length per text, the protobuf
+#: framing and the other inputs (same allowance as Triton's HTTP limit's headroom).
+GRPC_HEADROOM = 64 * 1024
+GRPC_SERVICE = "inference.GRPCInferenceService"
+#: gRPC methods a client of the router needs; metered ones first.
+GRPC_METERED = ("ModelInfer", "ModelMetadata", "ServerMetadata")
+GRPC_UNMETERED = ("ServerLive", "ServerReady", "ModelReady")
+#: The gRPC methods whose request names a model in field 1 (``model_name`` of
+#: ``ModelInferRequest``, ``name`` of ``ModelMetadataRequest`` and ``ModelReadyRequest``):
+#: with ``model_check``, admitted for the router only.
+GRPC_MODEL_NAMED = ("ModelInfer", "ModelMetadata", "ModelReady")
+#: Debian's dynamic modules (libnginx-mod-http-lua, which pulls libnginx-mod-http-ndk).
+MODULES_DIR = "/usr/lib/nginx/modules"
+LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
+
+#: The gRPC model check (lua-nginx-module, run in nginx's access phase on the whole body,
+#: which ``client_max_body_size`` has already bounded): one uncompressed gRPC message whose
+#: length prefix matches the body, a protobuf whose top-level fields all parse, and field 1
+#: present and equal to the admitted model every time it occurs (protobuf keeps the last).
+#: Anything else: 403, answered as gRPC PERMISSION_DENIED.
+MODEL_CHECK_LUA = r"""
+    frontdoor = {}
+    function frontdoor.model_is(body, want)
+      if not body or #body < 5 or string.byte(body, 1) ~= 0 then return false end
+      local b2, b3, b4, b5 = string.byte(body, 2, 5)
+      local n = #body
+      if ((b2 * 256 + b3) * 256 + b4) * 256 + b5 ~= n - 5 then return false end
+      local i, seen = 6, false
+      local function varint()
+        local v, scale = 0, 1
+        for _ = 1, 10 do
+          local c = string.byte(body, i)
+          if not c then return nil end
+          i = i + 1
+          v = v + (c % 128) * scale
+          if c < 128 then return v end
+          scale = scale * 128
+        end
+        return nil
+      end
+      while i <= n do
+        local key = varint()
+        if not key then return false end
+        local field, wire = math.floor(key / 8), key % 8
+        if wire == 0 then
+          if not varint() then return false end
+        elseif wire == 1 then
+          i = i + 8
+        elseif wire == 5 then
+          i = i + 4
+        elseif wire == 2 then
+          local len = varint()
+          if not len or i + len - 1 > n then return false end
+          if field == 1 then
+            if string.sub(body, i, i + len - 1) ~= want then return false end
+            seen = true
+          end
+          i = i + len
+        else
+          return false
+        end
+        if i > n + 1 then return false end
+      end
+      return seen
+    end
+    function frontdoor.admit(want)
+      ngx.req.read_body()
+      if not frontdoor.model_is(ngx.req.get_body_data(), want) then return ngx.exit(403) end
+    end
+"""
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+_HEADER = re.compile(r"^[a-z0-9-]{1,64}$")
+INSTALL_HINT = ("apt-get install nginx-light libnginx-mod-http-lua (Debian/Ubuntu; nginx >= 1.19.5 with the http_v2 "
+                "module, and the Lua module for the gRPC model check)")
+
+
+@dataclass(frozen=True)
+class Quota:
+    """A token bucket: ``rate`` requests per second sustained, ``burst`` more at once."""
+
+    rate: int
+    burst: int
+
+
+@dataclass(frozen=True)
+class Quotas:
+    """The quotas file: the identity header, the default quota (per source address, for a
+    request without a listed client name) and each named client's quota; ``grpc``: whether
+    the gRPC port is open; ``model_check``: whether gRPC calls that name a model are
+    admitted for the router only (needs nginx's Lua module), else by method only."""
+
+    header: str
+    default: Quota
+    clients: Dict[str, Quota] = field(default_factory=dict)
+    grpc: bool = True
+    model_check: bool = True
+
+
+def _quota(value: object, where: str) -> Quota:
+    if not isinstance(value, dict) or set(value) != {"rate_per_s", "burst"}:
+        raise FrontDoorError(f"{where}: a quota is {{rate_per_s: N, burst: N}}, not {value!r}")
+    rate, burst = value["rate_per_s"], value["burst"]
+    if not isinstance(rate, int) or isinstance(rate, bool) or rate < 1:
+        raise FrontDoorError(f"{where}.rate_per_s must be an integer >= 1 (requests per second), not {rate!r}")
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 0:
+        raise FrontDoorError(f"{where}.burst must be an integer >= 0, not {burst!r}")
+    return Quota(rate, burst)
+
+
+def parse_quotas(data: object, source: str = "quotas") -> Quotas:
+    """:class:`Quotas` from the quotas file's YAML; :class:`FrontDoorError` naming the key."""
+    if not isinstance(data, dict):
+        raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
+    unknown = set(data) - {"client_header", "default", "clients", "grpc", "grpc_model_check"}
+    if unknown:
+        raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} (client_header, default, clients, grpc, grpc_model_check)")
+    header = str(data.get("client_header", "x-client-id")).lower()
+    if not _HEADER.match(header):
+        raise FrontDoorError(f"{source}: client_header {header!r} is not a header name (a-z 0-9 -)")
+    if "default" not in data:
+        raise FrontDoorError(f"{source}: no default quota (for clients without a listed {header})")
+    clients = {}
+    for name, value in (data.get("clients") or {}).items():
+        if not isinstance(name, str) or not _NAME.match(name) or name == "default":
+            raise FrontDoorError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
+        clients[name] = _quota(value, f"{source}: clients.{name}")
+    grpc, check = data.get("grpc", True), data.get("grpc_model_check", True)
+    for key, value in (("grpc", grpc), ("grpc_model_check", check)):
+        if not isinstance(value, bool):
+            raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check)
+
+
+def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
+    try:
+        return parse_quotas(yaml.safe_load(Path(path).read_text()), str(path))
+    except (OSError, yaml.YAMLError) as exc:
+        raise FrontDoorError(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Request-body limits in bytes."""
+
+    http: int
+    grpc: int
+
+
+def max_request_bytes(repo: Path, router: str) -> int:
+    """``limits.max_request_bytes`` of the policy ``router`` reads (its config's parameter
+    ``policy``, default ``policy.yaml``)."""
+    try:
+        name = get_parameter(read_config(Path(repo) / router / "config.pbtxt"), "policy") or "policy.yaml"
+        return load_policy(Path(repo) / router / name).limits.max_request_bytes
+    except (ConfigError, PolicyError, OSError) as exc:
+        raise FrontDoorError(f"router {router!r}: {exc}") from None
+
+
+def body_limits(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> Limits:
+    """The front door's body limits from the routers' ``limits.max_request_bytes``."""
+    largest = max(max_request_bytes(Path(repo), r) for r in routers)
+    return Limits(2 * largest + HTTP_HEADROOM, largest + GRPC_HEADROOM)
+
+
+@dataclass(frozen=True)
+class Ports:
+    """Where nginx listens (``listen``: address; the three ports) and Triton's loopback ports."""
+
+    listen: str = "0.0.0.0"
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+    triton_http: int = 18000
+    triton_grpc: int = 18001
+    triton_metrics: int = 18002
+
+
+def _grpc_answer(status: int, message: str) -> str:
+    # A trailers-only gRPC answer: HTTP 200 headers with grpc-status and END_STREAM.
+    return (f'default_type application/grpc; add_header grpc-status {status} always; '
+            f'add_header grpc-message "{message}" always; return 204;')
+
+
+def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: str = "/tmp/nginx",
+           router: str = ROUTERS[0], workers: int = 2, modules_dir: str = MODULES_DIR) -> str:
+    """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
+    request-body buffers (an emptyDir in the pod)."""
+    h = quotas.header.replace("-", "_")
+    names = sorted(quotas.clients)
+    out: List[str] = [
+        "# The front door (docs/deployment.md, \"The front door\"). Generated by",
+        "#   python -m orchestrator.tooling.frontdoor render --out deploy/k8s/base/frontdoor/nginx.conf",
+        "# from the router policy's limits.max_request_bytes and quotas.yaml: do not edit by hand",
+        "# (make deploy-check and tests/unit/test_frontdoor.py compare it with a fresh render).",
+        f"worker_processes {workers};",
+        *([f"load_module {modules_dir}/{m};" for m in LUA_MODULES] if quotas.grpc and quotas.model_check else []),
+        f"pid {run_dir}/nginx.pid;",
+        "error_log stderr warn;",
+        "daemon off;",
+        "events { worker_connections 4096; }",
+        "http {",
+        "  server_tokens off;",
+        "  access_log off;",
+        f"  client_body_temp_path {run_dir}/body;",
+        f"  proxy_temp_path {run_dir}/proxy;",
+        f"  fastcgi_temp_path {run_dir}/fastcgi;",
+        f"  uwsgi_temp_path {run_dir}/uwsgi;",
+        f"  scgi_temp_path {run_dir}/scgi;",
+        "  client_body_buffer_size 1m;",
+        "  # Triton answers when the request is done; on-demand loads can take minutes.",
+        "  proxy_read_timeout 600s; proxy_send_timeout 600s; grpc_read_timeout 600s; grpc_send_timeout 600s;",
+        "  # Pooled client connections stay open: a close after nginx's default 1000 requests races",
+        "  # the client's next request on it (HTTP clients see a reset, gRPC a GOAWAY).",
+        "  keepalive_requests 1000000; keepalive_timeout 620s;",
+        "  proxy_http_version 1.1;",
+        "  proxy_set_header Connection \"\";",
+        f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
+        f"  upstream triton_grpc {{ server 127.0.0.1:{ports.triton_grpc}; keepalive 32; }}",
+        f"  # Client identity: the {quotas.header} header when it names a listed client, else 'default'.",
+        f"  map $http_{h} $frontdoor_client {{",
+        "    default default;",
+        *[f"    \"{n}\" \"{n}\";" for n in names],
+        "  }",
+        "  map $frontdoor_client $frontdoor_quota {",
+        f"    default \"{quotas.default.rate} requests/s, burst {quotas.default.burst}, per source address\";",
+        *[f"    \"{n}\" \"{quotas.clients[n].rate} requests/s, burst {quotas.clients[n].burst}\";" for n in names],
+        "  }",
+        "  # One token bucket zone per client (a zone has one rate); an empty key is not metered.",
+        f"  map $http_{h} $quota_key_default {{",
+        "    default $binary_remote_addr;",
+        *[f"    \"{n}\" \"\";" for n in names],
+        "  }",
+        f"  limit_req_zone $quota_key_default zone=quota_default:10m rate={quotas.default.rate}r/s;",
+    ]
+    metered = [f"limit_req zone=quota_default burst={quotas.default.burst} nodelay;"]
+    for i, n in enumerate(names):
+        q = quotas.clients[n]
+        out += [f"  map $http_{h} $quota_key_{i} {{ default \"\"; \"{n}\" \"{n}\"; }}",
+                f"  limit_req_zone $quota_key_{i} zone=quota_{i}:1m rate={q.rate}r/s;"]
+        metered.append(f"limit_req zone=quota_{i} burst={q.burst} nodelay;")
+    meter = " ".join(metered)
+    quota_text = f"quota exceeded: client $frontdoor_client ({quotas.header}) is over its quota of $frontdoor_quota (front door)"
+    v = r"(/versions/[0-9]+)?"
+    too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
+    out += [
+        "  limit_req_status 429;",
+        "  limit_req_log_level warn;",
+        *(["  init_by_lua_block {" + MODEL_CHECK_LUA.rstrip() + "\n  }"] if quotas.grpc and quotas.model_check else []),
+        "",
+        "  server {",
+        f"    listen {ports.listen}:{ports.http};",
+        f"    client_max_body_size {limits.http};",
+        "    error_page 429 @quota;",
+        "    error_page 413 @too_large;",
+        f"    location @quota {{ default_type application/json; return 429 '{{\"error\":\"{quota_text}\"}}'; }}",
+        f"    location @too_large {{ default_type application/json; return 413 '{{\"error\":\"{too_large}\"}}'; }}",
+        "    location = /v2/health/live { limit_except GET { deny all; } proxy_pass http://triton_http; }",
+        "    location = /v2/health/ready { limit_except GET { deny all; } proxy_pass http://triton_http; }",
+        f"    location = /v2 {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http; }}",
+        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only the {router} model (infer, metadata, ready) and server health\"}}'; }}",
+        "  }",
+    ]
+    def _check(method: str) -> str:
+        if not (quotas.model_check and method in GRPC_MODEL_NAMED):
+            return ""
+        # the whole body in memory (bounded by client_max_body_size) for the Lua check
+        return f"client_body_buffer_size {limits.grpc}; access_by_lua_block {{ frontdoor.admit(\"{router}\") }} "
+
+    if quotas.grpc:
+        out += [
+            "",
+            "  server {",
+            f"    listen {ports.listen}:{ports.grpc} http2;",
+            f"    client_max_body_size {limits.grpc};",
+            "    error_page 429 = @quota;",
+            "    error_page 413 = @too_large;",
+            f"    location @quota {{ {_grpc_answer(8, quota_text)} }}",
+            f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
+            "    error_page 403 = @not_router;",
+            f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only the {router} model')} }}",
+            *[f"    location = /{GRPC_SERVICE}/{m} {{ {meter + ' ' if m in GRPC_METERED else ''}{_check(m)}grpc_pass grpc://triton_grpc; }}"
+              for m in GRPC_METERED + GRPC_UNMETERED],
+            f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
+            "  }",
+        ]
+    out += [
+        "",
+        "  server {",
+        f"    listen {ports.listen}:{ports.metrics};",
+        f"    location = /metrics {{ limit_except GET {{ deny all; }} proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
+        "    location / { return 404; }",
+        "  }",
+        "}",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def render_default(ports: Ports = Ports(), **kwargs) -> str:
+    """The manifests' configuration: the shipped quotas and the shipped router's policy."""
+    return render(load_quotas(), body_limits(), ports, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------
+# nginx itself
+
+
+def nginx_binary() -> Optional[str]:
+    """The nginx binary (``NGINX`` or on PATH, then /usr/sbin/nginx), else None."""
+    found = os.environ.get("NGINX") or shutil.which("nginx")
+    if found:
+        return found if os.access(found, os.X_OK) else None
+    return "/usr/sbin/nginx" if os.access("/usr/sbin/nginx", os.X_OK) else None
+
+
+def nginx_ready() -> bool:
+    """nginx and the Lua modules the shipped configuration loads are installed."""
+    return nginx_binary() is not None and all(Path(MODULES_DIR, m).exists() for m in LUA_MODULES)
+
+
+def check_config(text: str, binary: Optional[str] = None) -> subprocess.CompletedProcess:
+    """``nginx -t`` on ``text`` (its run directory is replaced by a temporary one)."""
+    binary = binary or nginx_binary()
+    if binary is None:
+        raise FrontDoorError(f"nginx is not installed: {INSTALL_HINT}")
+    with tempfile.TemporaryDirectory(prefix="frontdoor-") as tmp:
+        conf = Path(tmp) / "nginx.conf"
+        conf.write_text(re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {tmp}", text))
+        return subprocess.run([binary, "-t", "-q", "-e", "stderr", "-p", tmp, "-c", str(conf)],
+                              capture_output=True, text=True, timeout=60)
+
+
+class FrontDoor:
+    """nginx with a rendered configuration, as a child process (tests and the soak).
+
+    Usage::
+
+        with FrontDoor(render(quotas, limits, Ports("127.0.0.1", 9000, ...))) as door:
+            ...
+    """
+
+    def __init__(self, text: str, ports: Ports, run_dir: Optional[Path] = None, binary: Optional[str] = None):
+        self.binary = binary or nginx_binary()
+        if self.binary is None:
+            raise FrontDoorError(f"nginx is not installed: {INSTALL_HINT}")
+        self.ports = ports
+        self._tmp = None if run_dir else tempfile.TemporaryDirectory(prefix="frontdoor-")
+        self.run_dir = Path(run_dir) if run_dir else Path(self._tmp.name)  # type: ignore[union-attr]
+        self.text = re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {self.run_dir}", text)
+        # Started as root, nginx's workers run as nobody and must reach their body buffers.
+        self.run_dir.chmod(0o711)
+        self.proc: Optional[subprocess.Popen] = None
+        self.log_path = self.run_dir / "nginx.log"
+
+    def start(self, timeout: float = 15.0) -> "FrontDoor":
+        conf = self.run_dir / "nginx.conf"
+        conf.write_text(self.text)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([self.binary, "-e", "stderr", "-p", str(self.run_dir), "-c", str(conf)],
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        wanted = [self.ports.http, self.ports.metrics]
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise FrontDoorError(f"nginx exited ({self.proc.returncode}): {self.log_path.read_text()[-2000:]}")
+            if all(_listening(self.ports.listen, p) for p in wanted):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise FrontDoorError(f"nginx did not listen on {wanted} within {timeout} s: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGQUIT)  # graceful: finish what was accepted
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> "FrontDoor":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class ThroughFrontDoor:
+    """A :class:`~orchestrator.tooling.server.TritonServer` seen through a started
+    :class:`FrontDoor`: ``http_url``/``grpc_url`` are the front door's, ``admin_grpc_url``
+    the server's own (the admin APIs are not admitted through the door); everything else
+    is the server's (``pid``, ``control_headers``, ``log_path``, ...). The soak's
+    ``--front-door`` mode."""
+
+    def __init__(self, server, door: FrontDoor):
+        self._server, self.door = server, door
+        host = "127.0.0.1" if door.ports.listen in ("0.0.0.0", "") else door.ports.listen
+        self.http_url = f"{host}:{door.ports.http}"
+        self.grpc_url = f"{host}:{door.ports.grpc}"
+        self.admin_grpc_url = server.grpc_url
+
+    def __getattr__(self, name: str):
+        return getattr(self._server, name)
+
+
+def start_in_front_of(server, quotas: Optional[Quotas] = None, repo: Optional[Path] = None) -> ThroughFrontDoor:
+    """Start nginx on free loopback ports in front of a started ``server`` with the body
+    limits of ``repo``'s router policy (default: the server's repository) and ``quotas``
+    (default: one client at 100000 requests/s, i.e. no quota in the way)."""
+    from orchestrator.tooling.server import find_free_ports
+
+    http, grpc, metrics = find_free_ports(3)
+    ports = Ports("127.0.0.1", http, grpc, metrics, server.http_port, server.grpc_port, server.metrics_port)
+    quotas = quotas or Quotas("x-client-id", Quota(100000, 100000))
+    door = FrontDoor(render(quotas, body_limits(Path(repo or server.model_repository)), ports, workers=1), ports).start()
+    return ThroughFrontDoor(server, door)
+
+
+def _listening(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host if host not in ("0.0.0.0", "") else "127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(PROJECT_ROOT))
+    except ValueError:
+        return str(path)
+
+
+def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE) -> List[str]:
+    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``):
+    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx or its Lua
+    module is not installed; ``main`` says so)."""
+    problems = []
+    fresh = render(load_quotas(quotas), body_limits())
+    if not Path(path).exists() or Path(path).read_text() != fresh:
+        problems.append(f"{_shown(path)} differs from the policy and quotas.yaml: "
+                        f"python -m orchestrator.tooling.frontdoor render --out {_shown(path)}")
+    if nginx_ready():
+        result = check_config(fresh)
+        if result.returncode != 0:
+            problems.append(f"nginx -t refuses the front door's configuration: {result.stderr.strip()}")
+    return problems
+
+
+LOOPBACK_NO_PROXY = ("127.0.0.1", "localhost")
+
+
+def _env(container: dict) -> Dict[str, str]:
+    return {e.get("name"): str(e.get("value", "")) for e in container.get("env") or []}
+
+
+def _no_proxy_problems(container: dict) -> List[str]:
+    env = _env(container)
+    return [f"{var} must list {', '.join(LOOPBACK_NO_PROXY)} (a cluster-wide proxy must not see loopback calls), not {env.get(var)!r}"
+            for var in ("NO_PROXY", "no_proxy") if not set(LOOPBACK_NO_PROXY) <= set((env.get(var) or "").split(","))]
+
+
+def _check_pod(pod: dict, ports: Ports = Ports()) -> List[str]:
+    """What is wrong with a Deployment's pod behind the front door (messages)."""
+    containers = pod.get("containers") or []
+    triton = containers[0] if containers else {}
+    door = next((c for c in containers if c.get("name") == "frontdoor"), None)
+    out = []
+    if door is None:
+        return ["no frontdoor container: Triton would face the clients itself"]
+    env = _env(triton)
+    want = {"BIND_ADDRESS": "127.0.0.1", "HTTP_PORT": str(ports.triton_http), "GRPC_PORT": str(ports.triton_grpc),
+            "METRICS_PORT": str(ports.triton_metrics)}
+    out += [f"triton {k}={env.get(k)!r}, the front door expects {v!r}" for k, v in want.items() if env.get(k) != v]
+    out += _no_proxy_problems(triton)
+    exposed = {(p.get("name"), p.get("containerPort")) for p in door.get("ports") or []}
+    if exposed != {("http", ports.http), ("grpc", ports.grpc), ("metrics", ports.metrics)}:
+        out.append(f"frontdoor ports {sorted(exposed, key=str)}: http {ports.http}, grpc {ports.grpc}, metrics {ports.metrics}")
+    out += [f"container {c.get('name')} exposes ports: only the front door may" for c in containers if c is not door and c.get("ports")]
+    mounts = {m.get("mountPath"): m.get("name") for m in door.get("volumeMounts") or []}
+    volume = next((v for v in pod.get("volumes") or [] if v.get("name") == mounts.get("/etc/orchestrator-frontdoor")), {})
+    if not (volume.get("configMap") or {}).get("name", "").startswith("orchestrator-frontdoor"):
+        out.append("frontdoor does not mount the ConfigMap orchestrator-frontdoor at /etc/orchestrator-frontdoor")
+    if "/tmp/nginx" not in mounts:
+        out.append("frontdoor has no writable /tmp/nginx (pid file, request bodies) under a read-only root")
+    return out
+
+
+def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> List[Tuple[str, str]]:
+    """``make deploy-check``'s front-door problems as ``(source, message)``: the configuration
+    in step with the policy and quotas (and ``nginx -t``), every Deployment's pod behind it
+    (Triton on loopback, the front door's ports, its ConfigMap holding the rendered
+    configuration), and ``NO_PROXY`` for loopback in every Triton container."""
+    conf = deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf"
+    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, deploy_dir / "frontdoor" / "quotas.yaml")]
+    expected = conf.read_text() if conf.exists() else None
+    for rel, text in rendered.items():
+        for doc in (d for d in yaml.safe_load_all(text) if isinstance(d, dict)):
+            kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
+            if kind == "Deployment":
+                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"])]
+            elif kind == "ServingRuntime":
+                out += [(rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
+            elif kind == "ConfigMap" and name.startswith("orchestrator-frontdoor") and (doc.get("data") or {}).get("nginx.conf") != expected:
+                out.append((rel, f"ConfigMap/{name}: nginx.conf is not deploy/k8s/base/frontdoor/nginx.conf"))
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.frontdoor", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("render", help="write the nginx configuration from the policy and the quotas")
+    r.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "frontdoor" / "nginx.conf"))
+    sub.add_parser("check", help=f"compare {_shown(RENDERED_FILE)} with a fresh render; nginx -t")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "render":
+            out = Path(args.out)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(render_default())
+            print(out)
+            return 0
+        problems = check_rendered()
+    except FrontDoorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for p in problems:
+        print(p)
+    if not nginx_ready():
+        print(f"nginx -t not run: nginx or its Lua module is not installed ({INSTALL_HINT})")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The front door (issue 27): the real nginx, configured by
+``orchestrator.tooling.frontdoor.render`` from the repository's router policy, in front of the
+embedded tritonserver on loopback ports, with the admin APIs restricted as in the image.
+
+Checked through it, over HTTP and gRPC: the router answers; an oversized body is refused
+before Triton runs anything (the router's statistics do not move); a direct classifier call
+(gRPC too: the Lua model check) and the admin APIs are refused; one client over its quota gets 429 / RESOURCE_EXHAUSTED
+saying so while another keeps its full rate; under a bounded load from several threads no
+response is lost, duplicated or different from Triton's own answer.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling.client import text_inputs
+from orchestrator.tooling.deploy import always_on_models
+from orchestrator.tooling.server import TritonServer, find_free_ports
+
+pytestmark = pytest.mark.server
+
+if not F.nginx_ready():
+    pytest.skip(f"nginx or its Lua module is not installed: {F.INSTALL_HINT}", allow_module_level=True)
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+QUOTAS = F.Quotas("x-client-id", F.Quota(100, 100), {
+    "slow": F.Quota(2, 3),
+    "fast": F.Quota(1000, 1000),
+    "load": F.Quota(10000, 10000),
+})
+
+
+@pytest.fixture(scope="module")
+def stack(test_repository):
+    key = secrets.token_hex(16)
+    t_http, t_grpc, t_metrics, p_http, p_grpc, p_metrics = find_free_ports(6)
+    server = TritonServer(test_repository, models=always_on_models(test_repository), http_port=t_http,
+                          grpc_port=t_grpc, metrics_port=t_metrics, control_key=key)
+    server.start()
+    ports = F.Ports("127.0.0.1", p_http, p_grpc, p_metrics, t_http, t_grpc, t_metrics)
+    limits = F.body_limits(test_repository)
+    door = F.FrontDoor(F.render(QUOTAS, limits, ports, workers=1), ports)
+    try:
+        door.start()
+        yield server, door, limits
+    finally:
+        door.stop()
+        server.stop()
+
+
+def http(port: int, path: str, method: str = "GET", body: bytes | None = None, client: str | None = None):
+    """``(status, body)`` of one request, no proxy."""
+    headers = {"Content-Type": "application/json"}
+    if client:
+        headers["x-client-id"] = client
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method=method, headers=headers)
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(request, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def router_counts(server: TritonServer) -> int:
+    """Requests the router has seen (success + fail), from Triton's statistics extension."""
+    stats = server.client().get_inference_statistics("router", headers=server.control_headers("http"))
+    s = stats["model_stats"][0]["inference_stats"]
+    return int(s["success"]["count"]) + int(s["fail"]["count"])
+
+
+def classifier_counts(server: TritonServer) -> int:
+    stats = server.client().get_inference_statistics("classifier", headers=server.control_headers("http"))
+    s = stats["model_stats"][0]["inference_stats"]
+    return int(s["success"]["count"]) + int(s["fail"]["count"])
+
+
+def infer_body(texts, request_id: str = "") -> bytes:
+    return json.dumps({"id": request_id, "inputs": [
+        {"name": "TEXT", "shape": [len(texts), 1], "datatype": "BYTES", "data": list(texts)},
+        {"name": "THRESHOLD", "shape": [len(texts), 1], "datatype": "FP32", "data": [0.5] * len(texts)},
+    ]}).encode()
+
+
+def grpc_client(door: F.FrontDoor, client_id: str | None = None):
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{door.ports.grpc}", channel_args=[("grpc.enable_http_proxy", 0)])
+
+
+def grpc_headers(client_id: str | None):
+    return {"x-client-id": client_id} if client_id else None
+
+
+def test_router_answers_through_the_front_door_over_http_and_grpc(stack):
+    server, door, _ = stack
+    status, body = http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["great hotel, lovely staff"], "h1"))
+    assert status == 200, body
+    direct = http(server.http_port, "/v2/models/router/infer", "POST", infer_body(["great hotel, lovely staff"], "h1"))
+    assert json.loads(body)["outputs"] == json.loads(direct[1])["outputs"]
+    assert http(door.ports.http, "/v2/models/router/ready")[0] == 200
+    assert http(door.ports.http, "/v2/health/live")[0] == 200
+    assert http(door.ports.http, "/v2/models/router")[0] == 200
+    c = grpc_client(door)
+    try:
+        assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("router")
+        assert c.get_model_metadata("router").name == "router"
+        result = c.infer("router", text_inputs(grpcclient, ["great hotel, lovely staff"]), request_id="g1")
+        assert result.get_response().id == "g1"
+        assert result.as_numpy("LABELS") is not None or result.get_response().outputs
+    finally:
+        c.close()
+    metrics = http(door.ports.metrics, "/metrics")
+    assert metrics[0] == 200 and "nv_inference_request_success" in metrics[1]
+
+
+def test_oversized_body_refused_before_triton_on_http(stack):
+    server, door, limits = stack
+    before = router_counts(server)
+    text = "a" * (limits.http + 1024)
+    status, body = http(door.ports.http, "/v2/models/router/infer", "POST", infer_body([text]))
+    assert status == 413, body
+    assert f"front door limit of {limits.http} bytes" in body
+    assert router_counts(server) == before, "Triton saw the oversized request"
+    # A large request within the limits (2 MB: past nginx's in-memory body buffer) is served.
+    status, body = http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["x" * 50000] * 40))
+    assert status == 200 and len(json.loads(body)["outputs"][0]["data"]) == 40, body[:300]
+
+
+def test_oversized_body_refused_before_triton_on_grpc(stack):
+    server, door, limits = stack
+    before = router_counts(server)
+    c = grpc_client(door)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("router", text_inputs(grpcclient, ["a" * (limits.grpc + 1024)]))
+    finally:
+        c.close()
+    assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED", info.value
+    assert f"front door limit of {limits.grpc} bytes" in info.value.message()
+    assert router_counts(server) == before, "Triton saw the oversized request"
+    # Just under the limit reaches the router, which applies its own per-text limit.
+    c = grpc_client(door)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("router", text_inputs(grpcclient, ["a" * (limits.grpc - 4096)]))
+    finally:
+        c.close()
+    assert "max_text_bytes" in info.value.message(), info.value
+    assert router_counts(server) == before + 1
+
+
+def test_direct_classifier_and_admin_calls_refused(stack):
+    server, door, _ = stack
+    ids = np.ones((1, 8), dtype=np.int64).tolist()
+    body = json.dumps({"inputs": [{"name": "input_ids", "shape": [1, 8], "datatype": "INT64", "data": ids}]}).encode()
+    assert http(server.http_port, "/v2/models/classifier/ready")[0] == 200  # Triton itself would answer
+    for path, method, data in [("/v2/models/classifier/infer", "POST", body), ("/v2/models/classifier/ready", "GET", None),
+                               ("/v2/models/classifier/versions/1/infer", "POST", body),
+                               ("/v2/models/router/../classifier/infer", "POST", body),
+                               ("/v2/models/%63lassifier/infer", "POST", body),
+                               ("/v2/repository/index", "POST", b"{}"), ("/v2/models/router/config", "GET", None),
+                               ("/v2/models/router/stats", "GET", None), ("/v2/repository/models/router/unload", "POST", b"{}"),
+                               ("/v2/models/router/generate", "POST", b"{}"), ("/v2/systemsharedmemory/status", "GET", None)]:
+        status, text = http(door.ports.http, path, method, data)
+        assert status in (400, 404), (path, status, text)
+    status, text = http(door.ports.http, "/v2/models/classifier/infer", "POST", body)
+    assert "not admitted by the front door" in text
+    assert http(door.ports.http, "/v2/models/router/infer", "GET")[0] == 403  # wrong method
+    before = classifier_counts(server)
+    c = grpc_client(door)
+    try:
+        ids = grpcclient.InferInput("input_ids", [1, 8], "INT64")
+        ids.set_data_from_numpy(np.ones((1, 8), dtype=np.int64))
+        for call in (lambda: c.infer("classifier", [ids]), lambda: c.get_model_metadata("classifier"),
+                     lambda: c.is_model_ready("classifier"), lambda: c.infer("classifier", [ids], model_version="1")):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+            assert "only the router model" in info.value.message()
+        assert c.is_model_ready("router") and c.get_model_metadata("router").name == "router"
+    finally:
+        c.close()
+    assert classifier_counts(server) == before, "Triton ran the classifier for a client"
+    c = grpc_client(door)
+    try:
+        for call in (lambda: c.get_model_repository_index(), lambda: c.get_model_config("router"),
+                     lambda: c.get_inference_statistics("router"), lambda: c.unload_model("router"),
+                     lambda: c.get_system_shared_memory_status()):
+            with pytest.raises(InferenceServerException) as info:
+                call()
+            assert info.value.status() == "StatusCode.UNIMPLEMENTED", info.value
+            assert "not admitted by the front door" in info.value.message()
+    finally:
+        c.close()
+    assert c is not None and server.is_ready()
+
+
+def test_one_client_over_quota_refused_while_another_keeps_its_rate(stack):
+    _, door, _ = stack
+    results: dict[str, list] = {"slow": [], "fast": []}
+
+    def burst(client: str) -> None:
+        for _ in range(20):
+            results[client].append(http(door.ports.http, "/v2/models/router", client=client))
+
+    threads = [threading.Thread(target=burst, args=(c,)) for c in results]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    slow_ok = [s for s, _ in results["slow"] if s == 200]
+    refused = [b for s, b in results["slow"] if s == 429]
+    assert 3 <= len(slow_ok) <= 8 and len(slow_ok) + len(refused) == 20, results["slow"]
+    assert "quota exceeded: client slow (x-client-id)" in refused[0] and "2 requests/s, burst 3" in refused[0]
+    assert [s for s, _ in results["fast"]] == [200] * 20
+    c = grpc_client(door)
+    try:
+        codes = []
+        for _ in range(10):
+            try:
+                c.get_model_metadata("router", headers=grpc_headers("slow"))
+                codes.append("OK")
+            except InferenceServerException as exc:
+                codes.append(exc.status())
+                message = exc.message()
+        assert "StatusCode.RESOURCE_EXHAUSTED" in codes, codes
+        assert "quota exceeded: client slow" in message
+        assert all(c2 in ("OK", "StatusCode.RESOURCE_EXHAUSTED") for c2 in codes)
+        for _ in range(10):
+            c.get_model_metadata("router", headers=grpc_headers("fast"))
+    finally:
+        c.close()
+
+
+def test_no_response_lost_or_duplicated_under_load(stack):
+    server, door, _ = stack
+    texts = [f"review {i}: the room was {'clean' if i % 2 else 'dirty'} and the staff {'kind' if i % 3 else 'rude'}" for i in range(40)]
+    expected = {}
+    for i, t in enumerate(texts):
+        expected[i] = json.loads(http(server.http_port, "/v2/models/router/infer", "POST", infer_body([t], f"x{i}"))[1])["outputs"]
+
+    def one(n: int):
+        i = n % len(texts)
+        if n % 2:
+            status, body = http(door.ports.http, "/v2/models/router/infer", "POST", infer_body([texts[i]], f"h{n}"), client="load")
+            assert status == 200, body
+            data = json.loads(body)
+            return data["id"], data["outputs"] == expected[i]
+        c = grpc_client(door)
+        try:
+            r = c.infer("router", text_inputs(grpcclient, [texts[i]]), request_id=f"g{n}", headers=grpc_headers("load"))
+        finally:
+            c.close()
+        want = {o["name"]: np.array(o["data"]) for o in expected[i]}
+        same = all(np.array_equal(r.as_numpy(k).reshape(-1).astype(v.dtype) if r.as_numpy(k).dtype != object
+                                  else np.char.decode(r.as_numpy(k).reshape(-1).astype(bytes)), v) for k, v in want.items())
+        return r.get_response().id, same
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(160)))
+    ids = [a for a, _ in answers]
+    assert sorted(ids) == sorted([f"h{n}" if n % 2 else f"g{n}" for n in range(160)]), "lost or duplicated responses"
+    assert all(same for _, same in answers), "a response differs from Triton's own answer"

@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.tooling.modeling.parity.calibration import add_calibrate_arguments, calibrate_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command
     from orchestrator.tooling.soak.command import add_soak_arguments, soak_command
+    from orchestrator.tooling.tune import add_tune_arguments, tune_command
 
     add_subcommand(sub, "policy", "check a routing policy file, or show the one a router runs", add_policy_arguments, policy_command)
     add_subcommand(sub, "env", "build, verify and install the models' execution environment", add_env_arguments, env_command)
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                    add_parity_arguments, parity_command)
     add_subcommand(sub, "calibrate", "fit temperature scaling of a classifier on labeled texts (head.json calibration)",
                    add_calibrate_arguments, calibrate_command)
+    add_subcommand(sub, "tune", "choose a policy's cascade margins and chunk stop_margin from labeled texts (curves, tuned policy)",
+                   add_tune_arguments, tune_command)
     add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
                    add_bench_arguments, bench_command)
     add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/reliability.md)", add_soak_arguments, soak_command)

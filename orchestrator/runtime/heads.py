@@ -109,9 +109,9 @@ class Head:
 
     @property
     def temperature(self) -> Optional[NDArray[Any]]:
-        """The calibration's temperature(s), float64 [1] or [K] (multilabel), or None
+        """Temperatures of the calibration, float64 [1] or [K] (multilabel), or None
         without calibration."""
-        t: Optional[NDArray[Any]] = getattr(self, "_temperature")
+        t: Optional[NDArray[Any]] = self._temperature  # type: ignore[attr-defined]  # set in __post_init__
         return t
 
     # -- shapes and names

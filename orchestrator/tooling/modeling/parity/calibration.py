@@ -39,7 +39,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -408,3 +408,59 @@ def calibrate_command(args: argparse.Namespace) -> int:
                                       "\n(not written: add --write to store it in head.json)"))
     return 0
 
+
+
+# ----------------------------------------------------------------------------- the parity report
+
+
+def served_logits(repo: Path, models: Sequence[str], logits: Mapping[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """Each model's logits divided by its own ``head.json`` temperature(s) (as they are
+    without calibration): what its head turns into the served probabilities with the plain
+    sigmoid/softmax, so parity compares and sets thresholds on those."""
+    out = {}
+    for m in models:
+        head = read_head(Path(repo) / m)
+        t = head.temperature if head is not None else None
+        out[m] = logits[m] if t is None else (np.asarray(logits[m], dtype=np.float64) / t).astype(np.float32)
+    return out
+
+
+def parity_calibration(repo: Path, models: Sequence[str], logits: Dict[str, np.ndarray], labels: np.ndarray,
+                       out: Optional[Path]) -> Dict[str, Any]:
+    """For each of ``models`` whose ``head.json`` has a calibration: ECE, Brier score and
+    accuracy before (the logits as they are) and after (its temperature) on the parity
+    texts, and ``calibration_<model>.png`` (reliability diagram) under ``out``; ``{}`` when
+    no model is calibrated. A model whose labels do not fit its head is left out."""
+    res: Dict[str, Any] = {}
+    for m in models:
+        head = read_head(Path(repo) / m)
+        if head is None or head.calibration is None:
+            continue
+        try:
+            before, after = summary(uncalibrated(head), logits[m], labels), summary(head, logits[m], labels)
+        except (ValueError, IndexError):
+            continue
+        res[m] = {"temperature": head.calibration.get("temperature"), "fitted_on": head.calibration.get("fitted_on"),
+                  "before": before, "after": after}
+        if out is not None:
+            plot_reliability(Path(out) / f"calibration_{m}.png",
+                             {f"before (ECE {before['ece']:.3f})": before["reliability"],
+                              f"after (ECE {after['ece']:.3f})": after["reliability"]},
+                             f"{m}: reliability on the parity texts", multiclass=head.kind == MULTICLASS)
+    return res
+
+
+def calibration_markdown(res: Mapping[str, Any]) -> List[str]:
+    """The parity report's "Calibration" section for :func:`parity_calibration`'s result."""
+    if not res:
+        return []
+    L = ["## Calibration", "",
+         f"Each model's `head.json` temperature (`orchestrator calibrate`), measured on these texts. ECE: {BINS} "
+         "equal-width bins; Brier: mean squared error of the probabilities; reliability diagrams "
+         "`calibration_<model>.png`.", "",
+         "| model | temperature | fitted on | ECE before | ECE after | Brier before | Brier after |",
+         "|---|---|---|---:|---:|---:|---:|"]
+    for m, r in res.items():
+        L.append(f"| `{m}` | {r['temperature']} | {r['fitted_on']} | {r['before']['ece']:.4f} | {r['after']['ece']:.4f} | "
+                 f"{r['before']['brier']:.4f} | {r['after']['brier']:.4f} |")
+    return L + [""]

@@ -395,7 +395,7 @@ def edit_policy_text(text: str, edits: Sequence[Tuple[str, str, str, Optional[fl
     Every other byte is kept.
 
     Raises:
-        TuneError: the node is not in the document, or a key to remove is in a flow mapping.
+        TuneError: the node is not in the document.
     """
     import yaml
 
@@ -410,9 +410,12 @@ def edit_policy_text(text: str, edits: Sequence[Tuple[str, str, str, Optional[fl
         if key in pairs:
             k, v = pairs[key]
             if m.flow_style:
-                if value is None:
-                    raise TuneError(f"{kind} '{name}': cannot remove '{key}' from a flow mapping; edit it by hand")
-                spans.append((v.start_mark.index, v.end_mark.index, rendered))
+                if value is None:  # from the end of the previous value (or to the next key's start)
+                    i = [kk.value for kk, _ in m.value].index(key)
+                    spans.append((m.value[i - 1][1].end_mark.index, v.end_mark.index, "") if i > 0 else
+                                 (k.start_mark.index, m.value[1][0].start_mark.index if len(m.value) > 1 else v.end_mark.index, ""))
+                else:
+                    spans.append((v.start_mark.index, v.end_mark.index, rendered))
                 continue
             line_start = text.rfind("\n", 0, k.start_mark.index) + 1
             line_end = text.find("\n", v.end_mark.index)

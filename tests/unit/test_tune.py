@@ -113,6 +113,8 @@ def test_policy_edits_keep_every_other_byte():
     assert doc["root"]["stages"][1]["stop_margin"] == 0.4
     added = T.edit_policy_text(out, [("chunk", "k1", "stop_margin", 0.45, "back")])
     assert yaml.safe_load(added)["root"]["stages"][0]["stop_margin"] == 0.45 and "      stop_margin: 0.45  # back\n" in added
+    flow = T.edit_policy_text(out, [("chunk", "k2", "stop_margin", None, "")])
+    assert "    - {kind: chunk, name: k2, node: {kind: model, name: b, model: slow}}\n" in flow
     with pytest.raises(T.TuneError, match="no cascade node named 'zz'"):
         T.edit_policy_text(POLICY, [("cascade", "zz", "margin", 0.1, "")])
 
@@ -182,6 +184,17 @@ def test_tune_end_to_end_on_an_exported_two_label_checkpoint_pair(tmp_path):
                       "    - kind: chunk\n      name: ch_large\n      window: 24\n      stride: 16\n      stop_when_decided: true\n"
                       "      node: {kind: model, name: m_large, model: large}\n")
     data = _labeled(tmp_path / "val.tsv", 400, 0)
+    # the BYOM path: calibrate the exported model, head.json and its ensemble's postprocess config
+    from orchestrator.runtime.heads import read_head
+    from orchestrator.tooling import repository
+    from orchestrator.tooling.modeling.parity.calibration import calibrate
+
+    cal = calibrate(repo / "small", str(data), report=tmp_path / "cal", write=True)
+    head = read_head(repo / "small")
+    assert head.calibration["temperature"] == cal["temperature"] and (tmp_path / "cal" / "reliability.png").is_file()
+    served = repository.get_parameter(repository.read_config(repo / "small_postprocess" / "config.pbtxt"), "head")
+    assert Head.from_json(served).calibration == head.calibration
+    assert '"temperature"' in served and str(repo / "small_postprocess" / "config.pbtxt") in cal["written"]
     result = T.tune(policy, str(data), repo=repo, target="agreement>=0.9", report_data=str(_labeled(tmp_path / "test.tsv", 300, 1)),
                     out=tmp_path / "out", write=True, long_n=10)
     (cascade,) = result["cascades"]

@@ -256,15 +256,11 @@ class Models:
                 if not (tok_dir / "tokenizer_config.json").is_file():
                     raise TuneError(f"tokenizer '{head.tokenizer}' (of '{model}'): {tok_dir} has no tokenizer files")
                 self.tokenizers[head.tokenizer] = AutoTokenizer.from_pretrained(str(tok_dir))
-        self._ids: Dict[Tuple[str, int], List[np.ndarray]] = {}
 
     def ids(self, tokenizer: str, texts: Sequence[str]) -> List[np.ndarray]:
         """Token ids int64 [T] of each text, special tokens included, not truncated."""
-        key = (tokenizer, id(texts))
-        if key not in self._ids:
-            enc = self.tokenizers[tokenizer](list(texts), truncation=False, padding=False, verbose=False)
-            self._ids[key] = [np.asarray(x, dtype=np.int64) for x in enc["input_ids"]]
-        return self._ids[key]
+        enc = self.tokenizers[tokenizer](list(texts), truncation=False, padding=False, verbose=False)
+        return [np.asarray(x, dtype=np.int64) for x in enc["input_ids"]]
 
     def logits(self, model: str, rows: Sequence[np.ndarray]) -> np.ndarray:
         """float32 [len(rows), num_logits]: the model on each row of token ids (padded with

@@ -164,7 +164,8 @@ def _labeled(path, n, seed):
     return path
 
 
-def test_tune_end_to_end_on_an_exported_two_label_checkpoint_pair(tmp_path):
+@pytest.mark.parametrize("checkpoint", ["bert2", "stars5"])  # a 2-label pair, a 5-class pair
+def test_tune_end_to_end_on_an_exported_checkpoint_pair(tmp_path, checkpoint):
     pytest.importorskip("torch")
     pytest.importorskip("scipy")
     from orchestrator.tooling.modeling.export import export_checkpoint
@@ -174,7 +175,7 @@ def test_tune_end_to_end_on_an_exported_two_label_checkpoint_pair(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
     for name, seed in (("small", 0), ("large", 1)):
-        ckpt = build_checkpoint("bert2", tmp_path / f"ckpt_{name}", seed=seed)
+        ckpt = build_checkpoint(checkpoint, tmp_path / f"ckpt_{name}", seed=seed)
         export_checkpoint(str(ckpt), repo, name, quiet=True, tensorrt=False)
     policy = tmp_path / "policy.yaml"
     policy.write_text("# a BYOM cascade\nversion: 1\nmax_sequence_length: 48\nroot:\n  kind: cascade\n  name: cas\n"

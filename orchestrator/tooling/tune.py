@@ -300,15 +300,20 @@ class Models:
         return out, weights
 
 
+def chunk_answers(head: Head, chunk: Optional[ChunkNode], windows: Sequence[Sequence[np.ndarray]], weights: Sequence[Sequence[int]],
+            threshold: float = 0.5) -> Tuple[np.ndarray, np.ndarray]:
+    """float64 [N, columns] answers and int [N] windows used, with ``chunk`` deciding when a
+    text stops (None: no chunk node, each text's one truncated row)."""
+    if chunk is None:
+        return np.stack([np.asarray(w[0], dtype=np.float64).reshape(-1) for w in windows]), np.ones(len(windows), dtype=int)
+    res = [chunk_answer(head, chunk, w, ws, threshold) for w, ws in zip(windows, weights)]
+    return np.stack([r[0] for r in res]), np.array([r[1] for r in res])
+
+
 def stage_answers(head: Head, stage: Stage, windows: Sequence[Sequence[np.ndarray]], weights: Sequence[Sequence[int]],
                   chunk: Optional[ChunkNode] = None, threshold: float = 0.5) -> Tuple[np.ndarray, np.ndarray]:
-    """float64 [N, columns] answers and int [N] windows used of a stage, with ``chunk``
-    (default: the stage's own chunk node) deciding when a text stops."""
-    node = chunk if chunk is not None else stage.chunk
-    if node is None:
-        return np.stack([np.asarray(w[0], dtype=np.float64).reshape(-1) for w in windows]), np.ones(len(windows), dtype=int)
-    res = [chunk_answer(head, node, w, ws, threshold) for w, ws in zip(windows, weights)]
-    return np.stack([r[0] for r in res]), np.array([r[1] for r in res])
+    """:func:`chunk_answers` of a stage, with ``chunk`` (default: the stage's own chunk node)."""
+    return chunk_answers(head, chunk if chunk is not None else stage.chunk, windows, weights, threshold)
 
 
 def without_stop_keys(node: ChunkNode) -> ChunkNode:
@@ -322,11 +327,11 @@ def stop_curve(head: Head, node: ChunkNode, windows: Sequence[Sequence[np.ndarra
     """A chunk node's points over ``stop_margins`` (its other stopping keys kept):
     ``{"stop_margin", "windows_per_text", "accuracy", "agreement"}`` (agreement with reading
     every window), and the reference: every window read."""
-    full, used_full = stage_answers(head, Stage(None, None), windows, weights, without_stop_keys(node), threshold)  # type: ignore[arg-type]
+    full, used_full = chunk_answers(head, without_stop_keys(node), windows, weights, threshold)
     ref = {"windows_per_text": float(used_full.mean()), "accuracy": float(correct(head, full, labels, threshold).mean())}
     pts = []
     for sm in stop_margins:
-        p, used = stage_answers(head, Stage(None, None), windows, weights, dataclasses.replace(node, stop_margin=sm), threshold)  # type: ignore[arg-type]
+        p, used = chunk_answers(head, dataclasses.replace(node, stop_margin=sm), windows, weights, threshold)
         pts.append({"stop_margin": sm, "windows_per_text": float(used.mean()),
                     "accuracy": float(correct(head, p, labels, threshold).mean()),
                     "agreement": float(same(head, p, full, threshold).mean())})

@@ -95,12 +95,24 @@ soak: $(STAMP)
 bench-features: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issue 20's long texts (about 5 minutes): the ensemble, the router classifying every window
-# and the shipped router (early stopping) on same-label long held-out texts, concurrency 4:
-# the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
+# Issues 20 and 25's long texts (about 8 minutes): the ensemble, the router classifying every
+# window and the shipped router (early stopping) on same-label and turning long held-out texts,
+# concurrency 4: the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
+
+# Issue 25 (docs/export.md, docs/tuning.md): after `make model`, fit the demo classifiers'
+# temperatures on the validation split (written into their head.json and the postprocess
+# config), then choose the shipped policy's margins (curves and tuned policy in .cache/tune;
+# TUNE_ARGS=--write edits model_repository/router/policy.yaml).
+.PHONY: calibrate tune
+calibrate: $(STAMP)
+	for m in classifier classifier_fast classifier_fp16; do \
+	  $(PY) -m orchestrator.tooling.cli calibrate model_repository/$$m --data split:validation --eval-data split:test --write || exit 1; \
+	done
+tune: $(STAMP)
+	$(PY) -m orchestrator.tooling.cli tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
 
 # Issue 20's overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x and 4x the
 # ensemble's closed-loop capacity against ensemble, router and router in overload mode, one

@@ -16,6 +16,15 @@ Heads (``K`` = number of labels; answers are float64 here, FP32 on the wire):
 | ``multiclass`` (K >= 3) | [N, K] | [N, K] softmax | [N, K] true only for the top label, when its p >= its threshold |
 | ``multilabel`` | [N, K] | [N, K] sigmoid per label | [N, K] p_k >= threshold_k |
 
+Calibration (``head.json`` key ``calibration``, written by ``orchestrator calibrate``):
+``{"method": "temperature", "temperature": T, ...}`` divides the logits by ``T`` before the
+table's function (temperature scaling, Guo et al. 2017): one ``T`` for binary and multiclass
+heads, one per label (a list of K) or one for all for multilabel heads. The argmax, and so
+a multiclass head's top label, never changes; binary and multilabel verdicts at 0.5 do
+not either, other thresholds act on the calibrated probability. Without the key the
+logits are used as they are. Other keys of the mapping (``fitted_on``, ``ece_before``,
+...) are provenance.
+
 ``THRESHOLD`` is [N, 1] (one per text, broadcast over the columns) or, for multiclass and
 multilabel heads, [N, K] (one per label). The rules follow ``transformers``'
 ``*ForSequenceClassification`` losses: ``problem_type`` ``single_label_classification``
@@ -70,6 +79,7 @@ class Head:
         max_length: tokens per input row the model accepts, special tokens included (the
             tokenizer's ``model_max_length``, at most ``max_position_embeddings``).
         problem_type: the checkpoint's ``problem_type`` as written (provenance only).
+        calibration: ``head.json``'s ``calibration`` mapping (module docstring), or None.
     """
 
     kind: str
@@ -79,6 +89,7 @@ class Head:
     pad_token_id: int = 0
     max_length: int = 512
     problem_type: Optional[str] = None
+    calibration: Optional[Mapping[str, Any]] = field(default=None, compare=False, hash=False)
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -94,6 +105,14 @@ class Head:
             raise HeadError(f"a multiclass head has at least 3 labels, got {k} (2 labels are a binary head)")
         if self.kind == MULTILABEL and k < 1:
             raise HeadError("a multilabel head needs at least one label")
+        object.__setattr__(self, "_temperature", _temperature(self.calibration, self.kind, k))
+
+    @property
+    def temperature(self) -> Optional[NDArray[Any]]:
+        """Temperatures of the calibration, float64 [1] or [K] (multilabel), or None
+        without calibration."""
+        t: Optional[NDArray[Any]] = self._temperature  # type: ignore[attr-defined]  # set in __post_init__
+        return t
 
     # -- shapes and names
 
@@ -130,9 +149,11 @@ class Head:
     def probabilities(self, logits: NDArray[Any], shift: Union[float, NDArray[Any]] = 0.0) -> NDArray[Any]:
         """Probabilities float64 [N, columns] from logits [N, num_logits] (any float dtype).
 
-        ``shift``: added to the binary score (the positive logit, or the difference of
-        positive and negative logits for two) or per label for multilabel heads (a
-        calibration, ``nodes.model``); must be 0 for multiclass heads.
+        With a ``calibration`` the logits are divided by its temperature(s) first (the
+        module docstring). ``shift``: then added to the binary score (the positive logit,
+        or the difference of positive and negative logits for two) or per label for
+        multilabel heads (a variant's threshold, ``nodes.model``); must be 0 for
+        multiclass heads.
 
         Raises:
             HeadError: the logits have another number of columns than the head.
@@ -141,6 +162,8 @@ class Head:
         z = z.reshape(z.shape[0], -1) if z.ndim else z.reshape(1, 1)
         if z.shape[1] != self.num_logits:
             raise HeadError(f"expected {self.num_logits} logit column(s) for a {self.describe()} head, got {z.shape[1]}")
+        if self.temperature is not None:
+            z = z / self.temperature
         if self.kind == BINARY:
             score = z[:, self.positive_index] if self.num_logits == 1 else z[:, self.positive_index] - z[:, 1 - self.positive_index]
             return sigmoid(score + shift).reshape(-1, 1)
@@ -206,8 +229,10 @@ class Head:
 
     def to_json(self) -> str:
         """The ``head.json`` document."""
-        doc = {k: v for k, v in asdict(self).items() if k != "extra"}
+        doc = {k: v for k, v in asdict(self).items() if k not in ("extra", "calibration")}
         doc["labels"] = list(self.labels)
+        if self.calibration is not None:
+            doc["calibration"] = dict(self.calibration)
         doc.update(self.extra)
         return json.dumps(doc, indent=2) + "\n"
 
@@ -220,7 +245,7 @@ class Head:
         """
         if not isinstance(doc, Mapping):
             raise HeadError(f"{where}: expected a JSON object")
-        known = {"kind", "labels", "positive_index", "tokenizer", "pad_token_id", "max_length", "problem_type"}
+        known = {"kind", "labels", "positive_index", "tokenizer", "pad_token_id", "max_length", "problem_type", "calibration"}
         try:
             labels = doc["labels"]
             if not isinstance(labels, list) or not all(isinstance(x, str) and x for x in labels):
@@ -236,6 +261,7 @@ class Head:
                 pad_token_id=int(doc.get("pad_token_id", 0)),
                 max_length=int(doc.get("max_length", 512)),
                 problem_type=doc.get("problem_type"),
+                calibration=doc.get("calibration"),
                 extra={k: v for k, v in doc.items() if k not in known},
             )
         except KeyError as exc:
@@ -251,6 +277,33 @@ class Head:
         except ValueError as exc:
             raise HeadError(f"{where}: not valid JSON: {exc}") from None
         return cls.from_mapping(doc, where)
+
+
+CALIBRATION_METHODS = ("temperature",)
+
+
+def _temperature(calibration: Optional[Mapping[str, Any]], kind: str, k: int) -> Optional[NDArray[Any]]:
+    """The temperatures float64 [1] or [K] of a ``calibration`` mapping (None: none).
+
+    Raises:
+        HeadError: not a mapping, another method, or a temperature that is not a positive
+            finite number (or, multilabel, a list of K of them).
+    """
+    if calibration is None:
+        return None
+    if not isinstance(calibration, Mapping):
+        raise HeadError(f"calibration: expected a JSON object, got {calibration!r}")
+    method = calibration.get("method")
+    if method not in CALIBRATION_METHODS:
+        raise HeadError(f"calibration.method: {method!r}, expected one of {', '.join(CALIBRATION_METHODS)}")
+    raw = calibration.get("temperature")
+    values = raw if isinstance(raw, list) and kind == MULTILABEL else [raw]
+    if len(values) not in (1, k) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) and v > 0 for v in values
+    ):
+        want = f"a positive number or a list of {k}" if kind == MULTILABEL else "a positive number"
+        raise HeadError(f"calibration.temperature: {raw!r}, expected {want}")
+    return np.asarray(values, dtype=np.float64)
 
 
 #: The contract of a classifier directory without ``head.json`` (the demo models before

@@ -52,8 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command
     from orchestrator.tooling.modeling.parity import add_parity_arguments, parity_command
+    from orchestrator.tooling.modeling.parity.calibration import add_calibrate_arguments, calibrate_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command
     from orchestrator.tooling.soak.command import add_soak_arguments, soak_command
+    from orchestrator.tooling.tune import add_tune_arguments, tune_command
 
     add_subcommand(sub, "policy", "check a routing policy file, or show the one a router runs", add_policy_arguments, policy_command)
     add_subcommand(sub, "env", "build, verify and install the models' execution environment", add_env_arguments, env_command)
@@ -63,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                    add_export_arguments, export_command)
     add_subcommand(sub, "parity", "compare candidate classifiers with a reference: logits, thresholds, flips, recommendation",
                    add_parity_arguments, parity_command)
+    add_subcommand(sub, "calibrate", "fit temperature scaling of a classifier on labeled texts (head.json calibration)",
+                   add_calibrate_arguments, calibrate_command)
+    add_subcommand(sub, "tune", "choose a policy's cascade margins and chunk stop_margin from labeled texts (curves, tuned policy)",
+                   add_tune_arguments, tune_command)
     add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
                    add_bench_arguments, bench_command)
     add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/reliability.md)", add_soak_arguments, soak_command)

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from orchestrator.runtime.heads import read_head
 from orchestrator.runtime.nodes.chunk import token_windows
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import sigmoid
@@ -149,12 +150,18 @@ def ask(mock, model, texts, threshold=0.5, parameters=None, request_id=""):
     return out["PROBABILITIES"].reshape(-1), out["VERDICTS"].reshape(-1), [r.decode() for r in out["ROUTE"].reshape(-1)]
 
 
+def temperature(model):
+    """The model's head.json calibration temperature (what its head divides the logit by)."""
+    return float(read_head(REPO / model).temperature[0])
+
+
 def direct(mock, model, texts):
-    """Independent: tokenizer (truncating) then the classifier, one text at a time."""
+    """Independent: tokenizer (truncating) then the classifier, one text at a time; the
+    logit divided by the head's temperature, then the sigmoid."""
     probs = []
     for text in texts:
         tok = mock.infer("tokenizer", {"TEXT": np.array([[text.encode()]], dtype=np.object_)})
-        z = mock.infer(model, tok)["logits"][0, 0]
+        z = mock.infer(model, tok)["logits"][0, 0] / temperature(model)
         probs.append(1.0 / (1.0 + math.exp(-float(z))))
     return np.array(probs)
 
@@ -261,7 +268,7 @@ def test_chunk_with_max_aggregation(mock):
     probs, lengths = [], []
     for w in token_windows(ids, 24, 10):
         z = mock.infer("classifier_fast", {"input_ids": w.reshape(1, -1), "attention_mask": np.ones((1, len(w)), np.int64)})["logits"][0, 0]
-        probs.append(float(sigmoid(z)))
+        probs.append(float(sigmoid(z / temperature("classifier_fast"))))
         lengths.append(len(w))
     p, _, r = ask(mock, "p_chunk_max", [long_text, "short one"])
     assert r == ["chunked:classifier_fast", "classifier_fast"]

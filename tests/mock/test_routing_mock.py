@@ -9,6 +9,7 @@ tokenizer and the models, with softmax/sigmoid and each node's documented rule a
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -95,9 +96,11 @@ def domain(mock, text):
 
 
 def binary(mock, model, text):
-    """A demo classifier's sigmoid for ``text``, computed here."""
+    """A demo classifier's sigmoid for ``text``, computed here: its logit divided by the
+    temperature its head.json declares (calibration), then the sigmoid."""
     tok = mock.infer("tokenizer", {"TEXT": np.array([[text.encode()]], dtype=np.object_)})
-    return 1.0 / (1.0 + math.exp(-float(mock.infer(model, tok)["logits"][0, 0])))
+    temperature = json.loads((REPO / model / "head.json").read_text()).get("calibration", {}).get("temperature", 1.0)
+    return 1.0 / (1.0 + math.exp(-float(mock.infer(model, tok)["logits"][0, 0]) / temperature))
 
 
 # ----------------------------------------------------------------------------- routing on an answer

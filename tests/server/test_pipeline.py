@@ -9,10 +9,13 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from orchestrator.runtime.heads import read_head
+from orchestrator.runtime.nodes.base import descendants
 from orchestrator.runtime.nodes.chunk import token_windows, window_weights
+from orchestrator.runtime.policy import load_policy
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.tooling.modeling import data
-from tests.helpers import call, routes
+from tests.helpers import REPO, call, routes
 
 pytestmark = pytest.mark.server
 
@@ -55,7 +58,8 @@ def test_cascade_escalates_exactly_the_unsure_texts(triton, held_out):
     thresholds = 0.5
     fast = call(triton, "router_fast", held_out, thresholds)["PROBABILITIES"].reshape(-1)
     out = call(triton, "router", held_out, thresholds)
-    unsure = np.abs(fast - thresholds) < 0.15
+    (margin,) = [n.margin for n in descendants(load_policy(REPO / "router" / "policy.yaml").root) if n.kind == "cascade"]
+    unsure = np.abs(fast - thresholds) < margin
     expected = ["classifier" if u else "classifier_fast" for u in unsure]
     got = [r.replace("chunked:", "") for r in routes(out)]
     assert got == expected
@@ -86,7 +90,8 @@ def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
         ins = [httpclient.InferInput(n, [1, len(w)], "INT64") for n in ("input_ids", "attention_mask")]
         ins[0].set_data_from_numpy(w.reshape(1, -1))
         ins[1].set_data_from_numpy(np.ones((1, len(w)), dtype=np.int64))
-        probs.append(float(sigmoid(client.infer("classifier_fast", ins).as_numpy("logits")[0, 0])))
+        z = client.infer("classifier_fast", ins).as_numpy("logits")[0, 0] / read_head(REPO / "classifier_fast").temperature[0]
+        probs.append(float(sigmoid(z)))
         client.close()
     weights = window_weights(ids.shape[0], 128, 96)  # content tokens each window adds
     assert sum(weights) == ids.shape[0] - 2 and len(weights) == len(windows)

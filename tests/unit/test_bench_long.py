@@ -1,4 +1,4 @@
-"""``orchestrator.tooling.bench.long_texts`` offline: the same-label long texts, the
+"""``orchestrator.tooling.bench.long_texts`` offline: the same-label and turning long texts, the
 all-windows router copy, the report section and that ``make bench`` keeps it (the
 measurements need a server: ``make bench-long``)."""
 
@@ -9,8 +9,10 @@ import yaml
 from orchestrator.runtime.policy import load_policy
 from orchestrator.tooling.bench.long_texts import (
     ALL_WINDOWS,
+    KINDS,
     MODELS,
     chunk_nodes,
+    long_text_sets,
     make_long_repository,
     render_section,
     same_label_long_texts,
@@ -56,29 +58,52 @@ def test_all_windows_copy_drops_only_the_stopping_keys(tmp_path):
 
 
 def results():
-    perf = [{"model": m, "throughput": t, "p50_ms": 10.0, "p99_ms": 30.0, "stable": True, "error": None}
-            for m, t in zip(MODELS, (100.0, 40.0, 120.0))]
-    acc = {m: {"n": 10, "correct": c, "accuracy_pct": 10.0 * c, "routes": {"chunked:classifier_fast:windows=1/3": 9}}
-           for m, c in zip(MODELS, (8, 10, 9))}
+    perf = [{"model": m, "dataset": f"long_{k}", "throughput": t, "p50_ms": 10.0, "p99_ms": 30.0, "stable": True}
+            for k in KINDS for m, t in zip(MODELS, (100.0, 40.0, 120.0))]
+    acc = {k: {m: {"n": 10, "correct": c, "accuracy_pct": 10.0 * c, "routes": {"chunked:classifier_fast:windows=1/3": 9}}
+               for m, c in zip(MODELS, cs)} for k, cs in (("same_label", (8, 10, 9)), ("turning", (2, 8, 7)))}
+    ds = {"n": 10, "positive": 5, "tokens_min": 256, "tokens_max": 300, "tokens_p50": 270.0,
+          "windows_min": 3, "windows_max": 3, "windows_mean": 3.0}
+    win = {"router_all_windows": {"classified_per_text": 3.2, "skipped_per_text": 0.0},
+           "router": {"classified_per_text": 1.3, "skipped_per_text": 1.9}}
     return {"started_utc": "2026-01-01 00:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_start": [1.0],
             "load_end": [1.0], "wall_s": 300.0, "quick": False, "concurrency": 4, "rounds": 2, "bounds": [256, 384],
-            "dataset": {"n": 10, "positive": 5, "tokens_min": 256, "tokens_max": 300, "tokens_p50": 270.0,
-                        "windows_min": 3, "windows_max": 3, "windows_mean": 3.0},
-            "stopping": [{"name": "chunk_fast", "keys": {"stop_margin": 0.35}}], "measurements": perf, "accuracy": acc,
-            "windows": {"router_all_windows": {"classified_per_text": 3.2, "skipped_per_text": 0.0},
-                        "router": {"classified_per_text": 1.3, "skipped_per_text": 1.9}},
-            "goal": {"ratio": 1.2, "router_accuracy_pct": 90.0, "ensemble_accuracy_pct": 80.0, "met": True}}
+            "datasets": {"same_label": ds, "turning": ds}, "loaded": True,
+            "stopping": [{"name": "chunk_fast", "keys": {"stop_when_decided": True}}], "measurements": perf, "accuracy": acc,
+            "windows": {"same_label": win, "turning": win},
+            "goal": {"ratio": 1.2, "router_accuracy_pct": 90.0, "ensemble_accuracy_pct": 80.0, "met": True},
+            "turning_goal": {"router_accuracy_pct": 70.0, "all_windows_accuracy_pct": 80.0, "met": False}}
 
 
-def test_section_reports_each_model_and_the_goal():
+def test_section_reports_both_kinds_each_model_and_the_goals():
     text = render_section(results())
     assert text.startswith(LONG_START) and text.endswith(LONG_END)
-    assert "| `router` | 120.0 | 1.20x | 10.00 | 30.00 | yes | 90.00% (9/10) | 1.30 | 1.90 |" in text
-    assert "| `ensemble` | 100.0 | 1.00x |" in text and "1 (truncated)" in text
+    assert "| same-label | `router` | 90.00% (9/10) | 1.30 | 1.90 | 120.0 | 1.20x | 10.00 | 30.00 | yes |" in text
+    assert "| turning | `router_all_windows` | 80.00% (8/10) | 3.20 | 0.00 |" in text
+    assert "| turning | `ensemble` | 20.00% (2/10) | 1 (truncated) |" in text
     assert "**met** (throughput 1.20x, accuracy 90.00% vs 80.00%)" in text
-    assert "- `chunked:classifier_fast:windows=1/3`: 9" in text
-    assert "10 long texts (5 positive) of 256 to 300 tokens" in text and "(3 windows a text here)" in text
-    assert "`chunk_fast` `stop_margin: 0.35`." in text
+    assert "within 2 points of `router_all_windows`: **not met** (70.00% vs 80.00%)" in text
+    assert "the text's label is the later, longer part's" in text and "not valid: the machine was loaded" in text
+    assert "- turning: `chunked:classifier_fast:windows=1/3` 9" in text
+    assert "10 texts (5 positive) of 256 to 300 tokens" in text and "3 windows a text" in text
+    assert "`chunk_fast` `stop_when_decided: true`." in text
+
+
+def test_both_kinds_of_long_text_come_from_the_held_out_order_with_their_label_rules():
+    from transformers import AutoTokenizer
+
+    from orchestrator.tooling.modeling import data
+
+    tok = AutoTokenizer.from_pretrained(str(REPO / "tokenizer" / "1"))
+    held = data.held_out_examples()[:600]
+    sets = long_text_sets(tok, held, n=5)
+    assert len(sets["same_label"]) == 5 and len(sets["turning"]) == 5
+    by_text = {e.text: int(e.label) for e in held}
+    for text, label in sets["turning"]:
+        parts = [t for t in by_text if t in text]
+        # the opening's sentences have the other label, the later part's this one
+        assert text.startswith(tuple(t for t in parts if by_text[t] != label))
+        assert text.endswith(tuple(t for t in parts if by_text[t] == label))
 
 
 def test_make_bench_keeps_the_long_texts_and_features_sections(tmp_path):

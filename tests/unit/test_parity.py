@@ -18,6 +18,7 @@ import math
 import numpy as np
 import pytest
 
+from orchestrator.runtime.heads import read_head
 from orchestrator.tooling.modeling import parity as P
 from tests.byom import byom_checkpoints  # noqa: F401
 from tests.helpers import FIXTURES, REPO
@@ -268,8 +269,9 @@ def test_parity_command_in_process(tmp_path, fixture_data, capsys):
     assert (tmp_path / "logits.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # independent: logits straight from onnxruntime (batches of 16), then the hand rules
     texts, y = fixture_data.texts, fixture_data.labels
-    ref = independent_logits("classifier", texts, 16)
-    cand = independent_logits("classifier_fp16", texts, 16)
+    # divided by each model's head.json temperature: parity works on the served probabilities
+    ref = independent_logits("classifier", texts, 16) / read_head(REPO / "classifier").temperature
+    cand = independent_logits("classifier_fp16", texts, 16) / read_head(REPO / "classifier_fp16").temperature
     rp = [float(p) for p in P.probabilities(ref[:, 0].astype(np.float64))]
     cp = [float(p) for p in P.probabilities(cand[:, 0].astype(np.float64))]
     t_ref = brute_reference_threshold(rp, y, 0.9)

@@ -68,9 +68,11 @@ def test_default_policy_reproduces_the_first_router():
     degrade = choose.default
     assert isinstance(degrade, FallbackNode)
     cascade, spare = degrade.nodes
-    assert isinstance(cascade, CascadeNode) and cascade.margin == 0.15
+    assert isinstance(cascade, CascadeNode) and cascade.margin == 0.305  # chosen by orchestrator tune (docs/tuning.md)
     fast, accurate_or_fast = cascade.stages
     accurate, fast_degraded = accurate_or_fast.nodes
+    for chunk in (fast, accurate):  # the exact stopping rule only: stop_margin lost accuracy on turning texts
+        assert chunk.stop_when_decided and chunk.stop_margin is None
     for chunk in (fast, accurate, fast_degraded, spare):
         assert (chunk.window, chunk.stride, chunk.aggregation) == (128, 96, "length_weighted_mean")
     assert fast.node.model == "classifier_fast" and accurate.node.model == "classifier"

@@ -1,34 +1,39 @@
-"""Long texts at ensemble speed (issue 20): the ensemble (which truncates every text to its
-first 128 tokens), the router classifying every window and the shipped router (whose chunk
-nodes may stop early, ``nodes.chunk``), side by side in one run of one embedded server.
+"""Long texts at ensemble speed (issues 20 and 25): the ensemble (which truncates every text
+to its first 128 tokens), the router classifying every window and the shipped router (whose
+chunk nodes may stop early, ``nodes.chunk``), side by side in one run of one embedded server,
+on two kinds of long text.
 
 ``make bench-long`` or ``python -m orchestrator.tooling.bench.long_texts [--quick] [--out docs]``:
 
 1. texts: held-out examples (``data.held_out_examples``, the test split, in the order of
-   ``make bench``: ``RandomState(0)`` permutation) joined into long texts by
-   :func:`same_label_long_texts`: only sentences of one label are joined, so the long text
-   has that label (a person reading any part of it would answer the same), and a join is
-   kept when its real token count (the repository's tokenizer, special tokens included) is
-   within :data:`~.plan.LENGTH_BOUNDS` ``long`` (256 .. 384 tokens);
+   ``make bench``: ``RandomState(0)`` permutation) joined into long texts of two kinds, a
+   join kept when its real token count (the repository's tokenizer, special tokens
+   included) is within :data:`~.plan.LENGTH_BOUNDS` ``long`` (256 .. 384 tokens):
+   *same-label* (:func:`same_label_long_texts`: sentences of one label only, so the text has
+   that label) and *turning* (:func:`turning_long_texts`: an opening of about
+   :data:`OPENING_TOKENS` tokens of one label, then about :data:`LATER_FACTOR` times as many
+   of the other; the text's label is the later, longer part's);
 2. copies ``model_repository/`` to a temporary directory and adds ``router_all_windows``:
    the shipped policy with every chunk node's stopping keys (``stop_when_decided``,
-   ``stop_margin``, ``max_windows``) removed, i.e. every window classified (the router
-   before issue 20);
-3. starts one server; accuracy: every long text through ``ensemble``, ``router_all_windows``
-   and ``router`` (tritonclient gRPC, 64 texts per request, threshold 0.5) against the
-   labels, with the ROUTE counts and the windows each router's chunk nodes classified and
-   skipped (``orchestrator_chunks_total``, ``orchestrator_chunks_skipped_total`` on
-   ``/metrics``, counted over that pass);
-4. throughput, p50 and p99 at concurrency 4, one text per request, with perf_analyzer as
-   ``make bench`` runs it (:func:`~.perf_analyzer.measure`, :data:`~.plan.FULL_SETTINGS`;
-   ``--quick``: :data:`~.plan.QUICK_SETTINGS`), the three models interleaved in
-   :data:`ROUNDS` rounds, merged by median (:func:`~.measurement.combine_rounds`);
+   ``stop_margin``, ``max_windows``) removed, i.e. every window classified;
+3. starts one server; accuracy, per kind: every long text through ``ensemble``,
+   ``router_all_windows`` and ``router`` (tritonclient gRPC, 64 texts per request, threshold
+   0.5) against the labels, with the ROUTE counts and the windows each router's chunk nodes
+   classified and skipped (``orchestrator_chunks_total``,
+   ``orchestrator_chunks_skipped_total`` on ``/metrics``, counted over that pass);
+4. throughput, p50 and p99 per kind at concurrency 4, one text per request, with
+   perf_analyzer as ``make bench`` runs it (:func:`~.perf_analyzer.measure`,
+   :data:`~.plan.FULL_SETTINGS`; ``--quick``: :data:`~.plan.QUICK_SETTINGS`), the three
+   models interleaved in :data:`ROUNDS` rounds, merged by median
+   (:func:`~.measurement.combine_rounds`); marked not valid when the load average was over
+   half the cores;
 5. writes ``<out>/bench/long_texts.json`` and the section between
    :data:`~.report.LONG_START` and :data:`~.report.LONG_END` of ``<out>/benchmarks.md``
    (``make bench`` keeps it).
 
-Goal (issue 20): the shipped router's throughput at least :data:`GOAL_RATIO` x the
-ensemble's, with accuracy at least the ensemble's, both from this run.
+Goals: issue 20, on same-label texts the shipped router's throughput at least
+:data:`GOAL_RATIO` x the ensemble's with at least its accuracy; issue 25, on turning texts
+the shipped router within :data:`TURNING_POINTS` accuracy points of ``router_all_windows``.
 Units: infer/s (texts per second), milliseconds. Errors: :class:`~.plan.BenchError`;
 ``ServerError`` from the server.
 """
@@ -80,7 +85,7 @@ ALL_WINDOWS = "router_all_windows"
 STOP_KEYS = ("stop_when_decided", "stop_margin", "max_windows")
 ROUNDS = 2
 GOAL_RATIO = 0.8
-SECTION, DATASET = "long_texts", "long_same_label"
+SECTION = "long_texts"
 #: The shipped policy's windows (its ``defaults.chunk``), for the windows a text makes.
 WINDOW, STRIDE = 128, 96
 
@@ -123,6 +128,67 @@ def same_label_long_texts(texts: Sequence[str], labels: Sequence[int], lengths: 
     return out
 
 
+#: Turning texts (:func:`turning_long_texts`): the opening's target tokens, and how many
+#: times as many tokens the later part has.
+OPENING_TOKENS, LATER_FACTOR = 110, 2.0
+
+
+def turning_long_texts(texts: Sequence[str], labels: Sequence[Any], lengths: Sequence[int],
+                       join_length: Callable[[str], int], bounds: Tuple[int, int] = LENGTH_BOUNDS["long"],
+                       n: Optional[int] = None, opening: int = OPENING_TOKENS,
+                       factor: float = LATER_FACTOR) -> List[Tuple[str, Any]]:
+    """Long texts whose parts disagree: ``(text, label)``, an opening of about ``opening``
+    tokens of sentences of one label, then about ``factor`` times as many tokens of sentences
+    of another label. **Label rule: the text's label is the later, longer part's** (a review
+    that opens with a plot summary and ends with its verdict).
+
+    Sentences are taken in the given order from one queue per label (``labels`` hashable:
+    an int, or a tuple for multilabel rows); texts alternate their opening label over the
+    labels present. The opening takes sentences until its estimated count (``lengths``
+    summed, minus 2 per join for the shared special tokens) reaches ``opening``, the later
+    part until it reaches ``factor`` times ``opening``; the text is kept when its real
+    count ``join_length(text)`` is within ``bounds`` (inclusive). Stops when a label's queue
+    runs out, or after ``n`` texts.
+
+    Raises:
+        ValueError: the sequences differ in length.
+    """
+    if not len(texts) == len(labels) == len(lengths):
+        raise ValueError("texts, labels and lengths differ in length")
+    queues: Dict[Any, List[Tuple[str, int]]] = {}
+    for t, y, k in zip(texts, labels, lengths):
+        queues.setdefault(y, []).append((t, int(k)))
+    keys = list(queues)
+    if len(keys) < 2:
+        return []
+    pos = {y: 0 for y in keys}
+
+    def take(y: Any, tokens: float) -> Optional[Tuple[List[str], int]]:
+        parts, total = [], 0
+        while total < tokens:
+            if pos[y] >= len(queues[y]):
+                return None
+            t, k = queues[y][pos[y]]
+            pos[y] += 1
+            parts.append(t)
+            total = k if len(parts) == 1 else total + k - 2
+        return parts, total
+
+    out: List[Tuple[str, Any]] = []
+    i = 0
+    while n is None or len(out) < n:
+        first, later = keys[i % len(keys)], keys[(i + 1) % len(keys)]
+        i += 1
+        head = take(first, opening)
+        tail = take(later, factor * opening) if head else None
+        if head is None or tail is None:
+            break
+        joined = " ".join(head[0] + tail[0])
+        if bounds[0] <= join_length(joined) <= bounds[1]:
+            out.append((joined, later))
+    return out
+
+
 # ----------------------------------------------------------------------------- the repository
 
 
@@ -161,6 +227,18 @@ def make_long_repository(dest: Path, source: Path = REPO) -> dict:
 # ----------------------------------------------------------------------------- report
 
 
+KINDS = ("same_label", "turning")
+KIND_TEXT = {
+    "same_label": "same-label texts: held-out sentences of one label only, joined; the text has that label",
+    "turning": (f"turning texts: an opening of about {OPENING_TOKENS} tokens of sentences of one label, then about "
+                f"{LATER_FACTOR:g} times as many tokens of sentences of the other label; the text's label is the "
+                "later, longer part's"),
+}
+#: Issue 25's goal: on turning texts, the shipped router within this many accuracy points of
+#: reading every window.
+TURNING_POINTS = 2.0
+
+
 def _fmt(x: Optional[float], digits: int = 1) -> str:
     return "n/a" if x is None else f"{x:.{digits}f}"
 
@@ -168,51 +246,60 @@ def _fmt(x: Optional[float], digits: int = 1) -> str:
 def _windows_made(ds: Mapping[str, Any]) -> str:
     lo, hi = ds.get("windows_min"), ds.get("windows_max")
     if lo == hi:
-        return f"{lo} windows a text here"
-    return f"{lo} to {hi} windows a text here, {ds.get('windows_mean', 0):.2f} on average"
+        return f"{lo} windows a text"
+    return f"{lo} to {hi} windows a text, {ds.get('windows_mean', 0):.2f} on average"
 
 
 def render_section(r: Mapping[str, Any]) -> str:
     """The ``benchmarks.md`` section for the results ``r`` of one run."""
-    ds, acc, perf, win = r["dataset"], r["accuracy"], {m["model"]: m for m in r["measurements"]}, r["windows"]
-    L = [LONG_START, "## Long texts: early stopping in the chunk node (issue 20)", "",
+    perf = {(m["model"], m["dataset"]): m for m in r["measurements"]}
+    stops = "; ".join(f"`{c['name']}` " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in c["keys"].items())
+                      for c in r["stopping"]) or "no chunk node stops early"
+    L = [LONG_START, "## Long texts: early stopping in the chunk node (issues 20 and 25)", "",
          f"One run of `{COMMAND}`{' --quick' if r.get('quick') else ''} at {r['started_utc']} UTC on "
          f"{r['machine']['cores']} cores ({r['machine']['cpu_model']}), load average {r['load_start']} at start and "
          f"{r['load_end']} at the end, {r['wall_s']:.0f} s; figures in `bench/long_texts.json`.", "",
          header_line(r.get("stack")), "",
-         f"Texts: {ds['n']} long texts ({ds.get('positive')} positive) of {ds['tokens_min']} to {ds['tokens_max']} tokens "
-         f"(median {ds['tokens_p50']:g}), "
-         "each made of held-out test sentences of one label only (the order of `make bench`; a join is kept when its "
-         f"token count is within {r['bounds'][0]}-{r['bounds'][1]}), so each long text has that label. The ensemble "
-         f"reads the first 128 tokens; the routers cut 128-token windows at stride 96 ({_windows_made(ds)}). "
-         "`router_all_windows` is the shipped policy with the chunk nodes' stopping keys removed (every window "
-         "classified: the router before issue 20); `router` is the shipped policy: "
-         + ("; ".join(f"`{c['name']}` " + ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in c["keys"].items())
-                      for c in r["stopping"]) or "no chunk node stops early") + ".", "",
-         f"Throughput, p50, p99: perf_analyzer, gRPC, one text per request, concurrency {r['concurrency']}, the models "
-         f"interleaved in {r['rounds']} round(s) (median). Accuracy: every text once (64 per request, threshold 0.5) "
-         "against its label. Windows: per long text, summed over the policy's chunk nodes, during the accuracy pass.", "",
-         "| model | throughput (infer/s) | / ensemble | p50 (ms) | p99 (ms) | stable | accuracy | windows classified per text | windows skipped per text |",
-         "|---|---:|---:|---:|---:|---|---:|---:|---:|"]
-    ens = perf.get("ensemble", {}).get("throughput")
-    for model in MODELS:
-        m, a, w = perf.get(model, {}), acc[model], win.get(model)
-        if w is None and model != "ensemble":  # --url: the server's metrics are not read
-            used = "not read (server not started here)"
-        else:
-            used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
-        skipped = "n/a" if w is None else f"{w['skipped_per_text']:.2f}"
-        ratio = f"{m['throughput'] / ens:.2f}x" if m.get("throughput") and ens else "n/a"
-        stable = {True: "yes", False: "no", None: "not checked"}[m.get("stable")] if not m.get("error") else "FAILED"
-        L.append(f"| `{model}` | {_fmt(m.get('throughput'))} | {ratio} | {_fmt(m.get('p50_ms'), 2)} | "
-                 f"{_fmt(m.get('p99_ms'), 2)} | {stable} | {a['accuracy_pct']:.2f}% ({a['correct']}/{a['n']}) | "
-                 f"{used} | {skipped} |")
-    g = r["goal"]
-    L += ["", f"Goal (issue 20): `router` at least {GOAL_RATIO:g}x the ensemble's throughput with at least its accuracy: "
-          f"**{'met' if g['met'] else 'not met'}** (throughput {_fmt(g['ratio'], 2)}x, accuracy "
+         "Two kinds of long text, each built from held-out test sentences (the order of `make bench`), a text kept "
+         f"when its token count is within {r['bounds'][0]}-{r['bounds'][1]}:", ""]
+    for kind in KINDS:
+        ds = r["datasets"][kind]
+        L.append(f"- {KIND_TEXT[kind]}: {ds['n']} texts ({ds.get('positive')} positive) of {ds['tokens_min']} to "
+                 f"{ds['tokens_max']} tokens (median {ds['tokens_p50']:g}), {_windows_made(ds)}.")
+    L += ["", "The ensemble reads the first 128 tokens; the routers cut 128-token windows at stride 96. "
+          "`router_all_windows` is the shipped policy with the chunk nodes' stopping keys removed (every window "
+          f"classified); `router` is the shipped policy: {stops}.", "",
+          f"Accuracy: every text once (64 per request, threshold 0.5) against its label. Windows: per long text, "
+          "summed over the policy's chunk nodes, during the accuracy pass. Throughput, p50, p99: perf_analyzer, gRPC, "
+          f"one text per request, concurrency {r['concurrency']}, the models interleaved in {r['rounds']} round(s) "
+          "(median)." + (" **The throughput columns of this run are not valid: the machine was loaded (see the load "
+                         "average); re-run on a quiet machine.**" if r.get("loaded") else ""), "",
+          "| texts | model | accuracy | windows classified per text | windows skipped per text | throughput (infer/s) "
+          "| / ensemble | p50 (ms) | p99 (ms) | stable |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for kind in KINDS:
+        ens = perf.get(("ensemble", f"long_{kind}"), {}).get("throughput")
+        for model in MODELS:
+            a, w, m = r["accuracy"][kind][model], r["windows"][kind].get(model), perf.get((model, f"long_{kind}"), {})
+            if w is None and model != "ensemble":  # --url: the server's metrics are not read
+                used = "not read (server not started here)"
+            else:
+                used = "1 (truncated)" if w is None else f"{w['classified_per_text']:.2f}"
+            skipped = "n/a" if w is None else f"{w['skipped_per_text']:.2f}"
+            ratio = f"{m['throughput'] / ens:.2f}x" if m.get("throughput") and ens else "n/a"
+            stable = {True: "yes", False: "no", None: "not checked"}[m.get("stable")] if not m.get("error") else "FAILED"
+            L.append(f"| {kind.replace('_', '-')} | `{model}` | {a['accuracy_pct']:.2f}% ({a['correct']}/{a['n']}) | {used} | "
+                     f"{skipped} | {_fmt(m.get('throughput'))} | {ratio} | {_fmt(m.get('p50_ms'), 2)} | "
+                     f"{_fmt(m.get('p99_ms'), 2)} | {stable} |")
+    g, t = r["goal"], r["turning_goal"]
+    L += ["", f"Goal (issue 20, same-label texts): `router` at least {GOAL_RATIO:g}x the ensemble's throughput with at least "
+          f"its accuracy: **{'met' if g['met'] else 'not met'}** (throughput {_fmt(g['ratio'], 2)}x, accuracy "
           f"{g['router_accuracy_pct']:.2f}% vs {g['ensemble_accuracy_pct']:.2f}%).", "",
-          "Routes of the shipped router (`:windows=<used>/<made>`: the text stopped early):", ""]
-    L += [f"- `{k}`: {v}" for k, v in acc["router"].get("routes", {}).items()]
+          f"Goal (issue 25, turning texts): `router` within {TURNING_POINTS:g} points of `router_all_windows`: "
+          f"**{'met' if t['met'] else 'not met'}** ({t['router_accuracy_pct']:.2f}% vs {t['all_windows_accuracy_pct']:.2f}%).",
+          "", "Routes of the shipped router (`:windows=<used>/<made>`: the text stopped early):", ""]
+    for kind in KINDS:
+        L += [f"- {kind.replace('_', '-')}: " + ", ".join(f"`{k}` {v}" for k, v in r["accuracy"][kind]["router"].get("routes", {}).items())]
     L += ["", LONG_END]
     return "\n".join(L)
 
@@ -229,6 +316,67 @@ def write_section(report: Path, section: str) -> None:
 def _window_counts(server: Any, router: str) -> Tuple[float, float]:
     return (server.metric("orchestrator_chunks_total", router=router),
             server.metric("orchestrator_chunks_skipped_total", router=router))
+
+
+def long_text_sets(tokenizer: Any, examples: Sequence[Any], n: Optional[int] = None) -> Dict[str, List[Tuple[str, int]]]:
+    """``{"same_label": [(text, label)], "turning": [...]}`` from ``examples`` (in the given
+    order): :func:`same_label_long_texts` and :func:`turning_long_texts`, ``n`` of each at most."""
+    texts, labels = [e.text for e in examples], [int(e.label) for e in examples]
+    lengths = token_lengths(tokenizer, texts)
+
+    def count(t: str) -> int:
+        return int(token_lengths(tokenizer, [t])[0])
+
+    return {"same_label": same_label_long_texts(texts, labels, lengths, count, n=n),
+            "turning": turning_long_texts(texts, labels, lengths, count, n=n)}
+
+
+def _accuracy_pass(server: Any, sets: Mapping[str, List[Tuple[str, int]]], count_windows: bool = True) -> Tuple[dict, dict]:
+    accuracy: Dict[str, Dict[str, Any]] = {k: {} for k in sets}
+    windows: Dict[str, Dict[str, Any]] = {k: {} for k in sets}
+    for kind, pairs in sets.items():
+        texts, labels = [t for t, _ in pairs], [y for _, y in pairs]
+        for model in MODELS:
+            before = _window_counts(server, model) if model != "ensemble" and count_windows else None
+            res = classify_all(server.grpc_url, model, texts)
+            accuracy[kind][model] = accuracy_summary(labels, res["verdicts"], res["routes"])
+            if before is not None:
+                time.sleep(1.0)  # the router flushes its counters every 0.5 s
+                after = _window_counts(server, model)
+                windows[kind][model] = {"classified_per_text": (after[0] - before[0]) / len(texts),
+                                        "skipped_per_text": (after[1] - before[1]) / len(texts)}
+            print(f"[bench-long] {kind} {model}: {accuracy[kind][model]['accuracy_pct']:.2f}% "
+                  f"{windows[kind].get(model, '')}", file=sys.stderr, flush=True)
+    return accuracy, windows
+
+
+def _throughput(binary: Path, url: str, inputs: Mapping[str, Path], tmp: Path, sets: Mapping[str, List[Tuple[str, int]]],
+                settings: Any, rounds: int) -> List[dict]:
+    warmup: Dict[Tuple[str, str], float] = {}
+    for kind, pairs in sets.items():
+        for model in MODELS:
+            lat = []
+            for t, _ in pairs[:6]:
+                s = time.perf_counter()
+                classify_all(url, model, [t])
+                lat.append((time.perf_counter() - s) * 1000.0)
+            warmup[(model, f"long_{kind}")] = float(np.median(lat[1:]))
+    measurements: List[dict] = []
+    for r in range(rounds):
+        for kind in sets:
+            order = MODELS if r % 2 == 0 else tuple(reversed(MODELS))
+            for model in order:
+                spec = Spec(SECTION, model, f"long_{kind}", SWEEP_CONCURRENCY, 1, r)
+                m = measure(binary, spec, url, inputs[kind], tmp / "pa", settings,
+                            latency_ms=expected_latency_ms(spec, measurements, warmup))
+                m["load_1min"] = (load_average() or [None])[0]
+                measurements.append(m)
+                print(f"[bench-long] round {r + 1} {kind} {model}: "
+                      + (f"FAILED {m['error']}" if m.get("error") else
+                         f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms "
+                         f"(load {m['load_1min']}; throughput only valid from a quiet machine)"),
+                      file=sys.stderr, flush=True)
+    return measurements
 
 
 def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls: Sequence[str] = ()) -> dict:
@@ -257,16 +405,15 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
     except Exception as exc:  # DataUnavailableError, DataFormatError
         raise BenchError(f"cannot load the held-out split: {exc}") from exc
     examples = [held_out[i] for i in np.random.RandomState(0).permutation(len(held_out))]
-    texts, labels = [e.text for e in examples], [int(e.label) for e in examples]
-    pairs = same_label_long_texts(texts, labels, token_lengths(tokenizer, texts),
-                                  lambda t: int(token_lengths(tokenizer, [t])[0]), n=60 if quick else None)
-    if not pairs:
-        raise BenchError("no long texts could be joined from the held-out split")
-    long_texts, long_labels = [t for t, _ in pairs], [y for _, y in pairs]
-    lengths = token_lengths(tokenizer, long_texts)
-    made = [window_count(int(k), WINDOW, STRIDE) for k in lengths]
-    results["dataset"] = {**length_stats(lengths), "positive": int(sum(long_labels)),
-                          "windows_min": min(made), "windows_max": max(made), "windows_mean": float(np.mean(made))}
+    sets = long_text_sets(tokenizer, examples, n=60 if quick else None)
+    if not all(sets.values()):
+        raise BenchError("no long texts of some kind could be joined from the held-out split")
+    results["datasets"] = {}
+    for kind, pairs in sets.items():
+        lengths = token_lengths(tokenizer, [t for t, _ in pairs])
+        made = [window_count(int(k), WINDOW, STRIDE) for k in lengths]
+        results["datasets"][kind] = {**length_stats(lengths), "positive": int(sum(y for _, y in pairs)),
+                                     "windows_min": min(made), "windows_max": max(made), "windows_mean": float(np.mean(made))}
     with tempfile.TemporaryDirectory(prefix="bench-long-") as tmp:
         repo = Path(tmp) / "model_repository"
         shipped = make_long_repository(repo)
@@ -275,55 +422,28 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
                                                                       if c.get(k, defaults.get(k)) is not None}}
                                for c in chunk_nodes(shipped["root"])]
         results["stopping"] = [c for c in results["stopping"] if c["keys"]]
-        input_file = write_input_data(Path(tmp) / "input-long.json", long_texts)
+        inputs = {k: write_input_data(Path(tmp) / f"input-{k}.json", [t for t, _ in pairs]) for k, pairs in sets.items()}
         start = ["tokenizer", "postprocess", "classifier", "classifier_fast", "ensemble", "router", ALL_WINDOWS]
         with server_or_url(urls, lambda: TritonServer(repo, models=start), need="grpc") as server:
-            url = server.grpc_url
             results["stack"] = read_stack(server, embedded=not urls)
             served(results["stack"], MODELS, "serve the repository of --write-repository DIR, or run without --url")
-            accuracy, windows = {}, {}
-            for model in MODELS:
-                before = _window_counts(server, model) if model != "ensemble" and not urls else None
-                res = classify_all(url, model, long_texts)
-                accuracy[model] = accuracy_summary(long_labels, res["verdicts"], res["routes"])
-                if before is not None:
-                    time.sleep(1.0)  # the router flushes its counters every 0.5 s
-                    after = _window_counts(server, model)
-                    windows[model] = {"classified_per_text": (after[0] - before[0]) / len(long_texts),
-                                      "skipped_per_text": (after[1] - before[1]) / len(long_texts)}
-                print(f"[bench-long] {model}: {accuracy[model]['accuracy_pct']:.2f}% {windows.get(model, '')}",
-                      file=sys.stderr, flush=True)
-            warmup: Dict[Tuple[str, str], float] = {}
-            for model in MODELS:
-                lat = []
-                for t in long_texts[:6]:
-                    s = time.perf_counter()
-                    classify_all(url, model, [t])
-                    lat.append((time.perf_counter() - s) * 1000.0)
-                warmup[(model, DATASET)] = float(np.median(lat[1:]))
-            measurements: List[dict] = []
-            for r in range(results["rounds"]):
-                order = MODELS if r % 2 == 0 else tuple(reversed(MODELS))
-                for model in order:
-                    spec = Spec(SECTION, model, DATASET, SWEEP_CONCURRENCY, 1, r)
-                    m = measure(binary, spec, url, input_file, Path(tmp) / "pa", settings,
-                                latency_ms=expected_latency_ms(spec, measurements, warmup))
-                    m["load_1min"] = (load_average() or [None])[0]
-                    measurements.append(m)
-                    print(f"[bench-long] round {r + 1} {model}: "
-                          + (f"FAILED {m['error']}" if m.get("error") else
-                             f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"),
-                          file=sys.stderr, flush=True)
-    results["accuracy"], results["windows"] = accuracy, windows
+            results["accuracy"], results["windows"] = _accuracy_pass(server, sets, count_windows=not urls)
+            measurements = _throughput(binary, server.grpc_url, inputs, Path(tmp), sets, settings, results["rounds"])
     results["measurements"] = combine_rounds(measurements)
-    perf = {m["model"]: m for m in results["measurements"]}
-    ens, rt = perf["ensemble"].get("throughput"), perf["router"].get("throughput")
+    perf = {(m["model"], m["dataset"]): m for m in results["measurements"]}
+    acc = results["accuracy"]
+    ens, rt = perf[("ensemble", "long_same_label")].get("throughput"), perf[("router", "long_same_label")].get("throughput")
     ratio = rt / ens if ens and rt else None
-    results["goal"] = {"ratio": ratio, "router_accuracy_pct": accuracy["router"]["accuracy_pct"],
-                       "ensemble_accuracy_pct": accuracy["ensemble"]["accuracy_pct"],
+    results["goal"] = {"ratio": ratio, "router_accuracy_pct": acc["same_label"]["router"]["accuracy_pct"],
+                       "ensemble_accuracy_pct": acc["same_label"]["ensemble"]["accuracy_pct"],
                        "met": bool(ratio is not None and ratio >= GOAL_RATIO
-                                   and accuracy["router"]["correct"] >= accuracy["ensemble"]["correct"])}
+                                   and acc["same_label"]["router"]["correct"] >= acc["same_label"]["ensemble"]["correct"])}
+    turning = acc["turning"]
+    results["turning_goal"] = {"router_accuracy_pct": turning["router"]["accuracy_pct"],
+                               "all_windows_accuracy_pct": turning[ALL_WINDOWS]["accuracy_pct"],
+                               "met": turning["router"]["accuracy_pct"] >= turning[ALL_WINDOWS]["accuracy_pct"] - TURNING_POINTS}
     results["load_end"] = load_average()
+    results["loaded"] = bool(max((results["load_start"] or [0])[0], (results["load_end"] or [0])[0]) > 0.5 * results["machine"].get("cores", 1))
     results["wall_s"] = round(time.monotonic() - t0, 1)
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "long_texts.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -136,7 +136,8 @@ def render_markdown(report: dict) -> str:
     L += ["## Thresholds", "", "`thresholds.json` (probabilities for the `THRESHOLD` input; candidates: "
           "their operating threshold):", "", "```json", json.dumps(report["thresholds"], indent=2), "```", ""]
     L += ["## Definitions", "",
-          "- Score: the logit (one-logit models) or logit[1] - logit[0] (two-logit models); probability = "
+          "- Score: the logit (one-logit models) or logit[1] - logit[0] (two-logit models), divided by the model's "
+          "`head.json` temperature when it has a calibration (as the router and postprocess serve it); probability = "
           "sigmoid(score) in float64 rounded to float32, verdict = probability >= threshold (the `postprocess` model's rule).",
           "- Reference threshold: the smallest threshold among the reference's probabilities on these texts whose "
           "precision TP/(TP+FP) against the labels is at least the target (any threshold between the next lower "
@@ -231,8 +232,14 @@ def write_report(report: dict, out: Path, ref_scores, cand_scores) -> dict:
     names = ("report.json", "report.md", "thresholds.json") + (("logits.png",) if ref_scores is not None else ())
     paths = {k: out / k for k in names}
     paths["report.json"].write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    from orchestrator.tooling.modeling.parity.calibration import calibration_markdown
+
     multi = "head" in report["result"]
-    paths["report.md"].write_text(render_markdown_multi(report) if multi else render_markdown(report), encoding="utf-8")
+    text = render_markdown_multi(report) if multi else render_markdown(report)
+    section = calibration_markdown(report.get("calibration") or {})
+    if section:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(section)
+    paths["report.md"].write_text(text, encoding="utf-8")
     paths["thresholds.json"].write_text(json.dumps(report["thresholds"], indent=2) + "\n", encoding="utf-8")
     if ref_scores is not None:
         plot_logits(paths["logits.png"], report["result"]["reference"]["name"], ref_scores, cand_scores,

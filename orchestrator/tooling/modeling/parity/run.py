@@ -169,7 +169,13 @@ def run_parity(
         if server is not None:
             server.stop()
 
-    result = compare(logits[reference], {c: logits[c] for c in candidates}, data.labels, target_precision, reference, head)
+    from orchestrator.tooling.modeling.parity.calibration import parity_calibration, served_logits, uncalibrated
+
+    # each model's logits as its head serves them (divided by its own head.json temperature),
+    # so thresholds and flips are those of the served probabilities
+    served = served_logits(repo, models, logits)
+    result = compare(served[reference], {c: served[c] for c in candidates}, data.labels, target_precision, reference,
+                     uncalibrated(head))
     model_files = {}
     for m in models:
         p = onnx_file(repo / m)
@@ -198,8 +204,9 @@ def run_parity(
         "thresholds": thresholds,
         "cross_check": cc,
     }
+    report["calibration"] = parity_calibration(repo, models, logits, data.labels, Path(out) if out is not None else None)
     if out is not None:
-        write_report(report, Path(out), *_plot_scores(logits, reference, candidates, head))
+        write_report(report, Path(out), *_plot_scores(served, reference, candidates, head))
     return report
 
 

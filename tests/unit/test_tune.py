@@ -1,0 +1,213 @@
+"""``orchestrator tune``: targets, the cascade and stop_margin curves on fake answers, the
+choice of the cheapest point, the runtime's stopping rules reused, the comment-keeping
+policy edit, turning long texts, and one end-to-end run on a BYOM 2-label checkpoint pair
+exported here (orchestrator/tooling/tune.py)."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+
+import numpy as np
+import pytest
+import yaml
+
+from orchestrator.runtime import policy as P
+from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.nodes.chunk import ChunkNode
+from orchestrator.tooling import tune as T
+from orchestrator.tooling.bench.long_texts import turning_long_texts
+
+BIN = Head(BINARY, ("positive",))
+
+
+def test_targets_parse_and_bad_ones_are_named():
+    assert T.parse_target("accuracy>=last") == T.Target("accuracy", None)
+    assert T.parse_target(" agreement >= 0.99 ") == T.Target("agreement", 0.99)
+    for bad in ("accuracy>last", "agreement>=last", "accuracy>=1.5", "speed>=1"):
+        with pytest.raises(T.TuneError, match="--target"):
+            T.parse_target(bad)
+
+
+def test_cascade_curve_escalates_unsure_texts_and_counts_the_rate():
+    first = np.array([[0.9], [0.55], [0.45], [0.2]])
+    last = np.array([[0.8], [0.1], [0.9], [0.3]])
+    labels = np.array([1, 0, 1, 0])
+    pts = {p["margin"]: p for p in T.cascade_curve(BIN, [first, last], labels, [0.0, 0.1, 0.4, 0.5])}
+    assert pts[0.0] == {"margin": 0.0, "escalation_rate": 0.0, "accuracy": 0.5, "agreement": 0.5}
+    assert pts[0.1] == {"margin": 0.1, "escalation_rate": 0.5, "accuracy": 1.0, "agreement": 1.0}
+    assert pts[0.4]["escalation_rate"] == 0.75 and pts[0.5]["escalation_rate"] == 1.0
+
+
+def test_multiclass_cascades_escalate_on_the_top_two_gap_and_multilabel_on_any_label():
+    mc = Head(MULTICLASS, ("a", "b", "c"))
+    first = np.array([[0.5, 0.45, 0.05], [0.8, 0.1, 0.1]])
+    last = np.array([[0.1, 0.8, 0.1], [0.1, 0.8, 0.1]])
+    (p,) = T.cascade_curve(mc, [first, last], np.array([1, 0]), [0.1])
+    assert p["escalation_rate"] == 0.5 and p["accuracy"] == 1.0
+    ml = Head(MULTILABEL, ("x", "y"))
+    first = np.array([[0.9, 0.52], [0.9, 0.1]])
+    last = np.array([[0.9, 0.1], [0.1, 0.1]])
+    (p,) = T.cascade_curve(ml, [first, last], np.array([[True, False], [True, False]]), [0.1])
+    assert p["escalation_rate"] == 0.5 and p["accuracy"] == 1.0 and p["agreement"] == 0.5
+
+
+def test_the_cheapest_point_meeting_the_target_is_chosen():
+    pts = [{"margin": m, "escalation_rate": e, "accuracy": a, "agreement": g}
+           for m, e, a, g in [(0.0, 0.0, 0.70, 0.8), (0.1, 0.2, 0.79, 0.95), (0.2, 0.4, 0.80, 0.99), (0.3, 0.6, 0.80, 1.0)]]
+    assert T.choose(pts, T.parse_target("accuracy>=last"), 0.80, "escalation_rate")["margin"] == 0.2
+    assert T.choose(pts, T.parse_target("agreement>=0.95"), 0.80, "escalation_rate")["margin"] == 0.1
+    assert T.choose(pts, T.parse_target("accuracy>=0.9"), 0.80, "escalation_rate") is None
+
+
+def _chunk(**kw):
+    return ChunkNode(kind="chunk", name="c", window=8, stride=6, node=None, aggregation="mean", **kw)
+
+
+def test_chunk_answers_follow_the_runtimes_stopping_rules():
+    sure_then_turn = [np.array([0.95]), np.array([0.1]), np.array([0.1])]
+    p, used = T.chunk_answer(BIN, _chunk(stop_margin=0.35), sure_then_turn, [1, 1, 1])
+    assert used == 1 and p[0] == pytest.approx(0.95)
+    p, used = T.chunk_answer(BIN, _chunk(), sure_then_turn, [1, 1, 1])
+    assert used == 3 and p[0] == pytest.approx(1.15 / 3)
+    decided = [np.array([0.9])] * 3 + [np.array([0.1])]
+    p, used = T.chunk_answer(BIN, _chunk(stop_when_decided=True), decided, [1, 1, 1, 1])
+    assert used == 3  # (0.9 * 3 + 0) / 4 >= 0.5 whatever the last window says
+
+
+def test_stop_curve_draws_windows_against_accuracy_and_removing_stop_margin_is_the_exact_point():
+    windows = [[np.array([0.9]), np.array([0.1]), np.array([0.1])], [np.array([0.25]), np.array([0.3]), np.array([0.2])]]
+    pts, ref = T.stop_curve(BIN, _chunk(stop_margin=0.3), windows, [[1, 1, 1]] * 2, np.array([0, 0]), [None, 0.3])
+    assert ref == {"windows_per_text": 3.0, "accuracy": 1.0}
+    by = {p["stop_margin"]: p for p in pts}
+    assert by[None]["accuracy"] == 1.0 and by[None]["windows_per_text"] == 3.0
+    assert by[0.3]["accuracy"] == 0.5 and by[0.3]["windows_per_text"] == 2.0  # the first stops at once, wrongly
+    assert T.choose(pts, T.parse_target("accuracy>=last"), ref["accuracy"], "windows_per_text")["stop_margin"] is None
+
+
+POLICY = """\
+# top comment
+version: 1
+root:
+  kind: cascade
+  name: c1
+  margin: 0.15   # hand-set
+  # about the stages
+  stages:
+    - kind: chunk
+      name: k1
+      stop_when_decided: true
+      stop_margin: 0.35
+      node: {kind: model, name: a, model: fast}
+    - {kind: chunk, name: k2, node: {kind: model, name: b, model: slow}}
+"""
+
+
+def test_policy_edits_keep_every_other_byte():
+    out = T.edit_policy_text(POLICY, [("cascade", "c1", "margin", 0.3, "tuned"), ("chunk", "k1", "stop_margin", None, ""),
+                                      ("chunk", "k2", "stop_margin", 0.4, "tuned")])
+    assert "  margin: 0.3  # tuned\n" in out and "stop_margin: 0.35" not in out
+    assert "# top comment" in out and "# about the stages" in out
+    doc = yaml.safe_load(out)
+    assert doc["root"]["margin"] == 0.3 and "stop_margin" not in doc["root"]["stages"][0]
+    assert doc["root"]["stages"][1]["stop_margin"] == 0.4
+    added = T.edit_policy_text(out, [("chunk", "k1", "stop_margin", 0.45, "back")])
+    assert yaml.safe_load(added)["root"]["stages"][0]["stop_margin"] == 0.45 and "      stop_margin: 0.45  # back\n" in added
+    flow = T.edit_policy_text(out, [("chunk", "k2", "stop_margin", None, "")])
+    assert "    - {kind: chunk, name: k2, node: {kind: model, name: b, model: slow}}\n" in flow
+    with pytest.raises(T.TuneError, match="no cascade node named 'zz'"):
+        T.edit_policy_text(POLICY, [("cascade", "zz", "margin", 0.1, "")])
+
+
+def test_the_shipped_policy_edit_is_valid_and_changes_only_those_lines():
+    from tests.helpers import REPO
+
+    text = (REPO / "router" / "policy.yaml").read_text()
+    out = T.edit_policy_text(text, [("cascade", "cascade", "margin", 0.2, "x"), ("chunk", "chunk_fast", "stop_margin", 0.4, "y")])
+    policy = P.parse_policy(yaml.safe_load(out))
+    (cascade,) = T.cascades(policy)
+    assert cascade.margin == 0.2 and T.resolve_stage(cascade.stages[0], "s").chunk.stop_margin == 0.4
+    assert T.resolve_stage(cascade.stages[1], "s").model.model == "classifier"  # the fallback's first node
+    diff = [d for d in difflib.ndiff(text.splitlines(), out.splitlines()) if d[:2] in ("- ", "+ ")]
+    assert [d[:2] for d in diff] == ["- ", "+ ", "+ "]  # the margin line replaced, stop_margin added
+    assert diff[2].strip("+ ").startswith("stop_margin: 0.4  # y")
+
+
+def test_turning_texts_open_with_one_label_and_take_the_later_longer_parts():
+    texts = [f"s{i} " + "w " * 9 for i in range(200)]
+    labels = [i % 2 for i in range(200)]
+    made = turning_long_texts(texts, labels, [12] * 200, lambda s: len(s.split()) + 2, bounds=(30, 400),
+                              opening=30, factor=2.0)
+    assert made
+    for text, label in made:
+        ids = [int(w[1:]) for w in text.split() if w.startswith("s")]
+        first, later = [i % 2 for i in ids[:3]], [i % 2 for i in ids[3:]]
+        assert set(first) == {1 - label} and set(later) == {label} and len(later) > len(first)
+    assert {label for _, label in made} == {0, 1}
+
+
+# -- end to end on a BYOM checkpoint pair -----------------------------------------------------------------
+
+
+WORDS_GOOD = ["good", "great", "fun", "loved", "kind", "helpful", "acting"]
+WORDS_BAD = ["bad", "terrible", "boring", "hate", "idiot", "worth", "plot"]
+
+
+def _labeled(path, n, seed):
+    rng = np.random.default_rng(seed)
+    lines = ["label\ttext"]
+    for _ in range(n):
+        y = int(rng.integers(2))
+        words = list(rng.choice(WORDS_GOOD if y else WORDS_BAD, 4)) + list(rng.choice(WORDS_GOOD + WORDS_BAD, 2))
+        lines.append(f"{y}\t{' '.join(words)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("checkpoint", ["bert2", "stars5"])  # a 2-label pair, a 5-class pair
+def test_tune_end_to_end_on_an_exported_checkpoint_pair(tmp_path, checkpoint):
+    pytest.importorskip("torch")
+    pytest.importorskip("scipy")
+    from orchestrator.tooling.modeling.export import export_checkpoint
+    from orchestrator.tooling.policy_cli import check_command
+    from tests.byom import build_checkpoint
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for name, seed in (("small", 0), ("large", 1)):
+        ckpt = build_checkpoint(checkpoint, tmp_path / f"ckpt_{name}", seed=seed)
+        export_checkpoint(str(ckpt), repo, name, quiet=True, tensorrt=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("# a BYOM cascade\nversion: 1\nmax_sequence_length: 48\nroot:\n  kind: cascade\n  name: cas\n"
+                      "  margin: 0.1  # a guess\n  stages:\n"
+                      "    - {kind: chunk, name: ch_small, window: 24, stride: 16, stop_when_decided: true, stop_margin: 0.2,"
+                      " node: {kind: model, name: m_small, model: small}}\n"
+                      "    - kind: chunk\n      name: ch_large\n      window: 24\n      stride: 16\n      stop_when_decided: true\n"
+                      "      node: {kind: model, name: m_large, model: large}\n")
+    data = _labeled(tmp_path / "val.tsv", 400, 0)
+    # the BYOM path: calibrate the exported model, head.json and its ensemble's postprocess config
+    from orchestrator.runtime.heads import read_head
+    from orchestrator.tooling import repository
+    from orchestrator.tooling.modeling.parity.calibration import calibrate
+
+    cal = calibrate(repo / "small", str(data), report=tmp_path / "cal", write=True)
+    head = read_head(repo / "small")
+    assert head.calibration["temperature"] == cal["temperature"] and (tmp_path / "cal" / "reliability.png").is_file()
+    served = repository.get_parameter(repository.read_config(repo / "small_postprocess" / "config.pbtxt"), "head")
+    assert Head.from_json(served).calibration == head.calibration
+    assert '"temperature"' in served and str(repo / "small_postprocess" / "config.pbtxt") in cal["written"]
+    result = T.tune(policy, str(data), repo=repo, target="agreement>=0.9", report_data=str(_labeled(tmp_path / "test.tsv", 300, 1)),
+                    out=tmp_path / "out", write=True, long_n=10)
+    (cascade,) = result["cascades"]
+    assert cascade["chosen"]["agreement"] >= 0.9 and len(cascade["points"]) == len(T.MARGINS)
+    assert {c["name"] for c in result["chunks"]} == {"ch_small", "ch_large"}
+    assert result["chunks"][0]["long_texts"] > 0
+    for f in ("curves.json", "tune.md", "policy.yaml", "cascade_cas.png", "chunk_ch_small.png"):
+        assert (tmp_path / "out" / f).is_file()
+    text = policy.read_text()
+    assert "# a BYOM cascade" in text and f"margin: {cascade['chosen']['margin']:g}  # orchestrator tune" in text
+    loaded = P.load_policy(policy)
+    assert T.cascades(loaded)[0].margin == cascade["chosen"]["margin"]
+    assert check_command(argparse.Namespace(path=str(policy), repo=str(repo), model_config_name="embedded",
+                                            write_labels=False)) == 0
+    assert set(result["report"]["cascades"][0]["sets"]) >= {"short"}

@@ -28,6 +28,10 @@ EXAMPLE_HEADS = {
     "stars_fp16": Head("multiclass", STARS, 0, "stars_tokenizer", 0, 512),
     "toxicity": Head("multilabel", TOXIC, 0, "toxicity_tokenizer", 0, 512),
     "labels3": Head("multilabel", ("a", "b", "c"), 0, "labels3_tokenizer", 0, 48),
+    # hierarchical.yaml: a language model routing to sentiment specialists with the demo's head
+    "lang_id": Head("multiclass", ("en", "de", "fr"), 0, "tokenizer", 0, 128),
+    "sentiment_de": Head("binary", ("positive",), 0, "tokenizer", 0, 128),
+    "sentiment_multi": Head("binary", ("positive",), 0, "tokenizer", 0, 128),
 }
 
 
@@ -65,7 +69,9 @@ def test_example_windows_fit_the_models(path):
     policy = P.parse_policy(document)
     default = document.get("defaults", {}).get("chunk", {}).get("window")
     windows = [n.get("window", default) for n in _nodes(document["root"]) if n.get("kind") == "chunk"]
-    assert windows and set(windows) == {policy.max_sequence_length}, (windows, policy.max_sequence_length)
+    if path.stem in ("binary", "multiclass", "multilabel"):  # the BYOM examples chunk long texts
+        assert windows, f"{path.name}: no chunk node"
+    assert set(windows) <= {policy.max_sequence_length}, (windows, policy.max_sequence_length)
 
 
 def _nodes(node):

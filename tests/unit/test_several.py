@@ -29,7 +29,7 @@ class FakeGrpcClient:
 
     sent: list = []
 
-    def __init__(self, url):
+    def __init__(self, url, channel_args=None):
         self.url = url
 
     def get_model_config(self, model, headers=None, as_json=False, client_timeout=None):

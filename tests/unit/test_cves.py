@@ -20,42 +20,86 @@ def test_the_docs_table_is_the_data():
         "docs/deployment.md's CVE table differs from deploy/triton-cves.yaml: python -m orchestrator.tooling.cves prints it")
 
 
-def test_every_unconfirmed_fix_says_so_and_every_row_has_a_source():
+def test_every_row_is_from_an_nvidia_bulletin_and_every_unconfirmed_fix_says_so():
     rows = C.load_cves()
-    assert {"CVE-2026-24146", "CVE-2026-24206", "CVE-2026-24207", "CVE-2026-24208", "CVE-2026-24209"} <= {c.cve for c in rows}
+    by_cve = {c.cve: c for c in rows}
+    # the rows that were "not confirmed" before NVIDIA's own bulletins were read
+    assert {"CVE-2025-33201", "CVE-2026-24146", "CVE-2026-24173", "CVE-2026-24206", "CVE-2026-24207",
+            "CVE-2026-24208", "CVE-2026-24209"} <= set(by_cve)
     for c in rows:
         assert c.fixed_in is not None or c.source.startswith("not confirmed"), c
         assert re.search(r"https?://|bulletin|same as", c.source), c
+        if c.bulletin is not None:
+            year = c.published.year if c.published else None
+            assert f"https://github.com/NVIDIA/product-security/blob/main/{year}/{c.bulletin}/{c.bulletin}.json" in c.source, c
+    c = by_cve["CVE-2026-24207"]
+    assert (c.component, c.cvss, c.fixed_in, c.bulletin) == ("server", 9.8, (26, 3), "5828")
+    assert {c.component for c in rows if c.cve in {"CVE-2026-24213", "CVE-2026-24214", "CVE-2026-24215"}} == {"dali_backend"}
 
 
-def _check(tmp_path, tag=None):
+def _check(tmp_path, tag=None, cves=C.CVE_FILE):
     """The gate's findings on the shipped Dockerfile, its base moved to NGC ``tag``."""
     text = (ROOT / "deploy" / "Dockerfile").read_text()
     path = tmp_path / "Dockerfile"
     path.write_text(text if tag is None else re.sub(r"tritonserver:\d\d\.\d\d-py3", f"tritonserver:{tag}-py3", text))
     base = D.base_image(path)
-    return C.check_base(base.reference, base.release)
+    return C.check_base(base.reference, base.release, cves)
 
 
-def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_entry(tmp_path):
+def _named(findings):
+    return {f.split(": ")[1].split()[0] for f in findings}
+
+
+def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_gated_fix(tmp_path):
     assert _check(tmp_path) == []
-    assert C.minimum_release(C.load_cves()) == (26, 6)  # bulletin 5828 (2026-05-20): the month after
+    assert C.minimum_release(C.load_cves()) == (26, 6)  # bulletin 5865 (2026-08-18)
 
 
 @pytest.mark.parametrize("tag, named", [
-    ("26.05", {"CVE-2026-24206", "CVE-2026-24207", "CVE-2026-24208", "CVE-2026-24209"}),
-    ("26.04", {"CVE-2026-24146", "CVE-2026-24173", "CVE-2026-24206", "CVE-2026-24207", "CVE-2026-24208", "CVE-2026-24209"}),
+    ("26.05", {"CVE-2026-47606", "CVE-2026-47627", "CVE-2026-47628", "CVE-2026-47629", "CVE-2026-47630"}),
+    ("26.04", {"CVE-2026-47606", "CVE-2026-47627", "CVE-2026-47628", "CVE-2026-47629", "CVE-2026-47630",
+               "CVE-2026-47476", "CVE-2026-47477", "CVE-2026-47478", "CVE-2026-47479", "CVE-2026-47480",
+               "CVE-2026-47481", "CVE-2026-47482"}),
 ])
-def test_a_base_released_before_a_bulletin_is_refused(tmp_path, tag, named):
+def test_a_base_older_than_the_newest_fix_is_refused(tmp_path, tag, named):
     findings = _check(tmp_path, tag)
-    assert {f.split(": ")[1].split()[0] for f in findings} == named
-    assert "fixed release not confirmed" in findings[0]
+    assert _named(findings) == named
+    assert all("(server) fixed in 26.0" in f for f in findings), findings
 
 
 def test_a_base_older_than_a_confirmed_fix_is_refused(tmp_path):
     messages = _check(tmp_path, "25.07")
-    assert any("CVE-2025-23316 fixed in 25.08" in m for m in messages), messages
+    assert any("CVE-2025-23316 (python_backend) fixed in 25.08" in m for m in messages), messages
     assert not any("CVE-2025-23310" in m for m in messages)
+
+
+def test_dali_backend_rows_are_listed_but_not_gated(tmp_path):
+    named = _named(_check(tmp_path, "26.02"))
+    assert {"CVE-2026-24206", "CVE-2026-24207", "CVE-2026-24208", "CVE-2026-24209", "CVE-2026-24210"} <= named
+    assert not named & {"CVE-2026-24213", "CVE-2026-24214", "CVE-2026-24215"}  # DALI backend, same bulletin
+    rows = yaml.safe_load(C.CVE_FILE.read_text())
+    dali = next(r for r in rows if r["component"] == "dali_backend")
+    dali["fixed_in"] = "26.09"  # past the shipped 26.08: gated, the shipped base would fail
+    path = tmp_path / "cves.yaml"
+    path.write_text(yaml.safe_dump(rows))
+    assert _check(tmp_path, cves=path) == []
+    dali["component"] = "server"
+    path.write_text(yaml.safe_dump(rows))
+    assert _named(_check(tmp_path, cves=path)) == {dali["cve"]}
+    assert "| dali_backend (not gated: no model in this repository uses the DALI backend) |" in DOC.read_text()
+
+
+def test_an_unconfirmed_fix_refuses_a_base_released_before_the_month_after(tmp_path):
+    rows = yaml.safe_load(C.CVE_FILE.read_text())
+    rows.append({"cve": "CVE-2026-99999", "component": "python_backend", "cvss": None, "what": "x",
+                 "published": "2026-08-20", "fixed_in": None, "bulletin": None, "source": "not confirmed (test)"})
+    path = tmp_path / "cves.yaml"
+    path.write_text(yaml.safe_dump(rows).replace("'2026-08-20'", "2026-08-20"))
+    findings = _check(tmp_path, cves=path)
+    assert _named(findings) == {"CVE-2026-99999"}
+    assert "fixed release not confirmed: a base released before 26.09" in findings[0]
+    assert _check(tmp_path, "26.09", cves=path) == []
+    assert C.minimum_release(C.load_cves(path)) == (26, 9)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -64,6 +108,8 @@ def test_a_base_older_than_a_confirmed_fix_is_refused(tmp_path):
     (lambda r: r.update(cve="CVE-26-1"), "is not CVE-YYYY-NNNN"),
     (lambda r: r.update(source=" "), "no source"),
     (lambda r: r.pop("what"), "keys must be"),
+    (lambda r: r.update(component="tensorflow"), "component 'tensorflow' is not one of"),
+    (lambda r: r.update(bulletin="May 2026"), "bulletin 'May 2026' is not an NVIDIA bulletin id"),
 ])
 def test_a_bad_row_is_named(tmp_path, change, words):
     rows = yaml.safe_load(C.CVE_FILE.read_text())

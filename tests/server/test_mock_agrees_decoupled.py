@@ -25,7 +25,14 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.tooling.server import TritonServer
 from tests.mock.test_decoupled_mock import (
-    BLS_CASES, DECOUPLED, MODELS, PROBE_CASES, case_input, first_lines, normalized, repeat_input,
+    BLS_CASES,
+    DECOUPLED,
+    MODELS,
+    PROBE_CASES,
+    case_input,
+    first_lines,
+    normalized,
+    repeat_input,
 )
 
 pytestmark = pytest.mark.server
@@ -45,6 +52,7 @@ def real_stream(url, model, inputs, quiet=QUIET):
     """One request on a gRPC stream: ``[(outputs | None, error message | None, final)]``
     up to the final response, then ``"open"`` when none came within ``quiet`` seconds."""
     got: queue.Queue = queue.Queue()
+    open_requests = False  # stop_stream waits for open requests unless it cancels them
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
     try:
@@ -61,6 +69,7 @@ def real_stream(url, model, inputs, quiet=QUIET):
                 # the client shows no final flag with an error: silence after one is its end
                 if not (out and out[-1][1] is not None):
                     out.append("open")
+                open_requests = True
                 return out
             if error is not None:  # the client shows no final flag with an error
                 out.append((None, error.message(), None))
@@ -72,7 +81,7 @@ def real_stream(url, model, inputs, quiet=QUIET):
             if final:
                 return out
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=open_requests)
         client.close()
 
 
@@ -98,7 +107,7 @@ def _grpc_infer(url, model, inputs):
         for name, array in inputs.items():
             infer_inputs.append(grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype)))
             infer_inputs[-1].set_data_from_numpy(array)
-        result = client.infer(model, infer_inputs)
+        result = client.infer(model, infer_inputs, client_timeout=30)
         return {o.name: result.as_numpy(o.name).tolist() for o in result.get_response().outputs}
     finally:
         client.close()

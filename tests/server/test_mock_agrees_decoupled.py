@@ -14,6 +14,7 @@ import os
 import queue
 import shutil
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +129,6 @@ def test_what_the_probe_saw_later_agrees(both):
     for case in ("send_after_final", "raise_then_late_send", "late_final"):
         real_stream(server.grpc_url, "decoupled_probe", case_input(case))
         mock_stream(mock, "decoupled_probe", case_input(case))
-    import time
-
     time.sleep(0.6)  # the probe's threads send 0.2 s later
     real = real_stream(server.grpc_url, "decoupled_probe", case_input("report"))
     fake = mock_stream(mock, "decoupled_probe", case_input("report"))

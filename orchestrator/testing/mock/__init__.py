@@ -48,6 +48,8 @@ API summary (see the docstrings)::
               model_version="") -> dict
         infer_response(...same...) -> (dict, response parameters dict)
         infer_batch(model, requests) -> list[dict | InferError]
+        infer_stream(model, inputs, parameters=None, request_id="", *, outputs=None,
+                     model_version="") -> list[StreamResponse]
         is_model_ready(name, version=""); repository_index(); model_config(name)
         instance(name, version=-1)
         calls: list[Call]; calls_to(model); reset_calls()
@@ -56,6 +58,7 @@ API summary (see the docstrings)::
         metrics() -> {family: {frozenset(labels.items()): value}}; metric(family, labels)
         logs: list[LogRecord]; traces: list[TraceRecord]
     class Call(NamedTuple): model: str; batch_sizes: tuple; requests -> int
+    class StreamResponse(NamedTuple): outputs: dict | None; error: InferError | None; final: bool
     class TraceRecord(NamedTuple): id: int; parent_id: int; model: str; request_id: str
     class LogRecord(NamedTuple): model: str | None; level: str; message: str
     # the pb_utils stand-ins, also importable from here:
@@ -86,6 +89,7 @@ Modules, by concern::
     client      numpy inputs as tritonclient would send them
     validation  the core's request checks (InferenceRequest::Normalize)
     execution   batching rules, execute as the stub calls it, output checks
+    decoupled   decoupled models: response streams, execute as the stub runs it, BLS iterator
     faults      fail_next/set_failure/set_delay
     server      MockTriton
 
@@ -158,7 +162,7 @@ honest):
   '<calling instance>', message: <load error>")``: in the real 2.51 stub an unreadable
   byte follows "message: ", and that failure brought the server down
   (``boost::interprocess::lock_exception``) in most of our runs, so the mock keeps the
-  readable cause. Decoupled models and ``load_model(files=...)`` are not supported.
+  readable cause. ``load_model(files=...)`` is not supported.
   ``auto_complete_config`` is called when the class defines it (Triton's default,
   auto-complete enabled).
 * Metrics live in the :class:`MockTriton`, not in a Prometheus endpoint. As in the stub,
@@ -195,6 +199,32 @@ honest):
   the stub would then read the memory as if contiguous the mock copies it correctly).
   In the real 2.51 stub with numpy 1.x, ``from_dlpack`` of a *numpy array* (and so
   ``to_dlpack`` of its result) crashed the stub process; the mock works.
+* Decoupled models (``model_transaction_policy { decoupled: true }``) run as in r24.10:
+  every ``send`` of the response sender is a response at once, any number of them, until
+  one carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (``send(flags=FINAL)`` alone is a
+  flag-only "empty" final response); a send after it raises ``Unable to send response.
+  Response sender has been closed.``. ``execute`` must return None (else every request
+  without its final response gets ``Failed to process the request(s) for model
+  '<instance>', message: Python model '<instance>' is using the decoupled mode and the
+  execute function must return None.``); when it raises, those requests get the error as
+  their final response, what was sent stays, and every sender is closed. An ``async def
+  execute`` is left running on the model's loop (the instance takes the next batch at
+  once); its return value is ignored and its exception only logged, as the stub does.
+  :meth:`MockTriton.infer_stream` reads all responses (a gRPC stream with
+  ``enable_empty_final_response``); ``infer``/``infer_batch`` refuse decoupled models with
+  gRPC's ``ModelInfer RPC doesn't support models with decoupled transaction policy``
+  (UNSUPPORTED; Triton's HTTP endpoint refuses them too). BLS ``exec(decoupled=True)`` /
+  ``async_exec(decoupled=True)`` return (once the first response is there) a plain
+  iterator of every response, the empty final one included, that starts again once
+  finished; a non-decoupled target gives one response; a decoupled target called without
+  ``decoupled=True`` answers ``Model <m> - Error when running inference: Model <m> is
+  using the decoupled. ...``. Where Triton waits for ever for a final flag, the mock ends
+  the stream after ``response_timeout`` seconds without a response with a ``mock_triton:``
+  error. Decoupled models inside ensembles are refused at load (Triton runs them). Seen
+  on the real 2.51 and not reproduced: a BLS ``exec(decoupled=True)`` to a decoupled model
+  that sent a response with outputs from inside its *synchronous* ``execute`` never
+  returned (the caller's instance stayed stuck), where one sent from another thread (as
+  upstream's examples do) or a flag-only final was fine; the mock answers both.
 * GPU tensors, DLPack GPU exchange, BF16, shape tensors, request rescheduling,
   sequence batching state and model warmup are not supported.
 """
@@ -205,12 +235,13 @@ from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.pb_utils import install
 from orchestrator.testing.mock.records import Call, LogRecord, TraceRecord
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
-from orchestrator.testing.mock.server import MockTriton
+from orchestrator.testing.mock.server import MockTriton, StreamResponse
 from orchestrator.testing.mock.tensors import Tensor
 
 __all__ = [
     "install",
     "MockTriton",
+    "StreamResponse",
     "InferError",
     "LoadError",
     "Call",

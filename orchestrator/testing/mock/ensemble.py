@@ -56,6 +56,21 @@ def _check_step(name: str, step: Step, sub: LoadedModel, produced: Dict[str, str
         produced[tensor] = _io_config(name, step, sub.outputs, model_output, "output")["data_type"]
 
 
+def _load_composing(name: str, step_model: str, load: Callable[[str], LoadedModel]) -> LoadedModel:
+    try:
+        model = load(step_model)
+    except LoadError as exc:
+        raise LoadError(
+            f"failed to load '{name}': composing model '{step_model}' failed to load: {exc}"
+        ) from exc
+    if model.decoupled:  # Triton runs these; the mock does not
+        raise LoadError(
+            f"failed to load '{name}': composing model '{step_model}' is decoupled; the "
+            "mock does not run decoupled models inside ensembles"
+        )
+    return model
+
+
 def load_ensemble(model: LoadedModel, load: Callable[[str], LoadedModel]) -> LoadedModel:
     """Check an ensemble and order its steps; ``load(name)`` loads a composing model
     and returns it. Returns ``model``, initialized. Raises :class:`LoadError`."""
@@ -68,13 +83,7 @@ def load_ensemble(model: LoadedModel, load: Callable[[str], LoadedModel]) -> Loa
         if step.model_name == name:
             raise LoadError(f"failed to load '{name}': ensemble step refers to the ensemble itself")
         if step.model_name not in composing:
-            try:
-                composing[step.model_name] = load(step.model_name)
-            except LoadError as exc:
-                raise LoadError(
-                    f"failed to load '{name}': composing model '{step.model_name}' failed "
-                    f"to load: {exc}"
-                ) from exc
+            composing[step.model_name] = _load_composing(name, step.model_name, load)
     # dtypes of ensemble tensors as they are produced
     produced: Dict[str, str] = {n: io["data_type"] for n, io in model.inputs.items()}
     order: List[Step] = []

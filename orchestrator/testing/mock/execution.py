@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 from orchestrator.testing.mock.context import running
+from orchestrator.testing.mock.decoupled import ResponseStream, log_background_failure, run_decoupled
 from orchestrator.testing.mock.ensemble import run_ensemble
 from orchestrator.testing.mock.errors import ErrorCode, TritonModelException, format_exception
 from orchestrator.testing.mock.instances import LoadedModel
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.testing.mock.host import Host
 
 _LOG = logging.getLogger(LOGGER_NAME)
+Outcome = Union[Result, ResponseStream]  # a decoupled model's requests get streams
 _STRICT_NOTE = (
     " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
     "pass strict_outputs=False to mirror it]"
@@ -244,9 +246,23 @@ class Executor:
         self._server = server
 
     def run(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
-        """One result per request: validated, faults applied, batched, executed."""
+        """One result per request: validated, faults applied, batched, executed.
+        ``model`` must not be decoupled (see :meth:`run_streams`)."""
+        out: List[Result] = []
+        for outcome in self._run_any(model, reqs):
+            assert not isinstance(outcome, ResponseStream), "decoupled model: use run_streams"
+            out.append(outcome)
+        return out
+
+    def run_streams(self, model: LoadedModel, reqs: List[Req]) -> List[ResponseStream]:
+        """One stream of responses per request; a request refused before ``execute`` (or
+        one to a non-decoupled model) gets a stream of one final response."""
+        return [o if isinstance(o, ResponseStream) else ResponseStream.of(model.name, o)
+                for o in self._run_any(model, reqs)]
+
+    def _run_any(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
         server = self._server
-        results: List[Optional[Result]] = [None] * len(reqs)
+        results: List[Optional[Outcome]] = [None] * len(reqs)
         pending: List[int] = []
         for i, req in enumerate(reqs):
             problem = normalize(model, req)
@@ -266,7 +282,7 @@ class Executor:
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+    def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
         """``reqs`` through the model's queue (``max_queue_size``: a request that finds it
         full is refused at once) and its instance."""
         limit = max_queue_size(model)
@@ -278,7 +294,7 @@ class Executor:
         results = self._wait_and_run(model, reqs[:accepted], bool(limit)) if accepted else []
         return results + [queue_full_error(r) for r in reqs[accepted:]]
 
-    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], counted: bool = False) -> List[Result]:
+    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], counted: bool = False) -> List[Outcome]:
         """Wait for the instance (``counted``: ``reqs`` are in ``model.queued`` until then)."""
         server = self._server
         n = len(reqs)
@@ -306,7 +322,7 @@ class Executor:
             if any(0 < limit < waited_us for limit in limits):
                 expired = Err("Request timeout expired", ErrorCode.UNAVAILABLE, "exec")
                 keep = [i for i, limit in enumerate(limits) if not 0 < limit < waited_us]
-                results: List[Result] = [expired] * n
+                results: List[Outcome] = [expired] * n
                 if keep:
                     for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep])):
                         results[i] = result
@@ -315,13 +331,15 @@ class Executor:
         finally:
             model.lock.release()
 
-    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
         """``execute`` on ``reqs`` (the caller holds the instance) and the results."""
         server = self._server
         delay = server.faults.delay(model.name)
         if delay > 0:
             time.sleep(delay)
         server.recorder.call(Call(model.name, tuple(max(1, r.batch_size) for r in reqs)))
+        if model.decoupled:
+            return list(run_decoupled(self._server, model, reqs, self._call_execute, finish_outputs))
         requests = [InferenceRequest._for_execute(model, r) for r in reqs]
         responses: List[Any]
         try:
@@ -350,9 +368,16 @@ class Executor:
         text = f"Failed to process the request(s) for model '{model.instance_name}', message: {message}"
         _LOG.error("%s", text)  # Triton logs it as an error (pb_stub.cc)
         error = Err(text, ErrorCode.INTERNAL, "exec")
-        return [r._sender._final() or error for r in requests]
+        kept = [r._sender._final() or error for r in requests]
+        for request in requests:
+            request._sender._close()  # as the stub: later sends raise
+        return kept
 
-    def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest]) -> Any:
+    def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest],
+                      background: bool = False) -> Any:
+        """``execute(requests)``; a coroutine it returns is run on the model's loop and
+        waited for, or with ``background`` (decoupled models, as the stub) left running
+        there (its exception is logged) and None returned."""
         with running(self._server, model):
             if not hasattr(model.instance, "execute"):
                 raise BatchFailure(
@@ -361,5 +386,8 @@ class Executor:
             returned = model.instance.execute(requests)
             if asyncio.iscoroutine(returned):
                 future = asyncio.run_coroutine_threadsafe(returned, model.loop())
+                if background:
+                    future.add_done_callback(log_background_failure)
+                    return None
                 returned = future.result()
             return returned

@@ -51,5 +51,6 @@ class Host(Protocol):
 
     def is_model_ready(self, name: str, version: Union[str, int] = "") -> bool: ...
 
-    def bls_exec(self, request: Any) -> Any:
-        """``InferenceRequest.exec()``: the ``InferenceResponse`` (errors included)."""
+    def bls_exec(self, request: Any, decoupled: bool = False) -> Any:
+        """``InferenceRequest.exec(decoupled)``: the ``InferenceResponse`` (errors
+        included), or with ``decoupled`` a response iterator."""

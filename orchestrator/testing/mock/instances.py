@@ -42,6 +42,8 @@ class LoadedModel:
         self.inputs: Dict[str, dict] = {i["name"]: i for i in config.get("input", [])}
         self.outputs: Dict[str, dict] = {o["name"]: o for o in config.get("output", [])}
         self.dynamic_batching = "dynamic_batching" in config
+        # model_transaction_policy { decoupled: true }: responses go through the senders
+        self.decoupled = bool((config.get("model_transaction_policy") or {}).get("decoupled"))
         self.has_optional_input = any(i.get("optional") for i in self.inputs.values())
         groups = config.get("instance_group") or []
         group = groups[0] if groups else {"name": name, "kind": "KIND_CPU", "gpus": []}

@@ -44,13 +44,11 @@ def build(server: "Host", name: str, override: Optional[str]) -> List[LoadedMode
     names (initialized, not yet ready), lowest version first.
 
     ``override``: a JSON configuration replacing the file. Raises :class:`LoadError`
-    (after finalizing the versions already loaded): decoupled models and backends other
-    than ``python`` (and ensembles) are refused.
+    (after finalizing the versions already loaded): backends other than ``python`` (and
+    ensembles) are refused.
     """
     model_dir = server.model_repository / name
     proto, path = read(name, model_dir, server.model_config_name, override)
-    if proto.model_transaction_policy.decoupled:
-        raise LoadError(f"failed to load '{name}': decoupled models are not supported by the mock")
     if proto.platform != "ensemble" and proto.backend != "python":
         what = proto.platform or proto.backend or "no backend/platform"
         raise LoadError(

@@ -11,7 +11,7 @@ import asyncio
 import contextvars
 import json
 import threading
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from orchestrator.testing.mock.context import CTX, current_features, current_server
 from orchestrator.testing.mock.errors import TritonError, TritonModelException, as_str, incompatible
@@ -56,16 +56,27 @@ _RELEASE_RESCHEDULE = 2
 
 
 class InferenceResponseSender:
-    """Response sender of a request in a non-decoupled model. Its response answers the
-    request even when sent after ``execute`` returned (from another thread), or before
-    ``execute`` raised, as in Triton 2.51."""
+    """Response sender of a request (r24.10 ``response_sender.cc``).
 
-    def __init__(self, requested_output_names: Optional[set], usable: bool):
+    In a non-decoupled model its one response answers the request even when sent after
+    ``execute`` returned (from another thread), or before ``execute`` raised, as in
+    Triton 2.51. In a decoupled model (``decoupled=True``) every ``send`` goes to the
+    request's stream at once (``sink(response, flags)``), any number of them, until one
+    carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a send after that raises. When
+    ``execute`` fails, the stub closes every sender of the batch (later sends raise).
+    """
+
+    def __init__(self, requested_output_names: Optional[set], usable: bool,
+                 decoupled: bool = False,
+                 sink: Optional[Callable[[Optional["InferenceResponse"], int], None]] = None):
         self._usable = usable
+        self._decoupled = decoupled
+        self._sink = sink
         self._responses: List[Optional["InferenceResponse"]] = []
         self._count = 0
         self._closed = False
         self._lock = threading.Lock()
+        self._send_lock = threading.RLock()  # keeps a stream's responses in send order
         self._done = threading.Event()  # set with TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
     def _update(self, response: Optional["InferenceResponse"], flags: int) -> None:
@@ -75,16 +86,17 @@ class InferenceResponseSender:
                 "decoupled state of the model."
             )
         with self._lock:
-            if response is not None and self._count > 0:
-                raise TritonModelException(
-                    "Unable to send response. Non-decoupled model cannot send more than "
-                    "one response."
-                )
-            if response is None and flags == FINAL and self._count == 0:
-                raise TritonModelException(
-                    "Unable to send response. Non-decoupled model cannot send complete "
-                    "final before sending a response."
-                )
+            if not self._decoupled:
+                if response is not None and self._count > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than "
+                        "one response."
+                    )
+                if response is None and flags == FINAL and self._count == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete "
+                        "final before sending a response."
+                    )
             if self._closed:
                 raise TritonModelException(
                     "Unable to send response. Response sender has been closed."
@@ -103,11 +115,23 @@ class InferenceResponseSender:
             )
         if response is not None and not isinstance(response, InferenceResponse):
             raise TypeError("send(): response must be an InferenceResponse or None")
-        self._update(response, flags)
+        with self._send_lock:
+            self._update(response, flags)
+            if self._decoupled and self._sink is not None:
+                self._sink(response, flags)
+                return
         if response is not None:
             self._responses.append(response)
         if self._closed:
             self._done.set()
+
+    def _close(self) -> bool:
+        """Close the sender as the stub does after a failed ``execute``; True when it was
+        still open (its request has not had its final response)."""
+        with self._send_lock, self._lock:
+            was_open = not self._closed
+            self._closed = True
+            return was_open
 
     def _final(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
         """The response sent with (or before) COMPLETE_FINAL, waiting up to ``wait``
@@ -119,19 +143,6 @@ class InferenceResponseSender:
 
     def is_cancelled(self) -> bool:
         return False
-
-
-class _ResponseIterator:
-    def __init__(self, response: "InferenceResponse"):
-        self._pending = [response]
-
-    def __iter__(self) -> "_ResponseIterator":
-        return self
-
-    def __next__(self) -> "InferenceResponse":
-        if not self._pending:
-            raise StopIteration
-        return self._pending.pop(0)
 
 
 _REQUIRED: Any = object()
@@ -251,7 +262,11 @@ class InferenceRequest:
         self._release_flags = _RELEASE_ALL
 
     @classmethod
-    def _for_execute(cls, model: "LoadedModel", req: "Req") -> "InferenceRequest":
+    def _for_execute(cls, model: "LoadedModel", req: "Req",
+                     sink: Optional[Callable[[Optional["InferenceResponse"], int], None]] = None,
+                     ) -> "InferenceRequest":
+        """The request ``execute`` gets; ``sink`` receives what its sender sends when
+        ``model`` is decoupled."""
         request = cls.__new__(cls)
         request._request_id = req.request_id
         request._correlation_id = req.correlation_id
@@ -266,7 +281,9 @@ class InferenceRequest:
         request._preferred_memory = None
         request._trace = req.trace if req.trace is not None else InferenceTrace()
         request._parameters_json = json.dumps(req.parameters, separators=(",", ":"))
-        request._sender = InferenceResponseSender(request._requested, usable=True)
+        request._sender = InferenceResponseSender(
+            request._requested, usable=True, decoupled=model.decoupled, sink=sink
+        )
         request._release_flags = _RELEASE_ALL
         return request
 
@@ -319,10 +336,8 @@ class InferenceRequest:
         caller = ctx.model if ctx is not None else None
         if caller is not None and (not caller.initialized or caller.finalizing):
             raise TritonModelException("BLS is only supported during the 'execute' function.")
-        response = server.bls_exec(self)
-        if decoupled:
-            return _ResponseIterator(response)
-        return response
+        # decoupled: a ResponseIterator (returned once the first response is there)
+        return server.bls_exec(self, bool(decoupled))
 
     def async_exec(self, decoupled: bool = False) -> "asyncio.Future":
         loop = asyncio.get_running_loop()  # RuntimeError outside a loop, as in the stub

@@ -16,12 +16,13 @@ import json
 import os
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from orchestrator.testing.mock.client import client_request, parse_item
 from orchestrator.testing.mock.context import activate, deactivate, running
+from orchestrator.testing.mock.decoupled import Item, ResponseIterator
 from orchestrator.testing.mock.errors import ErrorCode, InferError, LoadError, TritonError
 from orchestrator.testing.mock.execution import Executor
 from orchestrator.testing.mock.faults import FaultInjector
@@ -33,6 +34,21 @@ from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Re
 from orchestrator.testing.mock.releases import IS_READY, PROFILES, RESPONSE_PARAMETERS, resolve
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse, InferenceTrace
 from orchestrator.testing.mock.tensors import Tensor
+
+
+class StreamResponse(NamedTuple):
+    """One response of :meth:`MockTriton.infer_stream`: ``outputs`` (name -> array; ``{}``
+    for the empty final response of a decoupled model), or ``error``; ``final``: it
+    carried ``TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (gRPC's ``triton_final_response``)."""
+
+    outputs: Optional[Dict[str, np.ndarray]]
+    error: Optional[InferError]
+    final: bool
+
+
+# Triton 2.51's unary endpoints refuse decoupled models (server r24.10 grpc/infer_handler.cc;
+# HTTP says "HTTP end point doesn't support models with decoupled transaction policy").
+UNARY_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
 class MockTriton:
@@ -393,6 +409,8 @@ class MockTriton:
         target = self._client_model(model, str(model_version))
         if isinstance(target, Err):
             raise InferError(target.message, target.code.name)
+        if target.decoupled:
+            raise InferError(UNARY_DECOUPLED, "UNSUPPORTED")
         self._sample(request, target.name)
         answer = self._executor.run(target, [request])[0]
         result = to_client(answer)
@@ -421,9 +439,47 @@ class MockTriton:
         target = self._client_model(model)
         if isinstance(target, Err):
             return [InferError(target.message, target.code.name) for _ in prepared]
+        if target.decoupled:
+            return [InferError(UNARY_DECOUPLED, "UNSUPPORTED") for _ in prepared]
         for request in prepared:
             self._sample(request, target.name)
         return [to_client(r) for r in self._executor.run(target, prepared)]
+
+    def infer_stream(
+        self,
+        model: str,
+        inputs: Dict[str, np.ndarray],
+        parameters: Optional[dict] = None,
+        request_id: str = "",
+        *,
+        outputs: Optional[Sequence[str]] = None,
+        model_version: str = "",
+    ) -> List[StreamResponse]:
+        """One request on a gRPC stream (``tritonclient.grpc``'s ``async_stream_infer``
+        with ``enable_empty_final_response=True``): every response, in order, up to the
+        one flagged final. Works for decoupled models (any number of responses; a
+        flag-only final arrives as ``StreamResponse({}, None, True)``) and others (one
+        final response). Error responses are items too (nothing is raised for them);
+        after an error a decoupled model may still send more. Waits up to
+        ``response_timeout`` seconds for each response (Triton waits for ever), then ends
+        with a mock-only error. Arguments as :meth:`infer`.
+        """
+        request = client_request(model, inputs, parameters, request_id, outputs)
+        target = self._client_model(model, str(model_version))
+        if isinstance(target, Err):
+            return [StreamResponse(None, InferError(target.message, target.code.name), True)]
+        self._sample(request, target.name)
+        stream = self._executor.run_streams(target, [request])[0]
+        return [self._stream_response(item) for item in stream.drain()]
+
+    @staticmethod
+    def _stream_response(item: Item) -> StreamResponse:
+        if item.result is None:
+            return StreamResponse({}, None, item.final)
+        result = to_client(item.result)
+        if isinstance(result, InferError):
+            return StreamResponse(None, result, item.final)
+        return StreamResponse(result, None, item.final)
 
     def _sample(self, req: Req, model: str) -> None:
         """Trace every ``trace_rate``-th client request (Triton's ``TraceSetting::SampleTrace``)."""
@@ -446,14 +502,28 @@ class MockTriton:
         req.trace = InferenceTrace._traced(trace_id, parent._root, parent._context is not None)
         self.recorder.trace(TraceRecord(trace_id, parent._id, model, req.request_id))
 
-    def bls_exec(self, request: InferenceRequest) -> InferenceResponse:
-        """``request.exec()`` from a model (or a test): the response, errors included."""
+    def bls_exec(self, request: InferenceRequest, decoupled: bool = False) -> Any:
+        """``request.exec(decoupled)`` from a model (or a test): the response, errors
+        included; with ``decoupled`` a :class:`~orchestrator.testing.mock.decoupled.ResponseIterator`
+        of every response (the final one too, empty when flag-only), returned once the
+        first is there, as python_backend r24.10's ``RequestExecutor`` and stub do. A
+        decoupled model called without ``decoupled=True`` answers the stub's error."""
         name = request._model_name
         prefix = f"Model {name} - Error when running inference: "
         model = None if self._closed else self.loaded(name, request._model_version)
+        error: Optional[str] = None
         if model is None:
-            message = f"Failed for execute the inference request. Model '{name}' is not ready."
-            return InferenceResponse(error=TritonError(prefix + message))
+            error = prefix + f"Failed for execute the inference request. Model '{name}' is not ready."
+        elif model.decoupled and not decoupled:
+            error = prefix + (
+                f"Model {name} is using the decoupled. The current BLS request call doesn't "
+                "support models using the decoupled transaction policy. Please use "
+                "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                "decoupled models.'"
+            )
+        if error is not None or model is None:
+            response = InferenceResponse(error=TritonError(error or ""))
+            return ResponseIterator(response, True, _no_more) if decoupled else response
         req = Req(
             [(t.name(), t._dtype, t._wire_array()) for t in request._inputs],
             sorted(request._requested) or None,
@@ -464,20 +534,44 @@ class MockTriton:
             request._timeout,
         )
         self._spawn(req, request._trace, model.name)
-        result = self._executor.run(model, [req])[0]
-        if isinstance(result, Err):
-            stage_prefix = prefix if result.stage in ("validation", "notready") else ""
-            return InferenceResponse(error=TritonError(stage_prefix + result.message))
         memory = request._preferred_memory
-        if model.instance_kind == "GPU" and not (memory is not None and memory.is_cpu()):
-            device = int(model.device_id)  # the model's GPU memory (request_executor.cc ResponseAlloc)
-            response = InferenceResponse([Tensor._on_gpu(n, d, a, device) for n, d, a in result.outputs])
-        else:
-            response = InferenceResponse([Tensor._wire(n, d, a) for n, d, a in result.outputs])
-        if RESPONSE_PARAMETERS in self.features:  # BLS responses carry them from r25.02 (PR #395)
-            response._parameters = dict(result.parameters)
-        return response
+        # a KIND_GPU model's outputs stay in its GPU memory unless CPU memory was asked for
+        # (request_executor.cc ResponseAlloc); BLS responses carry parameters from r25.02 (PR #395)
+        gpu = int(model.device_id) if model.instance_kind == "GPU" and not (memory is not None and memory.is_cpu()) else None
+        parameters = RESPONSE_PARAMETERS in self.features
+        if decoupled:
+            stream = self._executor.run_streams(model, [req])[0]
+            first, final = _bls_item(stream.get(), prefix, gpu, parameters)
+            return ResponseIterator(first, final, lambda: _bls_item(stream.get(), prefix, gpu, parameters))
+        return _bls_response(self._executor.run(model, [req])[0], prefix, gpu, parameters)
 
     def __repr__(self) -> str:
         loaded = ", ".join(sorted(self._models))
         return f"MockTriton({str(self.model_repository)!r}, loaded=[{loaded}])"
+
+
+def _bls_response(result: Any, prefix: str, gpu: Optional[int] = None, parameters: bool = False) -> InferenceResponse:
+    """A BLS caller's view of a result (None: a flag-only final, an empty response);
+    errors refused before ``execute`` carry the RequestExecutor's prefix. ``gpu``: the
+    device whose memory holds the outputs (None: CPU); ``parameters``: the release passes
+    response parameters on."""
+    if result is None:
+        return InferenceResponse([])
+    if isinstance(result, Err):
+        stage_prefix = prefix if result.stage in ("validation", "notready") else ""
+        return InferenceResponse(error=TritonError(stage_prefix + result.message))
+    if gpu is not None:
+        response = InferenceResponse([Tensor._on_gpu(n, d, a, gpu) for n, d, a in result.outputs])
+    else:
+        response = InferenceResponse([Tensor._wire(n, d, a) for n, d, a in result.outputs])
+    if parameters:
+        response._parameters = dict(result.parameters)
+    return response
+
+
+def _bls_item(item: Item, prefix: str, gpu: Optional[int] = None, parameters: bool = False) -> tuple:
+    return _bls_response(item.result, prefix, gpu, parameters), item.final
+
+
+def _no_more() -> tuple:  # pragma: no cover - a finished iterator never asks
+    raise StopIteration

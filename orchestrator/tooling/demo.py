@@ -132,14 +132,32 @@ def main(argv: Optional[List[str]] = None) -> int:
             _verdict(e, rating),
         )
     console.print(table)
+    margin = cascade_margin(Path(args.repo) / "router" / "policy.yaml")
     console.print(
         "The router answers the empty text without a model, chunks the long text into overlapping "
         "128-token windows (the ensemble truncates it), and escalates to `classifier` only texts whose "
-        "`classifier_fast` probability is within 0.15 of the threshold (the row 'unsure: escalated')."
+        f"`classifier_fast` probability is within {margin:g} of the threshold (the row 'unsure: escalated'; "
+        "the policy's cascade margin, chosen by `orchestrator tune`, docs/tuning.md)."
     )
     console.print(accuracy_note(args.repo))
     console.print("Server stopped.")
     return 0
+
+
+def cascade_margin(policy_path: Path) -> float:
+    """The margin of the first cascade node in a router's policy file (what the footer says)."""
+    import yaml
+
+    todo = [yaml.safe_load(policy_path.read_text())]
+    while todo:
+        node = todo.pop(0)
+        if isinstance(node, dict):
+            if node.get("kind") == "cascade" and "margin" in node:
+                return float(node["margin"])
+            todo.extend(node.values())
+        elif isinstance(node, list):
+            todo.extend(node)
+    raise ValueError(f"{policy_path}: no cascade node with a margin")
 
 
 if __name__ == "__main__":

@@ -523,12 +523,14 @@ def plot(summary: dict, path: Path) -> Path:
     warm = summary["config"]["warmup_minutes"]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
 
-    def draw(ax, name, label):
+    def draw(ax, name, label, relative=False):
         values = summary_values(samples, name)
         mask = np.array([v is not None for v in values])
         if not mask.any():
             return
         ys = np.array([v if v is not None else np.nan for v in values], dtype=np.float64) / MIB
+        if relative:  # the change since the first sample: stubs differ by 150 MiB, growth by 1
+            ys = ys - ys[mask][0]
         line, = ax.plot(minutes[mask], ys[mask], marker=".", label=label)
         j = summary["series"].get(name, {})
         if j.get("slope_mib_per_10min") is not None:
@@ -538,8 +540,10 @@ def plot(summary: dict, path: Path) -> Path:
 
     for name in sorted(summary["series"]):
         if name.startswith("stub ") and name.endswith(" rss"):
-            draw(axes[0][0], name, f"{name[5:-4]} ({summary['series'][name]['slope_mib_per_10min']} MiB/10 min)")
-    axes[0][0].set_title("Python-backend stub RSS (MiB)")
+            first = next(v for v in summary_values(samples, name) if v is not None) / MIB
+            draw(axes[0][0], name, f"{name[5:-4]} from {first:.0f} MiB "
+                 f"({summary['series'][name]['slope_mib_per_10min']} MiB/10 min)", relative=True)
+    axes[0][0].set_title("Python-backend stub RSS, change since the first sample (MiB)")
     draw(axes[0][1], "tritonserver rss", f"RSS ({summary['series']['tritonserver rss']['slope_mib_per_10min']} MiB/10 min)")
     draw(axes[0][1], "tritonserver pss", "PSS")
     axes[0][1].set_title("tritonserver (MiB)")

@@ -45,6 +45,8 @@ def test_every_stub_and_the_servers_shm_are_sampled(summary):
         # one python_backend shared-memory region per stub, at least its default size
         assert s["shm"]["files"] >= 3 and s["shm"]["size"] >= 3 * 1024 * 1024
     assert summary["restarts"] == {}
+    # python_backend removes its regions when the server stops cleanly (nothing in flight)
+    assert summary["shm_left_after_stop"] == [], summary["shm_left_after_stop"]
     for name, j in summary["series"].items():
         if j["hard"]:
             assert j["ok"] is not None and j["points"] >= 7, (name, j)  # 15 s .. 45 s

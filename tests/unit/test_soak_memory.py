@@ -151,11 +151,22 @@ def test_sample_finds_a_child_that_runs_as_a_stub_and_its_shm_region(tmp_path):
         row = s["stubs"]["router_0_0"]
         assert row["pid"] == child.pid and row["rss"] > MIB and row["pss"] > 0
         assert s["shm"]["files"] == 1 and s["shm"]["size"] == 4096
+        assert s["shm"]["paths"] == [str(root / "triton_python_backend_shm_region_7")]
         assert s["triton"]["pid"] == os.getpid() and s["triton"]["rss"] > MIB
     finally:
         child.kill()
         child.wait()
     assert memory.server_stubs(os.getpid()) == {}
+
+
+def test_left_behind_lists_the_seen_files_that_still_exist(tmp_path):
+    kept, removed = tmp_path / "region_a", tmp_path / "region_b"
+    kept.write_bytes(b"a")
+    samples = [_sample(0, {}), _sample(60, {})]
+    samples[0]["shm"]["paths"] = [str(kept), str(removed)]
+    samples[1]["shm"]["paths"] = [str(kept)]
+    assert memory.left_behind(samples) == [str(kept)]
+    assert memory.left_behind([_sample(0, {})]) == []  # a sample without paths
 
 
 def test_stub_region_path():

@@ -175,6 +175,14 @@ def server_stubs(server_pid: int) -> Dict[str, procs.Proc]:
     return out
 
 
+def left_behind(samples: List[dict]) -> List[str]:
+    """The ``/dev/shm`` files seen in ``samples`` that still exist (call it once the
+    server has stopped: python_backend removes its regions on a clean shutdown; a server
+    that aborts leaves them, and a container restart in the same pod keeps ``/dev/shm``)."""
+    seen = {path for s in samples for path in s["shm"].get("paths", ())}
+    return sorted(path for path in seen if os.path.exists(path))
+
+
 def shm_used_bytes(root: str = SHM_ROOT) -> Optional[int]:
     """Bytes used on the file system of ``root`` (``statvfs``); None when unreadable."""
     try:
@@ -199,7 +207,8 @@ def sample(server_pid: int, root: str = SHM_ROOT) -> dict:
     return {
         "stubs": stub_rows,
         "triton": {"pid": server_pid, "rss": procs.rss_bytes(server_pid), "pss": pss_bytes(server_pid)},
-        "shm": {"files": files, "size": size, "allocated": allocated, "machine_used": shm_used_bytes(root)},
+        "shm": {"files": files, "size": size, "allocated": allocated, "machine_used": shm_used_bytes(root),
+                "paths": sorted(shm_paths)},
         "loadavg": list(os.getloadavg()),
     }
 
@@ -461,6 +470,7 @@ def run_memory(config: MemoryConfig, source_repository: Optional[Path] = None,
                 server.stop()
         finally:
             production.thaw(repo)
+    result["shm_left_after_stop"] = left_behind(result.get("samples", []))
     result.update(models=models, pool=pool.summary(), server_log=str(server.log_path),
                   reference_failures=reference_failures)
     return result
@@ -499,6 +509,8 @@ def summarize(result: dict, config: MemoryConfig, command: str) -> dict:
         "pool": result.get("pool"),
         "server_log": result.get("server_log"),
         "reference_failures": result.get("reference_failures", []),
+        # advisory: Triton's shutdown, not the traffic (docs/reliability.md)
+        "shm_left_after_stop": result.get("shm_left_after_stop"),
         "loadavg_start": samples[0]["loadavg"] if samples else None,
         "loadavg_end": samples[-1]["loadavg"] if samples else None,
         "requests_per_s": round(samples[-1]["answered"] / max(samples[-1]["t_s"], 1e-9), 2) if samples else None,
@@ -594,6 +606,9 @@ def print_summary(summary: dict) -> None:
         state = {True: "ok", False: "OVER", None: "too few points"}[j["ok"]]
         print(f"  {name:40s} slope {j['slope_mib_per_10min']} MiB/10 min, growth {j['growth_mib']} MiB "
               f"(bound {j['bound_slope_mib_per_10min']}, {flag}): {state}")
+    left = summary.get("shm_left_after_stop")
+    if left:
+        print(f"  advisory: {len(left)} /dev/shm files of this server left after it stopped: {left}")
     print("PASS" if summary["passed"] else "FAIL: " + "; ".join(summary["failures"]))
 
 

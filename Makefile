@@ -194,3 +194,12 @@ deploy-lock: $(STAMP)
 
 sbom: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)
+
+# --- An hour of memory (issue 29; docs/reliability.md, "An hour of memory") ----------------------
+# Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
+# of every stub and of tritonserver and the server's /dev/shm each minute; fails on growth after a
+# 10-minute warm-up beyond the stated bounds. Writes docs/soak/memory.{json,png}.
+# Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
+.PHONY: soak-memory
+soak-memory: $(STAMP)
+	$(PY) -m orchestrator.tooling.soak.memory --out docs $(SOAK_MEMORY_ARGS)

@@ -198,8 +198,8 @@ sbom: $(STAMP)
 # --- An hour of memory (issue 29; docs/reliability.md, "An hour of memory") ----------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
 # of every stub and of tritonserver and the server's /dev/shm each minute; fails on growth after a
-# 10-minute warm-up beyond the stated bounds. Writes docs/soak/memory.{json,png}.
+# 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs: the committed ones).
 # Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
 .PHONY: soak-memory
 soak-memory: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak.memory --out docs $(SOAK_MEMORY_ARGS)
+	$(PY) -m orchestrator.tooling.soak.memory --out $(SOAK_OUT) $(SOAK_MEMORY_ARGS)

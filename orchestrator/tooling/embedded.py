@@ -382,8 +382,10 @@ def server_environment(
     ``base`` (default ``os.environ``) plus: ``LD_LIBRARY_PATH`` = the wheel's libs dir
     (and this interpreter's shared-libpython dir, see :func:`_libpython_dir`) in front of
     the existing value; ``PYTHONPATH`` = the directory holding the ``orchestrator``
-    package, this interpreter's site-packages (``site.getsitepackages()``, ``sysconfig``
-    purelib/platlib), then the existing value; ``PATH`` = ``<stub_env>/bin`` first when
+    package, then the existing value, then this interpreter's site-packages
+    (``site.getsitepackages()``, ``sysconfig`` purelib/platlib): the order this interpreter
+    itself uses, so a package on ``PYTHONPATH`` (numpy 1.x beside an image's numpy 2, say)
+    wins in the stubs as it does here; ``PATH`` = ``<stub_env>/bin`` first when
     ``stub_env`` (:func:`prepare_stub_environment`) is given; ``HF_HUB_OFFLINE=1``,
     ``TRANSFORMERS_OFFLINE=1``, ``TOKENIZERS_PARALLELISM=false``. ``env`` is merged last.
     """
@@ -403,10 +405,10 @@ def server_environment(
         _dedupe(
             [
                 str(PROJECT_ROOT),
+                *out.get("PYTHONPATH", "").split(os.pathsep),
                 *site_dirs,
                 paths.get("purelib", ""),
                 paths.get("platlib", ""),
-                *out.get("PYTHONPATH", "").split(os.pathsep),
             ]
         )
     )

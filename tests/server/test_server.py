@@ -180,7 +180,8 @@ def test_command_line_and_environment(tmp_path):
     assert cmd[-1] == "--exit-timeout-secs=1"  # extra args come last and win
 
     env = embedded.server_environment(
-        EMBEDDED, {"FOO": "bar", "HF_HUB_OFFLINE": "0"}, base={"LD_LIBRARY_PATH": "/x", "PATH": "/bin"}, stub_env="/s"
+        EMBEDDED, {"FOO": "bar", "HF_HUB_OFFLINE": "0"},
+        base={"LD_LIBRARY_PATH": "/x", "PATH": "/bin", "PYTHONPATH": "/pp"}, stub_env="/s"
     )
     ld = env["LD_LIBRARY_PATH"].split(os.pathsep)
     assert ld[0] == str(EMBEDDED.libs) and ld[-1] == "/x"
@@ -190,6 +191,8 @@ def test_command_line_and_environment(tmp_path):
     import numpy
 
     assert str(Path(numpy.__file__).parent.parent) in pythonpath  # site-packages
+    # the caller's PYTHONPATH before site-packages, as Python orders them
+    assert pythonpath[1] == "/pp" and pythonpath.index("/pp") < pythonpath.index(str(Path(numpy.__file__).parent.parent))
     assert env["FOO"] == "bar" and env["HF_HUB_OFFLINE"] == "0"
     assert env["TRANSFORMERS_OFFLINE"] == "1" and env["TOKENIZERS_PARALLELISM"] == "false"
 

@@ -124,7 +124,8 @@ bench-overload: $(STAMP)
 # GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
 # .cache/gpu_check/result.json. Without a GPU: "no GPU: not run", exit 0. The native
-# onnxruntime backend: make gpu-check GPU_CHECK_ARGS="--backend-dir DIR".
+# onnxruntime backend: make gpu-check GPU_CHECK_ARGS="--backend-dir DIR"; classifier outputs in GPU
+# memory and the BLS negative control (torch with CUDA needed): GPU_CHECK_ARGS=--gpu-outputs.
 .PHONY: gpu-check
 gpu-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.gpu_check $(GPU_CHECK_ARGS)

@@ -234,3 +234,27 @@ def test_required_and_answering_models_of_a_policy():
     required, answering = _answer_models(parse_policy(strict))
     assert required == ["tokenizer", "classifier_fast", "classifier"]
     assert answering == ["classifier_fast", "classifier"]
+
+
+def test_gpu_checks_bls_caller_on_the_mock(tmp_path):
+    """gpu-check's negative control (orchestrator.testing.gpu_models.BlsCaller) on the mock:
+    its KIND_GPU ``gpu_echo`` answers in GPU memory (the mock places it there as the stub does;
+    torch is not needed here), and the caller reads it only when it asked for CPU memory."""
+    from orchestrator.tooling import gpu_check
+
+    repo = gpu_check.probe_repository(tmp_path / "probe")
+    (repo / "gpu_echo" / "1" / "model.py").write_text(
+        "import triton_python_backend_utils as pb_utils\n\n\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(\n"
+        "            'Y', pb_utils.get_input_tensor_by_name(r, 'X').as_numpy() * 2)]) for r in requests]\n")
+    x = np.arange(6, dtype=np.float32)
+    with MockTriton(repo) as mock:
+        mock.load("gpu_echo")
+        mock.load("bls_caller")
+        out = mock.infer("bls_caller", {"X": x, "ASK_CPU": np.array([True])})
+        np.testing.assert_array_equal(out["Y"], 2 * x)
+        with pytest.raises(InferError) as refused:
+            mock.infer("bls_caller", {"X": x, "ASK_CPU": np.array([False])})
+    assert GPU_AS_NUMPY in str(refused.value) and "is_cpu=False" in str(refused.value)

@@ -60,3 +60,30 @@ def test_compare_flags_differences_beyond_tolerance():
     gpu["router"] = {"probabilities": np.array([0.6, 0.9]), "verdicts": np.array([True, True]), "routes": ["x", "b"]}
     got = gpu_check.compare(cpu, gpu, 1e-3)["router"]
     assert got["verdicts_differ"] == 1 and got["routes_differ"] == 1 and not got["within_tolerance"]
+
+
+def test_gpu_outputs_replace_the_classifiers_models_with_the_gpu_adapter(tmp_path):
+    repo = gpu_check.gpu_repository(tmp_path / "r", REPO, native=False, gpu_outputs=True)
+    for name in gpu_check.CLASSIFIERS:
+        assert (repo / name / "1" / "model.py").read_text() == gpu_check.GPU_OUTPUT_ADAPTER
+        assert (repo / name / "1" / "model.onnx").is_file()
+    # the adapter names a class that exists, built on the embedded classifier
+    source = (REPO.parent / "orchestrator" / "testing" / "gpu_models.py").read_text()
+    assert "class GpuOutputClassifier(OnnxClassifier)" in source and "GpuOutputClassifier" in gpu_check.GPU_OUTPUT_ADAPTER
+    for name in ("router", "tokenizer", "postprocess"):
+        assert (repo / name / "1" / "model.py").read_text() == (REPO / name / "1" / "model.py").read_text()
+    import pytest
+
+    with pytest.raises(ValueError, match="native backend answers in GPU memory itself"):
+        gpu_check.gpu_repository(tmp_path / "n", REPO, native=True, gpu_outputs=True)
+
+
+def test_probe_repository_configs_parse_and_name_the_gpu_models(tmp_path):
+    repo = gpu_check.probe_repository(tmp_path / "p")
+    echo = repository.read_config(repo / "gpu_echo" / "config.pbtxt")
+    caller = repository.read_config(repo / "bls_caller" / "config.pbtxt")
+    assert [g.kind for g in echo.instance_group] == [echo.instance_group[0].KIND_GPU]
+    assert [g.kind for g in caller.instance_group] == [caller.instance_group[0].KIND_CPU]
+    assert [i.name for i in caller.input] == ["X", "ASK_CPU"] and [o.name for o in echo.output] == ["Y"]
+    assert "import GpuEcho as TritonPythonModel" in (repo / "gpu_echo" / "1" / "model.py").read_text()
+    assert "import BlsCaller as TritonPythonModel" in (repo / "bls_caller" / "1" / "model.py").read_text()

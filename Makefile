@@ -121,6 +121,13 @@ tune: $(STAMP)
 bench-overload: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# Issue 29's profile (about 3 minutes): py-spy on the router's stub while perf_analyzer keeps
+# it busy at concurrency 1 and 16; flame graphs and collapsed stacks in $(BENCH_OUT)/bench/,
+# the "profile" section of $(BENCH_OUT)/benchmarks.md with the orchestrator_stage_seconds means.
+.PHONY: profile
+profile: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
+
 # GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
 # .cache/gpu_check/result.json. Without a GPU: "no GPU: not run", exit 0. The native

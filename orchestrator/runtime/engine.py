@@ -2,15 +2,14 @@
 
 Texts become :class:`~orchestrator.runtime.nodes.base.Item` objects that enter the policy's
 root node; each node's handler is found in :data:`orchestrator.runtime.nodes.KINDS`. The
-engine owns what handlers share: tokenization with each model's own tokenizer (in-process
-from the tokenizer model's files, or one batched BLS call to the tokenizer model),
-classification (rows sorted by length, padded per call with the tokenizer's pad id, split
-at ``bls_max_batch_size`` rows, sent concurrently), the policy's head
-(``heads.Head``: probabilities and verdicts of every answer), metrics, node timeouts and
+engine owns what handlers share, each job in its own object: model calls (``calls``:
+:class:`~orchestrator.runtime.calls.ModelCalls`, tokens, padding, batching), cancellation and
+deadlines (``deadlines``: :class:`~orchestrator.runtime.deadlines.Deadlines`), the policy's
+head (``heads.Head``: probabilities and verdicts of every answer), metrics, node timeouts and
 the background queue of ``shadow`` nodes (``mirror.Mirror``). What it sets up for a policy
 comes from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``,
 ``background``), never from their names. Downstream calls go through the ``infer``
-function it is given, so tests drive it with a fake one.
+function it is given (``calls.InferFn``), so tests drive it with a fake one.
 """
 
 from __future__ import annotations
@@ -18,41 +17,28 @@ from __future__ import annotations
 import asyncio
 import copy
 import random
-import threading
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.runtime import nodes as N
-from orchestrator.runtime.concurrency import as_concurrent, gather, in_concurrent_branch
-from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, InputError, LimitError, RequestCancelled, RequestStopped
+from orchestrator.runtime.calls import InferFn, ModelCalls
+from orchestrator.runtime.concurrency import as_concurrent
+from orchestrator.runtime.deadlines import Deadlines
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.load import QueueDelay
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.mirror import Mirror
-from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node, route_label, split_target, truncate
+from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, route_label
 from orchestrator.runtime.ondemand import ModelManager
-from orchestrator.runtime.policy import Policy, bind_heads, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions, RequestContext, Result, Work, call_trace
-
-# infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
-# ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
-# ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
-# may block the event loop (the router then uses the blocking BLS ``exec``).
-# ``options``: the call's trace and timeout (``CallOptions``).
-InferFn = Callable[
-    [str, Dict[str, NDArray[Any]], Optional[Dict[str, Any]], str, bool, CallOptions], Awaitable[Dict[str, NDArray[Any]]]
-]
+from orchestrator.runtime.policy import Policy, bind_heads
+from orchestrator.runtime.request import Result, Work
 
 _SAME = object()  # Engine.fork: keep this engine's value
-
-#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
-#: its run times, :meth:`Engine.estimate`): about the last 5 runs count. A choice, not a
-#: measured optimum: it follows a load change within a few requests.
-COST_WEIGHT = 0.3
 
 
 class Engine:
@@ -71,35 +57,19 @@ class Engine:
             (``RequestContext.deadline``) are on it. Tests pass a fake one.
     """
 
-    def __init__(
-        self,
-        policy: Policy,
-        infer: InferFn,
-        metrics: Optional[Metrics] = None,
-        models: Optional[ModelManager] = None,
-        model_dir: Optional[Path] = None,
-        shadow_infer: Optional[InferFn] = None,
-        logger: Any = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
+                 model_dir: Optional[Path] = None, shadow_infer: Optional[InferFn] = None, logger: Any = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
-        self.costs: Dict[str, float] = {}  # node name -> estimated run time, seconds (shared by forks)
         if policy.head is None:  # not bound to a repository: every model has the legacy head
             bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
         assert policy.head is not None, "bind_heads sets it"
         self.head: Head = policy.head
-        self.tokenizers: Dict[str, Any] = {}  # transformers tokenizers by tokenizer model
-        self.tokenizer_lock = threading.Lock()  # shared with the shadow worker's twin
         self.token_kinds = policy.tokenizers()
-        if policy.inline_tokenizer:
-            from transformers import AutoTokenizer
-
-            for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items():
-                self.tokenizers[name] = AutoTokenizer.from_pretrained(str(path))
-        self.infer = infer
         self.metrics = metrics
-        self.models = models
+        self.deadlines = Deadlines(clock, metrics)
+        self.calls = ModelCalls(policy, infer, models, self.deadlines, model_dir, metrics)
         self.counter = 0
         self.rng = random.Random()
         self.windowing = policy.windows()  # what the nodes that window texts declared
@@ -111,17 +81,17 @@ class Engine:
             self.mirror_runner = Mirror(self.fork(shadow_infer or infer), metrics, logger)
 
     def fork(self, infer: InferFn, *, models: Any = _SAME, metrics: Any = _SAME) -> "Engine":
-        """A twin sharing this engine's policy, tokenizers (and their lock), metrics and
-        on-demand manager, with its own ``infer``, window counter and random draws, and
-        no background queue (a ``shadow`` node inside a candidate answers without
+        """A twin sharing this engine's policy, tokenizers (and their lock), cost estimates,
+        metrics and on-demand manager, with its own ``infer``, window counter and random
+        draws, and no background queue (a ``shadow`` node inside a candidate answers without
         mirroring). ``models``, ``metrics``: replace the on-demand manager or the metrics
         (None: none; the router's warmup runs without either)."""
         twin = copy.copy(self)
-        twin.infer, twin.counter, twin.rng, twin.mirror_runner = infer, 0, random.Random(), None
-        if models is not _SAME:
-            twin.models = models
+        twin.counter, twin.rng, twin.mirror_runner = 0, random.Random(), None
         if metrics is not _SAME:
             twin.metrics = metrics
+        twin.deadlines = self.deadlines.with_metrics(twin.metrics)
+        twin.calls = self.calls.twin(infer, self.calls.models if models is _SAME else models, twin.deadlines, twin.metrics)
         return twin
 
     def close(self) -> None:
@@ -140,6 +110,11 @@ class Engine:
         """Set gauge ``family`` with ``labels`` to ``value`` (see ``metrics.Metrics``)."""
         if self.metrics:
             self.metrics.set(family, value, **labels)
+
+    def stage(self, stage: str, began: float) -> None:
+        """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
+        if self.metrics:
+            self.metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
 
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
@@ -188,7 +163,7 @@ class Engine:
                     raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
             else:
                 answers = await coro
-            self._measured(node, self.clock() - began)
+            self.deadlines.measured(node, self.clock() - began)
             return answers
         except DownstreamError:
             self.count("orchestrator_node_errors_total", node=node.name)
@@ -196,226 +171,6 @@ class Engine:
         finally:
             if self.metrics:
                 self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
-
-    # -- cancellation and deadlines (nodes.base.Engine; docs/reliability.md)
-
-    def now(self) -> float:
-        """The engine clock (seconds; deadlines are on it)."""
-        return self.clock()
-
-    def remaining(self, item: Item) -> Optional[float]:
-        """Seconds left before ``item``'s request deadline (<= 0: passed); None: no deadline."""
-        deadline = item.context.deadline
-        return None if deadline is None else deadline - self.clock()
-
-    def estimate(self, node: Node) -> float:
-        """Estimated run time of ``node``, seconds: the exponentially weighted mean
-        (:data:`COST_WEIGHT`) of its successful runs in this process (``run_node``
-        measures each); 0.0 before its first."""
-        return self.costs.get(node.name, 0.0)
-
-    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
-        """``(go, short)``: the items whose request can wait for ``node`` (no deadline, or
-        :meth:`estimate` strictly below what is left: a stage expected to end exactly at
-        the deadline would be late), and the others, in order."""
-        cost, now = self.estimate(node), self.clock()
-        go: List[Item] = []
-        short: List[Item] = []
-        for it in items:
-            deadline = it.context.deadline
-            (go if deadline is None or cost < deadline - now else short).append(it)
-        return go, short
-
-    def late(self, items: Sequence[Item]) -> List[Item]:
-        """The items whose request deadline has passed (now >= deadline), in order."""
-        now = self.clock()
-        return [it for it in items if it.context.deadline is not None and now >= it.context.deadline]
-
-    def live(self, items: Sequence[Item]) -> List[Item]:
-        """The items whose request is not cancelled, in order.
-
-        ``is_cancelled()`` is asked at most once per request per call, and only of requests
-        that already had a downstream call (one that just arrived is not asked: the stub's
-        ``is_cancelled`` is an IPC round trip); an error asking it counts as not cancelled.
-        A request found cancelled stays so (``RequestContext.cancelled``) and
-        :meth:`run` answers it with ``RequestCancelled``.
-        """
-        asked = set()
-        out = []
-        for it in items:
-            ctx = it.context
-            if id(ctx) not in asked:
-                asked.add(id(ctx))
-                self._ask_cancelled(ctx)
-            if not ctx.cancelled:
-                out.append(it)
-        return out
-
-    @staticmethod
-    def _ask_cancelled(ctx: RequestContext) -> None:
-        """Ask ``is_cancelled()`` of a request that had a downstream call and is not known
-        to be cancelled (an error asking it counts as not cancelled)."""
-        if ctx.cancelled or not ctx.started:
-            return
-        try:
-            ctx.cancelled = bool(ctx.is_cancelled())
-        except Exception:  # the stub could not ask the server: go on
-            ctx.cancelled = False
-
-    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
-        """The answers of ``items`` stay those of an earlier stage, which ended before the
-        deadline: ``ROUTE`` gets ``:deadline``, their requests count as answered in time
-        (``RequestContext.early``) and ``orchestrator_deadline_texts_total{node}`` counts
-        them."""
-        for it in items:
-            a = answers[it.idx]
-            answers[it.idx] = Answer(a.probabilities, a.route + DEADLINE_SUFFIX, a.verdict)
-            it.context.early = True
-        self.count("orchestrator_deadline_texts_total", len(items), node=node.name)
-
-    def _measured(self, node: Node, seconds: float) -> None:
-        old = self.costs.get(node.name)
-        self.costs[node.name] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
-
-    async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
-        """Tokenize with tokenizer model ``tokenizer`` (in-process with its files, or one
-        batched BLS call to it without truncation) the items that have no ids of it yet."""
-        todo = [it for it in items if tokenizer not in it.tokens]
-        if not todo:
-            return
-        local = self.tokenizers.get(tokenizer)
-        if local is not None:  # in-process: the same files and call as the tokenizer model
-            with self.tokenizer_lock:  # a fast tokenizer used from two threads raises "Already borrowed"
-                encoded = local([it.text for it in todo], truncation=False, padding=False)["input_ids"]
-            for it, ids in zip(todo, encoded):
-                it.tokens[tokenizer] = np.asarray(ids, dtype=np.int64)
-            return
-
-        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
-            return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
-
-        outs = await self._batched(tokenizer, todo, inputs, {"truncation": False})
-        k = 0
-        for out in outs:
-            ids, lengths = out["input_ids"], out["attention_mask"].sum(axis=1)
-            for row in range(ids.shape[0]):
-                todo[k].tokens[tokenizer] = ids[row, : int(lengths[row])]
-                k += 1
-
-    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
-        """Logits (float32 [len(items), head.num_logits]) of ``model`` (a name or
-        ``name@version``): the ids of the head's tokenizer, truncated to ``max_length``
-        tokens, rows sorted by length and padded per call with the head's ``pad_token_id``.
-
-        Raises:
-            DownstreamError: the model failed, answered another number of rows than it
-                was sent or another number of logit columns than its head has, or (on
-                demand) could not be loaded.
-        """
-        seqs = [truncate(it.ids(head.tokenizer), max_length) for it in items]
-        order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
-        ordered = [items[i] for i in order]
-
-        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
-            width = max(seqs[order[i]].shape[0] for i in part)
-            ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
-            mask = np.zeros((len(part), width), dtype=np.int64)
-            for row, i in enumerate(part):
-                s = seqs[order[i]]
-                ids[row, : s.shape[0]] = s
-                mask[row, : s.shape[0]] = 1
-            return {"input_ids": ids, "attention_mask": mask}
-
-        name, _ = split_target(model)  # on-demand loading is per model, every version at once
-        if self.models:
-            await self.models.acquire(name)
-        try:
-            outs = await self._batched(model, ordered, inputs, None)
-        finally:
-            if self.models:
-                self.models.release(name)
-        logits = np.empty((len(seqs), head.num_logits), dtype=np.float32)
-        parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
-        for part in parts:
-            if part.shape[1] != head.num_logits:
-                raise DownstreamError(
-                    f"model '{model}' answered {part.shape[1]} logit columns, but its head has {head.num_logits} "
-                    f"({head.describe()}); a model without head.json is served as one logit: export it with "
-                    "'orchestrator export' or write its head.json"
-                )
-        logits[order] = np.concatenate(parts)
-        return logits
-
-    # -- internals
-
-    async def _batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
-                       parameters: Optional[Dict[str, Any]]) -> List[Dict[str, NDArray[Any]]]:
-        """Send ``items`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``
-        rows; ``make_inputs(row indices)`` builds one call's tensors.
-
-        Each call carries the Triton request ids of its rows, and, when all its rows come
-        from one request, that request's parameters too (ours win), so a trace can follow a
-        request downstream.
-
-        Raises:
-            DownstreamError: a call failed, or an output has another number of rows than
-                the call sent. Triton's response cache keys on the model, version, input
-                names and input bytes, not shapes (core r24.10 ``TritonCache::Hash``), so
-                rows ``[2, 310, 3, 2, 538, 3]`` sent as one text of 6 tokens and as two
-                of 3 share a key: this check turns such a cached answer into an error
-                instead of broadcasting one row's logit over two texts.
-        """
-        size = self.policy.bls_max_batch_size
-        parts = [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
-        alone = len(parts) == 1 and not in_concurrent_branch()
-        calls = []
-        for part in parts:
-            rows = [items[i] for i in part]
-            ids = ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
-            forwarded = {}
-            if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
-                forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
-            forwarded.update(parameters or {})
-            calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self._options(rows)))
-        outs = await gather(calls)
-        self._arrived(items)
-        for part, out in zip(parts, outs):
-            for output, value in out.items():
-                answered = value.shape[0] if np.ndim(value) else 0
-                if answered != len(part):
-                    raise DownstreamError(
-                        f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "
-                        "(with Triton's response cache: a cached answer of a request with the same input bytes "
-                        "and another shape)"
-                    )
-        return outs
-
-    def _options(self, rows: Sequence[Item]) -> CallOptions:
-        """The trace and timeout of one downstream call for ``rows``, which marks their
-        requests as started (``RequestContext.started``): the trace of their request, or
-        for rows of several requests the one ``request.call_trace`` picks; the timeout, the
-        largest budget left of their requests (at least 1 us), so the call is never cut
-        while one of its rows can still use its answer (the rows whose deadline passed
-        do not use it: :meth:`_arrived`, the cascade); no timeout when a row's request
-        has none."""
-        contexts = {id(it.context): it.context for it in rows}
-        for ctx in contexts.values():
-            ctx.started = True
-        trace = call_trace(list(contexts.values()))  # one per request, in row order
-        deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
-        timeout_us = 0
-        if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout
-            timeout_us = max(1, int((max(deadlines) - self.clock()) * 1e6))
-        return CallOptions(trace=trace, timeout_us=timeout_us)
-
-    def _arrived(self, items: Sequence[Item]) -> None:
-        """Downstream answers for ``items`` arrived now: a request whose deadline has
-        passed is marked late (``RequestContext.late``; :meth:`run` refuses it unless a
-        stage kept an earlier answer for it)."""
-        now = self.clock()
-        for it in items:
-            if it.context.deadline is not None and now >= it.context.deadline:
-                it.context.late = True
 
     # -- one execute call
 
@@ -448,7 +203,7 @@ class Engine:
         Raises:
             DownstreamError: a node failed and no fallback answered.
         """
-        refused: Dict[int, Union[InputError, RequestStopped]] = dict(self._before_run(works))
+        refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
         per_work: List[List[Item]] = []
         for k, w in enumerate(works):
             start = sum(len(p) for p in per_work)
@@ -456,8 +211,10 @@ class Engine:
             pairs = enumerate(zip(w.texts, thresholds))
             per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
         texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
+        began = time.perf_counter()
         for tokenizer in self.token_kinds:
-            await self.ensure_tokens(texts, tokenizer)
+            await self.calls.ensure_tokens(texts, tokenizer)
+        self.stage("tokenize", began)
         refused.update({k: e for k, items in enumerate(per_work)
                         if k not in refused and self.windowing and (e := self._window_error(works[k], items))})
         items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
@@ -465,7 +222,8 @@ class Engine:
         missing = [it.idx for it in items if it.idx not in answers]
         if missing:
             raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
-        refused.update(self._stopped(works, refused))
+        refused.update(self.deadlines.stopped(works, refused))
+        began = time.perf_counter()
         results: List[Union[Result, InputError, RequestStopped]] = []
         for k, its in enumerate(per_work):
             if k in refused:
@@ -481,34 +239,5 @@ class Engine:
             for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
                 self.count("orchestrator_texts_total", route=route_label(r))
             results.append(Result(probs, verdicts, routes))
+        self.stage("results", began)
         return results
-
-    def _before_run(self, works: Sequence[Work]) -> Dict[int, RequestStopped]:
-        """The requests of ``works`` not to run: cancelled (a request run before, as in the
-        router's retries, is asked: this run is its next stage) or past their deadline.
-        The others start afresh (``late``, ``early`` cleared)."""
-        now = self.clock()
-        out: Dict[int, RequestStopped] = {}
-        for k, w in enumerate(works):
-            w.context.late = w.context.early = False
-            self._ask_cancelled(w.context)
-            if w.context.cancelled:
-                out[k] = RequestCancelled("the request was cancelled")
-            elif w.context.deadline is not None and now >= w.context.deadline:
-                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
-        return out
-
-    def _stopped(self, works: Sequence[Work], refused: Dict[int, Union[InputError, RequestStopped]]) -> Dict[int, RequestStopped]:
-        """The requests of ``works`` cancelled or late (refused before the run as such, or
-        found so during it), each counted once (``orchestrator_cancelled_requests_total``,
-        ``orchestrator_expired_requests_total``)."""
-        out: Dict[int, RequestStopped] = {}
-        for k, w in enumerate(works):
-            ctx = w.context
-            if isinstance(refused.get(k), RequestCancelled) or (k not in refused and ctx.cancelled):
-                out[k] = RequestCancelled("the request was cancelled; no further stage ran for it")
-                self.count("orchestrator_cancelled_requests_total")
-            elif isinstance(refused.get(k), DeadlineExceeded) or (k not in refused and ctx.late and not ctx.early):
-                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
-                self.count("orchestrator_expired_requests_total")
-        return out

@@ -1,5 +1,8 @@
 """The runtime's errors: what a request, a policy file, a downstream model or the server's
-control API did wrong.
+control API did wrong. One tree: every error the runtime raises on purpose is an
+:class:`OrchestratorError` with its Triton error code (:attr:`OrchestratorError.code`), and the
+router turns any of them into an error response in one place (``router``); anything else
+reaching the router is a bug, answered ``INTERNAL`` and logged.
 
 Each message names the culprit (the input and element, the policy key's location, the
 model or node) so that it can be returned to the client or logged as it is. Each error a
@@ -22,7 +25,15 @@ from enum import Enum
 from typing import ClassVar
 
 
-class InputError(ValueError):
+class OrchestratorError(Exception):
+    """The root of the runtime's errors; ``code`` is the ``pb_utils.TritonError`` code name a
+    request ending with it is answered with."""
+
+    #: The Triton error code (``pb_utils.TritonError`` constant name) of the response.
+    code: ClassVar[str] = "INTERNAL"
+
+
+class InputError(OrchestratorError, ValueError):
     """A request's input is malformed; the message names the input and the fault.
 
     The Python-backend models turn it into a per-request ``INVALID_ARG`` error response.
@@ -41,12 +52,12 @@ class LimitError(InputError):
         self.limit = limit
 
 
-class PolicyError(ValueError):
+class PolicyError(OrchestratorError, ValueError):
     """An invalid routing policy; the message starts with the location of the bad key
     (``root.steps[1].stages[0].model``), prefixed by the file name when read from a file."""
 
 
-class DownstreamError(RuntimeError):
+class DownstreamError(OrchestratorError, RuntimeError):
     """A BLS call failed, a model answered something the policy cannot use, or a node
     timed out; the message names the model or node. The router turns it into an
     ``INTERNAL`` error response unless a ``fallback`` node answers instead.
@@ -88,7 +99,7 @@ class UnavailableError(DownstreamError):
         self.cause = cause
 
 
-class ControlError(RuntimeError):
+class ControlError(OrchestratorError, RuntimeError):
     """A load, unload or config request to the server's repository API failed; the
     message is the server's (``control.RepositoryControl``).
 
@@ -103,7 +114,7 @@ class ControlError(RuntimeError):
         self.refused = refused
 
 
-class RequestStopped(Exception):
+class RequestStopped(OrchestratorError):
     """A request the router stopped before its answer was complete; ``code`` names the
     ``pb_utils.TritonError`` code of its one error response."""
 

@@ -46,6 +46,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.runtime.errors import OrchestratorError
 from orchestrator.runtime.scores import sigmoid
 
 #: The file, in a model's directory, that holds its head (JSON, :meth:`Head.to_json`).
@@ -57,7 +58,7 @@ BINARY, MULTICLASS, MULTILABEL = "binary", "multiclass", "multilabel"
 HEAD_KINDS = (BINARY, MULTICLASS, MULTILABEL)
 
 
-class HeadError(ValueError):
+class HeadError(OrchestratorError, ValueError):
     """A head that cannot be served, or heads that do not fit together; the message names
     the model (or file) and what is wrong."""
 

@@ -13,6 +13,13 @@ LATENCY_BUCKETS = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 # |p_candidate - p_primary| buckets (a probability distance), fine near 0 where an fp16
 # variant or a retrained version of one model lands.
 DIFFERENCE_BUCKETS = [0.0001, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+# Stage buckets in seconds: 50 us to 1 s; parsing and responding take tens of microseconds.
+STAGE_BUCKETS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0]
+#: The stages of ``orchestrator_stage_seconds``: ``parse`` (the requests of one execute into
+#: work), ``tokenize`` (every text with each tokenizer model), ``bls`` (one batched group of
+#: downstream calls, send to last answer), ``results`` (probabilities and verdicts from the
+#: answers), ``respond`` (the response objects).
+STAGES = ("parse", "tokenize", "bls", "results", "respond")
 
 
 class Metrics:
@@ -43,6 +50,8 @@ class Metrics:
         orchestrator_model_unloads_total{model}     idle unloads
         orchestrator_node_errors_total{node}        node failures (error or timeout)
         orchestrator_node_latency_seconds{node}     histogram of node run time, seconds
+        orchestrator_stage_seconds{stage}           histogram of each stage of an execute
+                                                    (:data:`STAGES`), seconds
         orchestrator_circuit_state{model}           gauge: 0 closed, 1 open, 2 half-open
         orchestrator_circuit_transitions_total{model,state}  circuit state changes, by new state
         orchestrator_model_reloads_total{model,outcome}  reloads of models whose stub died
@@ -105,6 +114,9 @@ class Metrics:
     #: name -> (description, buckets)
     HISTOGRAMS = {
         "orchestrator_node_latency_seconds": ("Run time of each policy node, seconds", LATENCY_BUCKETS),
+        "orchestrator_stage_seconds": (
+            "Time of each stage of the router's execute (parse, tokenize, bls, results, respond), seconds", STAGE_BUCKETS,
+        ),
         "orchestrator_shadow_probability_difference": (
             "Absolute difference between a shadow node's candidate and primary probabilities", DIFFERENCE_BUCKETS,
         ),

@@ -46,7 +46,7 @@ class RequestContext:
             "Deadlines".
         is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
             (an IPC round trip to the Triton process in the real stub; the engine asks it
-            only through ``Engine.live``).
+            only through ``Deadlines.live``).
         started: a downstream call was made for the request (set by the engine; before it,
             the request has just arrived and ``is_cancelled`` is not asked).
         cancelled: ``is_cancelled()`` said True (kept: the flag never goes back to False).

@@ -73,6 +73,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union, cast
@@ -82,7 +83,7 @@ import numpy as np
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.downstream import Downstream
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, PolicyError, RequestStopped
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, OrchestratorError, PolicyError, RequestStopped
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import ModelNode
@@ -198,10 +199,8 @@ class TritonPythonModel:
     # -- responses
 
     def _response(self, result: Union[Result, InputError, RequestStopped], describe: bool = False) -> Any:
-        if isinstance(result, InputError):
-            return self._refuse(result)
-        if isinstance(result, RequestStopped):  # cancelled (CANCELLED) or past its deadline (UNAVAILABLE)
-            return self._error(f"router: {result}", result.code)
+        if isinstance(result, (InputError, RequestStopped)):  # refused, cancelled or past its deadline
+            return self._fail(result)
         pb = self.pb
         routes = np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)
         tensors = [
@@ -221,10 +220,18 @@ class TritonPythonModel:
         self.metrics.inc("orchestrator_requests_total", outcome="error")
         return error_response(message, code)
 
-    def _refuse(self, exc: InputError) -> Any:
+    def _fail(self, exc: BaseException, log: bool = True) -> Any:
+        """The one translation of an error into a request's error response: an
+        ``OrchestratorError`` with its own ``code`` (a ``LimitError`` also counted in
+        ``orchestrator_rejected_requests_total``); anything else is a bug, answered
+        ``INTERNAL`` and (``log``) logged with its traceback."""
         if isinstance(exc, LimitError):
             self.metrics.inc("orchestrator_rejected_requests_total", limit=exc.limit)
-        return self._error(f"router: {exc}", exc.code)
+        if isinstance(exc, OrchestratorError):
+            return self._error(f"router: {exc}", exc.code)
+        if log:
+            self.logger.log_error("router: unexpected error: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")
 
     # -- execute
 
@@ -308,25 +315,29 @@ class TritonPythonModel:
         responses: List[Any] = [None] * len(requests)
         works: Dict[int, Work] = {}
         start = self.engine.clock()  # deadlines count from here: the stub cannot see arrival times
+        began = time.perf_counter()
         for k, request in enumerate(requests):
             try:
                 works[k] = self._parse(request, start=start)
             except InputError as exc:
-                responses[k] = self._refuse(exc)
+                responses[k] = self._fail(exc)
+        self.engine.stage("parse", began)
         keys = list(works)
         try:
-            for k, result in zip(keys, await self.engine.run([works[k] for k in keys])):
+            results = await self.engine.run([works[k] for k in keys])
+            began = time.perf_counter()
+            for k, result in zip(keys, results):
                 responses[k] = self._response(result, works[k].describe)
+            self.engine.stage("respond", began)
         except DownstreamError as batch_error:
             if len(keys) == 1:
-                responses[keys[0]] = self._error(f"router: {batch_error}", batch_error.code)
+                responses[keys[0]] = self._fail(batch_error)
             else:  # each request alone, concurrently: only those that need the failing model fail
                 for k, response in zip(keys, await gather(self._alone(works[k]) for k in keys)):
                     responses[k] = response
         except Exception as exc:  # a bug must fail these requests, not the model instance
-            self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
-            for k in keys:
-                responses[k] = self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")
+            for i, k in enumerate(keys):
+                responses[k] = self._fail(exc, log=i == 0)
         ok = sum(1 for k in keys if responses[k] is not None and not responses[k].has_error())
         self.metrics.inc("orchestrator_requests_total", ok, outcome="success")
         return responses
@@ -334,8 +345,5 @@ class TritonPythonModel:
     async def _alone(self, work: Work) -> Any:
         try:
             return self._response((await self.engine.run([work]))[0], work.describe)
-        except DownstreamError as exc:  # UNAVAILABLE: the model cannot serve; else INTERNAL
-            return self._error(f"router: {exc}", exc.code)
-        except Exception as exc:
-            self.logger.log_error(f"router: unexpected error: {traceback.format_exc()}")
-            return self._error(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")
+        except Exception as exc:  # DownstreamError: its code (UNAVAILABLE or INTERNAL); else a bug
+            return self._fail(exc)

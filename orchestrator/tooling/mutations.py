@@ -1,7 +1,7 @@
 """One-line mutations of the runtime that the fast tests must catch (issues 19 and 28).
 
 Each mutation names its target by the code's structure, not by its text: a module, the
-function or class that holds it (a qualified name such as ``Engine._ask_cancelled``), and the
+function or class that holds it (a qualified name such as ``Deadlines.ask_cancelled``), and the
 AST node itself, written as Python (compared after ``ast.unparse``, so line breaks, comments
 and quoting do not matter), optionally with its node class or its place in its parent
 (``comprehension.iter``). A target that is gone, or found more than once in that scope, is an
@@ -196,7 +196,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("one instance with a new stub counts as repaired",
              Target(R + "ondemand.py", "ModelManager._replaced", "any", field="Call.func"), "all", (REPAIR,)),
     Mutation("is_cancelled() raising answers CANCELLED",
-             Target(R + "engine.py", "Engine._ask_cancelled", "ctx.cancelled = False"), "ctx.cancelled = True",
+             Target(R + "deadlines.py", "Deadlines.ask_cancelled", "ctx.cancelled = False"), "ctx.cancelled = True",
              (SEVERAL, "tests/unit/test_cancel_deadline.py")),
     Mutation("a restriction split at the last colon",
              Target(R + "control.py", "parse_restriction", "spec.partition(':')"), "spec.rpartition(':')", (SEVERAL, OPTIONS)),

@@ -39,7 +39,7 @@ answer depends on the request parameter ``truncation``: the ensemble's truncated
 would be returned to the router, which asks for whole texts), not ``postprocess`` (a
 sigmoid over a few floats is cheaper than a cache lookup and insert). The shape blind
 spot remains for the classifiers: one text of 6 tokens and two texts of 3 can share a
-key; the router checks the rows of every answer (``Engine._batched``).
+key; the router checks the rows of every answer (``ModelCalls.batched``).
 """
 
 from __future__ import annotations

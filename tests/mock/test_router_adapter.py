@@ -128,3 +128,26 @@ def test_policy_output_only_for_requests_that_ask(mock):
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     assert [json.loads(row) for row in described["POLICY"].reshape(-1)] == [document, document]
     np.testing.assert_array_equal(described["PROBABILITIES"], plain["PROBABILITIES"])
+
+
+def test_each_stage_of_an_execute_is_observed_once(mock):
+    """``orchestrator_stage_seconds{stage}`` (issue 29): one observation per stage per execute
+    (``bls``: per batched group of downstream calls; the shipped router tokenizes in-process,
+    so its cascade's stages make at least one)."""
+    def count(stage):
+        value = mock.metric("orchestrator_stage_seconds", {"router": "router", "stage": stage})
+        return 0 if value is None else value["count"]
+
+    time.sleep(0.6)  # the earlier tests' observations flushed first (0.5 s flush)
+    before = {s: count(s) for s in ("parse", "tokenize", "bls", "results", "respond")}
+    mock.infer("router", inputs(TEXTS))
+    deadline = time.monotonic() + 3.0
+    while count("respond") == before["respond"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.6)  # one more flush
+    grew = {s: count(s) - before[s] for s in before}
+    assert {s: grew[s] for s in ("parse", "tokenize", "results", "respond")} == dict.fromkeys(
+        ("parse", "tokenize", "results", "respond"), 1), grew
+    assert grew["bls"] >= 1, grew
+    value = mock.metric("orchestrator_stage_seconds", {"router": "router", "stage": "parse"})
+    assert 0 < value["sum"] < 1.0 and min(value["buckets"]) == 0.00005

@@ -310,8 +310,8 @@ class PrefixNode(Node):
 
 
 async def _prefix_run(engine, node, items):
-    await engine.ensure_tokens(items, node.head.tokenizer)
-    logits = await engine.classify(node.model, items, node.keep + 2, node.head)  # [CLS] keep tokens [SEP]
+    await engine.calls.ensure_tokens(items, node.head.tokenizer)
+    logits = await engine.calls.classify(node.model, items, node.keep + 2, node.head)  # [CLS] keep tokens [SEP]
     probs = node.head.probabilities(logits, np.zeros(1))
     return {it.idx: Answer(p, f"prefix:{node.model}") for it, p in zip(items, probs)}
 

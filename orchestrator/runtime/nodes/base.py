@@ -182,17 +182,9 @@ class Answer:
 Answers = Dict[int, Answer]
 
 
-class Engine(Protocol):
-    """What a node handler may use of the engine (``orchestrator.runtime.engine.Engine``).
-
-    Attributes:
-        head: the policy's head (``heads.Head``): every answer has its columns.
-    """
-
-    head: Head
-
-    async def run_node(self, node: Node, items: List[Item]) -> Answers:
-        """Run a child node on ``items`` (raises DownstreamError)."""
+class ModelCallView(Protocol):
+    """What a node handler may use of the engine's model calls (``engine.calls``,
+    ``orchestrator.runtime.calls.ModelCalls``)."""
 
     async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
         """Tokenize with tokenizer model ``tokenizer`` the items that have no ids of it yet."""
@@ -200,6 +192,57 @@ class Engine(Protocol):
     async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
         """Logits (float32 [len(items), head.num_logits]) of ``model``, inputs made by the
         head's tokenizer, truncated to ``max_length`` tokens, padded with its pad id."""
+
+
+class DeadlineView(Protocol):
+    """What a node handler may use of cancellation and deadlines (``engine.deadlines``,
+    ``orchestrator.runtime.deadlines.Deadlines``; docs/reliability.md): a node that runs a
+    further stage or round for some items asks ``live`` (once per stage) and ``affordable``
+    first. Nodes never read a request's context flags themselves."""
+
+    def now(self) -> float:
+        """The engine clock, seconds (deadlines are on it)."""
+
+    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
+        """``(go, short)``: items whose request can wait for ``node`` (no deadline, or the
+        estimate strictly below the time left), and the others."""
+
+    def late(self, items: Sequence[Item]) -> List[Item]:
+        """Items whose request deadline has passed (now >= deadline)."""
+
+    def in_time(self, items: Sequence[Item]) -> List[Item]:
+        """Items whose request got no downstream answer after its deadline."""
+
+    def live(self, items: Sequence[Item]) -> List[Item]:
+        """Items whose request is not cancelled (asks ``is_cancelled()`` at most once per
+        request per call, never before the request's first downstream call)."""
+
+    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
+        """``answers`` of ``items`` (an earlier stage's, in time) stay: ROUTE + ``:deadline``,
+        their requests count as answered in time; counted for ``node``."""
+
+
+class Engine(Protocol):
+    """What a node handler may use of the engine (``orchestrator.runtime.engine.Engine``).
+
+    Attributes:
+        head: the policy's head (``heads.Head``): every answer has its columns.
+        calls: tokenization and classification (:class:`ModelCallView`).
+        deadlines: cancellation and deadlines (:class:`DeadlineView`).
+    """
+
+    head: Head
+
+    @property
+    def calls(self) -> ModelCallView:
+        """Tokenization and classification."""
+
+    @property
+    def deadlines(self) -> DeadlineView:
+        """Cancellation and deadlines."""
+
+    async def run_node(self, node: Node, items: List[Item]) -> Answers:
+        """Run a child node on ``items`` (raises DownstreamError)."""
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""
@@ -221,33 +264,6 @@ class Engine(Protocol):
 
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
-
-    # Cancellation and deadlines (docs/reliability.md): a node that runs a further stage
-    # or round for some items asks ``live`` (once per stage) and ``affordable`` first.
-
-    def now(self) -> float:
-        """The engine clock, seconds (deadlines are on it)."""
-
-    def remaining(self, item: Item) -> Optional[float]:
-        """Seconds left before ``item``'s request deadline (<= 0: passed); None: none."""
-
-    def estimate(self, node: Node) -> float:
-        """Estimated run time of ``node``, seconds (mean of its recent runs; 0.0: none yet)."""
-
-    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
-        """``(go, short)``: items whose request can wait for ``node`` (no deadline, or the
-        estimate strictly below the time left), and the others."""
-
-    def late(self, items: Sequence[Item]) -> List[Item]:
-        """Items whose request deadline has passed (now >= deadline)."""
-
-    def live(self, items: Sequence[Item]) -> List[Item]:
-        """Items whose request is not cancelled (asks ``is_cancelled()`` at most once per
-        request per call, never before the request's first downstream call)."""
-
-    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
-        """``answers`` of ``items`` (an earlier stage's, in time) stay: ROUTE + ``:deadline``,
-        their requests count as answered in time; counted for ``node``."""
 
 
 @dataclass

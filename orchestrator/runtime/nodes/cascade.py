@@ -286,7 +286,7 @@ def _margins(engine: Engine, node: CascadeNode, first: List[Item], answers: Answ
     cap = overload_margin(node.margin, node.overload, engine.queue_delay_ms()) if node.overload else node.margin
     if node.controller is None:
         return cap, float("inf")
-    allowed, rate = node.controller.plan(_distances(engine, first, answers).tolist(), cap, engine.now())
+    allowed, rate = node.controller.plan(_distances(engine, first, answers).tolist(), cap, engine.deadlines.now())
     engine.gauge(MARGIN_GAUGE, min(cap, allowed), node=node.name)
     engine.gauge(RATE_GAUGE, rate, node=node.name)
     return cap, allowed
@@ -316,13 +316,13 @@ async def _run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
 
 def still_wanted(engine: Engine, node: CascadeNode, stage: Node, escalate: List[Item], answers: Answers) -> List[Item]:
     """The unsure items worth sending to ``stage``: not of a cancelled request
-    (``Engine.live``, asked once per stage), and with the time left for the stage
-    (``Engine.affordable``). The others keep their answer; those whose earlier answer
-    came in time get ``:deadline`` (``Engine.keep_for_deadline``)."""
+    (``Deadlines.live``, asked once per stage), and with the time left for the stage
+    (``Deadlines.affordable``). The others keep their answer; those whose earlier answer
+    came in time get ``:deadline`` (``Deadlines.keep_for_deadline``)."""
     if not escalate:
         return []
-    go, short = engine.affordable(stage, engine.live(escalate))
-    engine.keep_for_deadline(node, [it for it in short if not it.context.late], answers)
+    go, short = engine.deadlines.affordable(stage, engine.deadlines.live(escalate))
+    engine.deadlines.keep_for_deadline(node, engine.deadlines.in_time(short), answers)
     return go
 
 
@@ -339,11 +339,11 @@ async def in_time(engine: Engine, node: CascadeNode, stage: Node, escalate: List
     try:
         later = await engine.run_node(stage, escalate)
     except DownstreamError:
-        if len(engine.late(escalate)) < len(escalate):
+        if len(engine.deadlines.late(escalate)) < len(escalate):
             raise
         later = {}
-    late = engine.late(escalate)
-    engine.keep_for_deadline(node, late, answers)
+    late = engine.deadlines.late(escalate)
+    engine.deadlines.keep_for_deadline(node, late, answers)
     dropped = {it.idx for it in late}
     return {idx: a for idx, a in later.items() if idx not in dropped}
 

@@ -287,7 +287,7 @@ async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText
             return
         windows = [t.windows[r] for t in round_texts]
         inner = await engine.run_node(node.node, windows)
-        late = {w.idx for w in engine.late(windows)} if r > 0 else set()
+        late = {w.idx for w in engine.deadlines.late(windows)} if r > 0 else set()
         for t in round_texts:
             if t.windows[r].idx in late:  # a late answer never reaches a response
                 t.stop(STOP_DEADLINE)
@@ -301,12 +301,12 @@ async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText
 
 def _still_wanted(engine: Engine, node: ChunkNode, r: int, texts: List[ChunkText]) -> List[ChunkText]:
     """The open texts worth a round ``r`` >= 1: their request not cancelled
-    (``Engine.live``, asked once per request per round; a cancelled one stops with
+    (``Deadlines.live``, asked once per request per round; a cancelled one stops with
     :data:`STOP_CANCELLED` and its request is answered CANCELLED) and with the time left
-    for another call of the inner node (``Engine.affordable``; else :data:`STOP_DEADLINE`:
+    for another call of the inner node (``Deadlines.affordable``; else :data:`STOP_DEADLINE`:
     the text answers from the windows it has)."""
-    live = {id(it) for it in engine.live([t.item for t in texts])}
-    go, _ = engine.affordable(node.node, [t.windows[r] for t in texts if id(t.item) in live])
+    live = {id(it) for it in engine.deadlines.live([t.item for t in texts])}
+    go, _ = engine.deadlines.affordable(node.node, [t.windows[r] for t in texts if id(t.item) in live])
     wanted = {w.idx for w in go}
     out = []
     for t in texts:
@@ -336,7 +336,7 @@ def _answer(engine: Engine, node: ChunkNode, text: ChunkText) -> Answer:
 
 
 async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
-    await engine.ensure_tokens(items, node.tokenizer)
+    await engine.calls.ensure_tokens(items, node.tokenizer)
     texts: List[ChunkText] = []
     for it in items:
         ids = it.ids(node.tokenizer)
@@ -357,7 +357,7 @@ async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     answers = {t.item.idx: _answer(engine, node, t) for t in texts}
     stopped_in_time = [t.item for t in texts if t.stopped == STOP_DEADLINE]
     if stopped_in_time:  # ROUTE gets :deadline; the request counts as answered in time
-        engine.keep_for_deadline(node, stopped_in_time, answers)
+        engine.deadlines.keep_for_deadline(node, stopped_in_time, answers)
     return answers
 
 

@@ -160,8 +160,8 @@ def _bind(node: ModelNode, ctx: BindContext) -> None:
 
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
-    await engine.ensure_tokens(items, node.head.tokenizer)
-    logits = await engine.classify(node.target, items, node.max_length, node.head)
+    await engine.calls.ensure_tokens(items, node.head.tokenizer)
+    logits = await engine.calls.classify(node.target, items, node.max_length, node.head)
     probs = node.head.probabilities(logits, np.asarray(node.logit_shift, dtype=np.float64))
     return {it.idx: Answer(p, node.route) for it, p in zip(items, probs)}
 

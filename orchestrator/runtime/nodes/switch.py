@@ -249,7 +249,7 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
 async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     scores = await engine.run_node(node.score, items) if node.score else {}
     if any(c.when.needs_tokens for c in node.cases):
-        await engine.ensure_tokens([it for it in items if it.text.strip()], node.tokenizer)
+        await engine.calls.ensure_tokens([it for it in items if it.text.strip()], node.tokenizer)
     head = node.score_head or engine.head
     groups: List[List[Item]] = [[] for _ in node.cases]
     rest: List[Item] = []

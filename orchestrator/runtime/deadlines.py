@@ -1,0 +1,192 @@
+"""Cancellation and deadlines of the requests one engine runs (docs/reliability.md).
+
+:class:`Deadlines` holds the engine clock and each node's run-time estimate, and is the
+only code that reads or writes a request's :class:`~orchestrator.runtime.request.RequestContext`
+flags (``started``, ``cancelled``, ``late``, ``early``). Nodes use it through
+``nodes.base.DeadlineView`` (``engine.deadlines``): before a further stage or round they
+ask :meth:`Deadlines.live` (once per stage) and :meth:`Deadlines.affordable`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from orchestrator.runtime.errors import DeadlineExceeded, InputError, RequestCancelled, RequestStopped
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node
+from orchestrator.runtime.request import CallOptions, RequestContext, Work, call_trace
+
+#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
+#: its run times, :meth:`Deadlines.estimate`): about the last 5 runs count. A choice, not a
+#: measured optimum: it follows a load change within a few requests.
+COST_WEIGHT = 0.3
+
+
+class Deadlines:
+    """The engine clock, node cost estimates and every request-context flag.
+
+    Args:
+        clock: seconds of a monotonic clock (``time.monotonic`` in the router; tests pass a
+            fake one); ``RequestContext.deadline`` is on it.
+        metrics: where the deadline and cancellation counters go (None: nowhere).
+        costs: node name -> estimated run time, seconds (shared with :meth:`with_metrics`
+            twins; default a new dict).
+    """
+
+    def __init__(self, clock: Callable[[], float], metrics: Optional[Metrics] = None,
+                 costs: Optional[Dict[str, float]] = None) -> None:
+        self.clock = clock
+        self.metrics = metrics
+        self.costs: Dict[str, float] = {} if costs is None else costs
+
+    def with_metrics(self, metrics: Optional[Metrics]) -> "Deadlines":
+        """A twin on the same clock and cost estimates, counting into ``metrics``."""
+        return Deadlines(self.clock, metrics, self.costs)
+
+    def _count(self, family: str, value: float = 1.0, **labels: str) -> None:
+        if self.metrics:
+            self.metrics.inc(family, value, **labels)
+
+    # -- what nodes use (nodes.base.DeadlineView)
+
+    def now(self) -> float:
+        """The engine clock (seconds; deadlines are on it)."""
+        return self.clock()
+
+    def affordable(self, node: Node, items: Sequence[Item]) -> Tuple[List[Item], List[Item]]:
+        """``(go, short)``: the items whose request can wait for ``node`` (no deadline, or
+        :meth:`estimate` strictly below what is left: a stage expected to end exactly at
+        the deadline would be late), and the others, in order."""
+        cost, now = self.estimate(node), self.clock()
+        go: List[Item] = []
+        short: List[Item] = []
+        for it in items:
+            deadline = it.context.deadline
+            (go if deadline is None or cost < deadline - now else short).append(it)
+        return go, short
+
+    def late(self, items: Sequence[Item]) -> List[Item]:
+        """The items whose request deadline has passed (now >= deadline), in order."""
+        now = self.clock()
+        return [it for it in items if it.context.deadline is not None and now >= it.context.deadline]
+
+    def in_time(self, items: Sequence[Item]) -> List[Item]:
+        """The items whose request got no downstream answer after its deadline, in order."""
+        return [it for it in items if not it.context.late]
+
+    def live(self, items: Sequence[Item]) -> List[Item]:
+        """The items whose request is not cancelled, in order.
+
+        ``is_cancelled()`` is asked at most once per request per call, and only of requests
+        that already had a downstream call (one that just arrived is not asked: the stub's
+        ``is_cancelled`` is an IPC round trip); an error asking it counts as not cancelled.
+        A request found cancelled stays so (``RequestContext.cancelled``) and
+        ``Engine.run`` answers it with ``RequestCancelled``.
+        """
+        asked = set()
+        out = []
+        for it in items:
+            ctx = it.context
+            if id(ctx) not in asked:
+                asked.add(id(ctx))
+                self.ask_cancelled(ctx)
+            if not ctx.cancelled:
+                out.append(it)
+        return out
+
+    def keep_for_deadline(self, node: Node, items: Sequence[Item], answers: Answers) -> None:
+        """The answers of ``items`` stay those of an earlier stage, which ended before the
+        deadline: ``ROUTE`` gets ``:deadline``, their requests count as answered in time
+        (``RequestContext.early``) and ``orchestrator_deadline_texts_total{node}`` counts
+        them."""
+        for it in items:
+            a = answers[it.idx]
+            answers[it.idx] = Answer(a.probabilities, a.route + DEADLINE_SUFFIX, a.verdict)
+            it.context.early = True
+        self._count("orchestrator_deadline_texts_total", len(items), node=node.name)
+
+    # -- what the engine uses
+
+    def remaining(self, item: Item) -> Optional[float]:
+        """Seconds left before ``item``'s request deadline (<= 0: passed); None: no deadline."""
+        deadline = item.context.deadline
+        return None if deadline is None else deadline - self.clock()
+
+    def estimate(self, node: Node) -> float:
+        """Estimated run time of ``node``, seconds: the exponentially weighted mean
+        (:data:`COST_WEIGHT`) of its successful runs in this process (:meth:`measured`);
+        0.0 before its first."""
+        return self.costs.get(node.name, 0.0)
+
+    def measured(self, node: Node, seconds: float) -> None:
+        """A successful run of ``node`` took ``seconds`` on the engine clock."""
+        old = self.costs.get(node.name)
+        self.costs[node.name] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+
+    @staticmethod
+    def ask_cancelled(ctx: RequestContext) -> None:
+        """Ask ``is_cancelled()`` of a request that had a downstream call and is not known
+        to be cancelled (an error asking it counts as not cancelled)."""
+        if ctx.cancelled or not ctx.started:
+            return
+        try:
+            ctx.cancelled = bool(ctx.is_cancelled())
+        except Exception:  # the stub could not ask the server: go on
+            ctx.cancelled = False
+
+    def call_options(self, rows: Sequence[Item]) -> CallOptions:
+        """The trace and timeout of one downstream call for ``rows``, which marks their
+        requests as started (``RequestContext.started``): the trace of their request, or
+        for rows of several requests the one ``request.call_trace`` picks; the timeout, the
+        largest budget left of their requests (at least 1 us), so the call is never cut
+        while one of its rows can still use its answer (the rows whose deadline passed
+        do not use it: :meth:`arrived`, the cascade); no timeout when a row's request
+        has none."""
+        contexts = {id(it.context): it.context for it in rows}
+        for ctx in contexts.values():
+            ctx.started = True
+        trace = call_trace(list(contexts.values()))  # one per request, in row order
+        deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
+        timeout_us = 0
+        if deadlines and len(deadlines) == len(contexts):  # a request without a deadline: no timeout
+            timeout_us = max(1, int((max(deadlines) - self.clock()) * 1e6))
+        return CallOptions(trace=trace, timeout_us=timeout_us)
+
+    def arrived(self, items: Sequence[Item]) -> None:
+        """Downstream answers for ``items`` arrived now: a request whose deadline has
+        passed is marked late (``RequestContext.late``; ``Engine.run`` refuses it unless a
+        stage kept an earlier answer for it)."""
+        now = self.clock()
+        for it in items:
+            if it.context.deadline is not None and now >= it.context.deadline:
+                it.context.late = True
+
+    def before_run(self, works: Sequence[Work]) -> Dict[int, RequestStopped]:
+        """The requests of ``works`` not to run: cancelled (a request run before, as in the
+        router's retries, is asked: this run is its next stage) or past their deadline.
+        The others start afresh (``late``, ``early`` cleared)."""
+        now = self.clock()
+        out: Dict[int, RequestStopped] = {}
+        for k, w in enumerate(works):
+            w.context.late = w.context.early = False
+            self.ask_cancelled(w.context)
+            if w.context.cancelled:
+                out[k] = RequestCancelled("the request was cancelled")
+            elif w.context.deadline is not None and now >= w.context.deadline:
+                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
+        return out
+
+    def stopped(self, works: Sequence[Work], refused: Dict[int, Union[InputError, RequestStopped]]) -> Dict[int, RequestStopped]:
+        """The requests of ``works`` cancelled or late (refused before the run as such, or
+        found so during it), each counted once (``orchestrator_cancelled_requests_total``,
+        ``orchestrator_expired_requests_total``)."""
+        out: Dict[int, RequestStopped] = {}
+        for k, w in enumerate(works):
+            ctx = w.context
+            if isinstance(refused.get(k), RequestCancelled) or (k not in refused and ctx.cancelled):
+                out[k] = RequestCancelled("the request was cancelled; no further stage ran for it")
+                self._count("orchestrator_cancelled_requests_total")
+            elif isinstance(refused.get(k), DeadlineExceeded) or (k not in refused and ctx.late and not ctx.early):
+                out[k] = DeadlineExceeded("deadline exceeded: no stage answered within the request's timeout")
+                self._count("orchestrator_expired_requests_total")
+        return out

@@ -1,0 +1,55 @@
+"""``runtime.metrics.Metrics.flush``: counters aggregate to one update per series, the timing
+histograms send at most ``MAX_SAMPLED`` observations per series per flush (a sample of the
+interval's), the shadow difference histogram every one."""
+
+from __future__ import annotations
+
+from orchestrator.runtime import metrics as M
+
+
+class Recorder:
+    """A ``pb_utils.MetricFamily`` stand-in that records every round trip."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    calls: list = []
+
+    def __init__(self, name, description, kind):
+        self.name = name
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 (pb_utils' name)
+        family = self.name
+
+        class One:
+            def increment(self, v):
+                Recorder.calls.append((family, "increment", v))
+
+            def set(self, v):
+                Recorder.calls.append((family, "set", v))
+
+            def observe(self, v):
+                Recorder.calls.append((family, "observe", v))
+
+        return One()
+
+
+def test_flush_sends_a_bounded_sample_of_timings_and_every_shadow_difference():
+    pb = type("PB", (), {"MetricFamily": Recorder})
+    Recorder.calls = []
+    m = M.Metrics(pb, "router", flush_interval_s=3600)
+    try:
+        for i in range(50):
+            m.observe("orchestrator_stage_seconds", i / 1000, stage="parse")
+            m.observe("orchestrator_node_latency_seconds", i / 1000, node="n")
+            m.observe("orchestrator_shadow_probability_difference", 0.01, node="s", candidate="c")
+            m.inc("orchestrator_requests_total", outcome="success")
+        m.flush()
+    finally:
+        m.stop.set()
+    by = {}
+    for family, what, value in Recorder.calls:
+        by.setdefault((family, what), []).append(value)
+    assert len(by[("orchestrator_stage_seconds", "observe")]) == M.MAX_SAMPLED
+    assert set(by[("orchestrator_stage_seconds", "observe")]) <= {i / 1000 for i in range(50)}
+    assert len(by[("orchestrator_node_latency_seconds", "observe")]) == M.MAX_SAMPLED
+    assert len(by[("orchestrator_shadow_probability_difference", "observe")]) == 50
+    assert by[("orchestrator_requests_total", "increment")] == [50.0]  # one round trip for 50 increments

@@ -56,3 +56,17 @@ def test_render_has_the_markers_and_a_row_per_stage():
     assert text.startswith(profile.PROFILE_START) and text.endswith(profile.PROFILE_END)
     assert "| `gather (concurrency.py)` | 60.0% |" in text
     assert sum(1 for line in text.splitlines() if line.startswith(("| parse ", "| tokenize ", "| bls ", "| results ", "| respond "))) == 5
+
+
+def test_wait_quiet_waits_for_the_load_to_fall_and_gives_up_after_its_bound(monkeypatch):
+    from orchestrator.tooling.bench import machine
+
+    loads = iter([[3.0, 1, 1], [2.0, 1, 1], [0.4, 1, 1]])
+    monkeypatch.setattr(machine, "load_average", lambda: next(loads))
+    monkeypatch.setattr(machine.time, "sleep", lambda s: None)
+    said = []
+    assert machine.wait_quiet(1.0, log=said.append) == [0.4, 1, 1] and len(said) == 2
+    monkeypatch.setattr(machine, "load_average", lambda: [9.0, 9, 9])
+    clock = iter([0.0, 100.0, 200.0, 300.0])
+    monkeypatch.setattr(machine.time, "monotonic", lambda: next(clock))
+    assert machine.wait_quiet(1.0, max_wait_s=180, log=lambda m: None) == [9.0, 9, 9]  # gave up: the report says loaded

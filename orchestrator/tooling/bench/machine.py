@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -67,6 +68,19 @@ def git_revision() -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return f"{rev}{' (uncommitted changes)' if dirty else ''}" if rev else None
+
+
+def wait_quiet(threshold: float, max_wait_s: float = 180.0, log=print) -> List[float]:
+    """Wait (at most ``max_wait_s``) until the 1-minute load average is below ``threshold``,
+    so that a benchmark does not start inside the tail of earlier work; returns the load
+    average then (what the report calls *before*)."""
+    deadline = time.monotonic() + max_wait_s
+    load = load_average()
+    while load and load[0] >= threshold and time.monotonic() < deadline:
+        log(f"waiting for a quiet machine: load average {load[0]} >= {threshold:g}")
+        time.sleep(15)
+        load = load_average()
+    return load
 
 
 def load_average() -> List[float]:

@@ -24,7 +24,14 @@ OVERLOAD_END = "<!-- bench-overload:end -->"
 LONG_START = "<!-- bench-long:start (written by `make bench-long`) -->"
 LONG_END = "<!-- bench-long:end -->"
 #: Sections other commands write into benchmarks.md; ``make bench`` keeps them as they are.
-KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END))
+PROFILE_START = "<!-- bench-profile:start (written by `make profile`) -->"
+PROFILE_END = "<!-- bench-profile:end -->"
+#: Figures of both stacks side by side (written by hand from two runs: this report and
+#: docs/native/benchmarks.md, ``make bench --url`` against the native backend).
+STACKS_START = "<!-- stacks:start (kept across runs: edit freely) -->"
+STACKS_END = "<!-- stacks:end -->"
+KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
+                 (PROFILE_START, PROFILE_END), (STACKS_START, STACKS_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

@@ -23,7 +23,7 @@ from orchestrator.runtime.concurrency import gather, in_concurrent_branch
 from orchestrator.runtime.deadlines import Deadlines
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.heads import Head
-from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.nodes.base import Item, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, inline_tokenizer_dirs
@@ -172,8 +172,7 @@ class ModelCalls:
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self.deadlines.call_options(rows)))
         began = time.perf_counter()
         outs = await gather(calls)
-        if self.metrics:
-            self.metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage="bls")
+        observe_stage(self.metrics, "bls", began)
         self.deadlines.arrived(items)
         for part, out in zip(parts, outs):
             for output, value in out.items():

@@ -31,7 +31,7 @@ from orchestrator.runtime.deadlines import Deadlines
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.load import QueueDelay
-from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.mirror import Mirror
 from orchestrator.runtime.nodes.base import Answer, Answers, Item, Node, route_label
 from orchestrator.runtime.ondemand import ModelManager
@@ -113,8 +113,7 @@ class Engine:
 
     def stage(self, stage: str, began: float) -> None:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
-        if self.metrics:
-            self.metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+        observe_stage(self.metrics, stage, began)
 
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from typing import Any, Dict, List, Tuple
 
 #: A series' labels other than ``router``: sorted ``(name, value)`` pairs.
@@ -26,6 +27,13 @@ STAGES = ("parse", "tokenize", "bls", "results", "respond")
 SAMPLED_HISTOGRAMS = frozenset({"orchestrator_node_latency_seconds", "orchestrator_stage_seconds"})
 #: At most this many observations per series of :data:`SAMPLED_HISTOGRAMS` per flush.
 MAX_SAMPLED = 8
+
+
+def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
+    """Observe ``orchestrator_stage_seconds{stage}`` (one of :data:`STAGES`): the seconds of
+    ``time.perf_counter()`` since ``began``; nothing when ``metrics`` is None."""
+    if metrics:
+        metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
 
 
 class Metrics:

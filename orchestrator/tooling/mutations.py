@@ -210,7 +210,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
              Target(R + "router.py", "TritonPythonModel._fail", 'self._error(f"router: {exc}", exc.code)'),
              'self._error(f"router: {exc}", "INTERNAL")', (ADAPTER,)),
     Mutation("stage timings never observed",
-             Target(R + "engine.py", "Engine.stage", "self.metrics", field="If.test"), "None", (ADAPTER,)),
+             Target(R + "metrics.py", "observe_stage", "metrics", field="If.test"), "None", (ADAPTER,)),
     Mutation("head binding ignores labels",
              Target(R + "heads.py", "Head.compatible", "mine == tuple(x.lower() for x in other.output_labels())"), "True",
              (SEVERAL, "tests/unit/test_engine_heads.py")),

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -396,9 +395,12 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
     t0 = time.monotonic()
     settings = QUICK_SETTINGS if quick else FULL_SETTINGS
     binary = install_perf_analyzer(tool_dir)
+    machine = machine_info()
+    quiet = 0.5 * machine.get("cores", 1)  # other load over half the cores distorts the ratios
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_start": wait_quiet(0.5 * (os.cpu_count() or 1), log=lambda m: print(f"[bench-long] {m}", flush=True)), "machine": machine_info(), "git": git_revision(), "command": COMMAND,
+        "load_start": wait_quiet(quiet, log=lambda m: print(f"[bench-long] {m}", flush=True)),
+        "machine": machine, "git": git_revision(), "command": COMMAND,
         "quick": quick, "concurrency": SWEEP_CONCURRENCY, "rounds": 1 if quick else ROUNDS,
         "bounds": list(LENGTH_BOUNDS["long"]),
     }
@@ -448,7 +450,7 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
     results["load_end"] = load_average()
     # other processes' load before the run; the load during it is this benchmark's own server
     # and perf_analyzer (recorded per level as load_1min)
-    results["loaded"] = bool((results["load_start"] or [0])[0] > 0.5 * results["machine"].get("cores", 1))
+    results["loaded"] = bool((results["load_start"] or [0])[0] > quiet)
     results["wall_s"] = round(time.monotonic() - t0, 1)
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "long_texts.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -33,13 +33,13 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from orchestrator.runtime.metrics import STAGES
 from orchestrator.tooling import prometheus
 from orchestrator.tooling.bench.machine import load_average
 from orchestrator.tooling.bench.perf_analyzer import install_perf_analyzer, measure
 from orchestrator.tooling.bench.plan import DEFAULT_TOOL_DIR, FULL_SETTINGS, REPO, BenchError, Spec
 from orchestrator.tooling.bench.report import PROFILE_END, PROFILE_START, replace_section
 
-STAGES = ("parse", "tokenize", "bls", "results", "respond")
 NO_PYTHON_FRAME = "(no Python frame: the stub's C++ code)"
 
 

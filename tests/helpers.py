@@ -108,6 +108,10 @@ def _ondemand_policy(model: str, idle: float) -> dict:
 # Models of the test repository that the session server does not load at start.
 #: The shipped router with ``repository.QUEUE_POLICY`` (the shipped one has none).
 QUEUE_VARIANT = "router_queue"
+#: The shipped router with admission control (``admission``: :data:`ADMIT_WAIT_MS`).
+ADMIT_VARIANT = "router_admit"
+#: Small enough that a burst of long texts is over it after the first execute.
+ADMIT_WAIT_MS = 5
 NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
 
 
@@ -130,6 +134,9 @@ def make_test_repository(dest: Path) -> Path:
     # the shipped router with the recommended queue policy (docs/reliability.md "Overload")
     queued = add_router_variant(dest, QUEUE_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
     repository.add_queue_policy(queued / "config.pbtxt")
+    admit = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    admit["admission"] = {"max_wait_ms": ADMIT_WAIT_MS}
+    add_router_variant(dest, ADMIT_VARIANT, admit)
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
     # on_demand on a model the server loaded itself: the router must never unload it

@@ -13,7 +13,9 @@ request can end with has one Triton error code (:attr:`InputError.code`,
   bound;
 - :class:`UnavailableError` (``UNAVAILABLE``): a model cannot serve now (:class:`Cause`);
 - :class:`DownstreamError` (``INTERNAL``): a model failed or answered something the
-  policy cannot use, or a node timed out.
+  policy cannot use, or a node timed out;
+- :class:`Overloaded` (``UNAVAILABLE``): the router's admission control refused the request
+  before any model ran for it.
 
 ``UNAVAILABLE`` is the code gRPC clients (and Triton's own clients) treat as "try again
 later"; ``INTERNAL`` is not.
@@ -134,5 +136,14 @@ class DeadlineExceeded(RequestStopped):
     """No stage answered the request before its deadline (its ``timeout``): answered with
     ``UNAVAILABLE``, the code of Triton's own queue timeout (core r24.10
     ``PolicyQueue``: "Request timeout expired")."""
+
+    code: ClassVar[str] = "UNAVAILABLE"
+
+
+class Overloaded(RequestStopped):
+    """The router refused the request before any model ran for it: it would have waited
+    past the policy's ``admission.max_wait_ms`` (``admission``). Answered with
+    ``UNAVAILABLE``, the code of Triton's own queue refusals (core r24.10 ``PolicyQueue``:
+    "Exceeds maximum queue size"): retryable."""
 
     code: ClassVar[str] = "UNAVAILABLE"

@@ -55,6 +55,8 @@ class Metrics:
                                                     every branch
         orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
                                                     (``orchestrator.runtime.load``)
+        orchestrator_shed_requests_total            requests admission control refused
+                                                    (``orchestrator.runtime.admission``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
         orchestrator_chunks_total{node}             windows of those texts it classified
         orchestrator_chunks_skipped_total{node,reason}  windows it did not: the text stopped
@@ -118,6 +120,7 @@ class Metrics:
         "orchestrator_rejected_requests_total": "Requests refused by an input limit, by limit",
         "orchestrator_cancelled_requests_total": "Requests cancelled by their client and answered CANCELLED before their next stage",
         "orchestrator_expired_requests_total": "Requests answered UNAVAILABLE because no stage answered before their timeout",
+        "orchestrator_shed_requests_total": "Requests the router's admission control refused (UNAVAILABLE) before any model ran",
         "orchestrator_deadline_texts_total": "Texts answered from an earlier stage because of their request's deadline",
         "orchestrator_shadow_texts_total": "Texts a shadow node's candidate answered, compared with the primary's answers",
         "orchestrator_shadow_flips_total": "Compared texts whose candidate verdict differs from the primary's",

@@ -21,7 +21,7 @@ Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, gene
 ``version``, ``description``, ``root`` (required), ``tokenizer``, ``inline``,
 ``max_sequence_length``, ``bls_max_batch_size``, ``request_parameters``,
 ``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
-(``health.BreakerSettings``) and ``defaults`` (kind -> keys every node of that kind gets
+(``health.BreakerSettings``), ``admission`` (``admission.AdmissionSettings``) and ``defaults`` (kind -> keys every node of that kind gets
 unless it sets them: ``defaults: {chunk: {window: 128, stride: 96}}``). Both files are
 written by ``python -m orchestrator.runtime.policy_docs`` (``--check`` compares).
 
@@ -42,6 +42,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime import nodes as N
 from orchestrator.runtime import schema as S
+from orchestrator.runtime.admission import AdmissionSettings
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.heads import LEGACY, Head
 from orchestrator.runtime.health import BreakerSettings
@@ -70,6 +71,7 @@ class Policy:
         ignored_parameters: ``fnmatch`` patterns of request parameters accepted and ignored.
         limits: input size limits.
         breaker: circuit breaker settings.
+        admission: admission control (None: every request runs; ``admission``).
         source: the validated document, for ``policy show``.
         head: the head of every answer, set by :func:`bind_heads` (None before).
         version: the policy format's version.
@@ -84,6 +86,7 @@ class Policy:
     ignored_parameters: Tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    admission: Optional[AdmissionSettings] = None
     source: Dict[str, Any] = field(default_factory=dict)
     head: Optional[Head] = None
     version: int = 1
@@ -191,6 +194,21 @@ BREAKER = S.Struct(
     doc="Per downstream model (docs/reliability.md).",
 )
 
+#: The ``admission`` mapping (``admission.AdmissionSettings``).
+ADMISSION = S.Struct(
+    "admission",
+    [
+        S.Key("max_wait_ms", S.Number(above=0.0, high=3.6e6), "milliseconds from a request's arrival to its answer "
+              "that the router aims to keep: at the start of each execute it runs as many of the waiting requests "
+              "as its estimated queue delay plus its measured cost per request allow (at least one) and refuses "
+              "the others at once with UNAVAILABLE, before any model runs for them", required=True),
+    ],
+    target=AdmissionSettings,
+    build=lambda values, where: AdmissionSettings(**values),
+    doc="Admission control (docs/reliability.md \"Admission control\"): refuse what cannot be answered in time; "
+        "refusals count in `orchestrator_shed_requests_total`. Absent: every request runs.",
+)
+
 #: The top level of a policy document; ``root`` is read last (its nodes need the rest).
 TOP = S.Struct(
     "policy",
@@ -210,6 +228,7 @@ TOP = S.Struct(
               "headers forwarded by `--http-header-forward-pattern`); any other undeclared parameter is refused"),
         S.Key("limits", LIMITS, "input sizes", nullable=True),
         S.Key("circuit_breaker", BREAKER, "circuit breaker settings", attr="breaker", nullable=True),
+        S.Key("admission", ADMISSION, "admission control under overload", nullable=True),
         S.Key("defaults", N.KindDefaults(), "kind -> keys every node of that kind gets unless it sets them, e.g. "
               "`{chunk: {window: 128, stride: 96}}` (optional keys without nodes; not `name`)", nullable=True),
         S.Key("root", S.NodeRef(), "the node every text enters", location="root"),
@@ -253,6 +272,7 @@ def parse_policy(document: Any) -> Policy:
         ignored_parameters=tuple(v["ignored_parameters"]),
         limits=v["limits"],
         breaker=v["circuit_breaker"],
+        admission=v["admission"],
         source=json.loads(json.dumps(document)),
         version=v["version"],
     )
@@ -392,6 +412,9 @@ def describe(policy: Policy) -> str:
         + (f"reload a model whose stub died (failed tries retried with back-off up to {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
         + (", dead stubs seen in /proc before a call" if cb.watch_stubs else "")
     )
+
+    if policy.admission is not None:
+        lines.append(f"admission: refuse what would wait over {policy.admission.max_wait_ms:g} ms (UNAVAILABLE)")
 
     def emit(node: Node, prefix: str, label: str) -> None:
         lines.append(f"{prefix}{label}[{node.name}] {N.describe(node)}")

@@ -47,6 +47,12 @@ open, ``health.CircuitBreaker``, or its load is in back-off). A request its clie
 stage; a request's ``timeout()`` is the budget of its downstream calls, counted from the
 start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines").
 
+Admission control (the policy's ``admission``, ``runtime.admission``; off in the shipped
+policy unless it sets one): at the start of an ``execute`` the router runs only the requests
+it expects to answer within ``admission.max_wait_ms`` of their arrival (at least one, in
+arrival order) and answers the others at once with UNAVAILABLE ("overloaded: ..."),
+counted in ``orchestrator_shed_requests_total``.
+
 Newer releases (``releases``; docs/deployment.md "Releases"): where the stub's
 ``InferenceResponse`` takes ``parameters`` (python_backend r25.02), each answer also carries
 the route as KServe v2 response parameters (``releases.route_parameters``) beside ``ROUTE``;
@@ -80,10 +86,19 @@ from typing import Any, Dict, List, Optional, Union, cast
 
 import numpy as np
 
+from orchestrator.runtime.admission import Admission
 from orchestrator.runtime.concurrency import gather
 from orchestrator.runtime.downstream import Downstream
 from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, OrchestratorError, PolicyError, RequestStopped
+from orchestrator.runtime.errors import (
+    DownstreamError,
+    InputError,
+    LimitError,
+    OrchestratorError,
+    Overloaded,
+    PolicyError,
+    RequestStopped,
+)
 from orchestrator.runtime.heads import HeadError, repository_heads
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.nodes.model import ModelNode
@@ -166,6 +181,7 @@ class TritonPythonModel:
             self.policy, self.downstream.infer, self.metrics, self.models, model_dir,
             shadow_infer=self.downstream.shadow_infer, logger=self.logger,
         )
+        self.admission = Admission(self.policy.admission) if self.policy.admission is not None else None
         self.warmups_left = warmup_executes(config)
         self.response_parameters = has_response_parameters(pb_utils)
         self.loop = asyncio.new_event_loop()
@@ -227,6 +243,8 @@ class TritonPythonModel:
         ``INTERNAL`` and (``log``) logged with its traceback."""
         if isinstance(exc, LimitError):
             self.metrics.inc("orchestrator_rejected_requests_total", limit=exc.limit)
+        elif isinstance(exc, Overloaded):
+            self.metrics.inc("orchestrator_shed_requests_total")
         if isinstance(exc, OrchestratorError):
             return self._error(f"router: {exc}", exc.code)
         if log:
@@ -245,14 +263,26 @@ class TritonPythonModel:
         return self._timed_execute(requests)
 
     def _timed_execute(self, requests: List[Any]) -> List[Any]:
-        """:meth:`_execute` marked on the engine's queue-delay estimate (``runtime.load``)."""
+        """:meth:`_execute` marked on the engine's queue-delay estimate (``runtime.load``);
+        with the policy's ``admission``, only the requests it admits run (the first ones,
+        in arrival order) and the others are refused with ``Overloaded`` (``runtime.admission``)."""
         delay_s = self.engine.load.begin()
         self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        admitted, refusal = len(requests), None
+        if self.admission is not None:
+            admitted = self.admission.admit(len(requests), delay_s)
+            if admitted < len(requests):  # the estimates that decided it, before this execute updates them
+                refusal = Overloaded(self.admission.message(delay_s, admitted))
+        began = time.perf_counter()
         try:
-            responses: List[Any] = self.loop.run_until_complete(self._execute(requests))
-            return responses
+            responses: List[Any] = self.loop.run_until_complete(self._execute(requests[:admitted]))
         finally:
+            if self.admission is not None:
+                self.admission.ran(admitted, time.perf_counter() - began)
             self.engine.load.end()
+        if refusal is not None:
+            responses += [self._fail(refusal) for _ in requests[admitted:]]
+        return responses
 
     def _is_warmup_sample(self, request: Any) -> bool:
         """True for the marked warmup sample: every THRESHOLD is NaN (module docstring)."""

@@ -214,6 +214,19 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("head binding ignores labels",
              Target(R + "heads.py", "Head.compatible", "mine == tuple(x.lower() for x in other.output_labels())"), "True",
              (SEVERAL, "tests/unit/test_engine_heads.py")),
+    # issue 29: admission control
+    Mutation("admission refuses a request that ends exactly at the bound",
+             Target(R + "admission.py", "Admission.admit", "math.floor(room / per + 1e-09)"), "math.ceil(room / per) - 1",
+             ("tests/unit/test_admission.py",)),
+    Mutation("admission may refuse every request of an execute",
+             Target(R + "admission.py", "Admission.admit", "max(1, min(n, fits))"), "min(n, fits)",
+             ("tests/unit/test_admission.py",)),
+    Mutation("admission refuses the first requests instead of the last",
+             Target(R + "router.py", "TritonPythonModel._timed_execute", "requests[:admitted]"), "requests[len(requests) - admitted:]",
+             ("tests/mock/test_admission_mock.py",)),
+    Mutation("shed requests not counted",
+             Target(R + "router.py", "TritonPythonModel._fail", 'self.metrics.inc("orchestrator_shed_requests_total")', kind="Expr"),
+             "pass", ("tests/mock/test_admission_mock.py",)),
 )
 
 

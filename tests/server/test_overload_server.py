@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import time
 
 import numpy as np
 import pytest
 
 from orchestrator.tooling.repository import QUEUE_POLICY, read_config
-from tests.helpers import QUEUE_VARIANT, REPO
+from tests.helpers import ADMIT_VARIANT, ADMIT_WAIT_MS, QUEUE_VARIANT, REPO
 
 MODEL = QUEUE_VARIANT
 
@@ -30,7 +31,7 @@ def texts(n: int) -> list:
     return [f"review {i}: " + "a slow, thoughtful and at times wonderful film that drags " * 12 for i in range(n)]
 
 
-async def burst(url: str, items: list, priority: int = 0) -> list:
+async def burst(url: str, items: list, priority: int = 0, model: str = MODEL) -> list:
     """Send every ``(request_id, text)`` at once on one channel; one outcome per request:
     ``("OK", probabilities, route)`` or ``(grpc code name, message)``."""
     import tritonclient.grpc.aio as grpcclient
@@ -44,7 +45,7 @@ async def burst(url: str, items: list, priority: int = 0) -> list:
         thr = grpcclient.InferInput("THRESHOLD", [1, 1], "FP32")
         thr.set_data_from_numpy(np.array([[0.5]], np.float32))
         try:
-            r = await client.infer(MODEL, [t, thr], request_id=rid, priority=priority)
+            r = await client.infer(model, [t, thr], request_id=rid, priority=priority)
         except InferenceServerException as exc:
             return (str(exc.status()).replace("StatusCode.", ""), exc.message())
         assert r.get_response().id == rid
@@ -56,7 +57,7 @@ async def burst(url: str, items: list, priority: int = 0) -> list:
         await client.close()
 
 
-def alone(url: str, text: str) -> float:
+def alone(url: str, text: str, model: str = MODEL) -> float:
     import tritonclient.grpc as grpcclient
 
     client = grpcclient.InferenceServerClient(url)
@@ -65,7 +66,7 @@ def alone(url: str, text: str) -> float:
         t.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
         thr = grpcclient.InferInput("THRESHOLD", [1, 1], "FP32")
         thr.set_data_from_numpy(np.array([[0.5]], np.float32))
-        return float(client.infer(MODEL, [t, thr]).as_numpy("PROBABILITIES")[0, 0])
+        return float(client.infer(model, [t, thr]).as_numpy("PROBABILITIES")[0, 0])
     finally:
         client.close()
 
@@ -139,3 +140,33 @@ def test_http_reports_a_refusal_as_503(triton):
     assert errors, "64 blocking HTTP clients never filled the queue"
     assert {e[0] for e in errors} == {"503"}, errors[:3]
     assert all("Exceeds maximum queue size" in e[1] for e in errors)
+
+
+def test_admission_control_refuses_a_burst_it_cannot_answer_in_time_and_answers_the_rest_correctly(triton):
+    """The router's own admission control (``admission``, runtime/admission.py) on the
+    shipped router without a queue policy: a burst gets UNAVAILABLE refusals naming the
+    bound, each request exactly one response, the answered ones as they are alone, and
+    the refusals counted in ``orchestrator_shed_requests_total``."""
+    before = triton.metric("orchestrator_shed_requests_total", router=ADMIT_VARIANT) or 0.0
+    for _ in range(3):  # a few executes first: the cost model needs a measured one
+        alone(triton.grpc_url, texts(1)[0], model=ADMIT_VARIANT)
+    items = [(f"admit-{i}", t) for i, t in enumerate(texts(BURST))]
+    outcomes = asyncio.run(burst(triton.grpc_url, items, model=ADMIT_VARIANT))
+    assert len(outcomes) == BURST  # one outcome per request: none lost
+    answered = [(items[i], o) for i, o in enumerate(outcomes) if o[0] == "OK"]
+    refused = [(items[i], o) for i, o in enumerate(outcomes) if o[0] != "OK"]
+    assert refused, "the burst was never over the admission bound"
+    assert answered, "nothing was answered"
+    for (rid, _), (code, message) in refused:
+        assert code == "UNAVAILABLE", (rid, code, message)
+        assert message.startswith(f"router: overloaded: this request would wait past the router's "
+                                  f"admission.max_wait_ms ({ADMIT_WAIT_MS} ms;"), message
+    for (rid, text), (_, p, route) in answered[:5] + answered[-5:]:
+        assert p == pytest.approx(alone(triton.grpc_url, text, model="router"), abs=1e-5), rid
+        assert route
+    deadline = time.monotonic() + 5.0  # the router flushes its metrics every 0.5 s
+    while (triton.metric("orchestrator_shed_requests_total", router=ADMIT_VARIANT) or 0.0) - before < len(refused) \
+            and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert (triton.metric("orchestrator_shed_requests_total", router=ADMIT_VARIANT) or 0.0) - before == len(refused)
+    assert triton.is_ready()

@@ -159,3 +159,37 @@ def test_the_measured_overload_policy_is_the_documented_example():
     assert "overload" not in yaml.safe_dump(shipped)  # the shipped policy itself is untouched
     with pytest.raises(BenchError, match="no cascade"):
         overload_policy({"version": 1, "root": {"kind": "model", "model": "m"}})
+
+
+def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
+    from orchestrator.tooling.bench.overload import goal_answered
+
+    r = results()
+    for lv in r["levels"]:
+        x = lv["models"]["router"]
+        x.update(answered_p99_ms=30.0, unfinished=0, errors=0, refused=7)
+    r["levels"][0]["models"]["router"]["answered_p99_ms"] = 900.0  # 1x is not judged
+    g = goal_answered(r, "router")
+    assert g == {"model": "router", "ratios": {"2x": 3.0, "4x": 3.0}, "bound": 3.0, "lost": 0, "refused": 14, "met": True}
+    r["levels"][2]["models"]["router"]["answered_p99_ms"] = 30.1  # over 3x at 4x
+    assert goal_answered(r, "router")["met"] is False
+    r["levels"][2]["models"]["router"]["answered_p99_ms"] = 20.0
+    r["levels"][1]["models"]["router"]["unfinished"] = 1  # one request unanswered: not met, however fast
+    assert goal_answered(r, "router")["met"] is False and goal_answered(r, "router")["lost"] == 1
+    r["unloaded"]["router"]["p99_ms"] = None
+    assert goal_answered(r, "router")["met"] is None
+    r["goals_answered"] = [g]
+    assert "- Goal (issue 29): at 2x and 4x, `router`'s p99 of answered requests at most 3x its unloaded p99, none " \
+           "lost: 2x 3.0x, 4x 3.0x; 14 refused, 0 unfinished or failed; **met**." in render_section(r)
+
+
+def test_the_admission_variant_adds_only_the_admission_key(tmp_path):
+    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.tooling.bench.overload import ADMISSION, make_overload_repository
+
+    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    repo = make_overload_repository(tmp_path / "repo", shipped)
+    variant = yaml.safe_load((repo / "router_admit" / "policy.yaml").read_text())
+    assert variant["admission"] == ADMISSION and parse_policy(variant).admission is not None
+    variant.pop("admission"), variant.pop("description"), shipped.pop("description")
+    assert variant == shipped

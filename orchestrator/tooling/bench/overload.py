@@ -1,12 +1,15 @@
-"""Overload benchmark (issue 20): open-loop Poisson load at 1x, 2x and 4x the ensemble's
-capacity against ``ensemble``, ``router`` (the shipped one: no queue policy on Triton 2.51),
-``router_queue`` (with the recommended queue policy, ``repository.QUEUE_POLICY``),
-``router_overload`` (that with the cascade's overload mode), ``router_timeout`` and
-``router_two``, in one run of one server.
+"""Overload benchmark (issues 20 and 29): open-loop Poisson load at 1x, 2x and 4x a model's
+capacity (``--capacity-model``, default the shipped ``router``'s own) against ``ensemble``,
+``router`` (the shipped one: no queue policy on Triton 2.51), ``router_admit`` (with the
+router's own admission control, :data:`ADMISSION`), ``router_queue`` (with the recommended
+queue policy, ``repository.QUEUE_POLICY``), ``router_overload`` (that with the cascade's
+overload mode), ``router_timeout`` and ``router_two``, in one run of one server
+(``--models``: fewer).
 
 ``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs]``:
 
-1. copies ``model_repository/`` and adds ``router_queue``: the shipped router with
+1. copies ``model_repository/`` and adds ``router_admit``: the shipped router whose policy
+   gets ``admission`` = :data:`ADMISSION`; ``router_queue``: the shipped router with
    ``repository.QUEUE_POLICY``; ``router_overload``: that router whose cascade node gets
    ``overload`` = :data:`OVERLOAD` (``docs/policies/overload.yaml`` is the same policy, for
    users); ``router_timeout``: ``router_queue`` with its queue bounded by time instead of
@@ -15,7 +18,7 @@ capacity against ``ensemble``, ``router`` (the shipped one: no queue policy on T
 2. starts one embedded server with every model the three need;
 3. **unloaded**: each model alone, one request at a time (closed loop, concurrency 1):
    the latency floor (p50, p99) each is compared with;
-4. **capacity**: the ensemble's throughput in closed loop at concurrency
+4. **capacity**: the capacity model's throughput in closed loop at concurrency
    :data:`CAPACITY_CONCURRENCY` (answered requests per second): 1x;
 5. **open loop**: for each of 1x, 2x, 4x (:func:`rate_plan`) and each model in turn,
    Poisson arrivals (exponential gaps, a fixed seed per level) for ``level_s`` seconds,
@@ -67,7 +70,11 @@ from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
-MODELS = ("ensemble", "router", "router_queue", "router_overload", "router_timeout", "router_two")
+MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
+#: ``router_admit``: the shipped router with this ``admission`` (runtime/admission.py): 30 ms
+#: is 3x the router's unloaded p99 on this machine (about 10 ms, docs/benchmarks.md), the
+#: bound of issue 29's goal.
+ADMISSION = {"max_wait_ms": 30}
 #: The routers given ``repository.QUEUE_POLICY`` (the shipped ``router`` has none).
 QUEUED = ("router_queue", "router_overload", "router_timeout", "router_two")
 #: ``router_timeout``: ``router_queue`` with its queue bounded by time instead of size
@@ -82,7 +89,8 @@ CAPACITY_CONCURRENCY = 16
 #: The cascade's overload mode in ``router_overload`` (and docs/policies/overload.yaml).
 OVERLOAD = {"target_ms": 40, "cap_ms": 120}
 THRESHOLD = 0.5
-#: The p99 goal of issue 20: at 4x, the router's p99 at most this times its unloaded p99.
+#: The p99 goal of issues 20 and 29: under load, the router's p99 at most this times its
+#: unloaded p99 (issue 20: at 4x, every request; issue 29: at 2x and 4x, answered requests).
 P99_GOAL = 3.0
 SERVER_MODELS = ("tokenizer", "postprocess", "classifier", "classifier_fast", *MODELS)
 
@@ -109,7 +117,7 @@ def rate_plan(capacity: float, multipliers: Sequence[float] = MULTIPLIERS) -> Li
     """``[{"multiplier", "rate"}]``: request rates (requests/s) at ``multipliers`` x
     ``capacity``. Raises BenchError when ``capacity`` is not a positive finite number."""
     if not (isinstance(capacity, (int, float)) and math.isfinite(capacity) and capacity > 0):
-        raise BenchError(f"the ensemble's capacity must be a positive number of requests/s, got {capacity!r}")
+        raise BenchError(f"the capacity must be a positive number of requests/s, got {capacity!r}")
     return [{"multiplier": float(m), "rate": round(float(m) * float(capacity), 2)} for m in multipliers]
 
 
@@ -190,6 +198,30 @@ def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str
     return {"model": model, "ratio": ratio, "bound": P99_GOAL, "met": met, "stalled": stalled}
 
 
+def goal_answered(results: Mapping[str, Any], model: str) -> Dict[str, Any]:
+    """Issue 29's goal for ``model``: at every level of 2x and more, the p99 of its
+    *answered* requests at most :data:`P99_GOAL` times its unloaded p99, and no request
+    unfinished or failed other than a refusal (UNAVAILABLE, counted). Returns ``{"model",
+    "ratios" (multiplier -> ratio), "bound", "lost" (unfinished + other errors at those
+    levels), "refused", "met"}``; ``met`` is None when a level lacks the figures."""
+    p99 = ((results.get("unloaded") or {}).get(model) or {}).get("p99_ms")
+    ratios: Dict[str, Optional[float]] = {}
+    lost = refused = 0
+    for lv in results.get("levels") or []:
+        if lv.get("multiplier", 0) < 2:
+            continue
+        x = (lv.get("models") or {}).get(model)
+        if x is None:
+            continue
+        loaded = x.get("answered_p99_ms")
+        ratios[f"{lv['multiplier']:g}x"] = round(loaded / p99, 2) if loaded and p99 else None
+        lost += int(x.get("unfinished", 0)) + int(x.get("errors", 0))
+        refused += int(x.get("refused", 0))
+    met = None if not ratios or None in ratios.values() else (all(r <= P99_GOAL for r in ratios.values() if r is not None)
+                                                                  and lost == 0)
+    return {"model": model, "ratios": ratios, "bound": P99_GOAL, "lost": lost, "refused": refused, "met": met}
+
+
 def _cell(x: Any, suffix: str = "") -> str:
     return "n/a" if x is None else f"{x}{suffix}"
 
@@ -197,22 +229,26 @@ def _cell(x: Any, suffix: str = "") -> str:
 def render_section(r: Mapping[str, Any]) -> str:
     """The ``benchmarks.md`` section for the results ``r`` of one run (pure)."""
     cap = r["capacity"]
-    L = [OVERLOAD_START, "## Overload: open-loop load at 1x, 2x and 4x the ensemble's capacity (issue 20)", ""]
+    whose = cap.get("model", "ensemble")
+    L = [OVERLOAD_START, f"## Overload: open-loop load at 1x, 2x and 4x `{whose}`'s capacity (issues 20 and 29)", ""]
     L.append(f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
              f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
              f"raw figures in `bench/overload.json`.")
     L += ["", header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: short levels; the figures are a smoke test, not a benchmark."]
-    L += ["", f"Capacity (1x): the ensemble's throughput in closed loop at concurrency {cap['concurrency']}, "
+    L += ["", f"Capacity (1x): `{whose}`'s throughput in closed loop at concurrency {cap['concurrency']}, "
           f"{cap['throughput']} requests/s ({cap['answered']} answered in {cap['seconds']} s). Each level sends Poisson "
           f"arrivals for {r['level_s']} s per model (one labeled held-out text per request, threshold {THRESHOLD}, "
           "gRPC; within a level every model gets the same arrival times and texts, and the unloaded runs the same "
           "texts); "
           f"requests unanswered {r['grace_s']} s after the last arrival are cancelled and counted as unfinished, "
           "with the time they waited (a lower bound) in the percentiles (marked >=). Refused: gRPC UNAVAILABLE from "
-          "the router's queue policy (`max_queue_size`, `default_timeout_microseconds`; retryable). Accuracy: verdict "
+          "the router's queue policy (`max_queue_size`, `default_timeout_microseconds`) or its admission control "
+          "(retryable). Accuracy: verdict "
           "against label over the answered requests of the level. `router`: the shipped router (no queue policy). "
+          f"`router_admit`: the shipped router with admission control, `admission: {json.dumps(r.get('admission', ADMISSION))}` "
+          "(docs/reliability.md \"Admission control\"). "
           "`router_queue`: the shipped router with the recommended queue policy (`repository.QUEUE_POLICY`: a queue "
           "of 16, a 5 s REJECT timeout, two priority levels). `router_overload`: `router_queue` with the "
           f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: "
@@ -224,14 +260,15 @@ def render_section(r: Mapping[str, Any]) -> str:
     for m in r["models"]:
         u = r["unloaded"][m]
         L.append(f"| `{m}` | {_cell(u['p50_ms'])} | {_cell(u['p99_ms'])} | {_cell(u['accuracy_pct'])} |")
-    L += ["", "| load | model | rate, req/s | sent | answered/s | p50, ms | p99, ms | refused | other errors | unfinished | "
-          "accuracy, % | kept for load, % | escalated, % |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    L += ["", "| load | model | rate, req/s | sent | answered/s | p50, ms | p99, ms | answered p99, ms | refused | "
+          "other errors | unfinished | accuracy, % | kept for load, % | escalated, % |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in r["levels"]:
         for m in r["models"]:
             x = lv["models"][m]
             p99 = ("&ge; " if x["p99_lower_bound"] else "") + _cell(x["p99_ms"])
             L.append(f"| {lv['multiplier']:g}x | `{m}` | {lv['rate']} | {x['sent']} | {_cell(x['throughput'])} | "
-                     f"{_cell(x['p50_ms'])} | {p99} | {x['refused']} | {x['errors']} | {x['unfinished']} | "
+                     f"{_cell(x['p50_ms'])} | {p99} | {_cell(x.get('answered_p99_ms'))} | {x['refused']} | {x['errors']} | {x['unfinished']} | "
                      f"{_cell(x['accuracy_pct'])} | {_cell(x['overload_share_pct'])} | {_cell(x['escalated_share_pct'])} |")
     L += [""]
     for g in r["goals"]:
@@ -241,6 +278,11 @@ def render_section(r: Mapping[str, Any]) -> str:
                 "the unloaded requests makes the bound meaningless)") if g.get("stalled") else ""
         L.append(f"- Goal (issue 20): at 4x, `{g['model']}`'s p99 at most {g['bound']:g}x its unloaded p99: "
                  f"{_cell(g['ratio'], 'x')}, {met}{note}.")
+    for g in r.get("goals_answered", []):
+        met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
+        ratios = ", ".join(f"{k} {_cell(v, 'x')}" for k, v in g["ratios"].items()) or "n/a"
+        L.append(f"- Goal (issue 29): at 2x and 4x, `{g['model']}`'s p99 of answered requests at most {g['bound']:g}x "
+                 f"its unloaded p99, none lost: {ratios}; {g['refused']} refused, {g['lost']} unfinished or failed; {met}.")
     msgs = sorted({m for lv in r["levels"] for x in lv["models"].values() for m in x["refusal_messages"]})
     if msgs:
         L += ["", "Refusal texts seen: " + "; ".join(f"`{m}`" for m in msgs[:3]) + "."]
@@ -419,6 +461,39 @@ async def wait_drained(url: str, quiet_s: float = 1.0, limit_s: float = 120.0) -
     return round(time.monotonic() - start, 1)
 
 
+async def model_stats(url: str, model: str) -> Dict[str, float]:
+    """Triton's cumulative statistics of ``model`` (version 1, statistics extension):
+    ``{"success", "fail", "executions", "queue_ns", "compute_ns"}`` (queue and compute
+    input + infer + output, summed over successful requests)."""
+    import tritonclient.grpc.aio as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        stats = await client.get_inference_statistics(model, as_json=True)
+    finally:
+        await client.close()
+    found = (stats.get("model_stats") or [{}])[0]
+    inf = found.get("inference_stats", {})
+
+    def part(name: str, key: str) -> float:
+        return float((inf.get(name) or {}).get(key, 0) or 0)
+
+    return {"success": part("success", "count"), "fail": part("fail", "count"),
+            "executions": float(found.get("execution_count", 0) or 0), "queue_ns": part("queue", "ns"),
+            "compute_ns": sum(part(p, "ns") for p in ("compute_input", "compute_infer", "compute_output"))}
+
+
+def server_side(before: Mapping[str, float], after: Mapping[str, float]) -> Dict[str, Any]:
+    """Where a level's time went inside the server, from two :func:`model_stats`: mean
+    queue and compute milliseconds per successful request, and requests per execute."""
+    d = {k: after[k] - before[k] for k in after}
+    ok = d["success"]
+    return {"server_success": int(ok), "server_fail": int(d["fail"]), "executions": int(d["executions"]),
+            "queue_ms": round(d["queue_ns"] / ok / 1e6, 2) if ok else None,
+            "compute_ms": round(d["compute_ns"] / ok / 1e6, 2) if ok else None,
+            "requests_per_execute": round((ok + d["fail"]) / d["executions"], 1) if d["executions"] else None}
+
+
 def _load() -> List[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
@@ -429,7 +504,7 @@ def _log(msg: str) -> None:
 
 async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, grace_s: float, unloaded_n: int,
                       capacity_s: float, multipliers: Sequence[float] = MULTIPLIERS,
-                      models: Sequence[str] = MODELS) -> Dict[str, Any]:
+                      models: Sequence[str] = MODELS, capacity_model: str = "router") -> Dict[str, Any]:
     """Steps 3-5 of the module docstring against the server at ``url`` (gRPC host:port)."""
     sender = Sender(url)
     out: Dict[str, Any] = {"unloaded": {}, "levels": []}
@@ -443,12 +518,12 @@ async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, gr
             s = summarize(recs, 1.0)
             out["unloaded"][m] = {key: s[key] for key in ("answered", "p50_ms", "p99_ms", "accuracy_pct", "codes")}
             _log(f"unloaded {m}: p50 {s['p50_ms']} ms, p99 {s['p99_ms']} ms")
-        recs = await closed_loop(sender, "ensemble", examples[k:], CAPACITY_CONCURRENCY, capacity_s)
+        recs = await closed_loop(sender, capacity_model, examples[k:], CAPACITY_CONCURRENCY, capacity_s)
         k += len(recs)
         cap = summarize(recs, capacity_s)
         if cap["answered"] != len(recs):
-            raise BenchError(f"the ensemble refused or failed {len(recs) - cap['answered']} requests in closed loop: {cap['codes']}")
-        out["capacity"] = {"concurrency": CAPACITY_CONCURRENCY, "seconds": capacity_s, "answered": cap["answered"],
+            raise BenchError(f"{capacity_model} refused or failed {len(recs) - cap['answered']} requests in closed loop: {cap['codes']}")
+        out["capacity"] = {"model": capacity_model, "concurrency": CAPACITY_CONCURRENCY, "seconds": capacity_s, "answered": cap["answered"],
                            "throughput": cap["throughput"], "p50_ms": cap["p50_ms"], "p99_ms": cap["p99_ms"]}
         _log(f"capacity: {cap['throughput']} req/s")
         await wait_drained(url)
@@ -459,12 +534,15 @@ async def measure_all(url: str, examples: Sequence[tuple], *, level_s: float, gr
             level_examples = list(examples[shift:]) + list(examples[:shift])
             k += len(arrivals)
             for m in models:
+                before = await model_stats(url, m)
                 recs, window, now = await open_loop(sender, m, level_examples, arrivals, grace_s)
                 s = summarize(recs, window, now)
                 s["drain_s"] = await wait_drained(url)
+                s.update(server_side(before, await model_stats(url, m)))
                 level["models"][m] = s
                 _log(f"{plan['multiplier']:g}x {m}: {s['throughput']} answered/s, p99 {s['p99_ms']} ms, "
-                     f"refused {s['refused']}, unfinished {s['unfinished']}, accuracy {s['accuracy_pct']}")
+                     f"refused {s['refused']}, unfinished {s['unfinished']}, accuracy {s['accuracy_pct']}; server: "
+                     f"queue {s['queue_ms']} ms, compute {s['compute_ms']} ms, {s['requests_per_execute']} requests per execute")
             out["levels"].append(level)
     finally:
         await sender.close()
@@ -477,6 +555,7 @@ def make_overload_repository(dest: Path, shipped: Mapping[str, Any]) -> Path:
     from orchestrator.tooling.bench.variants import make_bench_repository
 
     repo = make_bench_repository(dest, REPO, variants={
+        "router_admit": {"base": "router", "policy_extra": {"admission": dict(ADMISSION)}},
         "router_queue": {"base": "router"},
         "router_overload": {"base": "router", "policy_root": overload_policy(dict(shipped))["root"]},
         "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
@@ -486,7 +565,8 @@ def make_overload_repository(dest: Path, shipped: Mapping[str, Any]) -> Path:
     return repo
 
 
-def run(out: Path, quick: bool = False, urls: Sequence[str] = ()) -> Dict[str, Any]:
+def run(out: Path, quick: bool = False, urls: Sequence[str] = (), models: Sequence[str] = MODELS,
+        capacity_model: str = "router") -> Dict[str, Any]:
     """The whole benchmark (module docstring); writes the outputs and returns the results.
 
     ``urls``: load the running server at these ``--url`` values (``stack.parse_urls``; gRPC
@@ -498,7 +578,7 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = ()) -> Dict[str, A
     started = time.monotonic()
     results: Dict[str, Any] = {"started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                                "load_start": _load(), "machine": machine_info(), "command": COMMAND, "quick": quick,
-                               "models": list(MODELS), "overload": OVERLOAD, "timeout_queue": TIMEOUT_QUEUE, "two_instances": TWO_INSTANCES,
+                               "models": list(models), "admission": ADMISSION, "overload": OVERLOAD, "timeout_queue": TIMEOUT_QUEUE, "two_instances": TWO_INSTANCES,
                                "level_s": 5.0 if quick else 10.0, "grace_s": 5.0 if quick else 10.0}
     held_out = data.held_out_examples()
     order = np.random.RandomState(20).permutation(len(held_out))
@@ -511,9 +591,11 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = ()) -> Dict[str, A
             served(results["stack"], list(SERVER_MODELS), "serve the repository of --write-repository DIR, or run without --url")
             results.update(asyncio.run(measure_all(
                 server.grpc_url, examples, level_s=results["level_s"], grace_s=results["grace_s"],
-                unloaded_n=50 if quick else 200, capacity_s=5.0 if quick else 15.0)))
+                unloaded_n=50 if quick else 200, capacity_s=5.0 if quick else 15.0, models=models,
+                capacity_model=capacity_model)))
     results["load_end"] = _load()
-    results["goals"] = [goal(results, m) for m in MODELS if m != "ensemble"]
+    results["goals"] = [goal(results, m) for m in models if m != "ensemble"]
+    results["goals_answered"] = [goal_answered(results, m) for m in models if m != "ensemble"]
     results["wall_s"] = round(time.monotonic() - started, 1)
     (out / "bench").mkdir(parents=True, exist_ok=True)
     (out / "bench" / "overload.json").write_text(json.dumps(results, indent=1) + "\n")
@@ -528,6 +610,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
     parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
     add_url_argument(parser)
+    parser.add_argument("--models", default=",".join(MODELS),
+                        help=f"comma-separated models to load (default: all of {', '.join(MODELS)})")
+    parser.add_argument("--capacity-model", default="router",
+                        help="whose closed-loop throughput is 1x (default: router, the router's own capacity; "
+                             "issue 20 used ensemble)")
     parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
                         help="only write the repository this benchmark serves to DIR (to serve it yourself for --url)")
     args = parser.parse_args(argv)
@@ -536,7 +623,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"wrote {make_overload_repository(args.write_repository, shipped)}")
         return 0
     try:
-        print(render_section(run(args.out, quick=args.quick, urls=args.url)))
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        unknown = sorted(set(models + [args.capacity_model]) - set(MODELS))
+        if unknown:
+            parser.error(f"unknown models {unknown}; choose from {', '.join(MODELS)}")
+        print(render_section(run(args.out, quick=args.quick, urls=args.url, models=models,
+                                 capacity_model=args.capacity_model)))
     except StackError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

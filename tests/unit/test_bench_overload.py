@@ -170,12 +170,16 @@ def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
         x.update(answered_p99_ms=30.0, unfinished=0, errors=0, refused=7)
     r["levels"][0]["models"]["router"]["answered_p99_ms"] = 900.0  # 1x is not judged
     g = goal_answered(r, "router")
-    assert g == {"model": "router", "ratios": {"2x": 3.0, "4x": 3.0}, "bound": 3.0, "lost": 0, "refused": 14, "met": True}
+    assert g == {"model": "router", "ratios": {"2x": 3.0, "4x": 3.0}, "bound": 3.0, "lost": 0, "refused": 14, "met": True,
+                 "stalled": False}
     r["levels"][2]["models"]["router"]["answered_p99_ms"] = 30.1  # over 3x at 4x
     assert goal_answered(r, "router")["met"] is False
     r["levels"][2]["models"]["router"]["answered_p99_ms"] = 20.0
     r["levels"][1]["models"]["router"]["unfinished"] = 1  # one request unanswered: not met, however fast
     assert goal_answered(r, "router")["met"] is False and goal_answered(r, "router")["lost"] == 1
+    r["unloaded"]["router"]["p99_ms"] = 51.0  # over 10x its p50 of 5 ms: a stall, the bound means nothing
+    stalled = goal_answered(r, "router")
+    assert stalled["met"] is None and stalled["stalled"] is True
     r["unloaded"]["router"]["p99_ms"] = None
     assert goal_answered(r, "router")["met"] is None
     r["goals_answered"] = [g]

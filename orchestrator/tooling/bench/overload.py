@@ -203,8 +203,11 @@ def goal_answered(results: Mapping[str, Any], model: str) -> Dict[str, Any]:
     *answered* requests at most :data:`P99_GOAL` times its unloaded p99, and no request
     unfinished or failed other than a refusal (UNAVAILABLE, counted). Returns ``{"model",
     "ratios" (multiplier -> ratio), "bound", "lost" (unfinished + other errors at those
-    levels), "refused", "met"}``; ``met`` is None when a level lacks the figures."""
-    p99 = ((results.get("unloaded") or {}).get(model) or {}).get("p99_ms")
+    levels), "refused", "met", "stalled"}``; ``met`` is None when a level lacks the figures
+    or the unloaded p99 is over 10x the unloaded p50 (``stalled``, as in :func:`goal`)."""
+    unloaded = (results.get("unloaded") or {}).get(model) or {}
+    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
+    stalled = bool(p99 and p50 and p99 > 10 * p50)  # as in :func:`goal`
     ratios: Dict[str, Optional[float]] = {}
     lost = refused = 0
     for lv in results.get("levels") or []:
@@ -217,9 +220,10 @@ def goal_answered(results: Mapping[str, Any], model: str) -> Dict[str, Any]:
         ratios[f"{lv['multiplier']:g}x"] = round(loaded / p99, 2) if loaded and p99 else None
         lost += int(x.get("unfinished", 0)) + int(x.get("errors", 0))
         refused += int(x.get("refused", 0))
-    met = None if not ratios or None in ratios.values() else (all(r <= P99_GOAL for r in ratios.values() if r is not None)
-                                                                  and lost == 0)
-    return {"model": model, "ratios": ratios, "bound": P99_GOAL, "lost": lost, "refused": refused, "met": met}
+    met = None if stalled or not ratios or None in ratios.values() else (
+        all(r <= P99_GOAL for r in ratios.values() if r is not None) and lost == 0)
+    return {"model": model, "ratios": ratios, "bound": P99_GOAL, "lost": lost, "refused": refused, "met": met,
+            "stalled": stalled}
 
 
 def _cell(x: Any, suffix: str = "") -> str:
@@ -261,15 +265,16 @@ def render_section(r: Mapping[str, Any]) -> str:
         u = r["unloaded"][m]
         L.append(f"| `{m}` | {_cell(u['p50_ms'])} | {_cell(u['p99_ms'])} | {_cell(u['accuracy_pct'])} |")
     L += ["", "| load | model | rate, req/s | sent | answered/s | p50, ms | p99, ms | answered p99, ms | refused | "
-          "other errors | unfinished | accuracy, % | kept for load, % | escalated, % |",
-          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+          "other errors | unfinished | accuracy, % | kept for load, % | escalated, % | server queue, ms | server compute, ms |",
+          "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for lv in r["levels"]:
         for m in r["models"]:
             x = lv["models"][m]
             p99 = ("&ge; " if x["p99_lower_bound"] else "") + _cell(x["p99_ms"])
             L.append(f"| {lv['multiplier']:g}x | `{m}` | {lv['rate']} | {x['sent']} | {_cell(x['throughput'])} | "
                      f"{_cell(x['p50_ms'])} | {p99} | {_cell(x.get('answered_p99_ms'))} | {x['refused']} | {x['errors']} | {x['unfinished']} | "
-                     f"{_cell(x['accuracy_pct'])} | {_cell(x['overload_share_pct'])} | {_cell(x['escalated_share_pct'])} |")
+                     f"{_cell(x['accuracy_pct'])} | {_cell(x['overload_share_pct'])} | {_cell(x['escalated_share_pct'])} | "
+                     f"{_cell(x.get('queue_ms'))} | {_cell(x.get('compute_ms'))} |")
     L += [""]
     for g in r["goals"]:
         u = r["unloaded"].get(g["model"], {})
@@ -281,8 +286,10 @@ def render_section(r: Mapping[str, Any]) -> str:
     for g in r.get("goals_answered", []):
         met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
         ratios = ", ".join(f"{k} {_cell(v, 'x')}" for k, v in g["ratios"].items()) or "n/a"
+        note = " (its unloaded p99 is over 10x its p50: a stall, so the bound is meaningless)" if g.get("stalled") else ""
         L.append(f"- Goal (issue 29): at 2x and 4x, `{g['model']}`'s p99 of answered requests at most {g['bound']:g}x "
-                 f"its unloaded p99, none lost: {ratios}; {g['refused']} refused, {g['lost']} unfinished or failed; {met}.")
+                 f"its unloaded p99, none lost: {ratios}; {g['refused']} refused, {g['lost']} unfinished or failed; "
+                 f"{met}{note}.")
     msgs = sorted({m for lv in r["levels"] for x in lv["models"].values() for m in x["refusal_messages"]})
     if msgs:
         L += ["", "Refusal texts seen: " + "; ".join(f"`{m}`" for m in msgs[:3]) + "."]

@@ -114,9 +114,17 @@ calibrate: $(STAMP)
 tune: $(STAMP)
 	$(PY) -m orchestrator.tooling.cli tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
 
-# Issue 20's overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x and 4x the
-# ensemble's closed-loop capacity against ensemble, router and router in overload mode, one
-# server. Writes the "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
+# The router with one and with two instances against the ensemble at c=1, 4, 16, 64 (issue 29),
+# its own server. Writes the "bench-instances" section of $(BENCH_OUT)/benchmarks.md and
+# $(BENCH_OUT)/bench/instances.json.
+.PHONY: bench-instances
+bench-instances: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
+
+# The overload benchmark of issues 20 and 29 (about 7 minutes): open-loop Poisson load at 1x, 2x
+# and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
+# variants (admission control, queue policies, two instances), one server. Writes the
+# "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
 .PHONY: bench-overload
 bench-overload: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)

@@ -30,8 +30,11 @@ PROFILE_END = "<!-- bench-profile:end -->"
 #: docs/native/benchmarks.md, ``make bench --url`` against the native backend).
 STACKS_START = "<!-- stacks:start (kept across runs: edit freely) -->"
 STACKS_END = "<!-- stacks:end -->"
+#: The section ``make bench-instances`` writes (orchestrator.tooling.bench.instances), kept across runs.
+INSTANCES_START = "<!-- bench-instances:start (written by `make bench-instances`) -->"
+INSTANCES_END = "<!-- bench-instances:end -->"
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
-                 (PROFILE_START, PROFILE_END), (STACKS_START, STACKS_END))
+                 (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (STACKS_START, STACKS_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

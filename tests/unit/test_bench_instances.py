@@ -1,0 +1,57 @@
+"""The pure parts of the router-instances benchmark (``orchestrator.tooling.bench.instances``):
+its plan, the per-round ratios, the section make bench keeps, and the variant it adds."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.tooling.bench import instances as I
+from orchestrator.tooling.bench.report import INSTANCES_END, INSTANCES_START, KEPT_SECTIONS
+from tests.helpers import REPO
+
+
+def test_the_plan_rotates_the_model_order_each_round():
+    specs = I.plan(2, concurrencies=(1, 64))
+    assert [(s.model, s.concurrency, s.round) for s in specs] == [
+        ("ensemble", 1, 0), ("router", 1, 0), ("router_x2", 1, 0), ("ensemble", 64, 0), ("router", 64, 0), ("router_x2", 64, 0),
+        ("router", 1, 1), ("router_x2", 1, 1), ("ensemble", 1, 1), ("router", 64, 1), ("router_x2", 64, 1), ("ensemble", 64, 1)]
+    assert len(I.plan(I.ROUNDS)) == I.ROUNDS * len(I.CONCURRENCIES) * len(I.MODELS)
+
+
+def m(model, c, r, thr, p50):
+    return {"model": model, "concurrency": c, "round": r, "throughput": thr, "p50_ms": p50, "p99_ms": 2 * p50}
+
+
+def test_ratios_are_medians_of_same_round_ratios_and_failures_are_left_out():
+    ms = [m("ensemble", 16, 0, 100.0, 10.0), m("router", 16, 0, 200.0, 5.0), m("router_x2", 16, 0, 300.0, 4.0),
+          m("ensemble", 16, 1, 50.0, 20.0), m("router", 16, 1, 150.0, 10.0), m("router_x2", 16, 1, 150.0, 10.0),
+          m("ensemble", 16, 2, 100.0, 10.0), m("router", 16, 2, 100.0, 10.0), {**m("router_x2", 16, 2, 1.0, 1.0), "error": "x"}]
+    s = I.summarize(ms)["16"]
+    assert s["models"]["router"] == {"throughput": 150.0, "p50_ms": 10.0, "p99_ms": 20.0, "rounds": 3}
+    assert s["models"]["router_x2"]["rounds"] == 2  # the failed one is left out
+    assert s["ratios"]["router"] == {"throughput_vs_ensemble": 2.0, "p50_vs_ensemble": 0.5}  # rounds: 2, 3, 1 / 0.5, 0.5, 1
+    assert s["ratios"]["router_x2"]["throughput_vs_router"] == pytest.approx(1.25)  # rounds 1.5 and 1.0
+    assert s["ratios"]["router_x2"]["throughput_vs_ensemble"] == pytest.approx(3.0)  # rounds 3.0 and 3.0
+    assert "throughput_vs_ensemble" not in s["ratios"]["ensemble"]
+
+
+def test_the_section_is_kept_by_make_bench_and_lists_every_cell():
+    assert (INSTANCES_START, INSTANCES_END) in KEPT_SECTIONS
+    ms = [m(model, c, 0, 100.0, 5.0) for c in (1, 4) for model in I.MODELS]
+    r = {"started_utc": "2026-11-26 23:55", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [0.3],
+         "load_max_during": 2.0, "rounds": 1, "instances": 2, "quick": True, "measurements": ms, "summary": I.summarize(ms)}
+    text = I.render_section(r)
+    assert text.startswith(INSTANCES_START) and text.endswith(INSTANCES_END)
+    assert "| 4 | `router_x2` | 100.0 | 5.0 | 10.0 | 1.0x | 1.0x | 1.0x | 1.0x |" in text
+    assert "`--quick` run" in text
+
+
+def test_the_variant_changes_only_the_instance_count(tmp_path):
+    from orchestrator.tooling.repository import read_config
+
+    repo = I.make_instances_repository(tmp_path / "repo")
+    two, one = read_config(repo / "router_x2" / "config.pbtxt"), read_config(REPO / "router" / "config.pbtxt")
+    assert two.instance_group[0].count == I.INSTANCES and one.instance_group[0].count == 1
+    two.instance_group[0].count, two.name = 1, "router"
+    assert two == one
+    assert (repo / "router_x2" / "policy.yaml").read_text() == (REPO / "router" / "policy.yaml").read_text()

@@ -492,11 +492,29 @@ def _measure(models: Models, stages: Sequence[Stage], texts: List[str], labels: 
     return m
 
 
+def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> Dict[str, float]:
+    """Accuracy of answers ``a`` minus that of ``b`` (bool [N] each: right or not, the same
+    texts) and its 95% confidence interval: a paired bootstrap over the texts
+    (``scipy.stats.bootstrap``, BCa, ``resamples`` draws, fixed ``seed``). Returns
+    ``{"difference", "low", "high"}`` (shares, -1 to 1)."""
+    from scipy import stats
+
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    diff = float(x.mean() - y.mean())
+    if len(x) < 2 or np.array_equal(x, y):  # nothing to resample: no text differs
+        return {"difference": diff, "low": diff, "high": diff}
+    res = stats.bootstrap((x, y), lambda u, v, axis=-1: u.mean(axis=axis) - v.mean(axis=axis), paired=True,
+                          vectorized=True, n_resamples=resamples, confidence_level=0.95,
+                          random_state=np.random.RandomState(seed))
+    return {"difference": diff, "low": float(res.confidence_interval.low), "high": float(res.confidence_interval.high)}
+
+
 def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, chunks: Mapping[str, Optional[ChunkNode]],
-             threshold: float = 0.5) -> Dict[str, float]:
+             threshold: float = 0.5, answers_out: Optional[List[np.ndarray]] = None) -> Dict[str, float]:
     """Accuracy, agreement with the last stage alone (every window), escalation rate and
     windows per text of the cascade at ``margin`` with chunk nodes ``chunks`` (stage model
-    node name -> chunk node as tuned; None: as in the stage)."""
+    node name -> chunk node as tuned; None: as in the stage). ``answers_out``: gets the
+    cascade's answers (float64 [N, columns]) appended."""
     answers, used = [], []
     for s in stages:
         w, ws = m.windows[s.model.name]
@@ -516,6 +534,8 @@ def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, ch
         final_probs[go] = answers[i][go]
         windows += np.where(go, used[i], 0)
         reached = go
+    if answers_out is not None:
+        answers_out.append(final_probs)
     pt["agreement"] = float(same(head, final_probs, last_full, threshold).mean())
     pt["windows_per_text"] = float(windows.mean())
     pt["n"] = int(len(m.labels))
@@ -639,8 +659,10 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
            long_n: int) -> Dict[str, Any]:
     """The chosen point on other texts: per cascade, on the short texts and on each kind of
     long text, the router as tuned, the router reading every window (stop keys removed),
-    the last stage alone (every window) and the ensemble (the last stage's model reading
-    the first ``max_length`` tokens)."""
+    the last stage alone (every window), the router's accuracy minus the last stage's with
+    its 95% interval (:func:`paired_difference`: whether a gap is more than the sampling
+    noise of these texts) and the ensemble (the last stage's model reading the first
+    ``max_length`` tokens)."""
     out: Dict[str, Any] = {"data": name, "cascades": []}
     for cascade, stages in plan:
         tok = models.heads[stages[0].model.model].tokenizer
@@ -651,7 +673,8 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
             if not texts:
                 continue
             m = _measure(models, stages, texts, labels, max_length)
-            tuned = evaluate(head, stages, m, margins[cascade.name], chunks[cascade.name], threshold)
+            final: List[np.ndarray] = []
+            tuned = evaluate(head, stages, m, margins[cascade.name], chunks[cascade.name], threshold, final)
             every = evaluate(head, stages, m, margins[cascade.name],
                              {s.model.name: without_stop_keys(s.chunk) if s.chunk else None for s in stages}, threshold)
             last = stages[-1]
@@ -661,6 +684,8 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
             ens = np.stack([np.asarray(w[0], dtype=np.float64).reshape(-1) for w in lw])
             rows[kind] = {"n": len(texts), "router": tuned, "router_every_window": every,
                           "last_stage_alone": float(correct(head, alone, labels, threshold).mean()),
+                          "router_minus_last_stage": paired_difference(correct(head, final[0], labels, threshold),
+                                                                       correct(head, alone, labels, threshold)),
                           "ensemble": float(correct(head, ens, labels, threshold).mean())}
         out["cascades"].append({"name": cascade.name, "margin": margins[cascade.name], "sets": rows})
     return out
@@ -668,6 +693,12 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
+
+
+def _points(d: Optional[Mapping[str, float]]) -> str:
+    if not d:
+        return "n/a"
+    return f"{100 * d['difference']:+.2f} ({100 * d['low']:+.2f} to {100 * d['high']:+.2f})"
 
 
 def render(r: Mapping[str, Any]) -> str:
@@ -689,12 +720,14 @@ def render(r: Mapping[str, Any]) -> str:
     if rep:
         L += ["", f"## On {rep['data']} (the chosen point, never the tuning texts)", "",
               "| texts | n | router as tuned | escalation rate | windows/text | router, every window | windows/text | "
-              "last stage alone | ensemble (first window) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "last stage alone | router - last stage, points (95% interval) | ensemble (first window) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c in rep["cascades"]:
             for kind, s in c["sets"].items():
                 L.append(f"| {kind} | {s['n']} | {_pct(s['router']['accuracy'])} | {_pct(s['router']['escalation_rate'])} | "
                          f"{s['router']['windows_per_text']:.2f} | {_pct(s['router_every_window']['accuracy'])} | "
-                         f"{s['router_every_window']['windows_per_text']:.2f} | {_pct(s['last_stage_alone'])} | {_pct(s['ensemble'])} |")
+                         f"{s['router_every_window']['windows_per_text']:.2f} | {_pct(s['last_stage_alone'])} | "
+                         f"{_points(s.get('router_minus_last_stage'))} | {_pct(s['ensemble'])} |")
     return "\n".join(L) + "\n"
 
 

@@ -211,3 +211,25 @@ def test_tune_end_to_end_on_an_exported_checkpoint_pair(tmp_path, checkpoint):
     assert check_command(argparse.Namespace(path=str(policy), repo=str(repo), model_config_name="embedded",
                                             write_labels=False)) == 0
     assert set(result["report"]["cascades"][0]["sets"]) >= {"short"}
+
+
+def test_the_paired_difference_says_whether_a_gap_is_more_than_the_noise():
+    from orchestrator.tooling.tune import paired_difference
+
+    rng = np.random.RandomState(1)
+    last = rng.rand(1936) < 0.79
+    same = paired_difference(last, last)
+    assert same == {"difference": 0.0, "low": 0.0, "high": 0.0}
+    three_fewer = last.copy()
+    three_fewer[np.flatnonzero(last)[:3]] = False  # 3 texts of 1936 wrong that the last stage got right
+    d = paired_difference(three_fewer, last)
+    assert d["difference"] == pytest.approx(-3 / 1936)
+    assert d["low"] < d["difference"] <= d["high"] <= 0.0  # one-sided changes: never above 0
+    mixed = last.copy()
+    mixed[np.flatnonzero(last)[:100]] = False
+    mixed[np.flatnonzero(~last)[:98]] = True  # 198 texts changed, 2 more for the worse
+    d = paired_difference(mixed, last)
+    assert d["low"] < 0.0 < d["high"]  # a gap of a few texts either way is within the noise
+    worse = last.copy()
+    worse[np.flatnonzero(last)[:100]] = False
+    assert paired_difference(worse, last)["high"] < 0.0  # 100 texts worse: clearly below

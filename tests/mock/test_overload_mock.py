@@ -30,7 +30,7 @@ def mock(tmp_path_factory):
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     # the default route's cascade with margin 1 (every text escalates unloaded) and an overload mode
-    cascade = document["root"]["steps"][1]["default"]["nodes"][0]
+    cascade = document["root"]["steps"][1]["default"]["default"]["nodes"][0]
     assert cascade["kind"] == "cascade"
     cascade.update(margin=1.0, overload={"target_ms": 10, "cap_ms": 50})
     add_router_variant(repo, VARIANT, document)

@@ -46,7 +46,7 @@ def test_long_texts_join_only_sentences_of_one_label():
 def test_all_windows_copy_drops_only_the_stopping_keys(tmp_path):
     shipped = make_long_repository(tmp_path / "repo")
     stopped = [c for c in chunk_nodes(shipped["root"]) if c.get("stop_margin") is not None or c.get("stop_when_decided")]
-    assert {c["name"] for c in stopped} == {"chunk_fast", "chunk_accurate"}  # the shipped policy opts in
+    assert {c["name"] for c in stopped} == {"chunk_long", "chunk_fast", "chunk_accurate"}  # the shipped policy opts in
     copy = yaml.safe_load((tmp_path / "repo" / ALL_WINDOWS / "policy.yaml").read_text())
     assert copy["root"] == without_stopping(shipped["root"])
     for c in chunk_nodes(copy["root"]):

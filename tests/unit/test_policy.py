@@ -9,6 +9,7 @@ from orchestrator.runtime import policy as P
 from orchestrator.runtime.nodes.cascade import CascadeNode
 from orchestrator.runtime.nodes.fallback import FallbackNode
 from orchestrator.runtime.nodes.sequence import SequenceNode
+from orchestrator.runtime.nodes.switch import SwitchNode
 from orchestrator.tooling.cli import main
 from tests.helpers import ROOT
 
@@ -65,7 +66,15 @@ def test_default_policy_reproduces_the_first_router():
     empty = guard.cases[0]
     assert empty.when.empty is True and empty.then.probability == (0.5,) and empty.then.verdict is False
     assert empty.then.route == "empty"
-    degrade = choose.default
+    length = choose.default  # texts over 128 tokens: classifier_fast over every window, no cascade
+    assert isinstance(length, SwitchNode)
+    [long_case] = length.cases
+    assert (long_case.when.tokens_min, long_case.when.tokens_max) == (129, None)
+    long_fast, long_spare = long_case.then.nodes
+    assert long_fast.stop_when_decided and long_fast.stop_margin is None
+    assert (long_fast.node.model, long_spare.node.model) == ("classifier_fast", "classifier")
+    assert (long_fast.window, long_fast.stride, long_fast.aggregation) == (128, 96, "length_weighted_mean")
+    degrade = length.default
     assert isinstance(degrade, FallbackNode)
     cascade, spare = degrade.nodes
     assert isinstance(cascade, CascadeNode) and cascade.margin == 0.305  # chosen by orchestrator tune (docs/tuning.md)

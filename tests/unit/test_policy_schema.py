@@ -267,7 +267,7 @@ def test_shipped_policy_says_window_and_stride_once():
     text = SHIPPED[0].read_text()
     assert len(re.findall(r"\bwindow:", text)) == 1 and len(re.findall(r"\bstride:", text)) == 1
     chunks = [n for n in P.load_policy(SHIPPED[0]).nodes() if n.kind == "chunk"]
-    assert len(chunks) == 8 and {(c.window, c.stride) for c in chunks} == {(128, 96)}
+    assert len(chunks) == 10 and {(c.window, c.stride) for c in chunks} == {(128, 96)}
 
 
 @pytest.mark.parametrize("defaults,message", [

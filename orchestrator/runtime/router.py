@@ -15,9 +15,10 @@ What happens to each text is decided by the routing policy (``orchestrator.runti
 node kinds in ``orchestrator.runtime.nodes``), a YAML file in the model directory named by
 the config parameter ``policy``. The shipped policy (``model_repository/router/policy.yaml``)
 answers empty texts without a model (probability 0.5, verdict false, ROUTE ``empty``),
-chunks texts over 128 tokens into overlapping windows (ROUTE ``chunked:<model>``; a text settled
-before its last window: ``chunked:<model>:windows=<used>/<made>``), cascades
-from ``classifier_fast`` to ``classifier`` for texts whose probability is within 0.15 of
+reads texts over 128 tokens with ``classifier_fast`` in overlapping windows (ROUTE
+``chunked:<model>``; a text settled before its last window:
+``chunked:<model>:windows=<used>/<made>``), cascades shorter texts from ``classifier_fast``
+to ``classifier`` when the calibrated probability is within the policy's ``margin`` of
 their threshold, and degrades when a model is broken (ROUTE ``classifier`` for texts that
 needed ``classifier_fast``, ``classifier_fast:degraded`` for texts that needed
 ``classifier``).

@@ -210,7 +210,7 @@ def test_replacing_classifier_repoints_the_ensemble_and_checks_the_routers(byom_
     assert "ensemble/config.pbtxt: steps re-pointed: tokenizer -> classifier_tokenizer; postprocess -> classifier_postprocess" in notes
     assert ("warning: router (router/policy.yaml) names classifier; its models' heads: classifier: binary (2 logits, "
             "positive label 'POSITIVE'); classifier_fast: binary (1 logit, positive label 'positive'). The policy no "
-            "longer binds: root.steps[1].default.nodes[1].node.max_length: 128 tokens, over model "
+            "longer binds: root.steps[1].default.default.nodes[1].node.max_length: 128 tokens, over model "
             "'classifier''s maximum of 48") in notes
     assert (repo / "router" / "labels.txt").read_text() == "positive\n"  # as shipped: that policy no longer binds
     assert "router_short (router_short/policy.yaml) names classifier" in notes and "They agree" in notes

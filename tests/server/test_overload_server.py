@@ -57,6 +57,27 @@ async def burst(url: str, items: list, priority: int = 0, model: str = MODEL) ->
         await client.close()
 
 
+def burst_outcomes(url: str, prefix: str, never_refused: str, model: str = MODEL) -> tuple:
+    """A burst of :data:`BURST` long texts to ``model``: ``(answered, refused)``, each a
+    list of ``((request_id, text), outcome)``; asserts one outcome per request and some of
+    each (``never_refused``: the failure message when none was refused)."""
+    items = [(f"{prefix}-{i}", t) for i, t in enumerate(texts(BURST))]
+    outcomes = asyncio.run(burst(url, items, model=model))
+    assert len(outcomes) == BURST  # one outcome per request: none lost
+    answered = [(items[i], o) for i, o in enumerate(outcomes) if o[0] == "OK"]
+    refused = [(items[i], o) for i, o in enumerate(outcomes) if o[0] != "OK"]
+    assert refused, never_refused
+    assert answered, "nothing was answered"
+    return answered, refused
+
+
+def assert_answered_as_alone(url: str, answered: list, model: str = MODEL) -> None:
+    """The first and last five answered requests: the probability the same text gets alone."""
+    for (rid, text), (_, p, route) in answered[:5] + answered[-5:]:
+        assert p == pytest.approx(alone(url, text, model=model), abs=1e-5), rid
+        assert route
+
+
 def alone(url: str, text: str, model: str = MODEL) -> float:
     import tritonclient.grpc as grpcclient
 
@@ -83,20 +104,11 @@ def test_the_shipped_router_has_no_queue_policy_and_the_variant_the_recommended_
 
 
 def test_a_burst_over_the_queue_is_refused_with_unavailable_and_the_rest_answered_correctly(triton):
-    items = [(f"burst-{i}", t) for i, t in enumerate(texts(BURST))]
-    outcomes = asyncio.run(burst(triton.grpc_url, items))
-    assert len(outcomes) == BURST  # one outcome per request: none lost
-    answered = [(items[i], o) for i, o in enumerate(outcomes) if o[0] == "OK"]
-    refused = [(items[i], o) for i, o in enumerate(outcomes) if o[0] != "OK"]
-    assert refused, "the burst never filled the queue"
-    assert answered, "nothing was answered"
+    answered, refused = burst_outcomes(triton.grpc_url, "burst", "the burst never filled the queue")
     for (rid, _), (code, message) in refused:
         assert code == "UNAVAILABLE", (rid, code, message)
         assert message == f"[request id: {rid}] Exceeds maximum queue size"
-    # an answered request's probability is the one the same text gets alone
-    for (rid, text), (_, p, route) in answered[:5] + answered[-5:]:
-        assert p == pytest.approx(alone(triton.grpc_url, text), abs=1e-5), rid
-        assert route
+    assert_answered_as_alone(triton.grpc_url, answered)
     assert triton.is_ready()
 
 
@@ -150,20 +162,13 @@ def test_admission_control_refuses_a_burst_it_cannot_answer_in_time_and_answers_
     before = triton.metric("orchestrator_shed_requests_total", router=ADMIT_VARIANT) or 0.0
     for _ in range(3):  # a few executes first: the cost model needs a measured one
         alone(triton.grpc_url, texts(1)[0], model=ADMIT_VARIANT)
-    items = [(f"admit-{i}", t) for i, t in enumerate(texts(BURST))]
-    outcomes = asyncio.run(burst(triton.grpc_url, items, model=ADMIT_VARIANT))
-    assert len(outcomes) == BURST  # one outcome per request: none lost
-    answered = [(items[i], o) for i, o in enumerate(outcomes) if o[0] == "OK"]
-    refused = [(items[i], o) for i, o in enumerate(outcomes) if o[0] != "OK"]
-    assert refused, "the burst was never over the admission bound"
-    assert answered, "nothing was answered"
+    answered, refused = burst_outcomes(triton.grpc_url, "admit", "the burst was never over the admission bound",
+                                       model=ADMIT_VARIANT)
     for (rid, _), (code, message) in refused:
         assert code == "UNAVAILABLE", (rid, code, message)
         assert message.startswith(f"router: overloaded: this request would wait past the router's "
                                   f"admission.max_wait_ms ({ADMIT_WAIT_MS} ms;"), message
-    for (rid, text), (_, p, route) in answered[:5] + answered[-5:]:
-        assert p == pytest.approx(alone(triton.grpc_url, text, model="router"), abs=1e-5), rid
-        assert route
+    assert_answered_as_alone(triton.grpc_url, answered, model="router")
     deadline = time.monotonic() + 5.0  # the router flushes its metrics every 0.5 s
     while (triton.metric("orchestrator_shed_requests_total", router=ADMIT_VARIANT) or 0.0) - before < len(refused) \
             and time.monotonic() < deadline:

@@ -56,7 +56,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, replace_section
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, replace_section, write_kept_outputs
 from orchestrator.tooling.bench.stack import header_line, read_stack
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import read_config, write_config
@@ -437,9 +437,7 @@ def run(out: Path, quick: bool = False) -> dict:
             finally:
                 client.close()
     results["load_end"] = _load()
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "features.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_section(out / "benchmarks.md", render_section(results))
+    write_kept_outputs(out, "features", results, render_section(results), FEATURES_START, FEATURES_END)
     return results
 
 

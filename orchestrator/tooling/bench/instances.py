@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,7 @@ import numpy as np
 
 from orchestrator.tooling.bench.machine import load_average, machine_info
 from orchestrator.tooling.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
-from orchestrator.tooling.bench.report import INSTANCES_END, INSTANCES_START, replace_section
+from orchestrator.tooling.bench.report import INSTANCES_END, INSTANCES_START, write_kept_outputs
 from orchestrator.tooling.bench.stack import header_line, read_stack
 
 COMMAND = "make bench-instances  (python -m orchestrator.tooling.bench.instances --out docs)"
@@ -167,6 +166,8 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None) -> Dict[st
         with TritonServer(repo, models=list(SERVER_MODELS)) as server:
             results["stack"] = read_stack(server, embedded=True)
             measurements: List[Dict[str, Any]] = []
+            # a guess of one text's latency, ms, that sizes each model's first windows only;
+            # later ones follow its measured latency (measurement.expected_latency_ms)
             warm = {(m, "held_out"): 10.0 for m in MODELS}
             specs = plan(rounds)
             for i, spec in enumerate(specs, 1):
@@ -180,9 +181,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None) -> Dict[st
     during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
     results.update(measurements=measurements, summary=summarize(measurements),
                    load_max_during=max(during) if during else None, wall_s=round(time.monotonic() - started, 1))
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "instances.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
-    replace_section(out / "benchmarks.md", render_section(results), INSTANCES_START, INSTANCES_END)
+    write_kept_outputs(out, "instances", results, render_section(results), INSTANCES_START, INSTANCES_END)
     return results
 
 

@@ -77,7 +77,7 @@ from orchestrator.tooling.bench.plan import (
     BenchError,
     Spec,
 )
-from orchestrator.tooling.bench.report import LONG_END, LONG_START, replace_section
+from orchestrator.tooling.bench.report import LONG_END, LONG_START, replace_section, write_kept_outputs
 from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 
 COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs)"
@@ -452,9 +452,7 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
     # and perf_analyzer (recorded per level as load_1min)
     results["loaded"] = bool((results["load_start"] or [0])[0] > quiet)
     results["wall_s"] = round(time.monotonic() - t0, 1)
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "long_texts.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_section(out / "benchmarks.md", render_section(results))
+    write_kept_outputs(out, "long_texts", results, render_section(results), LONG_START, LONG_END)
     return results
 
 

@@ -64,7 +64,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, replace_section
+from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, replace_section, write_kept_outputs
 from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 from orchestrator.tooling.paths import PROJECT_ROOT
 
@@ -183,17 +183,23 @@ def summarize(records: Sequence[Record], window_s: float, now: Optional[float] =
     }
 
 
+def _unloaded_p99(results: Mapping[str, Any], model: str) -> tuple:
+    """``(p99_ms, stalled)`` of ``model`` unloaded: ``stalled`` when its p99 is over 10x its
+    p50 (a stall among the unloaded requests makes any bound on it meaningless)."""
+    unloaded = (results.get("unloaded") or {}).get(model) or {}
+    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
+    return p99, bool(p99 and p50 and p99 > 10 * p50)
+
+
 def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str, Any]:
     """Issue 20's goal for ``model``: its p99 at 4x over its unloaded p99, against
     :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met", "stalled"}``. ``met`` is None
     when not measured, or when the unloaded p99 is over 10x the unloaded p50 (``stalled``:
     a stall among the unloaded requests makes the bound meaningless)."""
-    unloaded = (results.get("unloaded") or {}).get(model, {})
     top = max(results.get("levels") or [{}], key=lambda lv: lv.get("multiplier", 0))
     loaded = (top.get("models") or {}).get(model, {}).get("p99_ms")
-    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
+    p99, stalled = _unloaded_p99(results, model)
     ratio = round(loaded / p99, 2) if loaded and p99 else None
-    stalled = bool(p99 and p50 and p99 > 10 * p50)
     met = None if ratio is None or stalled else ratio <= P99_GOAL
     return {"model": model, "ratio": ratio, "bound": P99_GOAL, "met": met, "stalled": stalled}
 
@@ -205,9 +211,7 @@ def goal_answered(results: Mapping[str, Any], model: str) -> Dict[str, Any]:
     "ratios" (multiplier -> ratio), "bound", "lost" (unfinished + other errors at those
     levels), "refused", "met", "stalled"}``; ``met`` is None when a level lacks the figures
     or the unloaded p99 is over 10x the unloaded p50 (``stalled``, as in :func:`goal`)."""
-    unloaded = (results.get("unloaded") or {}).get(model) or {}
-    p99, p50 = unloaded.get("p99_ms"), unloaded.get("p50_ms")
-    stalled = bool(p99 and p50 and p99 > 10 * p50)  # as in :func:`goal`
+    p99, stalled = _unloaded_p99(results, model)
     ratios: Dict[str, Optional[float]] = {}
     lost = refused = 0
     for lv in results.get("levels") or []:
@@ -604,9 +608,7 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = (), models: Sequen
     results["goals"] = [goal(results, m) for m in models if m != "ensemble"]
     results["goals_answered"] = [goal_answered(results, m) for m in models if m != "ensemble"]
     results["wall_s"] = round(time.monotonic() - started, 1)
-    (out / "bench").mkdir(parents=True, exist_ok=True)
-    (out / "bench" / "overload.json").write_text(json.dumps(results, indent=1) + "\n")
-    write_section(out / "benchmarks.md", render_section(results))
+    write_kept_outputs(out, "overload", results, render_section(results), OVERLOAD_START, OVERLOAD_END)
     return results
 
 

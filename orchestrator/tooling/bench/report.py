@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -48,6 +49,16 @@ def replace_section(report: Path, section: str, start: str, end: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section + "\n"
     report.write_text(text)
+
+
+def write_kept_outputs(out: Path, name: str, results: Any, section: str, start: str, end: str) -> None:
+    """Write one :data:`KEPT_SECTIONS` benchmark's outputs: ``<out>/bench/<name>.json``
+    (``results`` as indented JSON) and its
+    ``section`` between ``start`` and ``end`` of ``<out>/benchmarks.md``
+    (:func:`replace_section`)."""
+    (out / "bench").mkdir(parents=True, exist_ok=True)
+    (out / "bench" / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    replace_section(out / "benchmarks.md", section, start, end)
 
 
 WHAT_WE_TRIED_PLACEHOLDER = """\

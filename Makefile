@@ -121,6 +121,14 @@ tune: $(STAMP)
 bench-instances: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# The metrics flush's change side by side (issue 29, about 8 minutes): the shipped router
+# (a sample of at most 8 timing observations per series per flush) against the same router
+# sending every one, and the ensemble, at c=1 and 16, five rounds. Writes the "bench-flush"
+# section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/flush.json.
+.PHONY: bench-flush
+bench-flush: $(STAMP)
+	$(PY) -m orchestrator.tooling.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
+
 # The overload benchmark of issues 20 and 29 (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
 # variants (admission control, queue policies, two instances), one server. Writes the

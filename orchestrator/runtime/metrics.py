@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 #: A series' labels other than ``router``: sorted ``(name, value)`` pairs.
 Labels = Tuple[Tuple[str, str], ...]
@@ -25,8 +25,35 @@ STAGES = ("parse", "tokenize", "bls", "results", "respond")
 #: Histograms of timings whose observations are sampled at flush (:class:`Metrics`); the
 #: shadow difference histogram is not: its count is the number of texts compared.
 SAMPLED_HISTOGRAMS = frozenset({"orchestrator_node_latency_seconds", "orchestrator_stage_seconds"})
-#: At most this many observations per series of :data:`SAMPLED_HISTOGRAMS` per flush.
+#: At most this many observations per series of :data:`SAMPLED_HISTOGRAMS` per flush, by
+#: default (``make profile`` found one stub-server round trip per observation in 8% of the
+#: router stub's samples; ``make bench-flush`` measures the two side by side).
 MAX_SAMPLED = 8
+#: The router's config parameter that sets the sample: a positive integer, or ``all``.
+SAMPLE_PARAMETER = "metrics_timing_sample"
+
+
+def timing_sample(params: Mapping[str, str]) -> Optional[int]:
+    """The number of timing observations per series per flush that the config parameters
+    ``params`` ask for (:data:`SAMPLE_PARAMETER`): :data:`MAX_SAMPLED` when absent, None
+    (send every one) for ``all``.
+
+    Raises:
+        ValueError: the value is neither a positive integer nor ``all`` (the router then
+            fails to load, naming the parameter).
+    """
+    raw = params.get(SAMPLE_PARAMETER)
+    if raw is None or raw == "":
+        return MAX_SAMPLED
+    if raw.strip().lower() == "all":
+        return None
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"router: parameter {SAMPLE_PARAMETER}={raw!r}: expected a positive integer or 'all'")
+    return n
 
 
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
@@ -95,10 +122,11 @@ class Metrics:
     ``flush_interval_s`` (0.5 s), off the request path: ``/metrics`` lags by at most that.
     Counters and gauges cost one round trip per series per flush; a histogram costs one per
     observation, so the timing histograms (:data:`SAMPLED_HISTOGRAMS`) send at most
-    :data:`MAX_SAMPLED` observations per series per flush, a uniform sample of the
-    interval's (``make profile`` found the flush thread in 8% of the router stub's samples
-    at concurrency 1 with every observation sent). Their means and quantiles stay unbiased;
-    their ``_count`` counts the sample, not every execute, under load.
+    ``max_sampled`` (:data:`MAX_SAMPLED`; None: all) observations per series per flush, a
+    uniform sample of the interval's (``make profile`` found the flush thread in 8% of the
+    router stub's samples at concurrency 1 with every observation sent). Their means and
+    quantiles stay unbiased; their ``_count`` counts the sample, not every execute, under
+    load (the router's config parameter ``metrics_timing_sample: all`` sends every one).
     Without ``MetricFamily`` (old stubs) every call is a no-op.
     """
 
@@ -145,8 +173,10 @@ class Metrics:
         ),
     }
 
-    def __init__(self, pb: Any, router_name: str, flush_interval_s: float = 0.5):
+    def __init__(self, pb: Any, router_name: str, flush_interval_s: float = 0.5,
+                 max_sampled: Optional[int] = MAX_SAMPLED):
         self.router = router_name
+        self.max_sampled = max_sampled  # None: every timing observation (timing_sample)
         self.families = {}
         self.metrics: Dict[Tuple[str, Labels], Any] = {}  # pb_utils.Metric by (family, labels)
         self.lock = threading.Lock()
@@ -212,8 +242,8 @@ class Metrics:
         for key, value in gauges.items():
             self._metric(key).set(value)
         for key, values in observations.items():
-            if key[0] in SAMPLED_HISTOGRAMS and len(values) > MAX_SAMPLED:
-                values = self.rng.sample(values, MAX_SAMPLED)
+            if self.max_sampled is not None and key[0] in SAMPLED_HISTOGRAMS and len(values) > self.max_sampled:
+                values = self.rng.sample(values, self.max_sampled)
             m = self._metric(key)
             for v in values:
                 m.observe(v)

@@ -101,7 +101,7 @@ from orchestrator.runtime.errors import (
     RequestStopped,
 )
 from orchestrator.runtime.heads import HeadError, repository_heads
-from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.metrics import Metrics, timing_sample
 from orchestrator.runtime.nodes.model import ModelNode
 from orchestrator.runtime.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
@@ -175,7 +175,7 @@ class TritonPythonModel:
         check_label_file(model_dir, config, self.policy, path)
         self.name = args.get("model_name", config.get("name", "router"))
         self.outputs = {o["name"] for o in config.get("output", [])}
-        self.metrics = Metrics(pb_utils, self.name)
+        self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
         self.downstream = Downstream(pb_utils, self.policy, self.metrics, self.logger, self.name)
         self.models = self.downstream.models
         self.engine = Engine(

@@ -55,3 +55,40 @@ def test_the_variant_changes_only_the_instance_count(tmp_path):
     two.instance_group[0].count, two.name = 1, "router"
     assert two == one
     assert (repo / "router_x2" / "policy.yaml").read_text() == (REPO / "router" / "policy.yaml").read_text()
+
+
+def test_the_flush_variant_changes_only_the_timing_sample(tmp_path):
+    from orchestrator.runtime.metrics import SAMPLE_PARAMETER, timing_sample
+    from orchestrator.runtime.validation import config_parameters
+    from orchestrator.tooling.repository import read_config
+
+    repo = I.make_flush_repository(tmp_path / "repo")
+    every, shipped = read_config(repo / "router_all_timings" / "config.pbtxt"), read_config(REPO / "router" / "config.pbtxt")
+    assert every.parameters[SAMPLE_PARAMETER].string_value == "all"
+    assert SAMPLE_PARAMETER not in shipped.parameters
+    del every.parameters[SAMPLE_PARAMETER]
+    every.name = "router"
+    assert every == shipped
+    from google.protobuf.json_format import MessageToDict
+
+    assert timing_sample(config_parameters(MessageToDict(read_config(repo / "router_all_timings" / "config.pbtxt"),
+                                                         preserving_proto_field_name=True))) is None
+
+
+def test_the_flush_section_names_its_variant_and_per_round_ratios():
+    from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START
+
+    cmp = I.COMPARISONS["flush"]
+    assert (FLUSH_START, FLUSH_END) in KEPT_SECTIONS
+    ms = [m("ensemble", 1, r, 100.0, 4.0) for r in range(2)] + [m("router", 1, 0, 100.0, 4.0), m("router", 1, 1, 200.0, 2.0),
+                                                                 m("router_all_timings", 1, 0, 90.0, 5.0), m("router_all_timings", 1, 1, 150.0, 3.0)]
+    per = I.per_round_ratios(ms, cmp.variant)
+    assert per == {"1": {"throughput": [0.9, 0.75], "p50": [1.25, 1.5]}}
+    r = {"started_utc": "2026-11-27 02:10", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [0.3],
+         "load_max_during": 2.0, "rounds": 2, "quick": False, "comparison": "flush", "measurements": ms,
+         "summary": I.summarize(ms), "per_round_ratios": per}
+    text = I.render_section(r)
+    assert text.startswith(FLUSH_START) and text.endswith(FLUSH_END)
+    assert "make bench-flush" in text and "--compare flush" in text and "`router_all_timings`" in text
+    assert "c=1 throughput 0.9, 0.75, p50 1.25, 1.5" in text
+    assert [s.model for s in I.plan(1, cmp.concurrencies, cmp.models)] == ["ensemble", "router", "router_all_timings"] * 2

@@ -53,3 +53,33 @@ def test_flush_sends_a_bounded_sample_of_timings_and_every_shadow_difference():
     assert len(by[("orchestrator_node_latency_seconds", "observe")]) == M.MAX_SAMPLED
     assert len(by[("orchestrator_shadow_probability_difference", "observe")]) == 50
     assert by[("orchestrator_requests_total", "increment")] == [50.0]  # one round trip for 50 increments
+
+
+def _flushed_stage_observations(max_sampled):
+    pb = type("PB", (), {"MetricFamily": Recorder})
+    Recorder.calls = []
+    m = M.Metrics(pb, "router", flush_interval_s=3600, max_sampled=max_sampled)
+    try:
+        for i in range(50):
+            m.observe("orchestrator_stage_seconds", i / 1000, stage="parse")
+        m.flush()
+    finally:
+        m.stop.set()
+    return [v for family, what, v in Recorder.calls if family == "orchestrator_stage_seconds" and what == "observe"]
+
+
+def test_the_config_parameter_sets_the_sample_or_sends_every_observation():
+    assert M.timing_sample({}) == M.MAX_SAMPLED
+    assert M.timing_sample({"metrics_timing_sample": "3"}) == 3
+    assert M.timing_sample({"metrics_timing_sample": "ALL"}) is None
+    assert len(_flushed_stage_observations(3)) == 3
+    assert sorted(_flushed_stage_observations(None)) == [i / 1000 for i in range(50)]
+    assert len(_flushed_stage_observations(50)) == 50  # a sample as large as the interval's: all
+
+
+def test_a_bad_sample_parameter_is_refused_by_name():
+    import pytest
+
+    for bad in ("0", "-2", "many", "1.5"):
+        with pytest.raises(ValueError, match="metrics_timing_sample=.*positive integer or 'all'"):
+            M.timing_sample({"metrics_timing_sample": bad})

@@ -1,23 +1,28 @@
-"""Router instances benchmark (issue 29): the shipped router with 1 and with 2 instances
-(``instance_group`` count) against the ensemble, closed loop at concurrency 1, 4, 16 and
-64, in one run of one server.
+"""Side-by-side router variants (issue 29): the shipped router against one variant of it and
+the ensemble, closed loop, in one run of one server. Two comparisons:
 
-``make bench-instances`` or ``python -m orchestrator.tooling.bench.instances [--quick] [--out docs]``:
+- ``instances`` (``make bench-instances``): ``router_x2``, the shipped router with
+  :data:`INSTANCES` instances (``instance_group`` count), at concurrency 1, 4, 16 and 64
+  (the second instance lets the dynamic batcher hand a batch to one instance while the
+  other waits on its BLS calls: two ``execute`` calls in flight in one pod);
+- ``flush`` (``make bench-flush``): ``router_all_timings``, the shipped router with the
+  config parameter ``metrics_timing_sample: all`` (every timing observation sent to
+  ``/metrics``, one stub-server round trip each, as before ``make profile``'s change), at
+  concurrency 1 and 16, five rounds (issue 29's c=1 goal is a median of five).
+
+``python -m orchestrator.tooling.bench.instances [--compare instances|flush] [--quick] [--out docs]``:
 
 1. writes the benchmark repository (``make bench``'s, ``variants.make_bench_repository``)
-   and adds ``router_x2``: the shipped router with :data:`INSTANCES` instances, nothing else
-   changed (the second instance lets the dynamic batcher hand a batch to one instance while
-   the other waits on its BLS calls: two ``execute`` calls in flight in one pod);
-2. starts one embedded server with ``ensemble``, ``router`` and ``router_x2`` (and what
+   and adds the variant (nothing else changed);
+2. starts one embedded server with ``ensemble``, ``router`` and the variant (and what
    they call);
 3. for each round and each concurrency, each model in turn (rotated per round, so no
    model always runs first): perf_analyzer (gRPC) on the held-out texts, one text per
    request, ``make bench``'s window settings;
-4. writes ``<out>/bench/instances.json`` and the section between :data:`INSTANCES_START`
-   and :data:`INSTANCES_END` of ``<out>/benchmarks.md`` (``make bench`` keeps it): per
-   concurrency, each model's median throughput and p50 over the rounds and their ratios to
-   the ensemble's and to the one-instance router's in the same round (median of the
-   per-round ratios).
+4. writes ``<out>/bench/<comparison>.json`` and the comparison's section of
+   ``<out>/benchmarks.md`` (``make bench`` keeps it): per concurrency, each model's median
+   throughput and p50 over the rounds and their ratios to the ensemble's and to the shipped
+   router's in the same round (median of the per-round ratios).
 
 Units: throughput in inferences per second, latency in milliseconds. Errors:
 :class:`~orchestrator.tooling.bench.plan.BenchError`, the server's ``ServerError``.
@@ -31,27 +36,25 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from orchestrator.tooling.bench.machine import load_average, machine_info
 from orchestrator.tooling.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
-from orchestrator.tooling.bench.report import INSTANCES_END, INSTANCES_START, write_kept_outputs
+from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START, INSTANCES_END, INSTANCES_START, write_kept_outputs
 from orchestrator.tooling.bench.stack import header_line, read_stack
 
-COMMAND = "make bench-instances  (python -m orchestrator.tooling.bench.instances --out docs)"
-MODELS = ("ensemble", "router", "router_x2")
 #: ``router_x2``'s instance count.
 INSTANCES = 2
 CONCURRENCIES = (1, 4, 16, 64)
 ROUNDS = 3
-SERVER_MODELS = ("tokenizer", "postprocess", "classifier", "classifier_fast", *MODELS)
 
 
 def _log(msg: str) -> None:
-    print(f"[bench-instances {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+    print(f"[bench-variants {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def make_instances_repository(dest: Path, repo: Path = REPO) -> Path:
@@ -62,6 +65,61 @@ def make_instances_repository(dest: Path, repo: Path = REPO) -> Path:
     out = make_bench_repository(dest, repo, variants={"router_x2": {"base": "router"}})
     set_instances(out / "router_x2" / "config.pbtxt", INSTANCES)
     return out
+
+
+def make_flush_repository(dest: Path, repo: Path = REPO) -> Path:
+    """The benchmark repository with ``router_all_timings`` (module docstring), written to ``dest``."""
+    from orchestrator.runtime.metrics import SAMPLE_PARAMETER
+    from orchestrator.tooling.bench.variants import make_bench_repository
+    from orchestrator.tooling.repository import read_config, write_config
+
+    out = make_bench_repository(dest, repo, variants={"router_all_timings": {"base": "router"}})
+    path = out / "router_all_timings" / "config.pbtxt"
+    config = read_config(path)
+    config.parameters[SAMPLE_PARAMETER].string_value = "all"
+    write_config(path, config, [f"Benchmark variant (orchestrator.tooling.bench.instances): {SAMPLE_PARAMETER} all."])
+    return out
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One side-by-side comparison: the shipped router against ``variant`` (module docstring)."""
+
+    name: str  # --compare value and the JSON's name under bench/
+    make: str  # the make target
+    title: str
+    variant: str
+    what: str  # the variant in one sentence, for the section
+    make_repository: Callable[[Path], Path]
+    concurrencies: Tuple[int, ...]
+    rounds: int
+    start: str
+    end: str
+
+    @property
+    def models(self) -> Tuple[str, str, str]:
+        return ("ensemble", "router", self.variant)
+
+    @property
+    def command(self) -> str:
+        flag = "" if self.name == "instances" else f" --compare {self.name}"
+        return f"make {self.make}  (python -m orchestrator.tooling.bench.instances{flag} --out docs)"
+
+
+COMPARISONS = {
+    "instances": Comparison(
+        "instances", "bench-instances", "Router instances: one or two per pod (issue 29)", "router_x2",
+        f"the shipped router with `instance_group` count {INSTANCES}, nothing else changed",
+        make_instances_repository, CONCURRENCIES, ROUNDS, INSTANCES_START, INSTANCES_END),
+    "flush": Comparison(
+        "flush", "bench-flush", "The metrics flush: a sample of timings or every one (issue 29)", "router_all_timings",
+        "the shipped router with the config parameter `metrics_timing_sample: all` (every timing observation "
+        "sent to `/metrics`, one stub-server round trip each, as before the profile's change); `router` sends "
+        "at most 8 per series per flush",
+        make_flush_repository, (1, 16), 5, FLUSH_START, FLUSH_END),
+}
+#: The default comparison's models (kept for callers of the instances benchmark).
+MODELS = COMPARISONS["instances"].models
 
 
 def plan(rounds: int, concurrencies: Sequence[int] = CONCURRENCIES, models: Sequence[str] = MODELS) -> List[Spec]:
@@ -115,16 +173,18 @@ def _cell(x: Any, suffix: str = "") -> str:
 
 
 def render_section(r: Mapping[str, Any]) -> str:
-    """The ``benchmarks.md`` section of one run's results ``r`` (pure)."""
-    L = [INSTANCES_START, "## Router instances: one or two per pod (issue 29)", ""]
-    L.append(f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
+    """The ``benchmarks.md`` section of one run's results ``r`` (pure); ``r["comparison"]``
+    names its :data:`COMPARISONS` entry (absent in runs before there were two: instances)."""
+    cmp = COMPARISONS[r.get("comparison", "instances")]
+    L = [cmp.start, f"## {cmp.title}", ""]
+    L.append(f"One run of `{cmp.command}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
              f"({r['machine']['cpu_model']}), load average {r['load_before']} before, highest 1-minute load "
              f"{r['load_max_during']} during (the server and perf_analyzer are on the same cores), "
-             f"{r['rounds']} rounds; raw figures in `bench/instances.json`.")
+             f"{r['rounds']} rounds; raw figures in `bench/{cmp.name}.json`.")
     L += ["", header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: one round, short windows; a smoke test, not a benchmark."]
-    L += ["", f"`router_x2`: the shipped router with `instance_group` count {r['instances']}, nothing else changed. "
+    L += ["", f"`{cmp.variant}`: {cmp.what}. "
           "perf_analyzer (gRPC), closed loop, one held-out text per request; medians over the rounds; ratios are "
           "the median of the per-round ratios (models measured one after another in each round, in rotated order).",
           "", "| concurrency | model | throughput, infer/s | p50, ms | p99, ms | throughput / ensemble | p50 / ensemble | "
@@ -135,41 +195,69 @@ def render_section(r: Mapping[str, Any]) -> str:
             L.append(f"| {c} | `{model}` | {x['throughput']} | {x['p50_ms']} | {x['p99_ms']} | "
                      f"{_cell(q.get('throughput_vs_ensemble'), 'x')} | {_cell(q.get('p50_vs_ensemble'), 'x')} | "
                      f"{_cell(q.get('throughput_vs_router'), 'x')} | {_cell(q.get('p50_vs_router'), 'x')} |")
+    rounds = r.get("per_round_ratios") or {}
+    if rounds:
+        L += ["", "Per-round ratios to the shipped router's, in round order: " + "; ".join(
+            f"c={c} throughput {', '.join(map(str, v['throughput']))}, p50 {', '.join(map(str, v['p50']))}"
+            for c, v in rounds.items()) + "."]
     failed = [m for m in r["measurements"] if m.get("error")]
     if failed:
         L += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
             f"{m['model']} c={m['concurrency']}: {m['error']}" for m in failed[:3])]
-    L += ["", INSTANCES_END]
+    L += ["", cmp.end]
     return "\n".join(L)
 
 
-def run(out: Path, quick: bool = False, rounds: Optional[int] = None) -> Dict[str, Any]:
-    """The whole benchmark (module docstring); writes the outputs and returns the results."""
+def per_round_ratios(measurements: Sequence[Mapping[str, Any]], variant: str) -> Dict[str, Dict[str, List[float]]]:
+    """Per concurrency (string key): ``variant``'s throughput and p50 over ``router``'s in
+    each round where both were measured, in round order (rounded to 2 places)."""
+    ok = [m for m in measurements if not m.get("error")]
+    out: Dict[str, Dict[str, List[float]]] = {}
+    for c in sorted({int(m["concurrency"]) for m in ok}):
+        thr: List[float] = []
+        p50: List[float] = []
+        for r in sorted({int(m["round"]) for m in ok}):
+            a = [m for m in ok if m["model"] == variant and int(m["concurrency"]) == c and int(m["round"]) == r]
+            b = [m for m in ok if m["model"] == "router" and int(m["concurrency"]) == c and int(m["round"]) == r]
+            if a and b and b[0]["throughput"] and b[0]["p50_ms"]:
+                thr.append(round(a[0]["throughput"] / b[0]["throughput"], 2))
+                p50.append(round(a[0]["p50_ms"] / b[0]["p50_ms"], 2))
+        out[str(c)] = {"throughput": thr, "p50": p50}
+    return out
+
+
+def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: str = "instances") -> Dict[str, Any]:
+    """The whole benchmark (module docstring) for comparison ``compare``; writes the outputs
+    and returns the results."""
     from orchestrator.tooling.bench.measurement import expected_latency_ms, write_input_data
     from orchestrator.tooling.bench.perf_analyzer import install_perf_analyzer, measure
     from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import TritonServer
 
+    cmp = COMPARISONS[compare]
     settings = QUICK_SETTINGS if quick else FULL_SETTINGS
-    rounds = rounds or (1 if quick else ROUNDS)
+    rounds = rounds or (1 if quick else cmp.rounds)
     started = time.monotonic()
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_before": load_average(), "machine": machine_info(), "command": COMMAND, "quick": quick,
-        "rounds": rounds, "instances": INSTANCES, "concurrencies": list(CONCURRENCIES), "models": list(MODELS)}
+        "load_before": load_average(), "machine": machine_info(), "command": cmp.command, "quick": quick,
+        "comparison": cmp.name, "rounds": rounds, "concurrencies": list(cmp.concurrencies), "models": list(cmp.models)}
+    if cmp.name == "instances":
+        results["instances"] = INSTANCES
     binary = install_perf_analyzer()
     held_out = data.held_out_examples()
     texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
-    with tempfile.TemporaryDirectory(prefix="bench-instances-") as tmp:
-        repo = make_instances_repository(Path(tmp) / "model_repository")
+    with tempfile.TemporaryDirectory(prefix=f"bench-{cmp.name}-") as tmp:
+        repo = cmp.make_repository(Path(tmp) / "model_repository")
         input_data = write_input_data(Path(tmp) / "input.json", texts)
-        with TritonServer(repo, models=list(SERVER_MODELS)) as server:
+        server_models = ["tokenizer", "postprocess", "classifier", "classifier_fast", *cmp.models]
+        with TritonServer(repo, models=server_models) as server:
             results["stack"] = read_stack(server, embedded=True)
             measurements: List[Dict[str, Any]] = []
             # a guess of one text's latency, ms, that sizes each model's first windows only;
             # later ones follow its measured latency (measurement.expected_latency_ms)
-            warm = {(m, "held_out"): 10.0 for m in MODELS}
-            specs = plan(rounds)
+            warm = {(m, "held_out"): 10.0 for m in cmp.models}
+            specs = plan(rounds, cmp.concurrencies, cmp.models)
             for i, spec in enumerate(specs, 1):
                 m = measure(binary, spec, server.grpc_url, input_data, Path(tmp) / "pa", settings,
                             latency_ms=expected_latency_ms(spec, measurements, warm))
@@ -180,8 +268,9 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None) -> Dict[st
                         f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"))
     during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
     results.update(measurements=measurements, summary=summarize(measurements),
+                   per_round_ratios=per_round_ratios(measurements, cmp.variant),
                    load_max_during=max(during) if during else None, wall_s=round(time.monotonic() - started, 1))
-    write_kept_outputs(out, "instances", results, render_section(results), INSTANCES_START, INSTANCES_END)
+    write_kept_outputs(out, cmp.name, results, render_section(results), cmp.start, cmp.end)
     return results
 
 
@@ -190,11 +279,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
                         help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="instances",
+                        help="which variant to put beside the shipped router (default: instances)")
     parser.add_argument("--quick", action="store_true", help="one round, short windows (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {ROUNDS}; --quick: 1)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default: the comparison's; --quick: 1)")
     args = parser.parse_args(argv)
     try:
-        print(render_section(run(args.out, quick=args.quick, rounds=args.rounds)))
+        print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare)))
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -34,8 +34,12 @@ STACKS_END = "<!-- stacks:end -->"
 #: The section ``make bench-instances`` writes (orchestrator.tooling.bench.instances), kept across runs.
 INSTANCES_START = "<!-- bench-instances:start (written by `make bench-instances`) -->"
 INSTANCES_END = "<!-- bench-instances:end -->"
+#: The section ``make bench-flush`` writes (the same module, ``--compare flush``), kept across runs.
+FLUSH_START = "<!-- bench-flush:start (written by `make bench-flush`) -->"
+FLUSH_END = "<!-- bench-flush:end -->"
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
-                 (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (STACKS_START, STACKS_END))
+                 (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (FLUSH_START, FLUSH_END),
+                 (STACKS_START, STACKS_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

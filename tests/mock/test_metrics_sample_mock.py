@@ -1,0 +1,64 @@
+"""The router's config parameter ``metrics_timing_sample`` (runtime/metrics.py) on the
+in-process mock: absent, the router sends at most ``MAX_SAMPLED`` timing observations per
+series per flush; ``all`` sends every one; a bad value fails the router's load, naming the
+parameter."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from orchestrator.runtime import metrics as M
+from orchestrator.testing.mock import MockTriton
+from orchestrator.tooling.repository import read_config, write_config
+from tests.helpers import REPO
+
+
+def _repo(tmp_path, value):
+    repo = tmp_path / "model_repository"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    if value is not None:
+        path = repo / "router" / "config.pbtxt"
+        config = read_config(path)
+        config.parameters[M.SAMPLE_PARAMETER].string_value = value
+        write_config(path, config, ["test: metrics_timing_sample"])
+    return repo
+
+
+def _stage_count(tmp_path, value, texts=40):
+    with MockTriton(_repo(tmp_path, value)) as mock:
+        for name in ("tokenizer", "classifier", "classifier_fast", "router"):
+            mock.load(name)
+        router = mock.loaded("router").instance
+        router.metrics.stop.set()  # only the flushes below send: one interval's sample
+        router.metrics.flusher.join(5)
+        router.metrics.flush()
+        before = _count(mock)
+        for i in range(texts):
+            mock.infer("router", {"TEXT": np.array([[f"review {i}: a fine film".encode()]], dtype=np.object_),
+                                  "THRESHOLD": np.full((1, 1), 0.5, np.float32)})
+        router.metrics.flush()
+        return router.metrics.max_sampled, _count(mock) - before
+
+
+def _count(mock):
+    """The parse stage histogram's ``count`` (0 before its first observation)."""
+    value = mock.metric("orchestrator_stage_seconds", {"router": "router", "stage": "parse"})
+    return value["count"] if value else 0
+
+
+def test_the_shipped_router_sends_a_sample_and_all_sends_every_observation(tmp_path):
+    sampled, count = _stage_count(tmp_path / "shipped", None)
+    assert sampled == M.MAX_SAMPLED and 0 < count <= M.MAX_SAMPLED
+    every, count = _stage_count(tmp_path / "all", "all")
+    assert every is None and count == 40
+
+
+def test_a_bad_value_fails_the_load_by_name(tmp_path):
+    with MockTriton(_repo(tmp_path, "lots")) as mock:
+        for name in ("tokenizer", "classifier", "classifier_fast"):
+            mock.load(name)
+        with pytest.raises(Exception, match="metrics_timing_sample='lots'"):
+            mock.load("router")

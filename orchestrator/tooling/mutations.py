@@ -227,6 +227,12 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("shed requests not counted",
              Target(R + "router.py", "TritonPythonModel._fail", 'self.metrics.inc("orchestrator_shed_requests_total")', kind="Expr"),
              "pass", ("tests/mock/test_admission_mock.py",)),
+    Mutation("the router ignores metrics_timing_sample",
+             Target(R + "router.py", "TritonPythonModel.initialize", "timing_sample(config_parameters(config))"), "8",
+             ("tests/mock/test_metrics_sample_mock.py",)),
+    Mutation("the flush sends every timing observation",
+             Target(R + "metrics.py", "Metrics.flush", "len(values) > self.max_sampled"), "False",
+             ("tests/unit/test_metrics_flush.py",)),
 )
 
 

@@ -299,10 +299,15 @@ def test_a_request_whose_deadline_passed_before_the_run_is_not_run():
 
 # -- the chunk node's rounds (nodes/chunk.py classify_rounds): each round after the first is
 # a later stage. Windows of 8 tokens at stride 6; text of 18 words: 3 disjoint windows.
+# chunk_doc's stop_margin (never met by LONG) makes every round one window
+# (nodes.chunk.next_windows), the structure these tests count; chunk_doc(margin=None) sends
+# LONG's first two windows in one round (one window can never settle a mean of three).
 
-def chunk_doc():
-    return {"version": 1, "root": {"kind": "chunk", "name": "ch", "window": 8, "stride": 6, "stop_when_decided": True,
-                                   "node": model("fast")}}
+def chunk_doc(margin=0.45):
+    node = {"kind": "chunk", "name": "ch", "window": 8, "stride": 6, "stop_when_decided": True, "node": model("fast")}
+    if margin is not None:
+        node["stop_margin"] = margin
+    return {"version": 1, "root": node}
 
 
 LONG = " ".join(["x"] * 18)  # every window at logit 0.1: never decided before the last
@@ -338,6 +343,20 @@ def test_a_chunk_round_whose_estimate_is_not_below_the_time_left_is_not_sent(dea
     assert result.probabilities[0, 0] == pytest.approx(probability("fast", " ".join(["x"] * 6)), rel=1e-6)
     assert counts.get("orchestrator_deadline_texts_total", node="ch") == 1.0
     assert counts.get("orchestrator_chunks_skipped_total", node="ch", reason="deadline") == 3.0 - rounds
+
+
+def test_a_round_of_two_windows_counts_as_one_call_against_the_deadline():
+    """stop_when_decided alone: round 1 sends LONG's first two windows in one call (0.25 s,
+    answered at 0.375 s); with the deadline at 0.625 s the 0.25 s left are not below the
+    estimate of another call, so the text stops at two windows of three."""
+    clock = Clock()
+    fake = TimedBLS(clock, {"tokenizer": 0.125, "fast": 0.25})
+    engine, counts = engine_for(chunk_doc(margin=None), fake, clock)
+    [result] = asyncio.run(engine.run([work([LONG], "a", deadline=0.625)]))
+    assert [(c["model"], c["rows"]) for c in fake.calls] == [("tokenizer", 1), ("fast", 2)]
+    assert result.routes == ["chunked:fast:windows=2/3:deadline"]
+    assert result.probabilities[0, 0] == pytest.approx(probability("fast", " ".join(["x"] * 6)), rel=1e-6)
+    assert counts.get("orchestrator_chunks_skipped_total", node="ch", reason="deadline") == 1.0
 
 
 def test_a_chunk_round_answered_after_the_deadline_is_dropped():

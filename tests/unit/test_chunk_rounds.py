@@ -93,17 +93,23 @@ def test_stop_when_decided_exact_bounds_for_a_binary_mean():
     low = np.float32((a + b + 0.0) / 3)       # after two windows: the third answers 0 ...
     high = np.float32((a + b + 1.0) / 3)      # ... or 1
     up = lambda x: np.nextafter(x, np.float32(1))  # noqa: E731
+    # one window of three can never settle a mean at these thresholds, so the first round
+    # sends two (one call) and the third goes alone when those two did not settle the text
     # positive once the lowest possible mean reaches the threshold (>=), not before
-    assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=low)[1] == [1, 1]
-    assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=up(low))[1] == [1, 1, 1]
-    # negative once the highest possible mean is below the threshold (<), not at it
+    assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=low)[1] == [2]
+    assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=up(low))[1] == [2, 1]
+    # negative once the highest possible mean is below the threshold (<), not at it; at a
+    # threshold this high one window could settle a negative ((0 + 1 + 1) / 3 < t), so
+    # every round is one window
     assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=up(high))[1] == [1, 1]
     assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=high)[1] == [1, 1, 1]
     result, _ = run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=low)
     assert result.routes == ["chunked:fast:windows=2/3"] and result.verdicts.tolist() == [[True]]
     assert result.probabilities[0, 0] == pytest.approx((a + b) / 2, rel=1e-6)
     # one window of three can never decide a mean at 0.5: p/3 < 0.5 and (p + 2)/3 > 0.5
-    assert run({"aggregation": "mean", "stop_when_decided": True}, [text(SURE_POS, SURE_NEG, SURE_NEG)])[1] == [1, 1, 1]
+    assert run({"aggregation": "mean", "stop_when_decided": True}, [text(SURE_POS, SURE_NEG, SURE_NEG)])[1] == [2, 1]
+    # ... but at a threshold of 0.3 it can (1/3 >= 0.3): then the first round is one window
+    assert run({"aggregation": "mean", "stop_when_decided": True}, [long], thresholds=0.3)[1] == [1]
 
 
 def test_stop_when_decided_with_max_stops_a_positive_and_never_a_negative():
@@ -120,7 +126,7 @@ def test_max_windows_keeps_the_first_windows():
     long = text(UNSURE, SURE_POS, SURE_NEG)
     metrics = RecordingMetrics()
     result, rows = run({"aggregation": "mean", "max_windows": 2}, [long, SHORT], metrics=metrics)
-    assert rows == [2, 1]
+    assert rows == [3]  # only max_windows can stop it, at two: both in the first round, with the short text
     assert result.routes == ["chunked:fast:windows=2/3", "fast"]
     assert result.probabilities[0, 0] == pytest.approx(np.mean([p32(0.1), p32(6.1)]), rel=1e-6)
     assert metrics.counts[("orchestrator_chunks_skipped_total", (("node", "ch"), ("reason", "max_windows")))] == 1
@@ -238,3 +244,66 @@ def test_settled_verdicts_per_head_kind():
     assert settled_verdicts(ml, np.array([0.5, 0.0]), np.array([0.9, 0.3]), np.array([0.4, 0.4])).tolist() == [True, False]
     assert settled_verdicts(ml, np.array([0.5, 0.0]), np.array([0.9, 0.4]), np.array([0.4, 0.4])) is None
     assert settled_verdicts(LEGACY, np.array([0.4]), np.array([0.9]), np.array([0.4])).tolist() == [True]
+
+
+def _box(head, answered, weights, how):
+    """The lowest and highest weighted mean (or max) the rest of the windows allow, computed
+    here: unanswered windows at 0 for the low bound and at 1 for the high one."""
+    def agg(ps):
+        p = np.stack(ps)
+        if how == "max":
+            return p.max(axis=0)
+        w = np.asarray(weights if how == "length_weighted_mean" else np.ones(len(weights)), np.float64)
+        return (p * w[:, None]).sum(axis=0) / w.sum()
+    rest = len(weights) - len(answered)
+    return agg(list(answered) + [np.zeros(head.columns)] * rest), agg(list(answered) + [np.ones(head.columns)] * rest)
+
+
+@pytest.mark.parametrize("head", [LEGACY, HEADS["mc"], HEADS["ml"]], ids=["binary", "multiclass", "multilabel"])
+def test_could_settle_never_says_no_where_some_answers_settle_and_binary_and_multilabel_are_exact(head):
+    """Over random window weights, thresholds and answers so far: where ``could_settle``
+    says no, none of a grid of answers of the next windows settles the text (so a round
+    sending fewer windows could never have stopped it); for binary and multilabel heads,
+    where it says yes, answers at 0 or 1 per column do."""
+    from orchestrator.runtime.nodes.chunk import could_settle
+
+    rng = np.random.RandomState(0)
+    cols = head.columns
+    grid = [np.eye(cols)[j] for j in range(cols)] + [np.full(cols, 1 / cols)] if head.kind == MULTICLASS else \
+        [np.array(v, np.float64) for v in np.array(np.meshgrid(*[[0.0, 0.5, 1.0]] * cols)).T.reshape(-1, cols)]
+    checked = {True: 0, False: 0}
+    for _ in range(300):
+        made = int(rng.randint(2, 6))
+        weights = [int(x) for x in rng.randint(1, 10, size=made)]
+        used = int(rng.randint(0, made - 1))
+        answered = [rng.dirichlet(np.ones(cols)) if head.kind == MULTICLASS else rng.rand(cols) for _ in range(used)]
+        threshold = np.asarray([rng.uniform(0.05, 0.95)], np.float32)
+        how = ["length_weighted_mean", "mean"][int(rng.randint(2))]
+        for more in range(1, made - used):
+            says = could_settle(head, how, answered, weights, more, threshold)
+            checked[says] += 1
+            settles = [settled_verdicts(head, *_box(head, answered + [g] * more, weights, how), threshold) is not None
+                       for g in grid]
+            if not says:
+                assert not any(settles), (weights, used, more, threshold)
+            elif head.kind != MULTICLASS:  # exact: the best answers per column are 0 or 1
+                lo = _box(head, answered + [np.ones(cols)] * more, weights, how)[0].astype(np.float32)
+                hi = _box(head, answered + [np.zeros(cols)] * more, weights, how)[1].astype(np.float32)
+                t = np.float32(threshold[0])
+                assert bool(((lo >= t) | (hi < t)).all())
+    assert checked[True] > 20 and checked[False] > 20  # both answers were exercised
+
+
+def test_a_four_window_text_sends_the_fewest_windows_that_could_stop_it_each_round():
+    """Four disjoint windows, threshold 0.5: one window cannot settle a mean of four
+    ((1 + 0 + 0 + 0) / 4 < 0.5 and (0 + 1 + 1 + 1) / 4 >= 0.5), two could (only at exactly
+    1 each), so the first round sends two and then one at a time; the text stops where a
+    window-per-round loop stops it (computed here: after the third)."""
+    long = text(SURE_POS, SURE_POS, SURE_POS, SURE_NEG)
+    result, rows = run({"aggregation": "mean", "stop_when_decided": True}, [long])
+    a = p32(6.1)
+    # after 3 windows the lowest mean is 3a/4 >= 0.5: settled positive at 3, not at 2 (2a/4 < 0.5)
+    assert 2 * a / 4 < 0.5 <= 3 * a / 4
+    assert rows == [2, 1]
+    assert result.routes == ["chunked:fast:windows=3/4"]
+    assert result.probabilities[0, 0] == pytest.approx(a, rel=1e-6)

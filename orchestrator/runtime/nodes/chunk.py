@@ -1,11 +1,14 @@
 """``chunk``: a loop over overlapping token windows of long texts.
 
-Windows are classified in rounds (:func:`classify_rounds`): round ``r`` sends the ``r``-th
-window of every text still open, all of them in one call of the inner node, so batching
+Windows are classified in rounds (:func:`classify_rounds`): each round sends the next
+windows of every text still open, all of them in one call of the inner node, so batching
 across texts is kept. Without a stopping key every window is sent in one round, as before
 the rounds existed. With one (``stop_when_decided``, ``stop_margin``, ``max_windows``) a
 text leaves the loop as soon as its answer is settled and its other windows are never
-classified; its answer aggregates the windows it used, and ``ROUTE`` says how many.
+classified; its answer aggregates the windows it used, and ``ROUTE`` says how many. A round
+sends each text the fewest windows after which it could stop (:func:`next_windows`): one
+with ``stop_margin``; with ``stop_when_decided`` alone, a 3-window text of the shipped
+policy sends two at once, since one window can never settle it.
 """
 
 from __future__ import annotations
@@ -259,12 +262,51 @@ def _stop_reason(engine: Engine, node: ChunkNode, text: ChunkText) -> Optional[s
     return None
 
 
+def could_settle(head: Head, aggregation: str, answered: Sequence[NDArray[Any]], weights: Sequence[int], more: int,
+                 threshold: NDArray[Any]) -> bool:
+    """Whether the verdicts of a text with window ``weights`` could be settled
+    (:func:`settled_verdicts`, as ``stop_when_decided`` checks) once ``more`` windows after
+    the ``answered`` ones (probabilities [columns] each) are answered, for some answers of
+    those windows. A necessary condition, exact for binary and multilabel heads: each column
+    is bounded with the new windows at 1 and the rest at 0 (its lowest-possible bound at its
+    highest) and the other way round; multiclass needs some column settled either way.
+    False means no answers of those windows can stop the text there."""
+    made, cols = len(weights), head.columns
+    zeros, ones = np.zeros(cols), np.ones(cols)
+    rest = made - len(answered) - more
+    low = _combine(head, aggregation, list(answered) + [ones] * more + [zeros] * rest, weights)
+    high = _combine(head, aggregation, list(answered) + [zeros] * more + [ones] * rest, weights)
+    t = head.thresholds(threshold, 1)[0].astype(np.float32)
+    settles = (low.astype(np.float32) >= t) | (high.astype(np.float32) < t)
+    return bool(settles.any()) if head.kind == MULTICLASS else bool(settles.all())
+
+
+def next_windows(head: Head, node: ChunkNode, text: ChunkText) -> int:
+    """How many windows the open ``text`` sends in its next round: the fewest after which a
+    stopping key could stop it, so a text stops at the same window as when every round
+    sent one window, in fewer calls. With ``stop_margin``: 1 (it may fire after any
+    window). Otherwise every window up to ``max_windows`` (or the last), and with
+    ``stop_when_decided`` the fewest after which :func:`could_settle` (3-window texts of
+    the shipped policy: 2, then 1)."""
+    used, made = len(text.answers), len(text.windows)
+    if node.stop_margin is not None:
+        return 1
+    last = made if node.max_windows is None else min(made, node.max_windows)
+    if node.stop_when_decided:
+        answered = [a.probabilities for a in text.answers]
+        for more in range(1, last - used):
+            if could_settle(head, node.aggregation, answered, text.weights, more, text.item.threshold):
+                return more
+    return max(1, last - used)
+
+
 async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText]) -> None:
     """Classify the windows of ``texts`` with ``node.node``, filling each text's ``answers``.
 
     Without a stopping key: one round, every window of every text in one call. With one:
-    round ``r`` sends the ``r``-th window of every open text in one call; after it, each
-    text that got an answer is checked (:func:`_stop_reason`) and may stop. A caller that
+    each round sends the next windows of every open text in one call, for each text as many
+    as :func:`next_windows` says (the fewest after which it could stop); after it, each
+    text that got answers is checked (:func:`_stop_reason`) and may stop. A caller that
     must stop texts for its own reason (a deadline, a cancelled request) does it at the
     start of a round with :meth:`ChunkText.stop`; texts stopped that way keep the windows
     they have.
@@ -285,14 +327,15 @@ async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText
             round_texts = _still_wanted(engine, node, r, round_texts)
         if not round_texts:
             return
-        windows = [t.windows[r] for t in round_texts]
+        sends = [t.windows[len(t.answers):len(t.answers) + next_windows(engine.head, node, t)] for t in round_texts]
+        windows = [w for send in sends for w in send]
         inner = await engine.run_node(node.node, windows)
         late = {w.idx for w in engine.deadlines.late(windows)} if r > 0 else set()
-        for t in round_texts:
-            if t.windows[r].idx in late:  # a late answer never reaches a response
+        for t, send in zip(round_texts, sends):
+            if any(w.idx in late for w in send):  # a late answer never reaches a response
                 t.stop(STOP_DEADLINE)
                 continue
-            t.answers.append(inner[t.windows[r].idx])
+            t.answers += [inner[w.idx] for w in send]
             reason = _stop_reason(engine, node, t) if t.chunked else None
             if reason is not None:
                 t.stop(reason)
@@ -300,19 +343,20 @@ async def classify_rounds(engine: Engine, node: ChunkNode, texts: List[ChunkText
 
 
 def _still_wanted(engine: Engine, node: ChunkNode, r: int, texts: List[ChunkText]) -> List[ChunkText]:
-    """The open texts worth a round ``r`` >= 1: their request not cancelled
+    """The open texts worth a round ``r`` >= 1 (each text's next window: the first it has
+    not answered): their request not cancelled
     (``Deadlines.live``, asked once per request per round; a cancelled one stops with
     :data:`STOP_CANCELLED` and its request is answered CANCELLED) and with the time left
     for another call of the inner node (``Deadlines.affordable``; else :data:`STOP_DEADLINE`:
     the text answers from the windows it has)."""
     live = {id(it) for it in engine.deadlines.live([t.item for t in texts])}
-    go, _ = engine.deadlines.affordable(node.node, [t.windows[r] for t in texts if id(t.item) in live])
+    go, _ = engine.deadlines.affordable(node.node, [t.windows[len(t.answers)] for t in texts if id(t.item) in live])
     wanted = {w.idx for w in go}
     out = []
     for t in texts:
         if id(t.item) not in live:
             t.stop(STOP_CANCELLED)
-        elif t.windows[r].idx not in wanted:
+        elif t.windows[len(t.answers)].idx not in wanted:
             t.stop(STOP_DEADLINE)
         else:
             out.append(t)
@@ -380,7 +424,8 @@ KIND = NodeKind(
     name="chunk",
     node_type=ChunkNode,
     doc="Overlapping token windows of long texts, classified by `node`, aggregated per text; `ROUTE` gets `chunked:`. "
-        "With a stopping key the windows go in rounds (round r: the r-th window of every open text, in one call) and "
+        "With a stopping key the windows go in rounds (each round: the next windows of every open text in one call, as "
+        "many per text as could let it stop, one with `stop_margin`) and "
         "a text stops once settled; `ROUTE` then ends in `:windows=<used>/<made>`.",
     keys=(
         Key("window", Int(3, 1 << 20), "tokens per window, special tokens included",

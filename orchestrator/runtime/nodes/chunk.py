@@ -267,10 +267,11 @@ def could_settle(head: Head, aggregation: str, answered: Sequence[NDArray[Any]],
     """Whether the verdicts of a text with window ``weights`` could be settled
     (:func:`settled_verdicts`, as ``stop_when_decided`` checks) once ``more`` windows after
     the ``answered`` ones (probabilities [columns] each) are answered, for some answers of
-    those windows. A necessary condition, exact for binary and multilabel heads: each column
-    is bounded with the new windows at 1 and the rest at 0 (its lowest-possible bound at its
-    highest) and the other way round; multiclass needs some column settled either way.
-    False means no answers of those windows can stop the text there."""
+    those windows. A column's lowest possible aggregate is largest with the new windows at 1
+    and the rest at 0, its highest possible smallest the other way round, so these two
+    bounds say whether any answers could settle it. Binary and multilabel heads settle
+    column by column: exact. Multiclass: a necessary condition (some column settled one way
+    or the other). False means no answers of those windows can stop the text there."""
     made, cols = len(weights), head.columns
     zeros, ones = np.zeros(cols), np.ones(cols)
     rest = made - len(answered) - more

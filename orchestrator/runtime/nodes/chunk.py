@@ -175,6 +175,14 @@ def _combine(head: Head, how: str, probs: Sequence[NDArray[Any]], weights: Seque
     return head.combine(probs, "mean", weights if how == "length_weighted_mean" else None)
 
 
+def _column_bounds(head: Head, low: NDArray[Any], high: NDArray[Any], threshold: NDArray[Any]) -> Tuple[NDArray[Any], NDArray[Any]]:
+    """``(yes, no)`` bool [C]: columns whose every answer in ``[low, high]`` is at or above
+    the threshold (``low >= t``), and those whose every answer is below it (``high < t``),
+    compared in float32 as :meth:`heads.Head.verdicts` does."""
+    t = head.thresholds(threshold, 1)[0].astype(np.float32)
+    return low.astype(np.float32) >= t, high.astype(np.float32) < t
+
+
 def settled_verdicts(head: Head, low: NDArray[Any], high: NDArray[Any], threshold: NDArray[Any]) -> Optional[NDArray[Any]]:
     """The verdicts bool [C] every answer within ``[low, high]`` (float64 [C] each, column
     by column) gets from ``head.verdicts`` at ``threshold`` ([1] or [C]), or None when two
@@ -187,9 +195,8 @@ def settled_verdicts(head: Head, low: NDArray[Any], high: NDArray[Any], threshol
     otherwise the top label ``j`` must be fixed (``low_j > high_k`` for every other
     ``k``, so no tie) and its own verdict settled as above.
     """
-    t = head.thresholds(threshold, 1)[0].astype(np.float32)
+    yes, no = _column_bounds(head, low, high, threshold)
     lo, hi = low.astype(np.float32), high.astype(np.float32)
-    yes, no = lo >= t, hi < t
     if head.kind != MULTICLASS:
         return yes.copy() if bool((yes | no).all()) else None
     if bool(no.all()):
@@ -277,8 +284,8 @@ def could_settle(head: Head, aggregation: str, answered: Sequence[NDArray[Any]],
     rest = made - len(answered) - more
     low = _combine(head, aggregation, list(answered) + [ones] * more + [zeros] * rest, weights)
     high = _combine(head, aggregation, list(answered) + [zeros] * more + [ones] * rest, weights)
-    t = head.thresholds(threshold, 1)[0].astype(np.float32)
-    settles = (low.astype(np.float32) >= t) | (high.astype(np.float32) < t)
+    yes, no = _column_bounds(head, low, high, threshold)
+    settles = yes | no
     return bool(settles.any()) if head.kind == MULTICLASS else bool(settles.all())
 
 

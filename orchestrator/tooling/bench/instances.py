@@ -44,7 +44,7 @@ import numpy as np
 
 from orchestrator.tooling.bench.machine import load_average, machine_info
 from orchestrator.tooling.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
-from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START, INSTANCES_END, INSTANCES_START, write_kept_outputs
+from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START, INSTANCES_END, INSTANCES_START, add_out_argument, write_kept_outputs
 from orchestrator.tooling.bench.stack import header_line, read_stack
 
 #: ``router_x2``'s instance count.
@@ -133,6 +133,20 @@ def plan(rounds: int, concurrencies: Sequence[int] = CONCURRENCIES, models: Sequ
     return out
 
 
+def _round_ratios(at: Sequence[Mapping[str, Any]], model: str, base: str) -> Tuple[List[float], List[float]]:
+    """``model``'s throughput and p50 over ``base``'s in each round of the measurements
+    ``at`` (one concurrency, failures left out) where both were measured, in round order."""
+    thr: List[float] = []
+    p50: List[float] = []
+    for r in sorted({int(m["round"]) for m in at}):
+        a = [m for m in at if m["model"] == model and int(m["round"]) == r]
+        b = [m for m in at if m["model"] == base and int(m["round"]) == r]
+        if a and b and b[0]["throughput"] and b[0]["p50_ms"]:
+            thr.append(a[0]["throughput"] / b[0]["throughput"])
+            p50.append(a[0]["p50_ms"] / b[0]["p50_ms"])
+    return thr, p50
+
+
 def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Per concurrency (as a string key) and model: ``{"throughput", "p50_ms", "p99_ms"}``
     medians over the rounds, and ``ratios``: per model, the median over rounds of its
@@ -154,13 +168,7 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             for base in ("ensemble", "router"):
                 if base == model:
                     continue
-                thr, p50 = [], []
-                for r in sorted({int(m["round"]) for m in at}):
-                    a = [m for m in at if m["model"] == model and int(m["round"]) == r]
-                    b = [m for m in at if m["model"] == base and int(m["round"]) == r]
-                    if a and b and b[0]["throughput"] and b[0]["p50_ms"]:
-                        thr.append(a[0]["throughput"] / b[0]["throughput"])
-                        p50.append(a[0]["p50_ms"] / b[0]["p50_ms"])
+                thr, p50 = _round_ratios(at, model, base)
                 ratios[f"throughput_vs_{base}"] = round(statistics.median(thr), 2) if thr else None
                 ratios[f"p50_vs_{base}"] = round(statistics.median(p50), 2) if p50 else None
             cell["ratios"][model] = ratios
@@ -214,15 +222,8 @@ def per_round_ratios(measurements: Sequence[Mapping[str, Any]], variant: str) ->
     ok = [m for m in measurements if not m.get("error")]
     out: Dict[str, Dict[str, List[float]]] = {}
     for c in sorted({int(m["concurrency"]) for m in ok}):
-        thr: List[float] = []
-        p50: List[float] = []
-        for r in sorted({int(m["round"]) for m in ok}):
-            a = [m for m in ok if m["model"] == variant and int(m["concurrency"]) == c and int(m["round"]) == r]
-            b = [m for m in ok if m["model"] == "router" and int(m["concurrency"]) == c and int(m["round"]) == r]
-            if a and b and b[0]["throughput"] and b[0]["p50_ms"]:
-                thr.append(round(a[0]["throughput"] / b[0]["throughput"], 2))
-                p50.append(round(a[0]["p50_ms"] / b[0]["p50_ms"], 2))
-        out[str(c)] = {"throughput": thr, "p50": p50}
+        thr, p50 = _round_ratios([m for m in ok if int(m["concurrency"]) == c], variant, "router")
+        out[str(c)] = {"throughput": [round(x, 2) for x in thr], "p50": [round(x, 2) for x in p50]}
     return out
 
 
@@ -277,8 +278,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.instances",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+    add_out_argument(parser)
     parser.add_argument("--compare", choices=sorted(COMPARISONS), default="instances",
                         help="which variant to put beside the shipped router (default: instances)")
     parser.add_argument("--quick", action="store_true", help="one round, short windows (a smoke run)")

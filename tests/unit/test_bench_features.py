@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from orchestrator.runtime.policy import load_policy
-from orchestrator.tooling.bench.features import make_features_repository, repeated_workload, write_section
+from orchestrator.tooling.bench.features import make_features_repository, repeated_workload
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, render_report
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, render_report, replace_section
 from orchestrator.tooling.repository import config_path, read_config
 
 
@@ -48,8 +48,8 @@ def test_features_repository_has_warm_and_cold_copies_and_an_uncached_router(tmp
 def test_the_section_is_replaced_in_place_and_kept_by_make_bench(tmp_path):
     report = tmp_path / "benchmarks.md"
     report.write_text("# Benchmarks\n\nbody\n")
-    write_section(report, f"{FEATURES_START}\nfirst\n{FEATURES_END}")
-    write_section(report, f"{FEATURES_START}\nsecond\n{FEATURES_END}")
+    replace_section(report, f"{FEATURES_START}\nfirst\n{FEATURES_END}", FEATURES_START, FEATURES_END)
+    replace_section(report, f"{FEATURES_START}\nsecond\n{FEATURES_END}", FEATURES_START, FEATURES_END)
     text = report.read_text()
     assert text.count(FEATURES_START) == 1 and "second" in text and "first" not in text
     from tests.helpers import bench_results  # a complete results.json of `make bench`

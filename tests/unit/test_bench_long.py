@@ -17,9 +17,8 @@ from orchestrator.tooling.bench.long_texts import (
     render_section,
     same_label_long_texts,
     without_stopping,
-    write_section,
 )
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, LONG_END, LONG_START, render_report
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, LONG_END, LONG_START, render_report, replace_section
 from tests.helpers import REPO, bench_results
 
 
@@ -109,8 +108,8 @@ def test_both_kinds_of_long_text_come_from_the_held_out_order_with_their_label_r
 def test_make_bench_keeps_the_long_texts_and_features_sections(tmp_path):
     report = tmp_path / "benchmarks.md"
     report.write_text("# Benchmarks\n")
-    write_section(report, f"{LONG_START}\nfirst\n{LONG_END}")
-    write_section(report, f"{LONG_START}\nsecond\n{LONG_END}")
+    replace_section(report, f"{LONG_START}\nfirst\n{LONG_END}", LONG_START, LONG_END)
+    replace_section(report, f"{LONG_START}\nsecond\n{LONG_END}", LONG_START, LONG_END)
     text = report.read_text()
     assert text.count(LONG_START) == 1 and "second" in text and "first" not in text
     text += f"\n{FEATURES_START}\nfeatures\n{FEATURES_END}\n"

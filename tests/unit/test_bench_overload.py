@@ -16,10 +16,9 @@ from orchestrator.tooling.bench.overload import (
     rate_plan,
     render_section,
     summarize,
-    write_section,
 )
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, render_report
+from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, render_report, replace_section
 from tests.helpers import REPO, ROOT
 
 
@@ -103,8 +102,8 @@ def test_the_section_has_every_level_and_model_and_is_kept_by_make_bench(tmp_pat
     assert "not judged (its unloaded p99, 503.0 ms, is over 10x its p50, 5.0 ms" in render_section(stalled)
     report = tmp_path / "benchmarks.md"
     report.write_text("# Benchmarks\n\nbody\n")
-    write_section(report, f"{OVERLOAD_START}\nfirst\n{OVERLOAD_END}")
-    write_section(report, section)
+    replace_section(report, f"{OVERLOAD_START}\nfirst\n{OVERLOAD_END}", OVERLOAD_START, OVERLOAD_END)
+    replace_section(report, section, OVERLOAD_START, OVERLOAD_END)
     text = report.read_text()
     assert text.count(OVERLOAD_START) == 1 and section in text and "first" not in text and "body" in text
     from tests.helpers import bench_results  # a complete results.json of `make bench`

@@ -56,7 +56,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, replace_section, write_kept_outputs
+from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, add_out_argument, write_kept_outputs
 from orchestrator.tooling.bench.stack import header_line, read_stack
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import read_config, write_config
@@ -403,12 +403,6 @@ def render_section(r: Mapping) -> str:
     return "\n".join(L)
 
 
-def write_section(report: Path, section: str) -> None:
-    """Replace the section between :data:`FEATURES_START` and :data:`FEATURES_END` in ``report``, or
-    append it (``report.replace_section``)."""
-    replace_section(report, section, FEATURES_START, FEATURES_END)
-
-
 # ----------------------------------------------------------------------------- run
 
 
@@ -443,8 +437,7 @@ def run(out: Path, quick: bool = False) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.features", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+    add_out_argument(parser)
     parser.add_argument("--quick", action="store_true", help="one warmup round and shorter workloads (a smoke run)")
     args = parser.parse_args(argv)
     results = run(args.out, quick=args.quick)

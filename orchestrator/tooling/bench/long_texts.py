@@ -77,7 +77,7 @@ from orchestrator.tooling.bench.plan import (
     BenchError,
     Spec,
 )
-from orchestrator.tooling.bench.report import LONG_END, LONG_START, replace_section, write_kept_outputs
+from orchestrator.tooling.bench.report import LONG_END, LONG_START, add_out_argument, write_kept_outputs
 from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 
 COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs)"
@@ -306,12 +306,6 @@ def render_section(r: Mapping[str, Any]) -> str:
     return "\n".join(L)
 
 
-def write_section(report: Path, section: str) -> None:
-    """Replace the section between :data:`LONG_START` and :data:`LONG_END` in ``report``, or
-    append it (``report.replace_section``)."""
-    replace_section(report, section, LONG_START, LONG_END)
-
-
 # ----------------------------------------------------------------------------- run
 
 
@@ -459,8 +453,7 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.long_texts",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+    add_out_argument(parser)
     parser.add_argument("--quick", action="store_true", help="60 texts, one round, short windows (a smoke run)")
     add_url_argument(parser)
     parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",

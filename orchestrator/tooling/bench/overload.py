@@ -64,7 +64,7 @@ import yaml
 
 from orchestrator.tooling.bench.machine import machine_info
 from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, replace_section, write_kept_outputs
+from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, add_out_argument, write_kept_outputs
 from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 from orchestrator.tooling.paths import PROJECT_ROOT
 
@@ -299,12 +299,6 @@ def render_section(r: Mapping[str, Any]) -> str:
         L += ["", "Refusal texts seen: " + "; ".join(f"`{m}`" for m in msgs[:3]) + "."]
     L += ["", OVERLOAD_END]
     return "\n".join(L)
-
-
-def write_section(report: Path, section: str) -> None:
-    """Replace the section between :data:`OVERLOAD_START` and :data:`OVERLOAD_END` in ``report``, or
-    append it (``report.replace_section``)."""
-    replace_section(report, section, OVERLOAD_START, OVERLOAD_END)
 
 
 def overload_policy(shipped: Mapping[str, Any], overload: Mapping[str, Any] = OVERLOAD) -> Dict[str, Any]:
@@ -615,8 +609,7 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = (), models: Sequen
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench.overload",
                                      description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+    add_out_argument(parser)
     parser.add_argument("--quick", action="store_true", help="5 s levels and fewer unloaded requests (a smoke run)")
     add_url_argument(parser)
     parser.add_argument("--models", default=",".join(MODELS),

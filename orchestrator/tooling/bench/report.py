@@ -65,6 +65,13 @@ def write_kept_outputs(out: Path, name: str, results: Any, section: str, start: 
     replace_section(out / "benchmarks.md", section, start, end)
 
 
+def add_out_argument(parser: Any) -> None:
+    """``--out``, the directory of ``benchmarks.md`` and ``bench/`` (default
+    ``.cache/docs``), for the benchmarks that write a :data:`KEPT_SECTIONS` section."""
+    parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+
+
 WHAT_WE_TRIED_PLACEHOLDER = """\
 > **Placeholder, to be filled by the router's optimisation work.** One row per change
 > tried, with the figures from the run of `make bench` that measured it.

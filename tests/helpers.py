@@ -112,6 +112,8 @@ QUEUE_VARIANT = "router_queue"
 ADMIT_VARIANT = "router_admit"
 #: Small enough that a burst of long texts is over it after the first execute.
 ADMIT_WAIT_MS = 5
+#: The shipped router with the config parameter ``metrics_timing_sample: all``.
+TIMINGS_VARIANT = "router_all_timings"
 NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
 
 
@@ -137,6 +139,10 @@ def make_test_repository(dest: Path) -> Path:
     admit = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     admit["admission"] = {"max_wait_ms": ADMIT_WAIT_MS}
     add_router_variant(dest, ADMIT_VARIANT, admit)
+    timings = add_router_variant(dest, TIMINGS_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    config = repository.read_config(timings / "config.pbtxt")
+    config.parameters["metrics_timing_sample"].string_value = "all"
+    repository.write_config(timings / "config.pbtxt", config, [f"Test-only router variant {TIMINGS_VARIANT} (tests/helpers.py)."])
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
     # on_demand on a model the server loaded itself: the router must never unload it

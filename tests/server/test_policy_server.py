@@ -20,7 +20,7 @@ from orchestrator.tooling.client import text_inputs
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.tooling.server import ServerError
-from tests.helpers import REPO, ROOT, add_router_variant, call, routes
+from tests.helpers import REPO, ROOT, TIMINGS_VARIANT, add_router_variant, call, routes
 
 pytestmark = pytest.mark.server
 TEXTS = data.held_out_texts(n=16, seed=21)
@@ -124,6 +124,31 @@ def test_metrics_count_requests_texts_routes_and_node_latency(triton):
     escalated = routes(out).count("classifier")
     assert delta("orchestrator_escalations_total", node="cascade") == escalated
     assert prometheus.total(after, "orchestrator_node_latency_seconds_count", router="router", node="cascade") >= 1
+
+
+def test_the_timing_histograms_send_a_sample_unless_the_config_asks_for_all(triton):
+    """``metrics_timing_sample`` (runtime/metrics.py) on the real server: the shipped router
+    sends at most 8 stage observations per series per 0.5 s flush, ``router_all_timings``
+    (the parameter ``all``) one per execute."""
+    import math
+
+    n = 60
+    before = settled_metrics(triton)
+    began = time.monotonic()
+    for text in (TEXTS * 4)[:n]:
+        call(triton, "router", [text])
+    elapsed = time.monotonic() - began
+    for text in (TEXTS * 4)[:n]:
+        call(triton, TIMINGS_VARIANT, [text])
+    after = settled_metrics(triton)
+
+    def delta(router):
+        name, labels = "orchestrator_stage_seconds_count", {"router": router, "stage": "parse"}
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta(TIMINGS_VARIANT) == n
+    flushes = math.ceil(elapsed / 0.5) + 1  # the flushes that can hold the shipped router's executes
+    assert 0 < delta("router") <= 8 * flushes and delta("router") < n
 
 
 def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):

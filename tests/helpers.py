@@ -4,7 +4,8 @@
 - router variants for a test copy of the model repository (:func:`make_test_repository`);
 - :class:`FakeBLS`: a fake downstream ``infer`` function for the engine's unit tests;
 - :func:`call` / :func:`routes`: one HTTP request to a real server's router or ensemble;
-- :func:`stub_pid`, :func:`rss_bytes`: the real server's processes.
+- :func:`stub_pid`, :func:`rss_bytes`: the real server's processes;
+- :func:`eventually`: a real server's statistics or metrics once they caught up.
 
 The execution-environment tests' helpers are in ``tests/envhelpers.py``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -334,3 +336,16 @@ def rss_bytes(pid: int) -> int:
         raise LookupError(f"process {pid} is gone")
     return value
 
+
+def eventually(read, expected, timeout=20.0):
+    """Poll ``read()`` until it equals ``expected`` or ``timeout`` seconds pass; return the
+    last value read. A client can hold its answer before the server counted the request:
+    the router flushes its metrics every 0.5 s, and Triton's statistics extension counts a
+    request when the backend reports it, after the response went out (a failed gRPC request
+    read 5 for 6 this way in a CI run)."""
+    deadline = time.monotonic() + timeout
+    value = read()
+    while value != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+        value = read()
+    return value

@@ -10,7 +10,6 @@ and the routers below.
 from __future__ import annotations
 
 import shutil
-import time
 
 import numpy as np
 import pytest
@@ -20,7 +19,7 @@ import yaml
 from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import data
-from tests.helpers import REPO, ROOT, add_router_variant, copy_model, make_test_repository, set_node_fields
+from tests.helpers import REPO, ROOT, add_router_variant, copy_model, eventually, make_test_repository, set_node_fields
 
 INLINE = {"tokenizer": "../tokenizer/1", "postprocess": True}
 EMPTY_GUARD = {"kind": "switch", "name": "guard", "cases": [
@@ -105,16 +104,6 @@ def stats(server, model, version=""):
         client.close()
 
 
-def eventually(read, expected, timeout=20.0):
-    """Poll ``read()`` until it equals ``expected`` (the router flushes metrics every 0.5 s)."""
-    deadline = time.monotonic() + timeout
-    value = read()
-    while value != expected and time.monotonic() < deadline:
-        time.sleep(0.1)
-        value = read()
-    return value
-
-
 def ask(server, model, texts, request_id="", parameters=None):
     client = httpclient.InferenceServerClient(server.http_url, network_timeout=120)
     t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
@@ -166,9 +155,11 @@ def test_a_warmed_model_answers_its_first_request_at_warm_latency(server):
     for name in ("classifier_warm", "classifier_cold"):
         server.unload_model(name)
         server.load_model(name)
-        before = stats(server, name)["inference_stats"]["compute_infer"]["ns"]
+        before = stats(server, name)["inference_stats"]
         classify(server, name, ids)
-        first[name] = stats(server, name)["inference_stats"]["compute_infer"]["ns"] - before
+        want = int(before["success"]["count"]) + 1
+        assert eventually(lambda name=name: int(stats(server, name)["inference_stats"]["success"]["count"]), want) == want
+        first[name] = stats(server, name)["inference_stats"]["compute_infer"]["ns"] - before["compute_infer"]["ns"]
     assert first["classifier_warm"] < first["classifier_cold"] / 2, first
 
 
@@ -178,8 +169,10 @@ def test_an_on_demand_model_is_warmed_when_the_router_loads_it(server):
     server.load_model("router_ondemand")
     _, r = ask(server, "router_ondemand", ["the room was lovely"], parameters={"route": "spare"})
     assert r == ["classifier_spare"]
-    st = stats(server, "classifier_spare")
-    assert st["execution_count"] == 2 and st["inference_stats"]["success"]["count"] == 2
+    def counts():
+        st = stats(server, "classifier_spare")
+        return int(st["execution_count"]), int(st["inference_stats"]["success"]["count"])
+    assert eventually(counts, (2, 2)) == (2, 2)
 
 
 # ----------------------------------------------------------------------------- response cache
@@ -189,10 +182,15 @@ def test_the_classifiers_answer_repeated_inputs_from_the_cache(server):
     ids = np.array([[2, 310, 111, 538, 3]], np.int64)
     before = stats(server, "classifier")
     first, second = classify(server, "classifier", ids), classify(server, "classifier", ids)
-    after = stats(server, "classifier")
     np.testing.assert_array_equal(first, second)
-    assert after["inference_stats"]["cache_hit"]["count"] - before["inference_stats"]["cache_hit"]["count"] == 1
-    assert after["execution_count"] - before["execution_count"] == 1  # the second never reached the model
+
+    def moved():  # (requests counted, cache hits, executions) since ``before``
+        after = stats(server, "classifier")
+        a, b = after["inference_stats"], before["inference_stats"]
+        return (int(a["success"]["count"]) - int(b["success"]["count"]), int(a["cache_hit"]["count"]) - int(b["cache_hit"]["count"]),
+                int(after["execution_count"]) - int(before["execution_count"]))
+    # two requests answered, the second from the cache: it never reached the model
+    assert eventually(moved, (2, 1, 1)) == (2, 1, 1)
 
 
 def test_the_cache_key_leaves_out_request_parameters_so_the_router_is_not_cached(server):
@@ -207,7 +205,7 @@ def test_the_cache_key_leaves_out_request_parameters_so_the_router_is_not_cached
     assert ask(server, "router_cached", text, parameters={"route": "fast"})[1] == ["classifier_fast"]
     stale = ask(server, "router_cached", text, parameters={"route": "accurate"})
     assert stale[1] == ["classifier_fast"] and stale[0][0] == fast[0][0]
-    assert stats(server, "router_cached")["inference_stats"]["cache_hit"]["count"] == 1
+    assert eventually(lambda: int(stats(server, "router_cached")["inference_stats"]["cache_hit"]["count"]), 1) == 1
     assert stats(server, "router")["inference_stats"]["cache_hit"]["count"] == 0
 
 

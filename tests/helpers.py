@@ -116,14 +116,16 @@ ADMIT_VARIANT = "router_admit"
 ADMIT_WAIT_MS = 5
 #: The shipped router with the config parameter ``metrics_timing_sample: all``.
 TIMINGS_VARIANT = "router_all_timings"
-NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy")
+# A router whose metrics_timing_sample is neither a count nor "all": its load must fail.
+BAD_SAMPLE_VARIANT = "router_bad_timing_sample"
+NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy", BAD_SAMPLE_VARIANT)
 
 
 def make_test_repository(dest: Path) -> Path:
     """Copy ``model_repository`` to ``dest`` and add the test-only models: the
     :data:`ROUTER_VARIANTS`, the shipped A/B example (``router_ab``), on-demand routers and
-    their spare classifier, a router whose on-demand model is in no repository, and a
-    router with an invalid policy."""
+    their spare classifier, a router whose on-demand model is in no repository, a
+    router with an invalid policy and one with an invalid ``metrics_timing_sample``."""
     # not the execution-environment artifacts `make env` may have installed (~120 MB a model)
     shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
     for name, changes in ROUTER_VARIANTS.items():
@@ -145,6 +147,10 @@ def make_test_repository(dest: Path) -> Path:
     config = repository.read_config(timings / "config.pbtxt")
     config.parameters["metrics_timing_sample"].string_value = "all"
     repository.write_config(timings / "config.pbtxt", config, [f"Test-only router variant {TIMINGS_VARIANT} (tests/helpers.py)."])
+    bad = add_router_variant(dest, BAD_SAMPLE_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    config = repository.read_config(bad / "config.pbtxt")
+    config.parameters["metrics_timing_sample"].string_value = "every"
+    repository.write_config(bad / "config.pbtxt", config, [f"Test-only router variant {BAD_SAMPLE_VARIANT} (tests/helpers.py)."])
     copy_model(dest, "classifier_fast", "classifier_spare")
     add_router_variant(dest, "router_ondemand", _ondemand_policy("classifier_spare", idle=2.0))
     # on_demand on a model the server loaded itself: the router must never unload it

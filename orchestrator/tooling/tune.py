@@ -128,24 +128,32 @@ def same(head: Head, a: np.ndarray, b: np.ndarray, threshold: float = 0.5) -> np
     return (head.verdicts(a, t) == head.verdicts(b, t)).all(axis=1)
 
 
+def cascade_answers(head: Head, stages: Sequence[np.ndarray], margin: float,
+                    threshold: float = 0.5) -> Tuple[np.ndarray, List[np.ndarray]]:
+    """The cascade's answers float64 [N, columns] at ``margin`` for stage answers ``stages``
+    (each float64 [N, columns], every text answered by every stage), and per stage the bool
+    [N] mask of the texts that reached it: a text unsure at stage i (``head.unsure``, the
+    runtime's rule) takes stage i+1's answer."""
+    n = len(stages[0])
+    t = np.full((n, 1), threshold)
+    answer, reached = stages[0].copy(), [np.ones(n, dtype=bool)]
+    for i in range(1, len(stages)):
+        go = reached[-1] & head.unsure(answer, t, margin)
+        answer[go] = stages[i][go]
+        reached.append(go)
+    return answer, reached
+
+
 def cascade_curve(head: Head, stages: Sequence[np.ndarray], labels: np.ndarray, margins: Sequence[float] = MARGINS,
                   threshold: float = 0.5) -> List[Dict[str, float]]:
     """The cascade's points: per margin ``{"margin", "escalation_rate", "accuracy",
     "agreement"}`` for stage answers ``stages`` (each float64 [N, columns], every text
-    answered by every stage): texts unsure at stage i (``head.unsure``) take stage i+1's
-    answer; the escalation rate counts texts sent past the first stage; agreement is with
-    the last stage alone."""
-    t = np.full((len(labels), 1), threshold)
+    answered by every stage; :func:`cascade_answers`); the escalation rate counts texts
+    sent past the first stage; agreement is with the last stage alone."""
     out = []
     for m in margins:
-        answer, reached = stages[0].copy(), np.ones(len(labels), dtype=bool)
-        escalated = np.zeros(len(labels), dtype=bool)
-        for i in range(1, len(stages)):
-            go = reached & head.unsure(answer, t, m)
-            if i == 1:
-                escalated = go
-            answer[go] = stages[i][go]
-            reached = go
+        answer, reached = cascade_answers(head, stages, m, threshold)
+        escalated = reached[1] if len(reached) > 1 else np.zeros(len(labels), dtype=bool)
         out.append({"margin": float(m), "escalation_rate": float(escalated.mean()),
                     "accuracy": float(correct(head, answer, labels, threshold).mean()),
                     "agreement": float(same(head, answer, stages[-1], threshold).mean())})
@@ -510,11 +518,11 @@ def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed:
 
 
 def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, chunks: Mapping[str, Optional[ChunkNode]],
-             threshold: float = 0.5, answers_out: Optional[List[np.ndarray]] = None) -> Dict[str, float]:
+             threshold: float = 0.5) -> Tuple[Dict[str, float], np.ndarray]:
     """Accuracy, agreement with the last stage alone (every window), escalation rate and
     windows per text of the cascade at ``margin`` with chunk nodes ``chunks`` (stage model
-    node name -> chunk node as tuned; None: as in the stage). ``answers_out``: gets the
-    cascade's answers (float64 [N, columns]) appended."""
+    node name -> chunk node as tuned; None: as in the stage), and the cascade's answers
+    (float64 [N, columns])."""
     answers, used = [], []
     for s in stages:
         w, ws = m.windows[s.model.name]
@@ -525,21 +533,12 @@ def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, ch
     last_w, last_ws = m.windows[stages[-1].model.name]
     last_full, _ = stage_answers(head, stages[-1], last_w, last_ws,
                                  without_stop_keys(stages[-1].chunk) if stages[-1].chunk else None, threshold)
-    final_probs = answers[0].copy()
-    reached = np.ones(len(m.labels), dtype=bool)
-    windows = used[0].astype(float)
-    t = np.full((len(m.labels), 1), threshold)
-    for i in range(1, len(stages)):
-        go = reached & head.unsure(final_probs, t, margin)
-        final_probs[go] = answers[i][go]
-        windows += np.where(go, used[i], 0)
-        reached = go
-    if answers_out is not None:
-        answers_out.append(final_probs)
-    pt["agreement"] = float(same(head, final_probs, last_full, threshold).mean())
+    final, reached = cascade_answers(head, answers, margin, threshold)
+    windows = sum((np.where(r, u, 0) for r, u in zip(reached, used)), np.zeros(len(m.labels)))
+    pt["agreement"] = float(same(head, final, last_full, threshold).mean())
     pt["windows_per_text"] = float(windows.mean())
     pt["n"] = int(len(m.labels))
-    return pt
+    return pt, final
 
 
 def _tune_chunks(head: Head, stages: Sequence[Stage], models: Models, tuning: Any, data: str, goal: Target, source: str,
@@ -673,10 +672,9 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
             if not texts:
                 continue
             m = _measure(models, stages, texts, labels, max_length)
-            final: List[np.ndarray] = []
-            tuned = evaluate(head, stages, m, margins[cascade.name], chunks[cascade.name], threshold, final)
-            every = evaluate(head, stages, m, margins[cascade.name],
-                             {s.model.name: without_stop_keys(s.chunk) if s.chunk else None for s in stages}, threshold)
+            tuned, final = evaluate(head, stages, m, margins[cascade.name], chunks[cascade.name], threshold)
+            every, _ = evaluate(head, stages, m, margins[cascade.name],
+                                {s.model.name: without_stop_keys(s.chunk) if s.chunk else None for s in stages}, threshold)
             last = stages[-1]
             lw, lws = m.windows[last.model.name]
             alone, _ = stage_answers(head, last, lw, lws, without_stop_keys(last.chunk) if last.chunk else None, threshold)
@@ -684,7 +682,7 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
             ens = np.stack([np.asarray(w[0], dtype=np.float64).reshape(-1) for w in lw])
             rows[kind] = {"n": len(texts), "router": tuned, "router_every_window": every,
                           "last_stage_alone": float(correct(head, alone, labels, threshold).mean()),
-                          "router_minus_last_stage": paired_difference(correct(head, final[0], labels, threshold),
+                          "router_minus_last_stage": paired_difference(correct(head, final, labels, threshold),
                                                                        correct(head, alone, labels, threshold)),
                           "ensemble": float(correct(head, ens, labels, threshold).mean())}
         out["cascades"].append({"name": cascade.name, "margin": margins[cascade.name], "sets": rows})

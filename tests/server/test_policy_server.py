@@ -20,7 +20,7 @@ from orchestrator.tooling.client import text_inputs
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.tooling.server import ServerError
-from tests.helpers import REPO, ROOT, TIMINGS_VARIANT, add_router_variant, call, routes
+from tests.helpers import BAD_SAMPLE_VARIANT, REPO, ROOT, TIMINGS_VARIANT, add_router_variant, call, routes
 
 pytestmark = pytest.mark.server
 TEXTS = data.held_out_texts(n=16, seed=21)
@@ -193,7 +193,7 @@ def test_policy_show_prints_what_the_running_router_uses(triton, capsys):
     assert "POLICY" not in call(triton, "router", TEXTS[:1])
 
 
-def test_an_invalid_policy_stops_the_router_from_loading(test_repository):
+def test_an_invalid_policy_or_config_parameter_stops_the_router_from_loading(test_repository):
     # Its own server: with --strict-readiness a failed load leaves the server not-ready.
     from orchestrator.tooling.server import TritonServer
 
@@ -202,6 +202,10 @@ def test_an_invalid_policy_stops_the_router_from_loading(test_repository):
             server.load_model("router_bad_policy")
         assert "invalid routing policy" in str(info.value)
         assert "router_bad_policy/policy.yaml: root.stages: needs at least 2 entries" in str(info.value)
+        # A config parameter the router cannot read fails its load the same way, named.
+        with pytest.raises(ServerError) as info:
+            server.load_model(BAD_SAMPLE_VARIANT)
+        assert "parameter metrics_timing_sample='every': expected a positive integer or 'all'" in str(info.value)
         assert state(server, "postprocess") == "READY"
 
 

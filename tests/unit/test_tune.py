@@ -39,6 +39,17 @@ def test_cascade_curve_escalates_unsure_texts_and_counts_the_rate():
     assert pts[0.4]["escalation_rate"] == 0.75 and pts[0.5]["escalation_rate"] == 1.0
 
 
+def test_a_third_stage_is_reached_only_by_texts_still_unsure_after_the_second():
+    first = np.array([[0.52], [0.51], [0.9], [0.48]])
+    second = np.array([[0.95], [0.49], [0.1], [0.53]])  # text 2 is never asked; its 0.1 must not count
+    third = np.array([[0.0], [0.2], [0.0], [0.7]])
+    answer, reached = T.cascade_answers(BIN, [first, second, third], 0.1)
+    assert [r.tolist() for r in reached] == [[True] * 4, [True, True, False, True], [False, True, False, True]]
+    np.testing.assert_array_equal(answer.reshape(-1), [0.95, 0.2, 0.9, 0.7])
+    (p,) = T.cascade_curve(BIN, [first, second, third], np.array([1, 0, 1, 1]), [0.1])
+    assert p["escalation_rate"] == 0.75 and p["accuracy"] == 1.0 and p["agreement"] == 0.5
+
+
 def test_multiclass_cascades_escalate_on_the_top_two_gap_and_multilabel_on_any_label():
     mc = Head(MULTICLASS, ("a", "b", "c"))
     first = np.array([[0.5, 0.45, 0.05], [0.8, 0.1, 0.1]])

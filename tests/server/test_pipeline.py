@@ -76,11 +76,11 @@ def test_empty_and_whitespace_texts_answer_without_a_model(triton):
     assert routes(out)[2] != "empty"
 
 
-def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
-    out = call(triton, "router", [long_negative_text], parameters={"route": "fast"})  # every window
-    assert routes(out) == ["chunked:classifier_fast"]
-    # independent computation: whole-text tokens, windows, classifier_fast per window
-    tok = call(triton, "tokenizer", [long_negative_text], thr_array=False, parameters={"truncation": False})
+def direct_window_probs(triton, text):
+    """Independent of the router: the text's whole-text tokens (the tokenizer model), its
+    windows of 128 every 96, classifier_fast's calibrated probability of each (one direct
+    call a window) and the content tokens each window adds (the length weights)."""
+    tok = call(triton, "tokenizer", [text], thr_array=False, parameters={"truncation": False})
     ids = tok["input_ids"][0][: int(tok["attention_mask"][0].sum())]
     assert ids.shape[0] > 128
     windows = token_windows(ids, 128, 96)
@@ -93,19 +93,73 @@ def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
         z = client.infer("classifier_fast", ins).as_numpy("logits")[0, 0] / read_head(REPO / "classifier_fast").temperature[0]
         probs.append(float(sigmoid(z)))
         client.close()
-    weights = window_weights(ids.shape[0], 128, 96)  # content tokens each window adds
+    weights = window_weights(ids.shape[0], 128, 96)
     assert sum(weights) == ids.shape[0] - 2 and len(weights) == len(windows)
+    return probs, weights
+
+
+def batch_sizes(triton, model) -> dict:
+    """Executions of ``model`` per batch size (Triton's statistics extension, batch_stats)."""
+    client = triton.client()
+    try:
+        stats = client.get_inference_statistics(model)["model_stats"][0]
+        return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+    finally:
+        client.close()
+
+
+def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
+    out = call(triton, "router", [long_negative_text], parameters={"route": "fast"})  # every window
+    assert routes(out) == ["chunked:classifier_fast"]
+    probs, weights = direct_window_probs(triton, long_negative_text)
     expected = sum(p * n for p, n in zip(probs, weights)) / sum(weights)  # length_weighted_mean
     assert float(out["PROBABILITIES"][0, 0]) == pytest.approx(expected, abs=1e-5)
     # the shipped cascade's chunk node may stop early (never escalating here): its answer
     # is the same aggregate of the windows its ROUTE says it used, the first ones
     [route] = routes(call(triton, "router_fast", [long_negative_text]))
-    used = int(route.split(":windows=")[1].split("/")[0]) if ":windows=" in route else len(windows)
-    assert route in ("chunked:classifier_fast", f"chunked:classifier_fast:windows={used}/{len(windows)}")
+    used = int(route.split(":windows=")[1].split("/")[0]) if ":windows=" in route else len(probs)
+    assert route in ("chunked:classifier_fast", f"chunked:classifier_fast:windows={used}/{len(probs)}")
     early = sum(p * n for p, n in zip(probs[:used], weights)) / sum(weights[:used])
     assert float(call(triton, "router_fast", [long_negative_text])["PROBABILITIES"][0, 0]) == pytest.approx(early, abs=1e-5)
     # the default router classifies it as a person would: negative
     assert call(triton, "router", [long_negative_text])["VERDICTS"].tolist() == [[False]]
+
+
+def test_a_long_text_stops_where_its_verdict_is_settled_and_sends_only_those_windows(triton, long_negative_text):
+    """The default router's ``chunk_long`` (``stop_when_decided``) on the real server,
+    checked against Triton's own batch statistics of classifier_fast: the windows it
+    sent (the sum of its executions' batch sizes) are the windows its ROUTE says it used,
+    in at most that many executions; route=fast sends every window in one execution.
+    Independently of the router: with the windows used, no answer of the unread ones
+    could move the length-weighted mean across the threshold; with one fewer, some could."""
+    from tests.helpers import eventually
+
+    probs, weights = direct_window_probs(triton, long_negative_text)
+    n = len(probs)
+
+    def delta(before):
+        now = batch_sizes(triton, "classifier_fast")
+        return {b: c - before.get(b, 0) for b, c in now.items() if c != before.get(b, 0)}
+
+    before = batch_sizes(triton, "classifier_fast")
+    assert routes(call(triton, "router", [long_negative_text], parameters={"route": "fast"})) == ["chunked:classifier_fast"]
+    assert eventually(lambda: delta(before), {n: 1}, timeout=5) == {n: 1}
+
+    before = batch_sizes(triton, "classifier_fast")
+    [route] = routes(call(triton, "router", [long_negative_text]))
+    used = int(route.split(":windows=")[1].split("/")[0]) if ":windows=" in route else n
+    assert route in ("chunked:classifier_fast", f"chunked:classifier_fast:windows={used}/{n}")
+    sent = eventually(lambda: sum(b * c for b, c in delta(before).items()), used, timeout=5)
+    assert sent == used, delta(before)
+    assert 1 <= sum(delta(before).values()) <= used
+    print(f"{n} windows, {used} used, executions by batch size {delta(before)}")
+
+    def settled(k):  # the verdict at threshold 0.5 is the same whatever the unread windows say
+        read, rest = sum(p * w for p, w in zip(probs[:k], weights[:k])), sum(weights[k:])
+        low, high = read / sum(weights), (read + rest) / sum(weights)
+        return (low >= 0.5) == (high >= 0.5)
+
+    assert settled(used) and not settled(used - 1)
 
 
 def test_tokenizer_truncates_unless_told_not_to(triton, long_negative_text):

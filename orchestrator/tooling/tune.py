@@ -529,15 +529,15 @@ def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, ch
         a, u = stage_answers(head, s, w, ws, chunks.get(s.model.name), threshold)
         answers.append(a)
         used.append(u)
-    pt = cascade_curve(head, answers, m.labels, [margin], threshold)[0]
     last_w, last_ws = m.windows[stages[-1].model.name]
     last_full, _ = stage_answers(head, stages[-1], last_w, last_ws,
                                  without_stop_keys(stages[-1].chunk) if stages[-1].chunk else None, threshold)
     final, reached = cascade_answers(head, answers, margin, threshold)
     windows = sum((np.where(r, u, 0) for r, u in zip(reached, used)), np.zeros(len(m.labels)))
-    pt["agreement"] = float(same(head, final, last_full, threshold).mean())
-    pt["windows_per_text"] = float(windows.mean())
-    pt["n"] = int(len(m.labels))
+    pt = {"margin": float(margin), "escalation_rate": float(reached[1].mean()) if len(reached) > 1 else 0.0,
+          "accuracy": float(correct(head, final, m.labels, threshold).mean()),
+          "agreement": float(same(head, final, last_full, threshold).mean()),
+          "windows_per_text": float(windows.mean()), "n": int(len(m.labels))}
     return pt, final
 
 

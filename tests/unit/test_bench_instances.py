@@ -3,6 +3,7 @@ its plan, the per-round ratios, the section make bench keeps, and the variant it
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from orchestrator.tooling.bench import instances as I
@@ -92,3 +93,44 @@ def test_the_flush_section_names_its_variant_and_per_round_ratios():
     assert "make bench-flush" in text and "--compare flush" in text and "`router_all_timings`" in text
     assert "c=1 throughput 0.9, 0.75, p50 1.25, 1.5" in text
     assert [s.model for s in I.plan(1, cmp.concurrencies, cmp.models)] == ["ensemble", "router", "router_all_timings"] * 2
+
+
+def test_the_median_interval_is_the_order_statistics_one_and_judges_the_goal():
+    # 15 values: the distribution-free 95% interval of the median is the 4th..12th smallest
+    values = [1.0 + i / 100 for i in range(15)][::-1]
+    assert I.median_interval(values) == pytest.approx((1.07, 1.03, 1.11))
+    assert I.median_interval([1.0]) is None
+    few = I.median_interval([1.0, 1.1, 1.2])  # too few for 95%: no interval, not decided
+    assert few[0] == pytest.approx(1.1) and np.isnan(few[1]) and I.judge(few, 1.05) == "not decided"
+    assert I.judge((1.0, 0.98, 1.05), 1.05) == "met"  # the high end at the bound is within it
+    assert I.judge((1.1, 1.051, 1.2), 1.05) == "not met"
+    assert I.judge((1.04, 1.0, 1.06), 1.05) == "not decided" and I.judge((1.1, 1.05, 1.2), 1.05) == "not decided"
+    assert I.judge(None, 1.05) == "not decided"
+
+
+def test_the_single_comparison_judges_its_goal_by_the_interval(tmp_path):
+    from orchestrator.tooling.bench.plan import VARIANTS
+    from orchestrator.tooling.bench.report import SINGLE_END, SINGLE_START
+
+    cmp = I.COMPARISONS["single"]
+    assert (SINGLE_START, SINGLE_END) in KEPT_SECTIONS
+    assert cmp.variant == "router_single" and cmp.concurrencies == (1,) and cmp.rounds == I.SINGLE_ROUNDS == 15
+    repo = I.make_single_repository(tmp_path / "repo")
+    assert (repo / "router_single" / "config.pbtxt").is_file() and "router_bls" not in {p.name for p in repo.iterdir()}
+    assert VARIANTS["router_single"]["base"] == "router"
+    # per round: ensemble p50 4.0 ms, router_single 4.0 * (1.10 .. 1.24): every ratio past the bound
+    ms = [m("ensemble", 1, r, 100.0, 4.0) for r in range(15)] + [m("router", 1, r, 90.0, 5.0) for r in range(15)] \
+        + [m("router_single", 1, r, 95.0, 4.0 * (1.10 + r / 100)) for r in range(15)]
+    summary = I.summarize(ms)
+    low, high = summary["1"]["p50_vs_ensemble_interval"]["router_single"][1:]
+    assert (low, high) == pytest.approx((1.13, 1.21))
+    r = {"started_utc": "2026-11-27 05:20", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [0.3],
+         "load_max_during": 2.0, "rounds": 15, "quick": False, "comparison": "single", "measurements": ms,
+         "summary": summary, "per_round_ratios": I.per_round_ratios(ms, cmp.variant)}
+    text = I.render_section(r)
+    assert text.startswith(SINGLE_START) and text.endswith(SINGLE_END) and "--compare single" in text
+    assert "c=1 `router_single` p50 / ensemble: median of 15 per-round ratios 1.17x, 95% interval 1.13x to 1.21x" in text
+    assert "at most 1.05x the ensemble's: **not met** by this run" in text
+    # the same run with every ratio at 1.0: met
+    ms = [x if x["model"] != "router_single" else {**x, "p50_ms": 4.0} for x in ms]
+    assert "**met** by this run" in I.render_section({**r, "measurements": ms, "summary": I.summarize(ms)})

@@ -1,5 +1,5 @@
 """Side-by-side router variants (issue 29): the shipped router against one variant of it and
-the ensemble, closed loop, in one run of one server. Two comparisons:
+the ensemble, closed loop, in one run of one server. Three comparisons:
 
 - ``instances`` (``make bench-instances``): ``router_x2``, the shipped router with
   :data:`INSTANCES` instances (``instance_group`` count), at concurrency 1, 4, 16 and 64
@@ -8,9 +8,15 @@ the ensemble, closed loop, in one run of one server. Two comparisons:
 - ``flush`` (``make bench-flush``): ``router_all_timings``, the shipped router with the
   config parameter ``metrics_timing_sample: all`` (every timing observation sent to
   ``/metrics``, one stub-server round trip each, as before ``make profile``'s change), at
-  concurrency 1 and 16, five rounds (issue 29's c=1 goal is a median of five).
+  concurrency 1 and 16, five rounds (issue 29's c=1 goal is a median of five);
+- ``single`` (``make bench-single``): ``router_single`` (``make bench``'s single-classifier
+  policy: the ensemble's compute, so the ratio is the routing overhead alone) at
+  concurrency 1 only, :data:`SINGLE_ROUNDS` rounds: enough for a distribution-free 95%
+  interval of the median per-round p50 ratio to the ensemble (:func:`median_interval`), so
+  issue 29's goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
+  decided by the run, instead of by one noisy median of five.
 
-``python -m orchestrator.tooling.bench.instances [--compare instances|flush] [--quick] [--out docs]``:
+``python -m orchestrator.tooling.bench.instances [--compare instances|flush|single] [--quick] [--out docs]``:
 
 1. writes the benchmark repository (``make bench``'s, ``variants.make_bench_repository``)
    and adds the variant (nothing else changed);
@@ -22,7 +28,7 @@ the ensemble, closed loop, in one run of one server. Two comparisons:
 4. writes ``<out>/bench/<comparison>.json`` and the comparison's section of
    ``<out>/benchmarks.md`` (``make bench`` keeps it): per concurrency, each model's median
    throughput and p50 over the rounds and their ratios to the ensemble's and to the shipped
-   router's in the same round (median of the per-round ratios).
+   router's in the same round (median of the per-round ratios, with its 95% interval).
 
 Units: throughput in inferences per second, latency in milliseconds. Errors:
 :class:`~orchestrator.tooling.bench.plan.BenchError`, the server's ``ServerError``.
@@ -44,13 +50,27 @@ import numpy as np
 
 from orchestrator.tooling.bench.machine import load_average, machine_info
 from orchestrator.tooling.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
-from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START, INSTANCES_END, INSTANCES_START, add_out_argument, write_kept_outputs
+from orchestrator.tooling.bench.report import (
+    FLUSH_END,
+    FLUSH_START,
+    INSTANCES_END,
+    INSTANCES_START,
+    SINGLE_END,
+    SINGLE_START,
+    add_out_argument,
+    write_kept_outputs,
+)
 from orchestrator.tooling.bench.stack import header_line, read_stack
 
 #: ``router_x2``'s instance count.
 INSTANCES = 2
 CONCURRENCIES = (1, 4, 16, 64)
 ROUNDS = 3
+#: ``single``'s rounds: with 15 per-round ratios the distribution-free 95% interval of their
+#: median runs from the 4th to the 12th smallest (binomial, p=0.5).
+SINGLE_ROUNDS = 15
+#: Issue 29's goal: ``router_single``'s p50 at c=1 at most this times the ensemble's.
+SINGLE_P50_GOAL = 1.05
 
 
 def _log(msg: str) -> None:
@@ -81,6 +101,14 @@ def make_flush_repository(dest: Path, repo: Path = REPO) -> Path:
     return out
 
 
+def make_single_repository(dest: Path, repo: Path = REPO) -> Path:
+    """The benchmark repository with ``router_single`` (``make bench``'s variant), written to ``dest``."""
+    from orchestrator.tooling.bench.plan import VARIANTS
+    from orchestrator.tooling.bench.variants import make_bench_repository
+
+    return make_bench_repository(dest, repo, variants={"router_single": VARIANTS["router_single"]})
+
+
 @dataclass(frozen=True)
 class Comparison:
     """One side-by-side comparison: the shipped router against ``variant`` (module docstring)."""
@@ -95,6 +123,7 @@ class Comparison:
     rounds: int
     start: str
     end: str
+    p50_goal: Optional[float] = None  # the variant's p50 over the ensemble's, judged by its interval
 
     @property
     def models(self) -> Tuple[str, str, str]:
@@ -117,6 +146,11 @@ COMPARISONS = {
         "sent to `/metrics`, one stub-server round trip each, as before the profile's change); `router` sends "
         "at most 8 per series per flush",
         make_flush_repository, (1, 16), 5, FLUSH_START, FLUSH_END),
+    "single": Comparison(
+        "single", "bench-single", "Routing overhead at concurrency 1: router_single against the ensemble (issue 29)",
+        "router_single", "`make bench`'s single-classifier policy (the empty-text guard, then `classifier` in a "
+        "chunk node): the ensemble's compute, so its ratio to the ensemble is the routing overhead alone",
+        make_single_repository, (1,), SINGLE_ROUNDS, SINGLE_START, SINGLE_END, SINGLE_P50_GOAL),
 }
 #: The default comparison's models (kept for callers of the instances benchmark).
 MODELS = COMPARISONS["instances"].models
@@ -147,12 +181,40 @@ def _round_ratios(at: Sequence[Mapping[str, Any]], model: str, base: str) -> Tup
     return thr, p50
 
 
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
+    """``(median, low, high)`` of ``values``: ``low..high`` is the distribution-free
+    interval of the median at ``confidence`` (order statistics, binomial with p=0.5:
+    ``scipy.stats.quantile_test``), which assumes only that the values are independent
+    draws; None for fewer than 2 values; ``low``/``high`` are NaN when there are too few
+    values for ``confidence`` (under 6 at 95%)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=float)
+    ci = stats.quantile_test(x, q=float(np.median(x)), p=0.5).confidence_interval(confidence_level=confidence)
+    return float(np.median(x)), float(ci.low), float(ci.high)
+
+
+def judge(interval: Optional[Sequence[float]], goal: float) -> str:
+    """A goal "ratio at most ``goal``" judged by a median's ``(median, low, high)``:
+    ``met`` (the high end within it), ``not met`` (the low end past it), else ``not
+    decided`` (also without an interval)."""
+    if interval is None or not (np.isfinite(interval[1]) and np.isfinite(interval[2])):
+        return "not decided"
+    if interval[2] <= goal:
+        return "met"
+    return "not met" if interval[1] > goal else "not decided"
+
+
 def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Per concurrency (as a string key) and model: ``{"throughput", "p50_ms", "p99_ms"}``
     medians over the rounds, and ``ratios``: per model, the median over rounds of its
     throughput and p50 over the ensemble's and over ``router``'s in the same round
     (``{"throughput_vs_ensemble", "p50_vs_ensemble", "throughput_vs_router",
-    "p50_vs_router"}``). Failed measurements (``error``) are left out."""
+    "p50_vs_router"}``), and ``p50_vs_ensemble_interval``: per model, :func:`median_interval`
+    of its per-round p50 ratios to the ensemble's (rounded to 3 places; None under 2
+    rounds). Failed measurements (``error``) are left out."""
     ok = [m for m in measurements if not m.get("error")]
     out: Dict[str, Any] = {}
     for c in sorted({int(m["concurrency"]) for m in ok}):
@@ -171,6 +233,9 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                 thr, p50 = _round_ratios(at, model, base)
                 ratios[f"throughput_vs_{base}"] = round(statistics.median(thr), 2) if thr else None
                 ratios[f"p50_vs_{base}"] = round(statistics.median(p50), 2) if p50 else None
+                if base == "ensemble":
+                    iv = median_interval(p50)
+                    cell.setdefault("p50_vs_ensemble_interval", {})[model] = [round(v, 3) for v in iv] if iv else None
             cell["ratios"][model] = ratios
         out[str(c)] = cell
     return out
@@ -203,6 +268,18 @@ def render_section(r: Mapping[str, Any]) -> str:
             L.append(f"| {c} | `{model}` | {x['throughput']} | {x['p50_ms']} | {x['p99_ms']} | "
                      f"{_cell(q.get('throughput_vs_ensemble'), 'x')} | {_cell(q.get('p50_vs_ensemble'), 'x')} | "
                      f"{_cell(q.get('throughput_vs_router'), 'x')} | {_cell(q.get('p50_vs_router'), 'x')} |")
+    for c, cell in r["summary"].items():
+        for model, iv in (cell.get("p50_vs_ensemble_interval") or {}).items():
+            if iv and np.isfinite(iv[1]) and np.isfinite(iv[2]):
+                L += ["", f"c={c} `{model}` p50 / ensemble: median of {cell['models'][model]['rounds']} per-round ratios "
+                      f"{iv[0]}x, 95% interval {iv[1]}x to {iv[2]}x (distribution-free interval of a median, "
+                      "`scipy.stats.quantile_test`)."]
+    if cmp.p50_goal is not None:
+        for c, cell in r["summary"].items():
+            iv = (cell.get("p50_vs_ensemble_interval") or {}).get(cmp.variant)
+            L += ["", f"Issue 29's goal, `{cmp.variant}` p50 at c={c} at most {cmp.p50_goal}x the ensemble's: "
+                  f"**{judge(iv, cmp.p50_goal)}** by this run (met: the interval's high end within the bound; "
+                  "not met: its low end past it; otherwise not decided)."]
     rounds = r.get("per_round_ratios") or {}
     if rounds:
         L += ["", "Per-round ratios to the shipped router's, in round order: " + "; ".join(

@@ -37,9 +37,12 @@ INSTANCES_END = "<!-- bench-instances:end -->"
 #: The section ``make bench-flush`` writes (the same module, ``--compare flush``), kept across runs.
 FLUSH_START = "<!-- bench-flush:start (written by `make bench-flush`) -->"
 FLUSH_END = "<!-- bench-flush:end -->"
+#: The section ``make bench-single`` writes (the same module, ``--compare single``), kept across runs.
+SINGLE_START = "<!-- bench-single:start (written by `make bench-single`) -->"
+SINGLE_END = "<!-- bench-single:end -->"
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
                  (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (FLUSH_START, FLUSH_END),
-                 (STACKS_START, STACKS_END))
+                 (SINGLE_START, SINGLE_END), (STACKS_START, STACKS_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

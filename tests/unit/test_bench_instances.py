@@ -105,7 +105,10 @@ def test_the_median_interval_is_the_order_statistics_one_and_judges_the_goal():
     assert I.judge((1.0, 0.98, 1.05), 1.05) == "met"  # the high end at the bound is within it
     assert I.judge((1.1, 1.051, 1.2), 1.05) == "not met"
     assert I.judge((1.04, 1.0, 1.06), 1.05) == "not decided" and I.judge((1.1, 1.05, 1.2), 1.05) == "not decided"
-    assert I.judge(None, 1.05) == "not decided"
+    assert I.judge(None, 1.05) == "not decided" and I.judge([1.1, None, None], 1.05) == "not decided"
+    # five rounds (bench-flush's): a median but no 95% interval, stored as None, not NaN
+    five = [m(model, 1, r, 100.0, 4.0 + r / 10) for r in range(5) for model in ("ensemble", "router")]
+    assert I.summarize(five)["1"]["p50_vs_ensemble_interval"]["router"] == [1.0, None, None]
 
 
 def test_the_single_comparison_judges_its_goal_by_the_interval(tmp_path):

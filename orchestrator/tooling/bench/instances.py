@@ -200,7 +200,7 @@ def judge(interval: Optional[Sequence[float]], goal: float) -> str:
     """A goal "ratio at most ``goal``" judged by a median's ``(median, low, high)``:
     ``met`` (the high end within it), ``not met`` (the low end past it), else ``not
     decided`` (also without an interval)."""
-    if interval is None or not (np.isfinite(interval[1]) and np.isfinite(interval[2])):
+    if interval is None or not all(v is not None and np.isfinite(v) for v in interval[1:3]):
         return "not decided"
     if interval[2] <= goal:
         return "met"
@@ -214,7 +214,7 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     (``{"throughput_vs_ensemble", "p50_vs_ensemble", "throughput_vs_router",
     "p50_vs_router"}``), and ``p50_vs_ensemble_interval``: per model, :func:`median_interval`
     of its per-round p50 ratios to the ensemble's (rounded to 3 places; None under 2
-    rounds). Failed measurements (``error``) are left out."""
+    rounds, the interval's ends None when too few for one). Failed measurements (``error``) are left out."""
     ok = [m for m in measurements if not m.get("error")]
     out: Dict[str, Any] = {}
     for c in sorted({int(m["concurrency"]) for m in ok}):
@@ -235,7 +235,8 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                 ratios[f"p50_vs_{base}"] = round(statistics.median(p50), 2) if p50 else None
                 if base == "ensemble":
                     iv = median_interval(p50)
-                    cell.setdefault("p50_vs_ensemble_interval", {})[model] = [round(v, 3) for v in iv] if iv else None
+                    cell.setdefault("p50_vs_ensemble_interval", {})[model] = \
+                        [round(v, 3) if np.isfinite(v) else None for v in iv] if iv else None  # JSON has no NaN
             cell["ratios"][model] = ratios
         out[str(c)] = cell
     return out
@@ -270,7 +271,7 @@ def render_section(r: Mapping[str, Any]) -> str:
                      f"{_cell(q.get('throughput_vs_router'), 'x')} | {_cell(q.get('p50_vs_router'), 'x')} |")
     for c, cell in r["summary"].items():
         for model, iv in (cell.get("p50_vs_ensemble_interval") or {}).items():
-            if iv and np.isfinite(iv[1]) and np.isfinite(iv[2]):
+            if iv and iv[1] is not None and iv[2] is not None:
                 L += ["", f"c={c} `{model}` p50 / ensemble: median of {cell['models'][model]['rounds']} per-round ratios "
                       f"{iv[0]}x, 95% interval {iv[1]}x to {iv[2]}x (distribution-free interval of a median, "
                       "`scipy.stats.quantile_test`)."]

@@ -137,3 +137,6 @@ def test_the_single_comparison_judges_its_goal_by_the_interval(tmp_path):
     # the same run with every ratio at 1.0: met
     ms = [x if x["model"] != "router_single" else {**x, "p50_ms": 4.0} for x in ms]
     assert "**met** by this run" in I.render_section({**r, "measurements": ms, "summary": I.summarize(ms)})
+    # a failed ensemble measurement leaves that round out of the pairs the median is of
+    ms[0] = {**ms[0], "error": "x"}
+    assert "median of 14 per-round ratios" in I.render_section({**r, "measurements": ms, "summary": I.summarize(ms)})

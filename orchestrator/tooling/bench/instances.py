@@ -214,7 +214,8 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     (``{"throughput_vs_ensemble", "p50_vs_ensemble", "throughput_vs_router",
     "p50_vs_router"}``), and ``p50_vs_ensemble_interval``: per model, :func:`median_interval`
     of its per-round p50 ratios to the ensemble's (rounded to 3 places; None under 2
-    rounds, the interval's ends None when too few for one). Failed measurements (``error``) are left out."""
+    rounds, the interval's ends None when too few for one) and ``p50_vs_ensemble_pairs``,
+    the number of rounds both were measured in. Failed measurements (``error``) are left out."""
     ok = [m for m in measurements if not m.get("error")]
     out: Dict[str, Any] = {}
     for c in sorted({int(m["concurrency"]) for m in ok}):
@@ -237,6 +238,7 @@ def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                     iv = median_interval(p50)
                     cell.setdefault("p50_vs_ensemble_interval", {})[model] = \
                         [round(v, 3) if np.isfinite(v) else None for v in iv] if iv else None  # JSON has no NaN
+                    cell.setdefault("p50_vs_ensemble_pairs", {})[model] = len(p50)
             cell["ratios"][model] = ratios
         out[str(c)] = cell
     return out
@@ -272,7 +274,8 @@ def render_section(r: Mapping[str, Any]) -> str:
     for c, cell in r["summary"].items():
         for model, iv in (cell.get("p50_vs_ensemble_interval") or {}).items():
             if iv and iv[1] is not None and iv[2] is not None:
-                L += ["", f"c={c} `{model}` p50 / ensemble: median of {cell['models'][model]['rounds']} per-round ratios "
+                pairs = (cell.get("p50_vs_ensemble_pairs") or {}).get(model, cell["models"][model]["rounds"])
+                L += ["", f"c={c} `{model}` p50 / ensemble: median of {pairs} per-round ratios "
                       f"{iv[0]}x, 95% interval {iv[1]}x to {iv[2]}x (distribution-free interval of a median, "
                       "`scipy.stats.quantile_test`)."]
     if cmp.p50_goal is not None:

@@ -7,6 +7,7 @@ classifier models, the logistic function, and the node's documented rule.
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 import shutil
 import time
@@ -20,6 +21,7 @@ from orchestrator.runtime.nodes.split import split_fraction
 from orchestrator.runtime.scores import sigmoid
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.tooling.modeling import data
+from tests import helpers
 from tests.helpers import REPO, add_router_variant
 
 FAST = {"kind": "model", "model": "classifier_fast"}
@@ -134,14 +136,8 @@ def mock(tmp_path_factory):
 TEXTS = data.held_out_texts(n=10, seed=5)
 
 
-def eventually(read, expected, timeout=5.0):
-    """Poll ``read()`` until it equals ``expected`` (the router flushes metrics every 0.5 s)."""
-    deadline = time.monotonic() + timeout
-    value = read()
-    while value != expected and time.monotonic() < deadline:
-        time.sleep(0.05)
-        value = read()
-    return value
+# the mock's router flushes its metrics every 0.5 s, in this process: a shorter wait will do
+eventually = functools.partial(helpers.eventually, timeout=5.0, interval=0.05)
 
 
 def ask(mock, model, texts, threshold=0.5, parameters=None, request_id=""):

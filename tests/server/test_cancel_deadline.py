@@ -127,9 +127,7 @@ def router_counter(server, family: str, router: str, **labels) -> float:
 def settled_counter(server, family, router, want, wait_s=5.0, **labels) -> float:
     """The router's counter once its 0.5 s metric flush reached ``want`` (or ``wait_s``
     passed), then one more flush, so a double count would show."""
-    deadline = time.monotonic() + wait_s
-    while router_counter(server, family, router, **labels) != want and time.monotonic() < deadline:
-        time.sleep(0.1)
+    eventually(lambda: router_counter(server, family, router, **labels), want, timeout=wait_s)
     time.sleep(0.7)
     return router_counter(server, family, router, **labels)
 

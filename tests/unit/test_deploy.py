@@ -748,6 +748,8 @@ FRONTDOOR_BREAKS = [
     ("Deployment", lambda d: _triton_env(d, "NO_PROXY", "10.0.0.0/8"), "NO_PROXY must list 127.0.0.1, localhost"),
     ("ServingRuntime", lambda d: d["spec"]["containers"][0]["env"].pop(), "no_proxy must list"),
     ("ConfigMap", lambda d: d["data"].update({"nginx.conf": d["data"]["nginx.conf"].replace("client_max_body_size", "#")}), "nginx.conf is not"),
+    ("Deployment", lambda d: next(v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "frontdoor-run")["emptyDir"].update(
+        sizeLimit="1Gi"), "emptyDir sizeLimit is '1Gi': the bodies it may hold need 1.51 GiB"),
 ]
 
 

@@ -28,7 +28,7 @@ LONG_END = "<!-- bench-long:end -->"
 PROFILE_START = "<!-- bench-profile:start (written by `make profile`) -->"
 PROFILE_END = "<!-- bench-profile:end -->"
 #: Figures of both stacks side by side (written by hand from two runs: this report and
-#: docs/native/benchmarks.md, ``make bench --url`` against the native backend).
+#: docs/results/native/benchmarks.md, ``make bench --url`` against the native backend).
 STACKS_START = "<!-- stacks:start (kept across runs: edit freely) -->"
 STACKS_END = "<!-- stacks:end -->"
 #: The section ``make bench-instances`` writes (orchestrator.tooling.bench.instances), kept across runs.

@@ -33,7 +33,7 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "its processes or change its models are not run (the report says which and why)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the timeline")
     parser.add_argument("--front-door", action="store_true",
-                        help="send the clients' requests through the front door (nginx, docs/deployment.md); needs nginx")
+                        help="send the clients' requests through the front door (nginx, docs/guides/front-door.md); needs nginx")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""docs/development/architecture.md and the README as a contract with the code (issue 28): every runtime
+"""docs/development/architecture.md and the policy guide as a contract with the code (issue 28): every runtime
 module has a row in the module table, every node-kind list is the registry's
 (``orchestrator.runtime.nodes.KINDS``), the node protocol is listed as the class declares
 it, and the size caps are the ones ``test_layout`` applies. Each failure says what to add or
@@ -15,8 +15,8 @@ from orchestrator.runtime import nodes
 from orchestrator.runtime.nodes import base
 from tests.helpers import ROOT
 
-ARCH = ROOT / "docs" / "architecture.md"
-README = ROOT / "README.md"
+ARCH = ROOT / "docs" / "development" / "architecture.md"
+POLICY_GUIDE = ROOT / "docs" / "guides" / "write-a-policy.md"
 RUNTIME = ROOT / "orchestrator" / "runtime"
 
 
@@ -75,11 +75,11 @@ def test_every_runtime_module_is_in_the_request_order_tree():
     )
 
 
-def test_the_readme_node_kind_table_is_the_registry():
+def test_the_policy_guide_node_kind_table_is_the_registry():
     kinds = list(nodes.KINDS)
-    readme = first_cells(table_after(README.read_text(), "| kind | does |"))
-    assert readme == [f"`{k}`" for k in kinds], (
-        f"README.md, 'How to change or add a route', table '| kind | does |' lists {readme}; the registry "
+    guide = first_cells(table_after(POLICY_GUIDE.read_text(), "| kind | does |"))
+    assert guide == [f"`{k}`" for k in kinds], (
+        f"docs/guides/write-a-policy.md, 'How to change or add a route', table '| kind | does |' lists {guide}; the registry "
         f"(orchestrator/runtime/nodes/__init__.py KINDS) has {kinds}, in that order: add, remove or reorder rows to match"
     )
 

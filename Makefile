@@ -66,7 +66,7 @@ mutations: $(STAMP)
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
 # on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and
-# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs, SOAK_OUT=docs,
+# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs/results, SOAK_OUT=docs/results,
 # LOCK_OUT=deploy rewrite the committed reports and lock (on a quiet machine).
 BENCH_OUT ?= .cache/docs
 SOAK_OUT ?= .cache/docs
@@ -230,7 +230,7 @@ sbom: $(STAMP)
 # --- An hour of memory (issue 29; docs/results/reliability.md, "An hour of memory") ----------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
 # of every stub and of tritonserver and the server's /dev/shm each minute; fails on growth after a
-# 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs: the committed ones).
+# 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs/results: the committed ones).
 # Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
 .PHONY: soak-memory
 soak-memory: $(STAMP)

@@ -6,7 +6,7 @@ queue policy, ``repository.QUEUE_POLICY``), ``router_overload`` (that with the c
 overload mode), ``router_timeout`` and ``router_two``, in one run of one server
 (``--models``: fewer).
 
-``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs]``:
+``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs/results]``:
 
 1. copies ``model_repository/`` and adds ``router_admit``: the shipped router whose policy
    gets ``admission`` = :data:`ADMISSION`; ``router_queue``: the shipped router with
@@ -69,7 +69,7 @@ from orchestrator.tooling.bench.stack import StackError, add_url_argument, heade
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
-COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
+COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs/results)"
 MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
 #: ``router_admit``: the shipped router with this ``admission`` (runtime/admission.py): 30 ms
 #: is 3x the router's unloaded p99 on this machine (about 10 ms, docs/results/benchmarks.md), the

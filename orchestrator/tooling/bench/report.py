@@ -72,7 +72,7 @@ def add_out_argument(parser: Any) -> None:
     """``--out``, the directory of ``benchmarks.md`` and ``bench/`` (default
     ``.cache/docs``), for the benchmarks that write a :data:`KEPT_SECTIONS` section."""
     parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs/results: the committed ones)")
 
 
 WHAT_WE_TRIED_PLACEHOLDER = """\

@@ -25,7 +25,7 @@ only reported (advisory). The run also fails on any lost, duplicated, mismatched
 response (the soak's ledger), an error to a good request, a bad request answered 200, or a
 stub that was restarted (a new pid resets its RSS and would hide growth).
 
-Writes ``memory.json`` and ``memory.png`` under ``.cache/soak-memory/`` (``--out docs``:
+Writes ``memory.json`` and ``memory.png`` under ``.cache/soak-memory/`` (``--out docs/results``:
 ``docs/results/soak/memory.{json,png}``). Exit status 0 pass, 1 fail, 2 could not run.
 docs/results/reliability.md ("An hour of memory") holds a run and the reasons for the bounds.
 """

@@ -182,3 +182,12 @@ def test_mkdocs_build_strict(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
                              "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_readme_policy_example_parses():
+    from orchestrator.runtime.policy import parse_policy
+
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S)
+    assert blocks, "README.md: the policy example of 'Route your own model' is missing"
+    for block in blocks:
+        parse_policy(yaml.safe_load(block))

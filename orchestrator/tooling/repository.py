@@ -261,7 +261,7 @@ def _ensemble_problems(path: Path, config: ModelConfig, models: Mapping[str, Lis
     return problems
 
 
-#: The router's recommended queue policy (docs/reliability.md "Overload"): Triton's
+#: The router's recommended queue policy (docs/guides/reliability.md "Overload"): Triton's
 #: ``dynamic_batching.default_queue_policy`` fields. Not in the shipped config: under any
 #: queue policy Triton 2.51's dynamic batcher stops prefetching and can miss the wakeup of a
 #: finished execute, idling up to 500 ms (core r24.10 ``DynamicBatchScheduler::

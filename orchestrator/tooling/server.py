@@ -3,7 +3,7 @@
 A real ``tritonserver`` (Triton 2.51.0) taken from the ``nvidia-pytriton==0.7.0`` wheel,
 started as a child process on loopback. The CLI (``orchestrator serve``,
 :mod:`orchestrator.tooling.serve`), the demo and every test that needs a server use it.
-Contract: docs/architecture.md, section ``orchestrator.tooling.server``; Triton's server
+Contract: docs/development/architecture.md, section ``orchestrator.tooling.server``; Triton's server
 docs (model management, ``--model-config-name``). The wheel's layout, the backend
 directory and the stub environment the stubs need are :mod:`orchestrator.tooling.embedded`.
 

@@ -187,6 +187,9 @@ BREAKER = S.Struct(
               "repair starts without delay"),
         S.Key("watch_stubs", S.Bool(), "see a dead stub in /proc before calling it instead of waiting Triton's "
               "1 s health timeout"),
+        S.Key("count_timeouts", S.Bool(), "count a call cancelled by a node's timeout_ms (or the request's deadline) "
+              "as a failure of its model; default false: a node's deadline is its own, and its expiries do not "
+              "close a healthy model to the other nodes"),
     ],
     target=BreakerSettings,
     build=lambda values, where: BreakerSettings(**values),
@@ -411,6 +414,7 @@ def describe(policy: Policy) -> str:
         f"circuit breaker: open after {cb.consecutive_failures} failures in a row, probe after {cb.open_s:g} s, "
         + (f"reload a model whose stub died (failed tries retried with back-off up to {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
         + (", dead stubs seen in /proc before a call" if cb.watch_stubs else "")
+        + (", a call cancelled by a node's timeout counts as a failure" if cb.count_timeouts else "")
     )
 
     if policy.admission is not None:

@@ -41,6 +41,7 @@ if not F.nginx_ready():
 import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+ROUTERS = ("router", "router_ab")
 QUOTAS = F.Quotas("x-client-id", F.Quota(100, 100), {
     "slow": F.Quota(2, 3),
     "fast": F.Quota(1000, 1000),
@@ -52,16 +53,22 @@ QUOTAS = F.Quotas("x-client-id", F.Quota(100, 100), {
 def stack(test_repository):
     key = secrets.token_hex(16)
     t_http, t_grpc, t_metrics, p_http, p_grpc, p_metrics = find_free_ports(6)
-    server = TritonServer(test_repository, models=always_on_models(test_repository), http_port=t_http,
+    server = TritonServer(test_repository, models=always_on_models(test_repository, ROUTERS), http_port=t_http,
                           grpc_port=t_grpc, metrics_port=t_metrics, control_key=key)
     server.start()
     ports = F.Ports("127.0.0.1", p_http, p_grpc, p_metrics, t_http, t_grpc, t_metrics)
     limits = F.body_limits(test_repository)
     door = F.FrontDoor(F.render(QUOTAS, limits, ports, workers=1), ports)
+    # a second door admitting two routers, one not named router (deploy/routers.yaml lists them)
+    ports2 = F.Ports("127.0.0.1", *find_free_ports(3), t_http, t_grpc, t_metrics)
+    door2 = F.FrontDoor(F.render(QUOTAS, F.body_limits(test_repository, ROUTERS), ports2, workers=1, routers=ROUTERS), ports2)
     try:
         door.start()
+        door2.start()
+        server.door2 = door2
         yield server, door, limits
     finally:
+        door2.stop()
         door.stop()
         server.stop()
 
@@ -493,3 +500,24 @@ def test_one_client_cannot_push_the_door_past_its_memory_limit(stack):
     assert 0.9 * per_client * limits.grpc < spooled <= per_client * limits.grpc, "the held bodies were not spooled to files"
     assert peak < limit / 2, f"nginx held {peak / 2**20:.1f} MiB, over half the manifests' {limit / 2**20:.0f} MiB"
     assert eventually(lambda: _pss_bytes(door.proc.pid) < limit / 4, True, timeout=10)
+
+
+def test_the_routers_of_the_one_setting_are_admitted_and_nothing_else(stack):
+    """A door rendered for two routers (one not named router) admits both over HTTP and gRPC
+    and still refuses the classifier; the door for router alone refuses router_ab."""
+    server, door, _ = stack
+    door2 = server.door2
+    for name in ROUTERS:
+        status, body = http(door2.ports.http, f"/v2/models/{name}/infer", "POST", infer_body(["great hotel"]))
+        assert status == 200, (name, body)
+        c = grpc_client(door2)
+        try:
+            assert c.is_model_ready(name) and c.infer(name, text_inputs(grpcclient, ["great hotel"])).get_response().outputs
+        finally:
+            c.close()
+    assert http(door2.ports.http, "/v2/models/classifier/ready")[0] == 404
+    status, _, _ = raw_grpc(door2, "ModelReady", b"\x0a\x0aclassifier")
+    assert status == "PERMISSION_DENIED"
+    assert "only the router models router, router_ab" in raw_grpc(door2, "ModelReady", b"\x0a\x0aclassifier")[1]
+    assert http(door.ports.http, "/v2/models/router_ab/ready")[0] == 404
+    assert raw_grpc(door, "ModelReady", b"\x0a\x09router_ab")[0] == "PERMISSION_DENIED"

@@ -748,6 +748,8 @@ FRONTDOOR_BREAKS = [
     ("Deployment", lambda d: _triton_env(d, "NO_PROXY", "10.0.0.0/8"), "NO_PROXY must list 127.0.0.1, localhost"),
     ("ServingRuntime", lambda d: d["spec"]["containers"][0]["env"].pop(), "no_proxy must list"),
     ("ConfigMap", lambda d: d["data"].update({"nginx.conf": d["data"]["nginx.conf"].replace("client_max_body_size", "#")}), "nginx.conf is not"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGet"].update(path="/v2/models/x/ready"),
+     "frontdoor readinessProbe path '/v2/models/x/ready': the first router of deploy/routers.yaml"),
     ("Deployment", lambda d: next(v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "frontdoor-run")["emptyDir"].update(
         sizeLimit="1Gi"), "emptyDir sizeLimit is '1Gi': the bodies it may hold need 1.51 GiB"),
 ]
@@ -780,3 +782,28 @@ def test_the_prod_overlay_is_by_digest_and_refuses_the_placeholder(schema_check)
     assert "not IfNotPresent" in G.check_prod_images({**rendered, "k8s/overlays/prod": always})[0][1]
     dep = find(D.documents(rendered["k8s/overlays/prod"]), "Deployment")
     assert not any(v.startswith("CKV_K8S_43") for v in dep["metadata"]["annotations"].values())  # checkov sees the digest
+
+
+def test_a_router_renamed_in_the_one_setting_is_named_in_every_piece_that_disagrees(schema_check, tmp_path, monkeypatch):
+    """deploy/routers.yaml naming another router: deploy check names the front door's
+    config, LOAD_MODELS in every kustomization, the image's ENV and HEALTHCHECK, and the
+    probes, each still saying router."""
+    from orchestrator.tooling import frontdoor as F
+
+    _, rendered = schema_check
+    repo = tmp_path / "model_repository"
+    shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
+    from orchestrator.tooling.repository import copy_model
+
+    copy_model(repo / "router", repo / "sentiment")
+    monkeypatch.setattr(D, "ROUTERS", ("sentiment",))
+    monkeypatch.setattr(D, "READY_PATH", "/v2/models/sentiment/ready")
+    monkeypatch.setattr(F, "ROUTERS", ("sentiment",))
+    findings = [str(f) for f in D.check_consistency(rendered, repo=repo)]
+    assert any("LOAD_MODELS='router,classifier_fast,classifier', the policy asks for 'sentiment,classifier_fast,classifier'" in f
+               for f in findings), findings
+    assert any("deploy/Dockerfile: HEALTHCHECK does not probe /v2/models/sentiment/ready" in f for f in findings), findings
+    pod = find(D.documents(rendered["k8s/overlays/cpu"]), "Deployment")["spec"]["template"]["spec"]
+    door = F._check_pod(pod)
+    assert any("frontdoor readinessProbe path '/v2/models/router/ready'" in m for m in door), door
+    assert F.render(F.load_quotas(), F.body_limits(repo, ("sentiment",))).count("sentiment") >= 4

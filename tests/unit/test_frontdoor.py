@@ -211,3 +211,26 @@ def test_bad_in_flight_limits_named(data, words):
 def test_a_control_character_in_an_http_path_is_refused():
     http = F.render_default().split("  server {")[1]
     assert 'if ($uri ~ "[\\x00-\\x1f\\x7f]") { return 400; }' in http
+
+
+def test_routers_named_otherwise_are_admitted_by_name():
+    text = F.render(F.load_quotas(), F.Limits(100, 100), routers=("sentiment", "topics.v2"))
+    http, grpc = text.split("  server {")[1:3]
+    for path in ("/v2/models/sentiment/infer", "/v2/models/topics.v2/versions/3/infer", "/v2/models/sentiment/ready"):
+        assert _admitted(http, path), path
+    for path in ("/v2/models/router/infer", "/v2/models/topicsXv2/infer", "/v2/models/sentimentx/infer"):
+        assert not _admitted(http, path), path
+    assert '{["sentiment"] = true, ["topics.v2"] = true}' in grpc
+    assert "only the router models sentiment, topics.v2" in grpc
+
+
+def test_the_routers_setting_is_one_file():
+    from orchestrator.tooling import routers as R
+    from orchestrator.tooling.errors import ConfigError
+
+    assert R.load_routers() == F.ROUTERS == ("router",)
+    assert R.parse_routers({"routers": ["a", "b.c"]}) == ("a", "b.c")
+    for bad, words in [({"routers": []}, "at least one router"), ({"router": ["a"]}, "expected {routers"),
+                       ({"routers": ["a b"]}, "is not a model name"), ({"routers": ["a", "a"]}, "listed twice")]:
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            R.parse_routers(bad)

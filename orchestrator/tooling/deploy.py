@@ -70,9 +70,9 @@ from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod  # noqa: F401 (servingruntime_as_pod: its home before)
 from orchestrator.tooling.paths import PROJECT_ROOT
-from orchestrator.tooling.routers import load_routers
 from orchestrator.tooling.prod_overlay import check_prod_images
 from orchestrator.tooling.repository import get_parameter, read_config
+from orchestrator.tooling.routers import load_routers
 
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"

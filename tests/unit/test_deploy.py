@@ -807,3 +807,25 @@ def test_a_router_renamed_in_the_one_setting_is_named_in_every_piece_that_disagr
     door = F._check_pod(pod)
     assert any("frontdoor readinessProbe path '/v2/models/router/ready'" in m for m in door), door
     assert F.render(F.load_quotas(), F.body_limits(repo, ("sentiment",))).count("sentiment") >= 4
+
+
+def test_the_kubernetes_steps_name_every_image_and_custom_resource_the_manifests_use(schema_check):
+    """Following docs/guides/kubernetes.md alone must not end in an image-pull error or a
+    'no matches for kind': it names every image the rendered overlays run (by name) and every
+    kind that needs a CRD or an operator (apiVersion outside Kubernetes' built-in groups)."""
+    _, rendered = schema_check
+    text = (ROOT / "docs" / "guides" / "kubernetes.md").read_text()
+    guide = text[text.index("## Step by step"):text.index("## The image")]  # the steps and KServe's
+    builtin = ("v1", "apps/v1", "autoscaling/v2", "policy/v1", "networking.k8s.io/v1", "rbac.authorization.k8s.io/v1", "batch/v1")
+    images, kinds = set(), set()
+    for rel in D.KUSTOMIZATIONS:
+        for doc in D.documents(rendered[rel]):
+            if doc.get("apiVersion") not in builtin:
+                kinds.add(doc["kind"])
+            spec = doc.get("spec") or {}
+            pod = ((spec.get("template") or {}).get("spec") or {}) if doc["kind"] == "Deployment" else spec
+            for c in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+                images.add(c["image"].rsplit("/", 1)[-1].split("@")[0].split(":")[0])
+    assert images >= {"orchestrator-triton", "orchestrator-frontdoor"}, images
+    assert not [i for i in sorted(images) if i not in guide], f"images the guide never names: {images}"
+    assert not [k for k in sorted(kinds) if f"`{k}`" not in guide], f"kinds the guide never names: {sorted(kinds)}"

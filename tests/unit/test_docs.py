@@ -191,3 +191,27 @@ def test_the_readme_policy_example_parses():
     assert blocks, "README.md: the policy example of 'Route your own model' is missing"
     for block in blocks:
         parse_policy(yaml.safe_load(block))
+
+
+def test_one_compatibility_table_and_every_recipe_agrees_with_it():
+    """docs/reference/compatibility.md states the image's NGC release (the Dockerfile's FROM),
+    the CVE gate's minimum (deploy/triton-cves.yaml) and the release the tests run (the
+    embedded server's); every container recipe in the README and the guides uses the image's
+    release."""
+    import re
+
+    from orchestrator.tooling import cves
+    from orchestrator.tooling.env.stubs import EMBEDDED_TRITON_RELEASE
+
+    image = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3@", (ROOT / "deploy" / "Dockerfile").read_text(), re.M).group(1)
+    gate = "%d.%02d" % cves.minimum_release(cves.load_cves())
+    table = (ROOT / "docs" / "reference" / "compatibility.md").read_text().split("## Releases")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| the container image"))
+    assert f"NGC {image}" in row and f"{gate} or later" in row, row
+    tested = EMBEDDED_TRITON_RELEASE.lstrip("r")
+    assert any(line.startswith("| the tests") and f"({tested})" in line for line in table.splitlines())
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        if "results" in page.relative_to(ROOT).parts:
+            continue
+        for used in re.findall(r"tritonserver:(\d\d\.\d\d)-py3", page.read_text()):
+            assert used == image, f"{page.relative_to(ROOT)} runs tritonserver:{used}-py3, the image is {image}"

@@ -19,7 +19,10 @@ from tokenizers import Tokenizer
 
 
 class TritonPythonModel:
+    """The floor model (see the module docstring)."""
+
     def initialize(self, args):
+        """Read the tokenizer and the classifier's head from the repository beside this model."""
         repo = Path(args["model_repository"]).parent
         head = json.loads((repo / "classifier" / "head.json").read_text())
         self.temperature = float((head.get("calibration") or {}).get("temperature", 1.0))
@@ -29,6 +32,7 @@ class TritonPythonModel:
         self.cpu = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0)
 
     def execute(self, requests):
+        """Every text of every request in one BLS call; one response per request, in order."""
         texts, thresholds, sizes = [], [], []
         for request in requests:
             text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy().reshape(-1)

@@ -173,11 +173,12 @@ def rename_steps(config: ModelConfig, models: Mapping[str, str]) -> int:
     return changed
 
 
-def copy_model(source: PathLike, dest: PathLike, header: Optional[Iterable[str]] = None) -> List[Path]:
-    """Copy the model directory ``source`` to ``dest`` (without ``__pycache__``) and name the
-    copy ``dest``'s directory name in every configuration file that sets a ``name`` (Triton
-    requires the name to equal the directory's). Each rewritten file starts with ``header``
-    (default: one line saying what it was copied from). Returns the configuration files.
+def copy_model(source: PathLike, dest: PathLike, header: Optional[Iterable[str]] = None, ignore: Iterable[str] = ()) -> List[Path]:
+    """Copy the model directory ``source`` to ``dest`` (without ``__pycache__`` and the glob
+    patterns ``ignore``) and name the copy ``dest``'s directory name in every configuration
+    file that sets a ``name`` (Triton requires the name to equal the directory's). Each
+    rewritten file starts with ``header`` (default: one line saying what it was copied
+    from). Returns the configuration files.
 
     Raises:
         ConfigError: a configuration file of ``source`` is invalid.
@@ -185,7 +186,7 @@ def copy_model(source: PathLike, dest: PathLike, header: Optional[Iterable[str]]
     """
     source, dest = Path(source), Path(dest)
     configs = {path.relative_to(source): read_config(path) for path in model_config_paths(source)}
-    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", *ignore))
     written = []
     for rel, config in configs.items():
         if config.name:

@@ -439,23 +439,19 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
                 seen += 1
                 if value != expected:
                     findings.append(Finding("consistency", rel, f"{doc['kind']} LOAD_MODELS={value!r}, the policy asks for {expected!r}"))
-    m = re.search(r"LOAD_MODELS=(\S+)", (deploy_dir / "Dockerfile").read_text())
-    if not m or m.group(1) != expected:
-        findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV LOAD_MODELS={m.group(1) if m else None!r}, the policy asks for {expected!r}"))
     if not seen:
         findings.append(Finding("consistency", "deploy", "no manifest sets LOAD_MODELS"))
-    health = [w for w in _instructions(deploy_dir / "Dockerfile") if w[0] == "HEALTHCHECK"]
-    if not health or READY_PATH not in " ".join(health[0]):
-        findings.append(Finding("consistency", "deploy/Dockerfile", f"HEALTHCHECK does not probe {READY_PATH} (the first router of "
-                                "deploy/routers.yaml)"))
+    if not any(w[0] == "HEALTHCHECK" and READY_PATH in " ".join(w) for w in _instructions(deploy_dir / "Dockerfile")):
+        findings.append(Finding("consistency", "deploy/Dockerfile", f"HEALTHCHECK does not probe {READY_PATH} (deploy/routers.yaml)"))
     size = str(http_max_input_size(repo, ROUTERS))
     for rel, text in rendered.items():
         for doc in documents(text):
             if _workloads(doc) is not None and _env_values(doc, "HTTP_MAX_INPUT_SIZE") != [size]:
                 findings.append(Finding("consistency", rel, f"{doc['kind']} HTTP_MAX_INPUT_SIZE={_env_values(doc, 'HTTP_MAX_INPUT_SIZE')}, the policy asks for {size} (2 x limits.max_request_bytes + 64 KiB)"))
-    m = re.search(r"HTTP_MAX_INPUT_SIZE=(\S+)", (deploy_dir / "Dockerfile").read_text())
-    if not m or m.group(1) != size:
-        findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV HTTP_MAX_INPUT_SIZE={m.group(1) if m else None!r}, the policy asks for {size}"))
+    for name, want in (("LOAD_MODELS", expected), ("HTTP_MAX_INPUT_SIZE", size)):
+        m = re.search(rf"{name}=(\S+)", (deploy_dir / "Dockerfile").read_text())
+        if not m or m.group(1) != want:
+            findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV {name}={m.group(1) if m else None!r}, the policy asks for {want!r}"))
     hpa = [d for d in documents((deploy_dir / "k8s" / "base" / "hpa.yaml").read_text())][0]
     wanted = {m["pods"]["metric"]["name"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"}
     rules = yaml.safe_load((deploy_dir / "prometheus-adapter" / "values.yaml").read_text())["rules"]["custom"]
@@ -552,10 +548,9 @@ def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one
     for name, e in env.items():
         if "KEY" in (name or "").upper() and name != "TRITON_ADMIN_KEY_FILE" and "value" in e:
             bad(f"env {name} holds a literal value: keys come from a Secret")
-    if _probe_path(container, "readinessProbe") != READY_PATH:
-        bad(f"readinessProbe must be {READY_PATH} (the router's own readiness), not {_probe_path(container, 'readinessProbe')}")
-    if _probe_path(container, "startupProbe") != READY_PATH:
-        bad(f"startupProbe must be {READY_PATH}, not {_probe_path(container, 'startupProbe')}")
+    for probe in ("readinessProbe", "startupProbe"):
+        if _probe_path(container, probe) != READY_PATH:
+            bad(f"{probe} must be {READY_PATH} (the router's own readiness), not {_probe_path(container, probe)}")
     live = container.get("livenessProbe") or {}
     if _probe_path(container, "livenessProbe") != READY_PATH or live.get("periodSeconds", 10) * live.get("failureThreshold", 3) < LIVENESS_MIN_S:
         bad(f"livenessProbe must be {READY_PATH} for at least {LIVENESS_MIN_S} s (periodSeconds x failureThreshold), not {_probe_path(container, 'livenessProbe')}")

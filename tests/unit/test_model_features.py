@@ -102,7 +102,7 @@ def versioned_repository(tmp_path, policy_line):
     repo.mkdir()
     shutil.copytree(REPO / "classifier", repo / "classifier", ignore=shutil.ignore_patterns("*.onnx"))
     shutil.copytree(REPO / "tokenizer", repo / "tokenizer", ignore=shutil.ignore_patterns("__pycache__"))
-    (repo / "classifier" / "2").mkdir()
+    shutil.copytree(repo / "classifier" / "1", repo / "classifier" / "2")  # a second version, model.py and all
     for path in configs("classifier"):
         target = repo / "classifier" / path.relative_to(REPO / "classifier")
         target.write_text(path.read_text() + policy_line)
@@ -144,6 +144,7 @@ def test_policy_check_finds_the_repository_of_a_policy_beside_a_model(tmp_path, 
     (repo / "router").mkdir()
     shutil.copy(REPO / "router" / "config.pbtxt", repo / "router" / "config.pbtxt")
     shutil.copy(REPO / "router" / "labels.txt", repo / "router" / "labels.txt")
+    shutil.copytree(REPO / "router" / "1", repo / "router" / "1", ignore=shutil.ignore_patterns("__pycache__"))
     path = repo / "router" / "policy.yaml"
     path.write_text(yaml.safe_dump(pinned(2)))
     assert main(["policy", "check", str(path)]) == 0

@@ -24,9 +24,81 @@ BIN = Head(BINARY, ("positive",))
 def test_targets_parse_and_bad_ones_are_named():
     assert T.parse_target("accuracy>=last") == T.Target("accuracy", None)
     assert T.parse_target(" agreement >= 0.99 ") == T.Target("agreement", 0.99)
-    for bad in ("accuracy>last", "agreement>=last", "accuracy>=1.5", "speed>=1"):
+    assert T.parse_target("noninferior:0.5") == T.Target("noninferior", 0.5)
+    assert str(T.parse_target(" noninferior : 1 ")) == "noninferior:1"
+    for bad in ("accuracy>last", "agreement>=last", "accuracy>=1.5", "speed>=1", "noninferior:101", "noninferior", "noninferior:-1"):
         with pytest.raises(T.TuneError, match="--target"):
             T.parse_target(bad)
+
+
+def _known_noninferiority_case(n=2000, seed=3):
+    """Binary stage answers where the margin sets what the cascade loses, by construction:
+    the first stage sure (0.05 or 0.95) on the texts it gets right; unsure by 0.05 (p 0.45 or
+    0.55, the wrong side) on 60 texts the last stage gets right, and by 0.15 (p 0.35 or 0.65,
+    the wrong side) on another 60; the last stage right on every text."""
+    rng = np.random.RandomState(seed)
+    labels = rng.randint(0, 2, n)
+    sign = np.where(labels == 1, 1.0, -1.0)
+    first = 0.5 + 0.45 * sign
+    near, far = np.arange(60), np.arange(60, 120)
+    first[near] = 0.5 - 0.05 * sign[near]
+    first[far] = 0.5 - 0.15 * sign[far]
+    last = 0.5 + 0.3 * sign
+    return [first.reshape(-1, 1), last.reshape(-1, 1)], labels
+
+
+def test_noninferior_keeps_the_fewest_escalations_whose_lower_bound_is_above_minus_the_margin():
+    stages, labels = _known_noninferiority_case()
+    pts = T.cascade_curve(BIN, stages, labels, [0.0, 0.06, 0.16, 0.5])
+    T.noninferiority(BIN, stages, labels, pts)
+    by = {p["margin"]: p for p in pts}
+    # margin 0: 120 of 2000 wrong (-6 points); 0.06: the 60 far ones wrong (-3 points); 0.16: none
+    assert by[0.0]["difference"] == pytest.approx(-0.06) and by[0.06]["difference"] == pytest.approx(-0.03)
+    assert by[0.16]["difference"] == 0.0 and by[0.16]["difference_low"] == 0.0  # no text differs: exact
+    assert by[0.06]["difference_low"] < -0.03 < by[0.06]["difference"] + 1e-12  # the bound sits below the difference
+    # every changed text goes one way, so the bound stays near the difference (within a point here)
+    assert by[0.06]["difference_low"] > -0.04
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.16
+    assert T.choose(pts, T.parse_target("noninferior:4"), 1.0, "escalation_rate")["margin"] == 0.06
+    assert T.choose(pts, T.parse_target("noninferior:8"), 1.0, "escalation_rate")["margin"] == 0.0
+    again = T.cascade_curve(BIN, stages, labels, [0.06])
+    T.noninferiority(BIN, stages, labels, again)
+    assert again[0]["difference_low"] == by[0.06]["difference_low"]  # seeded: the same bound every run
+
+
+def test_noninferior_works_for_multiclass_and_multilabel_heads():
+    stages, labels = _known_noninferiority_case(n=1000)
+    p1 = stages[0].reshape(-1)
+    # multiclass: a third label never chosen; the top-two gap is twice the binary distance (0.1 and 0.3)
+    mc = Head(MULTICLASS, ("neg", "pos", "other"))
+    mstages = [np.stack([1 - s.reshape(-1), s.reshape(-1), np.zeros(len(s))], axis=1) for s in stages]
+    pts = T.cascade_curve(mc, mstages, labels, [0.0, 0.2, 0.4])
+    T.noninferiority(mc, mstages, labels, pts)
+    assert [round(p["difference"], 4) for p in pts] == [-0.12, -0.06, 0.0]
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.4
+    # multilabel: the same verdicts on one label, a second label always sure and right
+    ml = Head(MULTILABEL, ("pos", "other"))
+    other = np.full(len(p1), 0.9)
+    lstages = [np.stack([s.reshape(-1), other], axis=1) for s in stages]
+    mlabels = np.stack([labels.astype(bool), np.ones(len(labels), dtype=bool)], axis=1)
+    pts = T.cascade_curve(ml, lstages, mlabels, [0.0, 0.06, 0.16])
+    T.noninferiority(ml, lstages, mlabels, pts)
+    assert [round(p["difference"], 4) for p in pts] == [-0.12, -0.06, 0.0]
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.16
+
+
+def test_a_one_sided_bound_is_the_lower_end_of_a_wider_two_sided_interval():
+    rng = np.random.RandomState(1)
+    last = rng.rand(1936) < 0.79
+    mixed = last.copy()
+    mixed[np.flatnonzero(last)[:60]] = False
+    mixed[np.flatnonzero(~last)[:50]] = True
+    two = T.paired_difference(mixed, last)
+    one = T.paired_difference(mixed, last, alternative="greater")
+    assert one["high"] is None and one["difference"] == two["difference"]
+    assert two["low"] < one["low"] < one["difference"]  # 95% one-sided: the 5% tail, not the 2.5% one
+    with pytest.raises(ValueError, match="alternative"):
+        T.paired_difference(mixed, last, alternative="less")
 
 
 def test_cascade_curve_escalates_unsure_texts_and_counts_the_rate():

@@ -22,7 +22,9 @@ What it does (docs/guides/tune.md):
    ``unsure`` is the runtime's ``heads.Head.unsure`` (binary ``|p - t| < margin``;
    multiclass top-two gap; multilabel any label); keeps the cheapest margin meeting
    ``--target``: ``accuracy>=last`` (at least the last stage's own accuracy),
-   ``accuracy>=0.8``, ``agreement>=0.99`` (that share of the last stage's verdicts);
+   ``accuracy>=0.8``, ``agreement>=0.99`` (that share of the last stage's verdicts),
+   ``noninferior:0.5`` (the one-sided 95% lower bound of accuracy minus the last stage's,
+   a paired bootstrap over the tuning texts, above -0.5 percentage points: :func:`noninferiority`);
 5. writes the curves (``curves.json``, ``cascade_<name>.png``, ``chunk_<name>.png``), the
    tuned policy (``policy.yaml``: the margins replaced in the text, comments kept, each
    with a comment saying where it came from, checked with the policy parser and the
@@ -31,7 +33,10 @@ What it does (docs/guides/tune.md):
 6. with ``--report-data`` (e.g. ``split:test``): the same measures at the chosen point on
    other texts (never the tuning texts), next to the last stage alone, the ensemble's
    answer (the last stage reading the first ``max_sequence_length`` tokens) and the router
-   reading every window.
+   reading every window;
+7. with ``--url``: each stage model's throughput measured on that server and every point's
+   predicted, the chosen point run through the router where it serves that margin
+   (:mod:`orchestrator.tooling.tune_throughput`).
 
 Errors: :class:`TuneError` (message names the input); ``ParityError``/``OSError`` for data.
 """
@@ -657,8 +662,14 @@ def _tune_margin(head: Head, cascade: CascadeNode, stages: Sequence[Stage], answ
 
 def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str = "accuracy>=last",
          chunk_target: str = "accuracy>=last", report_data: Optional[str] = None, out: Optional[Path] = None,
-         write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS) -> Dict[str, Any]:
-    """The command (module docstring); returns ``tune.json``'s document."""
+         write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS, url: Optional[str] = None,
+         concurrency: Optional[int] = None, duration_s: Optional[float] = None,
+         router_model: Optional[str] = None) -> Dict[str, Any]:
+    """The command (module docstring); returns ``curves.json``'s document. ``url``
+    (``grpc://HOST:PORT`` or ``http://HOST:PORT``): each point's throughput predicted on that
+    server (:mod:`orchestrator.tooling.tune_throughput`, ``concurrency`` clients,
+    ``duration_s`` seconds per model; ``router_model`` default: the policy file's directory
+    name) under ``"throughput"``."""
     from orchestrator.tooling.modeling.parity.calibration import load_data
     from orchestrator.tooling.policy_cli import _repository_for, bind_repository
 
@@ -721,6 +732,15 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
     if report_data:
         result["report"] = report(head, plan, tuned_chunks, {c["name"]: c["chosen"]["margin"] for c in result["cascades"]},
                                   models, load_data(report_data, head), report_data, policy.max_sequence_length, threshold, long_n)
+    if url:
+        from orchestrator.tooling import tune_throughput as TT
+
+        result["throughput"] = TT.throughput_report(
+            url, head, result, plan, stage_answers_of, models, router_model or policy_path.resolve().parent.name,
+            policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S)
+        for c in result["throughput"]["cascades"]:
+            TT.plot_throughput(out / f"throughput_{c['name']}.png", c, f"cascade {c['name']} on {url}: accuracy on {data} "
+                               f"against predicted throughput (concurrency {result['throughput']['concurrency']})")
     (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "tune.md").write_text(render(result))
     result["out"] = str(out)
@@ -812,6 +832,10 @@ def render(r: Mapping[str, Any]) -> str:
                          f"{s['router_every_window']['windows_per_text']:.2f} | {_pct(s['last_stage_alone'])} | "
                          f"{_points(s.get('router_minus_last_stage'))} | "
                          f"{_signed(s.get('router_minus_last_stage_low_one_sided'))} | {_pct(s['ensemble'])} |")
+    if r.get("throughput"):
+        from orchestrator.tooling.tune_throughput import render_throughput
+
+        L += render_throughput(r["throughput"])
     return "\n".join(L) + "\n"
 
 
@@ -831,13 +855,21 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--write", action="store_true", help="edit the policy file itself (default: write OUT/policy.yaml)")
     parser.add_argument("--threshold", type=float, default=0.5, help="decision threshold of every text (default 0.5)")
     parser.add_argument("--long-texts", type=int, default=LONG_TEXTS, help="long texts of each kind (default %(default)s)")
+    parser.add_argument("--url", default=None,
+                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
+                             "and predict every point's; run the chosen point there if its router serves that margin")
+    parser.add_argument("--concurrency", type=int, default=16, help="--url: closed-loop clients (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=5.0, help="--url: timed seconds per model (default %(default)s)")
+    parser.add_argument("--router-model", default=None,
+                        help="--url: the router serving the policy (default: the policy file's directory name)")
     return parser
 
 
 def tune_command(args: argparse.Namespace) -> int:
     try:
         r = tune(args.policy, args.data, args.repo, args.target, args.chunk_target, args.report_data, args.out,
-                 args.write, args.threshold, args.long_texts)
+                 args.write, args.threshold, args.long_texts, getattr(args, "url", None), getattr(args, "concurrency", None),
+                 getattr(args, "duration", None), getattr(args, "router_model", None))
     except (ToolingError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -316,3 +316,60 @@ def test_the_paired_difference_says_whether_a_gap_is_more_than_the_noise():
     worse = last.copy()
     worse[np.flatnonzero(last)[:100]] = False
     assert paired_difference(worse, last)["high"] < 0.0  # 100 texts worse: clearly below
+
+
+def test_throughput_urls_formula_and_the_closed_loop():
+    from orchestrator.tooling import tune_throughput as TT
+
+    assert TT.parse_url("grpc://127.0.0.1:8001") == ("grpc", "127.0.0.1:8001")
+    assert TT.parse_url("localhost:8000") == ("http", "localhost:8000")
+    for bad in ("ftp://h:1", "grpc://host", "http://h:port"):
+        with pytest.raises(T.TuneError, match="--url"):
+            TT.parse_url(bad)
+    # 1 / (c_fast + e * c_accurate): 2 ms and 8 ms a text, a quarter escalated -> 250 texts/s
+    assert TT.predicted([1.0, 0.25], [0.002, 0.008]) == pytest.approx(250.0)
+    seen = []
+
+    class Client:
+        def close(self):
+            seen.append("closed")
+
+    def send(client, k):
+        if k == 5:
+            raise RuntimeError("refused")
+        seen.append(k)
+
+    r = TT.closed_loop(Client, send, concurrency=3, duration_s=0.05)
+    assert r["requests"] > 0 and r["errors"] == 1 and r["first_error"] == "RuntimeError: refused"
+    assert r["throughput"] == r["requests"] / 0.05 and seen.count("closed") == 3
+
+
+def test_noninferior_on_a_byom_distilbert_to_bert_cascade(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("scipy")
+    from orchestrator.tooling.modeling.export import export_checkpoint
+    from tests.byom import build_checkpoint
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    labels = ("NEGATIVE", "POSITIVE")
+    for name, arch, seed in (("fast", "distilbert", 0), ("accurate", "bert", 1)):
+        ckpt = build_checkpoint(f"{arch}2", tmp_path / f"ckpt_{name}", seed=seed, spec=(arch, labels, "single_label_classification"))
+        export_checkpoint(str(ckpt), repo, name, quiet=True, tensorrt=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nmax_sequence_length: 48\nroot:\n  kind: cascade\n  name: cas\n  margin: 0.1\n  stages:\n"
+                      "    - {kind: model, name: m_fast, model: fast}\n    - {kind: model, name: m_accurate, model: accurate}\n")
+    result = T.tune(policy, str(_labeled(tmp_path / "val.tsv", 400, 0)), repo=repo, target="noninferior:0.5",
+                    report_data=str(_labeled(tmp_path / "test.tsv", 300, 1)), out=tmp_path / "out", write=True, long_n=5)
+    (c,) = result["cascades"]
+    ni, chosen = c["noninferiority"], c["chosen"]
+    assert ni == {"margin_points": 0.5, "confidence": 0.95, "one_sided": True, "resamples": T.RESAMPLES, "seed": 0,
+                  "method": "paired bootstrap over the tuning texts (scipy.stats.bootstrap, BCa)"}
+    assert chosen["difference_low"] > -0.005 and chosen["difference_low"] <= chosen["difference"] + 1e-12
+    assert chosen["difference"] == pytest.approx(chosen["accuracy"] - c["last_stage_accuracy"])
+    cheaper = [p for p in c["points"] if p["escalation_rate"] < chosen["escalation_rate"]]
+    assert all(p["difference_low"] <= -0.005 for p in cheaper)  # the fewest escalations meeting it
+    assert "one-sided 95% lower bound" in policy.read_text() and "noninferior:0.5" in policy.read_text()
+    short = result["report"]["cascades"][0]["sets"]["short"]
+    assert short["router_minus_last_stage_low_one_sided"] >= short["router_minus_last_stage"]["low"]
+    assert "one-sided 95% lower bound" in (tmp_path / "out" / "tune.md").read_text()

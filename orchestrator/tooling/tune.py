@@ -22,7 +22,9 @@ What it does (docs/guides/tune.md):
    ``unsure`` is the runtime's ``heads.Head.unsure`` (binary ``|p - t| < margin``;
    multiclass top-two gap; multilabel any label); keeps the cheapest margin meeting
    ``--target``: ``accuracy>=last`` (at least the last stage's own accuracy),
-   ``accuracy>=0.8``, ``agreement>=0.99`` (that share of the last stage's verdicts);
+   ``accuracy>=0.8``, ``agreement>=0.99`` (that share of the last stage's verdicts),
+   ``noninferior:0.5`` (the one-sided 95% lower bound of accuracy minus the last stage's,
+   a paired bootstrap over the tuning texts, above -0.5 percentage points: :func:`noninferiority`);
 5. writes the curves (``curves.json``, ``cascade_<name>.png``, ``chunk_<name>.png``), the
    tuned policy (``policy.yaml``: the margins replaced in the text, comments kept, each
    with a comment saying where it came from, checked with the policy parser and the
@@ -31,7 +33,10 @@ What it does (docs/guides/tune.md):
 6. with ``--report-data`` (e.g. ``split:test``): the same measures at the chosen point on
    other texts (never the tuning texts), next to the last stage alone, the ensemble's
    answer (the last stage reading the first ``max_sequence_length`` tokens) and the router
-   reading every window.
+   reading every window;
+7. with ``--url``: each stage model's throughput measured on that server and every point's
+   predicted, the chosen point run through the router where it serves that margin
+   (:mod:`orchestrator.tooling.tune_throughput`).
 
 Errors: :class:`TuneError` (message names the input); ``ParityError``/``OSError`` for data.
 """
@@ -65,6 +70,8 @@ MARGINS = tuple(float(x) for x in np.round(np.arange(0.0, 0.5 + 1e-9, 0.005), 3)
 #: Chunk ``stop_margin`` values swept; None: no stop_margin.
 STOP_MARGINS: Tuple[Optional[float], ...] = (None,) + tuple(float(x) for x in np.round(np.arange(0.05, 0.5 + 1e-9, 0.025), 3))
 BATCH = 64
+#: Bootstrap draws of every paired interval.
+RESAMPLES = 2000
 LONG_TEXTS = 120  # of each kind
 
 
@@ -79,28 +86,43 @@ class TuneError(ToolingError):
 class Target:
     """``measure>=value``: ``measure`` accuracy or agreement; ``value`` a share in [0, 1], or
     None for ``last`` (the reference's own accuracy: the last stage alone, or reading every
-    window)."""
+    window). ``noninferior:value``: ``value`` a margin in percentage points; a point meets it
+    when its ``difference_low`` (the one-sided 95% lower bound of its accuracy minus the last
+    stage's, a share: :func:`noninferiority`) is above ``-value / 100``."""
 
     measure: str
     value: Optional[float]
 
     def met(self, point: Mapping[str, float], reference_accuracy: float) -> bool:
+        """Raises KeyError: a noninferior target on a point without ``difference_low``."""
+        if self.measure == "noninferior":
+            return point["difference_low"] > -self.value / 100.0  # type: ignore[operator]
         want = reference_accuracy if self.value is None else self.value
         return point[self.measure] >= want - 1e-12
 
     def __str__(self) -> str:
+        if self.measure == "noninferior":
+            return f"noninferior:{self.value:g}"
         return f"{self.measure}>={'last' if self.value is None else f'{self.value:g}'}"
 
 
 def parse_target(text: str) -> Target:
-    """``accuracy>=last``, ``accuracy>=0.8``, ``agreement>=0.99``.
+    """``accuracy>=last``, ``accuracy>=0.8``, ``agreement>=0.99``, ``noninferior:0.5`` (a
+    margin in percentage points, 0 to 100).
 
     Raises:
         TuneError: another form.
     """
+    m = re.fullmatch(r"\s*noninferior\s*:\s*([0-9]*\.?[0-9]+)\s*", text)
+    if m:
+        value = float(m.group(1))
+        if not 0.0 <= value <= 100.0:
+            raise TuneError(f"--target {text!r}: {value} is not a margin in percentage points (0 to 100)")
+        return Target("noninferior", value)
     m = re.fullmatch(r"\s*(accuracy|agreement)\s*>=\s*(last|[0-9]*\.?[0-9]+)\s*", text)
     if not m or (m.group(1) == "agreement" and m.group(2) == "last"):
-        raise TuneError(f"--target {text!r}: expected accuracy>=last, accuracy>=X or agreement>=X (X a share in [0, 1])")
+        raise TuneError(f"--target {text!r}: expected accuracy>=last, accuracy>=X, agreement>=X (X a share in [0, 1]) "
+                        "or noninferior:P (P a margin in percentage points)")
     value = None if m.group(2) == "last" else float(m.group(2))
     if value is not None and not 0.0 <= value <= 1.0:
         raise TuneError(f"--target {text!r}: {value} is not a share in [0, 1]")
@@ -500,21 +522,52 @@ def _measure(models: Models, stages: Sequence[Stage], texts: List[str], labels: 
     return m
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = 2000, seed: int = 0) -> Dict[str, float]:
+def paired_difference(a: np.ndarray, b: np.ndarray, resamples: int = RESAMPLES, seed: int = 0,
+                      alternative: str = "two-sided") -> Dict[str, Any]:
     """Accuracy of answers ``a`` minus that of ``b`` (bool [N] each: right or not, the same
     texts) and its 95% confidence interval: a paired bootstrap over the texts
-    (``scipy.stats.bootstrap``, BCa, ``resamples`` draws, fixed ``seed``). Returns
-    ``{"difference", "low", "high"}`` (shares, -1 to 1)."""
+    (``scipy.stats.bootstrap``, BCa, ``resamples`` draws, fixed ``seed``; percentile where
+    BCa is undefined). Returns ``{"difference", "low", "high"}`` (shares, -1 to 1);
+    ``alternative="greater"``: ``high`` is None and ``low`` the one-sided 95% lower bound.
+
+    Raises:
+        ValueError: another ``alternative``, or ``a`` and ``b`` of different lengths.
+    """
     from scipy import stats
 
+    if alternative not in ("two-sided", "greater"):
+        raise ValueError(f"alternative must be 'two-sided' or 'greater', got {alternative!r}")
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape:
+        raise ValueError(f"paired answers of different shapes: {x.shape} and {y.shape}")
     diff = float(x.mean() - y.mean())
+    high: Optional[float] = diff if alternative == "two-sided" else None
     if len(x) < 2 or np.array_equal(x, y):  # nothing to resample: no text differs
-        return {"difference": diff, "low": diff, "high": diff}
-    res = stats.bootstrap((x, y), lambda u, v, axis=-1: u.mean(axis=axis) - v.mean(axis=axis), paired=True,
-                          vectorized=True, n_resamples=resamples, confidence_level=0.95,
-                          random_state=np.random.RandomState(seed))
-    return {"difference": diff, "low": float(res.confidence_interval.low), "high": float(res.confidence_interval.high)}
+        return {"difference": diff, "low": diff, "high": high}
+    for method in ("BCa", "percentile"):
+        res = stats.bootstrap((x, y), lambda u, v, axis=-1: u.mean(axis=axis) - v.mean(axis=axis), paired=True,
+                              vectorized=True, n_resamples=resamples, confidence_level=0.95, method=method,
+                              alternative=alternative, random_state=np.random.RandomState(seed))
+        if np.isfinite(res.confidence_interval.low):
+            break
+    ci = res.confidence_interval
+    return {"difference": diff, "low": float(ci.low), "high": float(ci.high) if alternative == "two-sided" else None}
+
+
+def noninferiority(head: Head, stages: Sequence[np.ndarray], labels: np.ndarray, points: Sequence[Dict[str, Any]],
+                   threshold: float = 0.5, resamples: int = RESAMPLES, seed: int = 0) -> None:
+    """Adds to each cascade point (:func:`cascade_curve`, the same ``stages`` and ``labels``)
+    ``difference`` (its accuracy minus the last stage's, a share) and ``difference_low``: that
+    difference's one-sided 95% lower bound, a paired bootstrap over the texts
+    (:func:`paired_difference`, ``alternative="greater"``, ``resamples`` draws, ``seed``)."""
+    last = correct(head, stages[-1], labels, threshold)
+    seen: Dict[bytes, Dict[str, Any]] = {}
+    for p in points:
+        right = correct(head, cascade_answers(head, stages, p["margin"], threshold)[0], labels, threshold)
+        key = np.packbits(right).tobytes()
+        if key not in seen:  # neighbouring margins often answer every text alike
+            seen[key] = paired_difference(right, last, resamples, seed, alternative="greater")
+        p["difference"], p["difference_low"] = seen[key]["difference"], seen[key]["low"]
 
 
 def evaluate(head: Head, stages: Sequence[Stage], m: Measured, margin: float, chunks: Mapping[str, Optional[ChunkNode]],
@@ -574,15 +627,56 @@ def _tune_chunks(head: Head, stages: Sequence[Stage], models: Models, tuning: An
     return chunked
 
 
+def _tune_margin(head: Head, cascade: CascadeNode, stages: Sequence[Stage], answers: Sequence[np.ndarray], labels: np.ndarray,
+                 goal: Target, data: str, out: Path, threshold: float) -> Tuple[Dict[str, Any], str]:
+    """Sweep one cascade's ``margin`` over stage answers ``answers`` (float64 [N, columns]
+    each): its ``curves.json`` entry (the chosen point under ``"chosen"``) and the policy
+    comment's figures; the plot ``cascade_<name>.png`` under ``out``.
+
+    Raises:
+        TuneError: no margin meets ``goal``.
+    """
+    pts = cascade_curve(head, answers, labels, MARGINS, threshold)
+    last_acc = float(correct(head, answers[-1], labels, threshold).mean())
+    if goal.measure == "noninferior":
+        noninferiority(head, answers, labels, pts, threshold)
+    best = choose(pts, goal, last_acc, "escalation_rate")
+    if best is None:
+        raise TuneError(f"cascade '{cascade.name}': no margin up to {MARGINS[-1]} meets {goal} on {data} "
+                        f"(last stage alone: accuracy {last_acc:.4f}); choose another --target")
+    plot_curve(out / f"cascade_{cascade.name}.png", pts, "escalation_rate", "escalation rate (texts sent past the first stage)",
+               f"cascade {cascade.name} on {len(labels)} texts of {data}: margin sweep", best,
+               {"last stage alone": last_acc, "first stage alone": float(correct(head, answers[0], labels, threshold).mean())})
+    entry: Dict[str, Any] = {"name": cascade.name, "stages": [s.model.model for s in stages], "was": cascade.margin,
+                             "last_stage_accuracy": last_acc, "points": pts, "chosen": best}
+    note = (f"escalates {100 * best['escalation_rate']:.1f}%, accuracy {100 * best['accuracy']:.2f}% "
+            f"(last stage alone {100 * last_acc:.2f}%)")
+    if goal.measure == "noninferior":
+        entry["noninferiority"] = {"margin_points": goal.value, "confidence": 0.95, "one_sided": True,
+                                   "method": "paired bootstrap over the tuning texts (scipy.stats.bootstrap, BCa)",
+                                   "resamples": RESAMPLES, "seed": 0}
+        note += (f", minus last stage {100 * best['difference']:+.2f} points (one-sided 95% lower bound "
+                 f"{100 * best['difference_low']:+.2f})")
+    return entry, note
+
+
 def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str = "accuracy>=last",
          chunk_target: str = "accuracy>=last", report_data: Optional[str] = None, out: Optional[Path] = None,
-         write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS) -> Dict[str, Any]:
-    """The command (module docstring); returns ``tune.json``'s document."""
+         write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS, url: Optional[str] = None,
+         concurrency: Optional[int] = None, duration_s: Optional[float] = None,
+         router_model: Optional[str] = None) -> Dict[str, Any]:
+    """The command (module docstring); returns ``curves.json``'s document. ``url``
+    (``grpc://HOST:PORT`` or ``http://HOST:PORT``): each point's throughput predicted on that
+    server (:mod:`orchestrator.tooling.tune_throughput`, ``concurrency`` clients,
+    ``duration_s`` seconds per model; ``router_model`` default: the policy file's directory
+    name) under ``"throughput"``."""
     from orchestrator.tooling.modeling.parity.calibration import load_data
     from orchestrator.tooling.policy_cli import _repository_for, bind_repository
 
     policy_path = Path(policy_path)
     goal, chunk_goal = parse_target(target), parse_target(chunk_target)
+    if chunk_goal.measure == "noninferior":
+        raise TuneError(f"--chunk-target {chunk_target!r}: noninferior is a cascade target; use accuracy>=... or agreement>=...")
     try:
         policy = P.load_policy(policy_path)
     except P.PolicyError as exc:
@@ -607,26 +701,17 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
                               "cascades": [], "chunks": []}
     edits: List[Tuple[str, str, str, Optional[float], str]] = []
     tuned_chunks: Dict[str, Dict[str, Optional[ChunkNode]]] = {}
+    stage_answers_of: Dict[str, Tuple[List[np.ndarray], Measured]] = {}
     for cascade, stages in plan:
         short = _measure(models, stages, list(tuning.texts), tuning.labels, policy.max_sequence_length)
         chunked = _tune_chunks(head, stages, models, tuning, data, chunk_goal, source, policy.max_sequence_length,
                                threshold, long_n, out, result, edits)
         tuned_chunks[cascade.name] = chunked
         answers = [stage_answers(head, s, *short.windows[s.model.name], chunked.get(s.model.name), threshold)[0] for s in stages]
-        pts = cascade_curve(head, answers, short.labels, MARGINS, threshold)
-        last_acc = float(correct(head, answers[-1], short.labels, threshold).mean())
-        best = choose(pts, goal, last_acc, "escalation_rate")
-        if best is None:
-            raise TuneError(f"cascade '{cascade.name}': no margin up to {MARGINS[-1]} meets {goal} on {data} "
-                            f"(last stage alone: accuracy {last_acc:.4f}); choose another --target")
-        plot_curve(out / f"cascade_{cascade.name}.png", pts, "escalation_rate", "escalation rate (texts sent past the first stage)",
-                   f"cascade {cascade.name} on {len(short.texts)} texts of {data}: margin sweep", best,
-                   {"last stage alone": last_acc, "first stage alone": float(correct(head, answers[0], short.labels, threshold).mean())})
-        result["cascades"].append({"name": cascade.name, "stages": [s.model.model for s in stages], "was": cascade.margin,
-                                   "last_stage_accuracy": last_acc, "points": pts, "chosen": best})
-        edits.append(("cascade", cascade.name, "margin", best["margin"],
-                      f"{source}, {goal}: escalates {100 * best['escalation_rate']:.1f}%, accuracy "
-                      f"{100 * best['accuracy']:.2f}% (last stage alone {100 * last_acc:.2f}%)"))
+        entry, note = _tune_margin(head, cascade, stages, answers, short.labels, goal, data, out, threshold)
+        result["cascades"].append(entry)
+        stage_answers_of[cascade.name] = (answers, short)
+        edits.append(("cascade", cascade.name, "margin", entry["chosen"]["margin"], f"{source}, {goal}: {note}"))
     text = edit_policy_text(policy_path.read_text(encoding="utf-8"), edits)
     try:
         import yaml
@@ -647,6 +732,15 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
     if report_data:
         result["report"] = report(head, plan, tuned_chunks, {c["name"]: c["chosen"]["margin"] for c in result["cascades"]},
                                   models, load_data(report_data, head), report_data, policy.max_sequence_length, threshold, long_n)
+    if url:
+        from orchestrator.tooling import tune_throughput as TT
+
+        result["throughput"] = TT.throughput_report(
+            url, head, result, plan, stage_answers_of, models, router_model or policy_path.resolve().parent.name,
+            policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S)
+        for c in result["throughput"]["cascades"]:
+            TT.plot_throughput(out / f"throughput_{c['name']}.png", c, f"cascade {c['name']} on {url}: accuracy on {data} "
+                               f"against predicted throughput (concurrency {result['throughput']['concurrency']})")
     (out / "curves.json").write_text(json.dumps(result, indent=1) + "\n")
     (out / "tune.md").write_text(render(result))
     result["out"] = str(out)
@@ -680,10 +774,12 @@ def report(head: Head, plan: Sequence[Tuple[CascadeNode, List[Stage]]], chunks: 
             alone, _ = stage_answers(head, last, lw, lws, without_stop_keys(last.chunk) if last.chunk else None, threshold)
             # the ensemble truncates to the first max_length tokens: the first window (or the truncated row)
             ens = np.stack([np.asarray(w[0], dtype=np.float64).reshape(-1) for w in lw])
+            right, alone_right = correct(head, final, labels, threshold), correct(head, alone, labels, threshold)
             rows[kind] = {"n": len(texts), "router": tuned, "router_every_window": every,
-                          "last_stage_alone": float(correct(head, alone, labels, threshold).mean()),
-                          "router_minus_last_stage": paired_difference(correct(head, final, labels, threshold),
-                                                                       correct(head, alone, labels, threshold)),
+                          "last_stage_alone": float(alone_right.mean()),
+                          "router_minus_last_stage": paired_difference(right, alone_right),
+                          "router_minus_last_stage_low_one_sided": paired_difference(right, alone_right,
+                                                                                      alternative="greater")["low"],
                           "ensemble": float(correct(head, ens, labels, threshold).mean())}
         out["cascades"].append({"name": cascade.name, "margin": margins[cascade.name], "sets": rows})
     return out
@@ -699,6 +795,10 @@ def _points(d: Optional[Mapping[str, float]]) -> str:
     return f"{100 * d['difference']:+.2f} ({100 * d['low']:+.2f} to {100 * d['high']:+.2f})"
 
 
+def _signed(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{100 * x:+.2f}"
+
+
 def render(r: Mapping[str, Any]) -> str:
     """``tune.md``: what was chosen and, with ``--report-data``, how it does there."""
     L = [f"# orchestrator tune {r['policy']}", "", f"Tuned on {r['data']} ({r['n']} texts), target `{r['target']}` "
@@ -711,21 +811,31 @@ def render(r: Mapping[str, Any]) -> str:
                     f"{ch['windows_per_text']:.2f} windows/text" if ch else "no stop_margin meets the target: removed"))
     for c in r["cascades"]:
         ch = c["chosen"]
+        ni = c.get("noninferiority")
         L.append(f"- cascade `{c['name']}` ({' -> '.join(c['stages'])}): margin {c['was']:g} -> **{ch['margin']:g}**: "
                  f"escalates {_pct(ch['escalation_rate'])}, accuracy {_pct(ch['accuracy'])} (last stage alone "
-                 f"{_pct(c['last_stage_accuracy'])}), agreement {_pct(ch['agreement'])}")
+                 f"{_pct(c['last_stage_accuracy'])}), agreement {_pct(ch['agreement'])}"
+                 + (f"; minus the last stage {100 * ch['difference']:+.2f} points, one-sided 95% lower bound "
+                    f"{100 * ch['difference_low']:+.2f} > -{ni['margin_points']:g} (paired bootstrap, "
+                    f"{ni['resamples']} resamples, seed {ni['seed']})" if ni else ""))
     rep = r.get("report")
     if rep:
         L += ["", f"## On {rep['data']} (the chosen point, never the tuning texts)", "",
               "| texts | n | router as tuned | escalation rate | windows/text | router, every window | windows/text | "
-              "last stage alone | router - last stage, points (95% interval) | ensemble (first window) |",
-              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+              "last stage alone | router - last stage, points (95% interval) | one-sided 95% lower bound | "
+              "ensemble (first window) |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for c in rep["cascades"]:
             for kind, s in c["sets"].items():
                 L.append(f"| {kind} | {s['n']} | {_pct(s['router']['accuracy'])} | {_pct(s['router']['escalation_rate'])} | "
                          f"{s['router']['windows_per_text']:.2f} | {_pct(s['router_every_window']['accuracy'])} | "
                          f"{s['router_every_window']['windows_per_text']:.2f} | {_pct(s['last_stage_alone'])} | "
-                         f"{_points(s.get('router_minus_last_stage'))} | {_pct(s['ensemble'])} |")
+                         f"{_points(s.get('router_minus_last_stage'))} | "
+                         f"{_signed(s.get('router_minus_last_stage_low_one_sided'))} | {_pct(s['ensemble'])} |")
+    if r.get("throughput"):
+        from orchestrator.tooling.tune_throughput import render_throughput
+
+        L += render_throughput(r["throughput"])
     return "\n".join(L) + "\n"
 
 
@@ -734,7 +844,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--data", required=True, help="labeled texts to tune on: .jsonl/TSV, or split:validation")
     parser.add_argument("--repo", type=Path, default=None, help="model repository (default: the one holding the policy)")
     parser.add_argument("--target", default="accuracy>=last",
-                        help="cascades: accuracy>=last (default), accuracy>=X or agreement>=X (with the last stage)")
+                        help="cascades: accuracy>=last (default), accuracy>=X, agreement>=X (with the last stage), or "
+                             "noninferior:P (the fewest escalations whose accuracy minus the last stage's has a one-sided "
+                             "95%% lower bound above -P percentage points; paired bootstrap over the tuning texts)")
     parser.add_argument("--chunk-target", default="accuracy>=last",
                         help="chunk nodes' stop_margin, on long texts: accuracy>=last (default: at least reading every "
                              "window), accuracy>=X or agreement>=X (with reading every window)")
@@ -743,13 +855,21 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--write", action="store_true", help="edit the policy file itself (default: write OUT/policy.yaml)")
     parser.add_argument("--threshold", type=float, default=0.5, help="decision threshold of every text (default 0.5)")
     parser.add_argument("--long-texts", type=int, default=LONG_TEXTS, help="long texts of each kind (default %(default)s)")
+    parser.add_argument("--url", default=None,
+                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
+                             "and predict every point's; run the chosen point there if its router serves that margin")
+    parser.add_argument("--concurrency", type=int, default=16, help="--url: closed-loop clients (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=5.0, help="--url: timed seconds per model (default %(default)s)")
+    parser.add_argument("--router-model", default=None,
+                        help="--url: the router serving the policy (default: the policy file's directory name)")
     return parser
 
 
 def tune_command(args: argparse.Namespace) -> int:
     try:
         r = tune(args.policy, args.data, args.repo, args.target, args.chunk_target, args.report_data, args.out,
-                 args.write, args.threshold, args.long_texts)
+                 args.write, args.threshold, args.long_texts, getattr(args, "url", None), getattr(args, "concurrency", None),
+                 getattr(args, "duration", None), getattr(args, "router_model", None))
     except (ToolingError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -24,9 +24,81 @@ BIN = Head(BINARY, ("positive",))
 def test_targets_parse_and_bad_ones_are_named():
     assert T.parse_target("accuracy>=last") == T.Target("accuracy", None)
     assert T.parse_target(" agreement >= 0.99 ") == T.Target("agreement", 0.99)
-    for bad in ("accuracy>last", "agreement>=last", "accuracy>=1.5", "speed>=1"):
+    assert T.parse_target("noninferior:0.5") == T.Target("noninferior", 0.5)
+    assert str(T.parse_target(" noninferior : 1 ")) == "noninferior:1"
+    for bad in ("accuracy>last", "agreement>=last", "accuracy>=1.5", "speed>=1", "noninferior:101", "noninferior", "noninferior:-1"):
         with pytest.raises(T.TuneError, match="--target"):
             T.parse_target(bad)
+
+
+def _known_noninferiority_case(n=2000, seed=3):
+    """Binary stage answers where the margin sets what the cascade loses, by construction:
+    the first stage sure (0.05 or 0.95) on the texts it gets right; unsure by 0.05 (p 0.45 or
+    0.55, the wrong side) on 60 texts the last stage gets right, and by 0.15 (p 0.35 or 0.65,
+    the wrong side) on another 60; the last stage right on every text."""
+    rng = np.random.RandomState(seed)
+    labels = rng.randint(0, 2, n)
+    sign = np.where(labels == 1, 1.0, -1.0)
+    first = 0.5 + 0.45 * sign
+    near, far = np.arange(60), np.arange(60, 120)
+    first[near] = 0.5 - 0.05 * sign[near]
+    first[far] = 0.5 - 0.15 * sign[far]
+    last = 0.5 + 0.3 * sign
+    return [first.reshape(-1, 1), last.reshape(-1, 1)], labels
+
+
+def test_noninferior_keeps_the_fewest_escalations_whose_lower_bound_is_above_minus_the_margin():
+    stages, labels = _known_noninferiority_case()
+    pts = T.cascade_curve(BIN, stages, labels, [0.0, 0.06, 0.16, 0.5])
+    T.noninferiority(BIN, stages, labels, pts)
+    by = {p["margin"]: p for p in pts}
+    # margin 0: 120 of 2000 wrong (-6 points); 0.06: the 60 far ones wrong (-3 points); 0.16: none
+    assert by[0.0]["difference"] == pytest.approx(-0.06) and by[0.06]["difference"] == pytest.approx(-0.03)
+    assert by[0.16]["difference"] == 0.0 and by[0.16]["difference_low"] == 0.0  # no text differs: exact
+    assert by[0.06]["difference_low"] < -0.03 < by[0.06]["difference"] + 1e-12  # the bound sits below the difference
+    # every changed text goes one way, so the bound stays near the difference (within a point here)
+    assert by[0.06]["difference_low"] > -0.04
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.16
+    assert T.choose(pts, T.parse_target("noninferior:4"), 1.0, "escalation_rate")["margin"] == 0.06
+    assert T.choose(pts, T.parse_target("noninferior:8"), 1.0, "escalation_rate")["margin"] == 0.0
+    again = T.cascade_curve(BIN, stages, labels, [0.06])
+    T.noninferiority(BIN, stages, labels, again)
+    assert again[0]["difference_low"] == by[0.06]["difference_low"]  # seeded: the same bound every run
+
+
+def test_noninferior_works_for_multiclass_and_multilabel_heads():
+    stages, labels = _known_noninferiority_case(n=1000)
+    p1 = stages[0].reshape(-1)
+    # multiclass: a third label never chosen; the top-two gap is twice the binary distance (0.1 and 0.3)
+    mc = Head(MULTICLASS, ("neg", "pos", "other"))
+    mstages = [np.stack([1 - s.reshape(-1), s.reshape(-1), np.zeros(len(s))], axis=1) for s in stages]
+    pts = T.cascade_curve(mc, mstages, labels, [0.0, 0.2, 0.4])
+    T.noninferiority(mc, mstages, labels, pts)
+    assert [round(p["difference"], 4) for p in pts] == [-0.12, -0.06, 0.0]
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.4
+    # multilabel: the same verdicts on one label, a second label always sure and right
+    ml = Head(MULTILABEL, ("pos", "other"))
+    other = np.full(len(p1), 0.9)
+    lstages = [np.stack([s.reshape(-1), other], axis=1) for s in stages]
+    mlabels = np.stack([labels.astype(bool), np.ones(len(labels), dtype=bool)], axis=1)
+    pts = T.cascade_curve(ml, lstages, mlabels, [0.0, 0.06, 0.16])
+    T.noninferiority(ml, lstages, mlabels, pts)
+    assert [round(p["difference"], 4) for p in pts] == [-0.12, -0.06, 0.0]
+    assert T.choose(pts, T.parse_target("noninferior:0.5"), 1.0, "escalation_rate")["margin"] == 0.16
+
+
+def test_a_one_sided_bound_is_the_lower_end_of_a_wider_two_sided_interval():
+    rng = np.random.RandomState(1)
+    last = rng.rand(1936) < 0.79
+    mixed = last.copy()
+    mixed[np.flatnonzero(last)[:60]] = False
+    mixed[np.flatnonzero(~last)[:50]] = True
+    two = T.paired_difference(mixed, last)
+    one = T.paired_difference(mixed, last, alternative="greater")
+    assert one["high"] is None and one["difference"] == two["difference"]
+    assert two["low"] < one["low"] < one["difference"]  # 95% one-sided: the 5% tail, not the 2.5% one
+    with pytest.raises(ValueError, match="alternative"):
+        T.paired_difference(mixed, last, alternative="less")
 
 
 def test_cascade_curve_escalates_unsure_texts_and_counts_the_rate():
@@ -244,3 +316,60 @@ def test_the_paired_difference_says_whether_a_gap_is_more_than_the_noise():
     worse = last.copy()
     worse[np.flatnonzero(last)[:100]] = False
     assert paired_difference(worse, last)["high"] < 0.0  # 100 texts worse: clearly below
+
+
+def test_throughput_urls_formula_and_the_closed_loop():
+    from orchestrator.tooling import tune_throughput as TT
+
+    assert TT.parse_url("grpc://127.0.0.1:8001") == ("grpc", "127.0.0.1:8001")
+    assert TT.parse_url("localhost:8000") == ("http", "localhost:8000")
+    for bad in ("ftp://h:1", "grpc://host", "http://h:port"):
+        with pytest.raises(T.TuneError, match="--url"):
+            TT.parse_url(bad)
+    # 1 / (c_fast + e * c_accurate): 2 ms and 8 ms a text, a quarter escalated -> 250 texts/s
+    assert TT.predicted([1.0, 0.25], [0.002, 0.008]) == pytest.approx(250.0)
+    seen = []
+
+    class Client:
+        def close(self):
+            seen.append("closed")
+
+    def send(client, k):
+        if k == 5:
+            raise RuntimeError("refused")
+        seen.append(k)
+
+    r = TT.closed_loop(Client, send, concurrency=3, duration_s=0.05)
+    assert r["requests"] > 0 and r["errors"] == 1 and r["first_error"] == "RuntimeError: refused"
+    assert r["throughput"] == r["requests"] / 0.05 and seen.count("closed") == 3
+
+
+def test_noninferior_on_a_byom_distilbert_to_bert_cascade(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("scipy")
+    from orchestrator.tooling.modeling.export import export_checkpoint
+    from tests.byom import build_checkpoint
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    labels = ("NEGATIVE", "POSITIVE")
+    for name, arch, seed in (("fast", "distilbert", 0), ("accurate", "bert", 1)):
+        ckpt = build_checkpoint(f"{arch}2", tmp_path / f"ckpt_{name}", seed=seed, spec=(arch, labels, "single_label_classification"))
+        export_checkpoint(str(ckpt), repo, name, quiet=True, tensorrt=False)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nmax_sequence_length: 48\nroot:\n  kind: cascade\n  name: cas\n  margin: 0.1\n  stages:\n"
+                      "    - {kind: model, name: m_fast, model: fast}\n    - {kind: model, name: m_accurate, model: accurate}\n")
+    result = T.tune(policy, str(_labeled(tmp_path / "val.tsv", 400, 0)), repo=repo, target="noninferior:0.5",
+                    report_data=str(_labeled(tmp_path / "test.tsv", 300, 1)), out=tmp_path / "out", write=True, long_n=5)
+    (c,) = result["cascades"]
+    ni, chosen = c["noninferiority"], c["chosen"]
+    assert ni == {"margin_points": 0.5, "confidence": 0.95, "one_sided": True, "resamples": T.RESAMPLES, "seed": 0,
+                  "method": "paired bootstrap over the tuning texts (scipy.stats.bootstrap, BCa)"}
+    assert chosen["difference_low"] > -0.005 and chosen["difference_low"] <= chosen["difference"] + 1e-12
+    assert chosen["difference"] == pytest.approx(chosen["accuracy"] - c["last_stage_accuracy"])
+    cheaper = [p for p in c["points"] if p["escalation_rate"] < chosen["escalation_rate"]]
+    assert all(p["difference_low"] <= -0.005 for p in cheaper)  # the fewest escalations meeting it
+    assert "one-sided 95% lower bound" in policy.read_text() and "noninferior:0.5" in policy.read_text()
+    short = result["report"]["cascades"][0]["sets"]["short"]
+    assert short["router_minus_last_stage_low_one_sided"] >= short["router_minus_last_stage"]["low"]
+    assert "one-sided 95% lower bound" in (tmp_path / "out" / "tune.md").read_text()

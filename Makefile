@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-SETUP = $(PYTHON) orchestrator/tooling/preflight.py --venv $(VENV)
+SETUP = $(PYTHON) lab/preflight.py --venv $(VENV)
 # make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
 # 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
 # and `orchestrator classify` follows it).
@@ -33,7 +33,7 @@ venv-train:
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
 model: venv-train
-	$(PY) -m orchestrator.tooling.modeling.train
+	$(PY) -m lab.train
 
 demo: venv-demo
 	$(PY) -m orchestrator.tooling.demo
@@ -58,10 +58,10 @@ FAST := not server and not slow and not network
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "$(FAST)" tests/unit tests/mock
 
-# Every mutation of orchestrator/tooling/mutations.py (targets found by AST, not by text) run
+# Every mutation of lab/mutations.py (targets found by AST, not by text) run
 # against the fast tests that cover it; fails when one is not caught or a target is gone.
 mutations: $(STAMP)
-	$(PY) -m orchestrator.tooling.mutations
+	$(PY) -m lab.mutations
 
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
@@ -72,11 +72,11 @@ BENCH_OUT ?= .cache/docs
 SOAK_OUT ?= .cache/docs
 LOCK_OUT ?= .cache/deploy
 # Against a running server you started (it must serve the benchmark repository:
-# python -m orchestrator.tooling.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
+# python -m lab.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
 # the same BENCH_ARGS="--url ..." works for bench-long and bench-overload, SOAK_ARGS for soak.
 .PHONY: bench
 bench: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
@@ -85,7 +85,7 @@ bench: $(STAMP)
 # the clients through the front door (nginx, docs/deployment.md): SOAK_ARGS=--front-door
 .PHONY: soak
 soak: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
+	$(PY) -m lab.soak --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # Issue 13's model-configuration features side by side in one server (about 3 minutes):
 # first request after a load with and without warmup, the response cache on a workload
@@ -93,14 +93,14 @@ soak: $(STAMP)
 # "bench-features" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/features.json.
 .PHONY: bench-features
 bench-features: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issues 20 and 25's long texts (about 8 minutes): the ensemble, the router classifying every
 # window and the shipped router (early stopping) on same-label and turning long held-out texts,
 # concurrency 4: the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 25 (docs/export.md, docs/tuning.md): after `make model`, fit the demo classifiers'
 # temperatures on the validation split (written into their head.json and the postprocess
@@ -119,7 +119,7 @@ tune: $(STAMP)
 # $(BENCH_OUT)/bench/instances.json.
 .PHONY: bench-instances
 bench-instances: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The metrics flush's change side by side (issue 29, about 8 minutes): the shipped router
 # (a sample of at most 8 timing observations per series per flush) against the same router
@@ -127,7 +127,7 @@ bench-instances: $(STAMP)
 # section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/flush.json.
 .PHONY: bench-flush
 bench-flush: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 29's c=1 goal judged with an interval (about 12 minutes): router_single (the routing
 # overhead alone) against the ensemble at c=1, 15 rounds; the median per-round p50 ratio and
@@ -135,7 +135,7 @@ bench-flush: $(STAMP)
 # "bench-single" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/single.json.
 .PHONY: bench-single
 bench-single: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The overload benchmark of issues 20 and 29 (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
@@ -143,14 +143,14 @@ bench-single: $(STAMP)
 # "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
 .PHONY: bench-overload
 bench-overload: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 29's profile (about 3 minutes): py-spy on the router's stub while perf_analyzer keeps
 # it busy at concurrency 1 and 16; flame graphs and collapsed stacks in $(BENCH_OUT)/bench/,
 # the "profile" section of $(BENCH_OUT)/benchmarks.md with the orchestrator_stage_seconds means.
 .PHONY: profile
 profile: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
+	$(PY) -m lab.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
 
 # GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
@@ -159,7 +159,7 @@ profile: $(STAMP)
 # memory and the BLS negative control (torch with CUDA needed): GPU_CHECK_ARGS=--gpu-outputs.
 .PHONY: gpu-check
 gpu-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.gpu_check $(GPU_CHECK_ARGS)
+	$(PY) -m lab.gpu_check $(GPU_CHECK_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
@@ -234,4 +234,4 @@ sbom: $(STAMP)
 # Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
 .PHONY: soak-memory
 soak-memory: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak.memory --out $(SOAK_OUT) $(SOAK_MEMORY_ARGS)
+	$(PY) -m lab.soak.memory --out $(SOAK_OUT) $(SOAK_MEMORY_ARGS)

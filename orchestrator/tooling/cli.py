@@ -47,14 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_subcommand(sub, "classify", "classify texts through a running server", add_classify_arguments, _classify)
 
-    from orchestrator.tooling.bench.cli import add_bench_arguments, bench_command
+    from lab.bench.cli import add_bench_arguments, bench_command
+    from lab.soak.command import add_soak_arguments, soak_command
     from orchestrator.tooling.env.commands import add_env_arguments, add_stub_arguments, env_command, stub_command
     from orchestrator.tooling.env.doctor import add_doctor_arguments, doctor_command
     from orchestrator.tooling.modeling.export import add_export_arguments, export_command
     from orchestrator.tooling.modeling.parity import add_parity_arguments, parity_command
     from orchestrator.tooling.modeling.parity.calibration import add_calibrate_arguments, calibrate_command
     from orchestrator.tooling.policy_cli import add_policy_arguments, policy_command
-    from orchestrator.tooling.soak.command import add_soak_arguments, soak_command
     from orchestrator.tooling.tune import add_tune_arguments, tune_command
 
     add_subcommand(sub, "policy", "check a routing policy file, or show the one a router runs", add_policy_arguments, policy_command)
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
                    add_bench_arguments, bench_command)
     add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/reliability.md)", add_soak_arguments, soak_command)
-    from orchestrator.tooling.gpu_check import add_gpu_check_arguments, gpu_check_command
+    from lab.gpu_check import add_gpu_check_arguments, gpu_check_command
 
     add_subcommand(sub, "gpu-check", "the shipped configs on a GPU against the CPU answers (no GPU: not run)",
                    add_gpu_check_arguments, gpu_check_command)

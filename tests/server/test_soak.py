@@ -16,8 +16,8 @@ import json
 import pytest
 import yaml
 
-from orchestrator.tooling.soak.report import markdown, summarize
-from orchestrator.tooling.soak.runner import PHASES, SHORT, run_soak
+from lab.soak.report import markdown, summarize
+from lab.soak.runner import PHASES, SHORT, run_soak
 from tests.helpers import REPO
 
 

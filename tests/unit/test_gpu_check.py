@@ -1,4 +1,4 @@
-"""``make gpu-check`` (orchestrator.tooling.gpu_check): on a machine without a GPU it runs end
+"""``make gpu-check`` (lab.gpu_check): on a machine without a GPU it runs end
 to end with the outcome "no GPU: not run" (exit 0, result file under .cache/ by default); the
 parts a GPU run uses (nvidia-smi parsing, the KIND_GPU repository, the comparison) checked
 without one."""
@@ -10,7 +10,8 @@ import subprocess
 
 import numpy as np
 
-from orchestrator.tooling import gpu_check, repository
+from lab import gpu_check
+from orchestrator.tooling import repository
 from tests.helpers import REPO
 
 

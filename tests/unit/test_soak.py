@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.tooling.soak import procs
-from orchestrator.tooling.soak.command import add_soak_arguments, config_from_args
-from orchestrator.tooling.soak.ledger import Ledger, Record, error_key
-from orchestrator.tooling.soak.report import failed, goals, markdown, oversized_summary, recovery, summarize, totals
-from orchestrator.tooling.soak.runner import SHORT, models_to_load
-from orchestrator.tooling.soak.workload import (
+from lab.soak import procs
+from lab.soak.command import add_soak_arguments, config_from_args
+from lab.soak.ledger import Ledger, Record, error_key
+from lab.soak.report import failed, goals, markdown, oversized_summary, recovery, summarize, totals
+from lab.soak.runner import SHORT, models_to_load
+from lab.soak.workload import (
     LONG_MIN_CHARS,
     Reference,
     RequestSpec,
@@ -247,7 +247,7 @@ def test_report_renders_and_judges_a_run(pool):
     assert [g["goal"] for g in goals(summary) if g.get("gates")] == [goals(summary)[0]["goal"]]
     import io
 
-    from orchestrator.tooling.soak.report import print_summary
+    from lab.soak.report import print_summary
 
     out = io.StringIO()
     print_summary(summary, out)

@@ -5,7 +5,7 @@ default ``python3``), before anything is installed, so it imports nothing from t
 or outside the standard library and keeps to syntax an old ``python3`` can parse (it must
 be able to say "too old"):
 
-    python3 lab/preflight.py --venv .venv [--extras test,train]
+    python3 lab/preflight.py --venv .venv [--extras serve,test,train]
 
 1. The interpreter: at least the ``requires-python`` of ``pyproject.toml`` (the pins need
    it: transformers 5.23.0 declares Requires-Python >= 3.11 and onnxruntime 1.31.1 has
@@ -36,12 +36,16 @@ MIN_GLIBC = (2, 35)
 SKIP_PLATFORM = "ORCHESTRATOR_SKIP_PLATFORM_CHECK"
 #: what each extra adds, said before pip runs (the first install takes minutes)
 EXTRAS_WHY = {
-    "": "numpy, tritonclient, onnxruntime, transformers, tokenizers and nvidia-pytriton (a complete Triton 2.51 "
-        "server, the largest download)",
-    "test": "pytest, ruff, mypy, jsonschema, matplotlib, venv-pack, opentelemetry-proto",
-    "train": "torch 2.13.0, onnx (for `make model`, `orchestrator export` and the tests that export; the largest "
-             "download: a CPU build where your index has one, else several GB of CUDA wheels)",
-    "env": "venv-pack, conda-pack (make env)",
+    "": "numpy, PyYAML, tokenizers (the runtime)",
+    "serve": "nvidia-pytriton (a complete Triton 2.51 server, the largest download), tritonclient, prometheus-client, "
+             "rich, and onnxruntime and transformers for the repository's Python models (make demo, make serve)",
+    "client": "tritonclient (orchestrator classify, policy, deploy, frontdoor)",
+    "export": "transformers, torch 2.13.0, onnx, onnxruntime (orchestrator export, parity, warmup)",
+    "tune": "scipy, matplotlib, onnxruntime, transformers (orchestrator calibrate, tune)",
+    "env": "venv-pack, conda-pack, nvidia-pytriton (make env, make stub)",
+    "test": "pytest, ruff, mypy, jsonschema, matplotlib, scipy, opentelemetry-proto, py-spy (make test and the lab)",
+    "train": "torch 2.13.0, onnx, onnxruntime, transformers, vaderSentiment (make model; the tests that export; the "
+             "largest download: a CPU build where your index has one, else several GB of CUDA wheels)",
 }
 
 
@@ -205,7 +209,7 @@ def ensure_venv(venv: str, extras: List[str], version: str) -> int:
     for extra in [""] + installed:
         print("  %s: %s" % ("[%s]" % extra if extra else "the package", EXTRAS_WHY.get(extra, extra)))
     print("The first install downloads a few hundred MB%s; pip shows each package." %
-          (" (several GB with torch)" if "train" in installed else ""), flush=True)
+          (" (several GB with torch)" if {"train", "export"} & set(installed) else ""), flush=True)
     run([py, "-m", "pip", "install", "--upgrade", "pip"])
     spec = ROOT + ("[%s]" % ",".join(installed) if installed else "")
     run([py, "-m", "pip", "install", "--progress-bar", "on", "-e", spec])
@@ -227,7 +231,7 @@ def has_venv_module() -> bool:
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--venv", help="build or reuse this virtualenv after the checks (default: only check)")
-    ap.add_argument("--extras", default="", help="comma-separated extras of pyproject.toml to install (test,train)")
+    ap.add_argument("--extras", default="", help="comma-separated extras of pyproject.toml to install (e.g. serve,test)")
     args = ap.parse_args(argv)
     with open(os.path.join(ROOT, "pyproject.toml")) as f:
         minimum = requires_python(f.read())

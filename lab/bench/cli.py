@@ -1,4 +1,4 @@
-"""``orchestrator bench`` / ``python -m lab.bench``: the command line."""
+"""``make bench`` / ``python -m lab.bench``: the command line."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from lab.bench.run import run_benchmark, write_outputs
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``orchestrator bench`` options to ``parser`` (returned for chaining)."""
+    """Add the benchmark's options to ``parser`` (returned for chaining)."""
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short windows, no stability check, fewer texts (under 2 minutes)")
     parser.add_argument("--out", default=".cache/docs",
@@ -57,7 +57,7 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    """Run ``orchestrator bench``; returns 0 on success, 1 on BenchError/ServerError (message on stderr).
+    """Run the benchmark; returns 0 on success, 1 on BenchError/ServerError (message on stderr).
 
     Goals not met do not change the exit status: the benchmark measures, it does not judge.
     """

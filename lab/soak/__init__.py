@@ -1,4 +1,4 @@
-"""Fault-injection soak of the router (issue 11): ``orchestrator soak`` / ``make soak``.
+"""Fault-injection soak of the router (issue 11): ``make soak`` (``python -m lab.soak``).
 
 Starts its own embedded server (loopback, ``--model-control-mode=explicit``) on a copy of
 the model repository, sends a mixed workload (empty, short and long texts, 1-16 texts a

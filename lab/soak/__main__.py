@@ -1,4 +1,4 @@
-"""``python -m lab.soak [options]`` (same as ``orchestrator soak``)."""
+"""``python -m lab.soak [options]`` (``make soak``)."""
 
 import sys
 

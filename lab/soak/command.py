@@ -1,4 +1,4 @@
-"""``orchestrator soak``: run the fault-injection soak, print the numbers, write the report.
+"""``make soak`` (``python -m lab.soak``): run the fault-injection soak, print the numbers, write the report.
 
 Exit status: 0 when no response was lost, duplicated, mismatched or wrong; 1 when one
 was; 2 when the soak could not run (no server, no healthy reference, ...).
@@ -17,7 +17,7 @@ from orchestrator.tooling.errors import ToolingError
 
 
 def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``orchestrator soak`` options to ``parser`` (returned)."""
+    """Add the soak's options to ``parser`` (returned)."""
     parser.add_argument("--short", action="store_true",
                         help="the short version that runs in `make test` (under a minute) instead of the full one (about 3 minutes)")
     parser.add_argument("--repo", default=None, help="model repository to copy (default: the project's model_repository)")
@@ -57,7 +57,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def soak_command(args: argparse.Namespace) -> int:
-    """Run ``orchestrator soak`` (see the module doc for the exit status)."""
+    """Run the soak (see the module doc for the exit status)."""
     from lab.soak.report import print_summary, summarize, write_report
     from lab.soak.runner import run_soak
     from orchestrator.tooling.server import ServerError
@@ -71,7 +71,7 @@ def soak_command(args: argparse.Namespace) -> int:
     except (ToolingError, ServerError, OSError, ValueError) as exc:
         print(f"error: soak could not run: {exc}", file=sys.stderr)
         return 2
-    summary = summarize(result, command=shlex.join(["orchestrator", "soak", *getattr(args, "argv", [])]))
+    summary = summarize(result, command=shlex.join(["python", "-m", "lab.soak", *getattr(args, "argv", [])]))
     print_summary(summary)
     if getattr(args, "out", None):
         paths = write_report(summary, Path(args.out))
@@ -81,7 +81,7 @@ def soak_command(args: argparse.Namespace) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m lab.soak [options]``."""
-    parser = add_soak_arguments(argparse.ArgumentParser(prog="orchestrator soak", description=__doc__))
+    parser = add_soak_arguments(argparse.ArgumentParser(prog="python -m lab.soak", description=__doc__))
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return soak_command(args)

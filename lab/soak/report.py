@@ -230,7 +230,7 @@ def _git_revision() -> Optional[str]:
         return None
 
 
-def summarize(result: Mapping, command: str = "orchestrator soak") -> dict:
+def summarize(result: Mapping, command: str = "python -m lab.soak") -> dict:
     """The report of one :func:`~lab.soak.runner.run_soak` result (JSON-able)."""
     records: List[Record] = result["records"]
     pool = result["pool"]

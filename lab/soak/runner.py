@@ -107,7 +107,7 @@ class SoakConfig:
     mix: Mix = field(default_factory=Mix)
 
 
-#: ``orchestrator soak`` / ``make soak``: about 3 minutes of traffic on 2 cores.
+#: ``make soak``: about 3 minutes of traffic on 2 cores.
 FULL = SoakConfig()
 #: The version in ``make test`` (tests/server/test_soak.py): well under a minute of traffic.
 SHORT = SoakConfig(

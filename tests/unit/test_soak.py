@@ -291,6 +291,3 @@ def test_cli_options_pick_the_short_or_full_config():
     assert (short.healthy_s, short.http_threads, short.grpc_threads, short.seed) == (SHORT.healthy_s, 3, 3, 7)
     full = config_from_args(parser.parse_args(["--max-duration", "60"]))
     assert full.max_duration_s == 60 and full.healthy_s > SHORT.healthy_s
-    from orchestrator.tooling.cli import build_parser
-
-    assert build_parser().parse_args(["soak", "--short"]).func.__name__ == "soak_command"

@@ -1,21 +1,17 @@
 """Deployment (``deploy/``): the models to load at start, and the offline checks of the image
 and the Kubernetes manifests.
 
-``orchestrator deploy load-models [--repo DIR] [--router NAME ...]``
-    prints the comma-separated ``LOAD_MODELS`` for ``deploy/entrypoint.sh``: each router and
-    every model its policy calls through BLS (``Policy.models()``), less those marked
-    ``on_demand`` (``Policy.on_demand()``), which the router loads itself.
-``orchestrator deploy check``  (``make deploy-check``)
-    runs every check below and exits 1 on any finding.
-``orchestrator deploy tools``
-    installs the validators only (``make deploy-tools``).
-``orchestrator deploy lock``  (``make deploy-lock``)
-    compiles ``deploy/requirements-image.txt`` into ``deploy/requirements-image.lock``: every
-    package of the image's Python pinned with its hashes (``uv pip compile --generate-hashes``
-    for Python 3.12 on x86_64 manylinux_2_28, the NGC image's).
-``orchestrator deploy sbom [--out FILE]``  (``make sbom``)
-    the image's CycloneDX SBOM (JSON) from that lock (``cyclonedx-py``), with the base image
-    (tag and digest) as a component.
+``orchestrator deploy load-models [--repo DIR] [--router NAME ...]`` prints the comma-separated
+``LOAD_MODELS`` for ``deploy/entrypoint.sh``: each router and every model its policy calls
+through BLS (``Policy.models()``), less those marked ``on_demand`` (``Policy.on_demand()``),
+which the router loads itself. ``orchestrator deploy check`` (``make deploy-check``) runs
+every check below and exits 1 on any finding; ``orchestrator deploy tools`` (``make
+deploy-tools``) installs the validators only. ``orchestrator deploy lock`` (``make
+deploy-lock``) compiles ``deploy/requirements-image.txt`` into ``deploy/requirements-image.lock``:
+every package of the image's Python pinned with its hashes (``uv pip compile
+--generate-hashes`` for Python 3.12 on x86_64 manylinux_2_28, the NGC image's).
+``orchestrator deploy sbom [--out FILE]`` (``make sbom``): the image's CycloneDX SBOM (JSON)
+from that lock (``cyclonedx-py``), with the base image (tag and digest) as a component.
 
 The checks (docs/deployment.md, "What was validated here"):
 
@@ -871,8 +867,7 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def deploy_command(args: argparse.Namespace) -> int:
-    """Run ``orchestrator deploy <load-models|check|tools|lock|sbom>``: 0 done (check: no
-    finding), 1 findings or an error (printed, one line each)."""
+    """Run ``orchestrator deploy <load-models|check|tools|lock|sbom>``: 0 done, 1 findings or an error (printed)."""
     try:
         if args.deploy_command == "load-models":
             print(",".join(always_on_models(Path(args.repo), args.router or ROUTERS)))
@@ -900,11 +895,5 @@ def deploy_command(args: argparse.Namespace) -> int:
     return 1 if findings else 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m orchestrator.tooling.deploy ...``: the same as ``orchestrator deploy ...``."""
-    parser = add_deploy_arguments(argparse.ArgumentParser(prog="orchestrator deploy", description=__doc__.split("\n\n")[0]))
-    return deploy_command(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m orchestrator.tooling.deploy: the same as orchestrator deploy
+    sys.exit(deploy_command(add_deploy_arguments(argparse.ArgumentParser(prog="orchestrator deploy")).parse_args()))

@@ -747,7 +747,9 @@ def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
     assert D.check_all(progress=said.append) == []
     assert calls[0] == "ensure_tools" and len(said) == len(calls) - 1  # one message before each step (hadolint runs twice, one step)
     assert said[0].startswith("validators") and said[1].startswith("schemas") and said[-1].startswith("supply chain")
-    assert D.main(["check"]) == 0
+    from orchestrator.tooling.cli import main
+
+    assert main(["deploy", "check"]) == 0
     err = capsys.readouterr().err
     assert "deploy check: hadolint: Dockerfiles ..." in err and "deploy check: model configs ..." in err
 

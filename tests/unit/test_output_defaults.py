@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.tooling.paths import PROJECT_ROOT
 
-TRACKED_ROOTS = ("docs", "deploy", "model_repository", "env", "orchestrator", "tests")
+TRACKED_ROOTS = ("docs", "deploy", "model_repository", "env", "orchestrator", "lab", "tests")
 
 
 def _tracked(path: str) -> bool:
@@ -23,7 +23,7 @@ def _tracked(path: str) -> bool:
 
 def test_out_options_default_outside_the_tracked_tree():
     found = {}
-    for path in sorted((PROJECT_ROOT / "orchestrator").rglob("*.py")):
+    for path in sorted([*(PROJECT_ROOT / "orchestrator").rglob("*.py"), *(PROJECT_ROOT / "lab").rglob("*.py")]):
         text = path.read_text()
         for m in re.finditer(r'add_argument\(\s*"--out",(.*?)\)\n', text, re.S):
             default = re.search(r'default=(?:Path\()?(?:str\()?(?:PROJECT_ROOT / )?"([^"]*)"', m.group(1))

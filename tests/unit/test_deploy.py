@@ -225,8 +225,9 @@ def _copies():
 
 
 def test_the_image_carries_the_runtime_and_the_repository_only():
-    """Of the package only orchestrator/runtime (and the package's __init__), on the stub's
-    PYTHONPATH; no tooling, no lab, no tests, nothing pip builds from the checkout."""
+    """Of the package only orchestrator/runtime (and the package's __init__), on the path of
+    the image's Python through a .pth file (the stub ignores PYTHONPATH); no tooling, no lab,
+    no tests, nothing pip builds from the checkout."""
     copies = dict(_copies())
     code = {src for src in copies if src.startswith(("orchestrator", "lab", "tests", "pyproject"))}
     assert code == {"orchestrator/__init__.py", "orchestrator/runtime"}
@@ -234,10 +235,11 @@ def test_the_image_carries_the_runtime_and_the_repository_only():
     lib = "/opt/orchestrator/lib"
     assert copies["orchestrator/runtime"] == f"{lib}/orchestrator/runtime"
     assert copies["orchestrator/__init__.py"] == f"{lib}/orchestrator/__init__.py"
-    env = " ".join(" ".join(w[1:]) for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "ENV")
-    assert f"PYTHONPATH={lib}" in env.split()
-    installs = [w for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "RUN" and "pip" in w]
+    runs = [w for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "RUN"]
+    installs = [w for w in runs if "pip" in w]
     assert len(installs) == 1 and "/opt/orchestrator/requirements-image.lock" in installs[0]  # the lock, no package build
+    (pth,) = [w for w in runs if "pip" not in w]
+    assert pth[1:3] == ["python3", "-c"] and "orchestrator.pth" in pth[3] and pth[4:] == [lib]
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
     assert "!orchestrator/" not in ignore and "!lab/" not in ignore and "!orchestrator/runtime" in ignore
 

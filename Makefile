@@ -91,12 +91,16 @@ mutations: $(STAMP)
 BENCH_OUT ?= .cache/docs
 SOAK_OUT ?= .cache/docs
 LOCK_OUT ?= .cache/deploy
-# Against a running server you started (it must serve the benchmark repository:
-# python -m lab.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
+# Against a running server you started (it must serve the benchmark repository that
+# `make bench-repository BENCH_REPO=DIR` writes): BENCH_ARGS="--url grpc://host:8001";
 # the same BENCH_ARGS="--url ..." works for bench-long and bench-overload, SOAK_ARGS for soak.
-.PHONY: bench
+BENCH_REPO ?= .cache/bench-repository
+.PHONY: bench bench-repository
 bench: $(STAMP)
 	$(PY) -m lab.bench --out $(BENCH_OUT) $(BENCH_ARGS)
+
+bench-repository: $(STAMP)
+	$(PY) -m lab.bench --write-repository $(BENCH_REPO)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized

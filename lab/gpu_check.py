@@ -11,7 +11,7 @@ What it does, on a machine with an NVIDIA GPU (``nvidia-smi`` lists one):
    embedded configs with ``kind: KIND_GPU`` (the Python classifiers then use onnxruntime's
    CUDA provider when the stub's onnxruntime has one, which the report says).
    ``--gpu-outputs`` (embedded configs only): each classifier answers its logits in GPU
-   memory (``orchestrator.testing.gpu_models.GpuOutputClassifier``, torch with CUDA in the
+   memory (``lab.gpu_models.GpuOutputClassifier``, torch with CUDA in the
    stub), as Triton's onnxruntime backend does on a ``KIND_GPU`` instance, so the router's
    BLS calls and the ensemble's next step receive GPU tensors.
 3. Compares the answers (largest probability difference, verdicts and routes that differ),
@@ -74,7 +74,7 @@ def gpus(run: Callable[..., Any] = subprocess.run) -> tuple:
 
 GPU_OUTPUT_ADAPTER = (
     '"""Written by make gpu-check: the classifier with its outputs in GPU memory."""\n\n'
-    "from orchestrator.testing.gpu_models import GpuOutputClassifier as TritonPythonModel  # noqa: F401\n"
+    "from lab.gpu_models import GpuOutputClassifier as TritonPythonModel  # noqa: F401\n"
 )
 
 
@@ -123,12 +123,12 @@ PROBE_CONFIGS = {
 
 def probe_repository(dest: Path) -> Path:
     """The negative control's repository: ``gpu_echo`` (KIND_GPU, answers in GPU memory) and
-    ``bls_caller`` (calls it through BLS), both from :mod:`orchestrator.testing.gpu_models`."""
+    ``bls_caller`` (calls it through BLS), both from :mod:`lab.gpu_models`."""
     for name, (config, cls) in PROBE_CONFIGS.items():
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "config.pbtxt").write_text(config)
         (dest / name / "1" / "model.py").write_text(
-            f"from orchestrator.testing.gpu_models import {cls} as TritonPythonModel  # noqa: F401\n")
+            f"from lab.gpu_models import {cls} as TritonPythonModel  # noqa: F401\n")
     return dest
 
 

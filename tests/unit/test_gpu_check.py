@@ -69,7 +69,7 @@ def test_gpu_outputs_replace_the_classifiers_models_with_the_gpu_adapter(tmp_pat
         assert (repo / name / "1" / "model.py").read_text() == gpu_check.GPU_OUTPUT_ADAPTER
         assert (repo / name / "1" / "model.onnx").is_file()
     # the adapter names a class that exists, built on the embedded classifier
-    source = (REPO.parent / "orchestrator" / "testing" / "gpu_models.py").read_text()
+    source = (REPO.parent / "lab" / "gpu_models.py").read_text()
     assert "class GpuOutputClassifier(OnnxClassifier)" in source and "GpuOutputClassifier" in gpu_check.GPU_OUTPUT_ADAPTER
     for name in ("router", "tokenizer", "postprocess"):
         assert (repo / name / "1" / "model.py").read_text() == (REPO / name / "1" / "model.py").read_text()

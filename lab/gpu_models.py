@@ -1,4 +1,4 @@
-"""Python-backend models that answer in GPU memory, for ``orchestrator gpu-check`` only.
+"""Python-backend models that answer in GPU memory, for ``make gpu-check`` only (lab.gpu_check).
 
 Triton's ONNX Runtime backend on a ``KIND_GPU`` instance answers its outputs in GPU memory;
 a BLS caller that does not ask for CPU memory then gets a tensor whose ``as_numpy()`` raises

@@ -1,14 +1,22 @@
 # The two commands a new user needs: `make demo` and `make test`. Both check the machine
 # first (Python >= requires-python of pyproject.toml, Linux x86_64 with glibc >= 2.35: each
 # problem printed with what to install), then build the project virtualenv (.venv) or reuse it
-# (one made by another Python is rebuilt) and are idempotent. `make demo` installs no torch;
-# torch (extra `train`) comes with `make test` and `make model`.
+# (one made by another Python is rebuilt) and are idempotent. Each target installs the extras
+# of pyproject.toml it needs (lab/preflight.py; a virtualenv only grows: pip runs for the union
+# of the extras asked for so far): `make demo` the embedded server (serve), no torch; torch
+# comes with `make test` (export, train) and `make model` (train).
 # PYTHON: the interpreter that builds .venv (`make demo PYTHON=python3.12`).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+ORCHESTRATOR := $(VENV)/bin/orchestrator
 STAMP := $(VENV)/.installed
-SETUP = $(PYTHON) orchestrator/tooling/preflight.py --venv $(VENV)
+SETUP = $(PYTHON) lab/preflight.py --venv $(VENV)
+# The extras: the demo's; the lab's (lab/: benchmarks, soak, profile, mutations, gpu-check) and
+# the fast tests'; everything `make test` runs.
+DEMO_EXTRAS := serve
+LAB_EXTRAS := serve,tune,env,test
+TEST_EXTRAS := serve,tune,env,test,client,export,train
 # make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
 # 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
 # and `orchestrator classify` follows it).
@@ -16,35 +24,47 @@ HTTP_PORT ?=
 GRPC_PORT ?=
 METRICS_PORT ?=
 
-.PHONY: venv venv-demo venv-train demo test model serve clean FORCE
+.PHONY: venv venv-demo venv-train venv-model venv-tune venv-client demo test model serve clean FORCE
 
-# The package with its test tools (no torch): what the tooling targets below need.
+# The package with the lab's and the fast tests' extras (no torch): the lab targets below.
 venv: $(STAMP)
 $(STAMP): FORCE
-	@$(SETUP) --extras test
+	@$(SETUP) --extras $(LAB_EXTRAS)
 
-# The package alone: what the demo needs.
+# The package and the embedded server: what the demo needs.
 venv-demo:
-	@$(SETUP)
+	@$(SETUP) --extras $(DEMO_EXTRAS)
 
-# Everything, torch included: the tests that export and `make model`.
+# Everything, torch included: `make test`.
 venv-train:
-	@$(SETUP) --extras test,train
+	@$(SETUP) --extras $(TEST_EXTRAS)
+
+# `make model`: the training's extra.
+venv-model:
+	@$(SETUP) --extras train
+
+# `make calibrate`, `make tune`.
+venv-tune:
+	@$(SETUP) --extras tune
+
+# The deploy targets (orchestrator deploy: tritonclient's model_config.proto).
+venv-client:
+	@$(SETUP) --extras client
 
 # Train both demo classifiers and the tokenizer from scratch (torch, CPU build).
-model: venv-train
-	$(PY) -m orchestrator.tooling.modeling.train
+model: venv-model
+	$(PY) -m lab.train
 
 demo: venv-demo
 	$(PY) -m orchestrator.tooling.demo
 
 test: venv-train
-	$(PY) -m ruff check orchestrator tests
+	$(PY) -m ruff check orchestrator lab tests
 	$(PY) -m mypy
 	ORCHESTRATOR_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
 serve: venv-demo
-	$(VENV)/bin/orchestrator serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+	$(ORCHESTRATOR) serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
 	  $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 clean:
@@ -58,10 +78,10 @@ FAST := not server and not slow and not network
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "$(FAST)" tests/unit tests/mock
 
-# Every mutation of orchestrator/tooling/mutations.py (targets found by AST, not by text) run
+# Every mutation of lab/mutations.py (targets found by AST, not by text) run
 # against the fast tests that cover it; fails when one is not caught or a target is gone.
 mutations: $(STAMP)
-	$(PY) -m orchestrator.tooling.mutations
+	$(PY) -m lab.mutations
 
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
@@ -71,12 +91,16 @@ mutations: $(STAMP)
 BENCH_OUT ?= .cache/docs
 SOAK_OUT ?= .cache/docs
 LOCK_OUT ?= .cache/deploy
-# Against a running server you started (it must serve the benchmark repository:
-# python -m orchestrator.tooling.bench --write-repository DIR): BENCH_ARGS="--url grpc://host:8001";
+# Against a running server you started (it must serve the benchmark repository that
+# `make bench-repository BENCH_REPO=DIR` writes): BENCH_ARGS="--url grpc://host:8001";
 # the same BENCH_ARGS="--url ..." works for bench-long and bench-overload, SOAK_ARGS for soak.
-.PHONY: bench
+BENCH_REPO ?= .cache/bench-repository
+.PHONY: bench bench-repository
 bench: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench --out $(BENCH_OUT) $(BENCH_ARGS)
+
+bench-repository: $(STAMP)
+	$(PY) -m lab.bench --write-repository $(BENCH_REPO)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
@@ -85,7 +109,7 @@ bench: $(STAMP)
 # the clients through the front door (nginx, docs/guides/front-door.md): SOAK_ARGS=--front-door
 .PHONY: soak
 soak: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
+	$(PY) -m lab.soak --out $(SOAK_OUT) $(SOAK_ARGS)
 
 # Issue 13's model-configuration features side by side in one server (about 3 minutes):
 # first request after a load with and without warmup, the response cache on a workload
@@ -93,33 +117,33 @@ soak: $(STAMP)
 # "bench-features" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/features.json.
 .PHONY: bench-features
 bench-features: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issues 20 and 25's long texts (about 8 minutes): the ensemble, the router classifying every
 # window and the shipped router (early stopping) on same-label and turning long held-out texts,
 # concurrency 4: the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 25 (docs/guides/bring-your-own-model.md, docs/guides/tune.md): after `make model`, fit the demo classifiers'
 # temperatures on the validation split (written into their head.json and the postprocess
 # config), then choose the shipped policy's margins (curves and tuned policy in .cache/tune;
 # TUNE_ARGS=--write edits model_repository/router/policy.yaml).
 .PHONY: calibrate tune
-calibrate: $(STAMP)
+calibrate: venv-tune
 	for m in classifier classifier_fast classifier_fp16; do \
-	  $(PY) -m orchestrator.tooling.cli calibrate model_repository/$$m --data split:validation --eval-data split:test --write || exit 1; \
+	  $(ORCHESTRATOR) calibrate model_repository/$$m --data split:validation --eval-data split:test --write || exit 1; \
 	done
-tune: $(STAMP)
-	$(PY) -m orchestrator.tooling.cli tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
+tune: venv-tune
+	$(ORCHESTRATOR) tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
 
 # The router with one and with two instances against the ensemble at c=1, 4, 16, 64 (issue 29),
 # its own server. Writes the "bench-instances" section of $(BENCH_OUT)/benchmarks.md and
 # $(BENCH_OUT)/bench/instances.json.
 .PHONY: bench-instances
 bench-instances: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The metrics flush's change side by side (issue 29, about 8 minutes): the shipped router
 # (a sample of at most 8 timing observations per series per flush) against the same router
@@ -127,7 +151,7 @@ bench-instances: $(STAMP)
 # section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/flush.json.
 .PHONY: bench-flush
 bench-flush: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 29's c=1 goal judged with an interval (about 12 minutes): router_single (the routing
 # overhead alone) against the ensemble at c=1, 15 rounds; the median per-round p50 ratio and
@@ -135,7 +159,7 @@ bench-flush: $(STAMP)
 # "bench-single" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/single.json.
 .PHONY: bench-single
 bench-single: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # The overload benchmark of issues 20 and 29 (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
@@ -143,14 +167,14 @@ bench-single: $(STAMP)
 # "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
 .PHONY: bench-overload
 bench-overload: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
+	$(PY) -m lab.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # Issue 29's profile (about 3 minutes): py-spy on the router's stub while perf_analyzer keeps
 # it busy at concurrency 1 and 16; flame graphs and collapsed stacks in $(BENCH_OUT)/bench/,
 # the "profile" section of $(BENCH_OUT)/benchmarks.md with the orchestrator_stage_seconds means.
 .PHONY: profile
 profile: $(STAMP)
-	$(PY) -m orchestrator.tooling.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
+	$(PY) -m lab.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
 
 # GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
@@ -159,7 +183,7 @@ profile: $(STAMP)
 # memory and the BLS negative control (torch with CUDA needed): GPU_CHECK_ARGS=--gpu-outputs.
 .PHONY: gpu-check
 gpu-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.gpu_check $(GPU_CHECK_ARGS)
+	$(PY) -m lab.gpu_check $(GPU_CHECK_ARGS)
 
 # --- Execution environment and stub (issue 4; docs/guides/env-and-stub.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
@@ -175,16 +199,18 @@ ENV_PYTHON = $(filter 3.%,$(patsubst python%,%,$(notdir $(PYTHON))))
 
 .PHONY: env stub
 
+# The project virtualenv itself is bootstrapped with python3 here (PYTHON names the env's).
+ENV_SETUP = python3 lab/preflight.py --venv $(VENV) --extras env
+
 env:
-	$(MAKE) venv PYTHON=python3
-	$(PY) -m pip install --quiet -e ".[test,env]"
-	$(PY) -m orchestrator.tooling.env env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
+	@$(ENV_SETUP)
+	$(ORCHESTRATOR) env build $(if $(ENV_PYTHON),--python $(ENV_PYTHON)) --target $(TARGET) --install model_repository
 
 stub:
 	@test -n "$(ENV_PYTHON)" || { echo "usage: make stub PYTHON=3.x [TRITON=r24.10]" >&2; exit 2; }
 ifeq ($(strip $(TRITON)),)
-	$(MAKE) venv PYTHON=python3
-	$(PY) -m orchestrator.tooling.env stub --python $(ENV_PYTHON)
+	@$(ENV_SETUP)
+	$(ORCHESTRATOR) stub --python $(ENV_PYTHON)
 else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
@@ -197,11 +223,11 @@ endif
 # (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
 # placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
 .PHONY: deploy-tools deploy-check
-deploy-tools: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy tools
+deploy-tools: venv-client
+	$(ORCHESTRATOR) deploy tools
 
-deploy-check: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
+deploy-check: venv-client
+	$(ORCHESTRATOR) deploy check $(if $(PROD),--prod)
 
 # `make image-scan IMAGE=REGISTRY/orchestrator/orchestrator-triton@sha256:...`: Trivy on the
 # built image in your registry (needs trivy on PATH and registry credentials; docs/guides/env-and-stub.md,
@@ -221,11 +247,11 @@ image-scan:
 # .cache/sbom/orchestrator-image.cdx.json).
 SBOM ?= .cache/sbom/orchestrator-image.cdx.json
 .PHONY: deploy-lock sbom
-deploy-lock: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy lock --out $(LOCK_OUT)
+deploy-lock: venv-client
+	$(ORCHESTRATOR) deploy lock --out $(LOCK_OUT)
 
-sbom: $(STAMP)
-	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)
+sbom: venv-client
+	$(ORCHESTRATOR) deploy sbom --out $(SBOM)
 
 # --- An hour of memory (issue 29; docs/results/reliability.md, "An hour of memory") ----------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
@@ -234,4 +260,4 @@ sbom: $(STAMP)
 # Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
 .PHONY: soak-memory
 soak-memory: $(STAMP)
-	$(PY) -m orchestrator.tooling.soak.memory --out $(SOAK_OUT) $(SOAK_MEMORY_ARGS)
+	$(PY) -m lab.soak.memory --out $(SOAK_OUT) $(SOAK_MEMORY_ARGS)

@@ -5,7 +5,7 @@
 #   MODEL_CONTROL_MODE  explicit (default), none or poll
 #   LOAD_MODELS         comma-separated models to load at start; required with explicit:
 #                       the routers and the models their policies call, less on_demand ones
-#                       (python -m orchestrator.tooling.deploy load-models prints them)
+#                       (orchestrator deploy load-models prints them)
 #   MODEL_CONFIG_NAME   read <model>/configs/NAME.pbtxt where it exists (cpu: embedded)
 #   HTTP_PORT GRPC_PORT METRICS_PORT   (default 8000 8001 8002), BIND_ADDRESS (default 0.0.0.0)
 #   EXIT_TIMEOUT_SECS   seconds Triton waits for in-flight requests on SIGTERM (default 30)
@@ -54,7 +54,7 @@ done
 args=("--model-repository=${repository}" "--model-control-mode=${mode}")
 case "$mode" in
   explicit)
-    [[ -n "${load_models//[ ,]/}" ]] || die "LOAD_MODELS is empty: with MODEL_CONTROL_MODE=explicit nothing would load (python -m orchestrator.tooling.deploy load-models prints the list)"
+    [[ -n "${load_models//[ ,]/}" ]] || die "LOAD_MODELS is empty: with MODEL_CONTROL_MODE=explicit nothing would load (orchestrator deploy load-models prints the list)"
     IFS=',' read -ra models <<< "$load_models"
     for model in "${models[@]}"; do
       model="${model// /}"

@@ -256,8 +256,8 @@ def bench_results():
     """A complete, made-up ``results.json`` of ``make bench`` (every section, one error)."""
     from dataclasses import asdict
 
-    from orchestrator.tooling.bench.goals import compute_ratios, evaluate_goals
-    from orchestrator.tooling.bench.plan import BATCH_SIZES, FULL_SETTINGS, GRID_MODELS, LENGTH_MODELS
+    from lab.bench.goals import compute_ratios, evaluate_goals
+    from lab.bench.plan import BATCH_SIZES, FULL_SETTINGS, GRID_MODELS, LENGTH_MODELS
 
     meas = bench_grid({(m, c): (100.0 * (i + 1), 10.0 / (i + 1)) for i, m in enumerate(GRID_MODELS) for c in (1, 4, 16)})
     for m in meas:
@@ -277,7 +277,7 @@ def bench_results():
     ratios = compute_ratios(meas, acc, raw)
     stats = {"n": 10, "tokens_min": 3, "tokens_p50": 20.0, "tokens_p90": 30.0, "tokens_max": 50, "over_limit": 0}
     return {
-        "command": "python -m orchestrator.tooling.bench --out docs", "quick": False, "created_utc": "2026-01-01 00:00:00", "wall_s": 600.0,
+        "command": "python -m lab.bench --out docs", "quick": False, "created_utc": "2026-01-01 00:00:00", "wall_s": 600.0,
         "machine": {"cores": 2, "cpu_model": "Test CPU", "memory_gib": 8.0, "kernel": "k", "os": "o", "python": "3.11"},
         "load": {"before": [0.1, 0.2, 0.3], "after": [1.0, 1.0, 1.0]}, "git": "abc",
         "triton": {"version": "2.51.0"}, "software": {"perf_analyzer": "Perf Analyzer Version 2.41.0", "onnxruntime": "1"},
@@ -323,9 +323,9 @@ def routes(out):
 def stub_pid(server, instance: str) -> int:
     """The pid of the Python-backend stub process of model instance ``instance`` (e.g.
     ``classifier_fast_0_0``): a live child of the server process the test started, whose
-    arguments name that instance (``orchestrator.tooling.soak.procs.find_stub``). Raises
+    arguments name that instance (``lab.soak.procs.find_stub``). Raises
     LookupError when there is none."""
-    from orchestrator.tooling.soak.procs import find_stub
+    from lab.soak.procs import find_stub
 
     pid = find_stub(server.pid, instance)
     if pid is None:
@@ -335,7 +335,7 @@ def stub_pid(server, instance: str) -> int:
 
 def rss_bytes(pid: int) -> int:
     """Resident set size of process ``pid`` in bytes. Raises LookupError when it is gone."""
-    from orchestrator.tooling.soak.procs import rss_bytes as rss
+    from lab.soak.procs import rss_bytes as rss
 
     value = rss(pid)
     if value is None:

@@ -1,21 +1,17 @@
 """Deployment (``deploy/``): the models to load at start, and the offline checks of the image
 and the Kubernetes manifests.
 
-``python -m orchestrator.tooling.deploy load-models [--repo DIR] [--router NAME ...]``
-    prints the comma-separated ``LOAD_MODELS`` for ``deploy/entrypoint.sh``: each router and
-    every model its policy calls through BLS (``Policy.models()``), less those marked
-    ``on_demand`` (``Policy.on_demand()``), which the router loads itself.
-``python -m orchestrator.tooling.deploy check``  (``make deploy-check``)
-    runs every check below and exits 1 on any finding.
-``python -m orchestrator.tooling.deploy tools``
-    installs the validators only (``make deploy-tools``).
-``python -m orchestrator.tooling.deploy lock``  (``make deploy-lock``)
-    compiles ``deploy/requirements-image.txt`` into ``deploy/requirements-image.lock``: every
-    package of the image's Python pinned with its hashes (``uv pip compile --generate-hashes``
-    for Python 3.12 on x86_64 manylinux_2_28, the NGC image's).
-``python -m orchestrator.tooling.deploy sbom [--out FILE]``  (``make sbom``)
-    the image's CycloneDX SBOM (JSON) from that lock (``cyclonedx-py``), with the base image
-    (tag and digest) as a component.
+``orchestrator deploy load-models [--repo DIR] [--router NAME ...]`` prints the comma-separated
+``LOAD_MODELS`` for ``deploy/entrypoint.sh``: each router and every model its policy calls
+through BLS (``Policy.models()``), less those marked ``on_demand`` (``Policy.on_demand()``),
+which the router loads itself. ``orchestrator deploy check`` (``make deploy-check``) runs
+every check below and exits 1 on any finding; ``orchestrator deploy tools`` (``make
+deploy-tools``) installs the validators only. ``orchestrator deploy lock`` (``make
+deploy-lock``) compiles ``deploy/requirements-image.txt`` into ``deploy/requirements-image.lock``:
+every package of the image's Python pinned with its hashes (``uv pip compile
+--generate-hashes`` for Python 3.12 on x86_64 manylinux_2_28, the NGC image's).
+``orchestrator deploy sbom [--out FILE]`` (``make sbom``): the image's CycloneDX SBOM (JSON)
+from that lock (``cyclonedx-py``), with the base image (tag and digest) as a component.
 
 The checks (docs/guides/kubernetes.md, "What was validated here"):
 
@@ -854,9 +850,9 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     return findings
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.deploy", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_deploy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``orchestrator deploy``'s subcommands (``deploy_command`` runs them); returns ``parser``."""
+    sub = parser.add_subparsers(dest="deploy_command", required=True)
     lm = sub.add_parser("load-models", help="print LOAD_MODELS: the routers and the models their policies keep loaded")
     lm.add_argument("--repo", default=str(MODEL_REPOSITORY))
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: deploy/routers.yaml)")
@@ -868,21 +864,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help=f"directory of the written {IMAGE_LOCK} (default: .cache/deploy; --out deploy: the committed one)")
     sb = sub.add_parser("sbom", help=f"the image's CycloneDX SBOM from deploy/{IMAGE_LOCK}")
     sb.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "sbom" / "orchestrator-image.cdx.json"))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def deploy_command(args: argparse.Namespace) -> int:
+    """Run ``orchestrator deploy <load-models|check|tools|lock|sbom>``: 0 done, 1 findings or an error (printed)."""
     try:
-        if args.command == "load-models":
+        if args.deploy_command == "load-models":
             print(",".join(always_on_models(Path(args.repo), args.router or ROUTERS)))
             return 0
-        if args.command == "tools":
+        if args.deploy_command == "tools":
             print(ensure_tools().root)
             return 0
-        if args.command == "lock":
+        if args.deploy_command == "lock":
             lock = compile_lock(ensure_supply_tools(), out_dir=Path(args.out))
             print(f"{lock}: {len(lock_entries(lock))} packages, pinned and hashed"
                   + ("" if lock.parent.resolve() == DEPLOY_DIR.resolve() else
                      f" (the committed one, deploy/{IMAGE_LOCK}, is unchanged: compare them, or --out deploy)"))
             return 0
-        if args.command == "sbom":
+        if args.deploy_command == "sbom":
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
@@ -896,5 +896,5 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 1 if findings else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m orchestrator.tooling.deploy: the same as orchestrator deploy
+    sys.exit(deploy_command(add_deploy_arguments(argparse.ArgumentParser(prog="orchestrator deploy")).parse_args()))

@@ -853,15 +853,19 @@ def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> 
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.frontdoor", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+def add_frontdoor_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``orchestrator frontdoor``'s subcommands (``frontdoor_command`` runs them); returns ``parser``."""
+    sub = parser.add_subparsers(dest="frontdoor_command", required=True)
     r = sub.add_parser("render", help="write the nginx configuration from the policy and the quotas")
     r.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "frontdoor" / "nginx.conf"))
     sub.add_parser("check", help=f"compare {_shown(RENDERED_FILE)} with a fresh render; nginx -t")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def frontdoor_command(args: argparse.Namespace) -> int:
+    """Run ``orchestrator frontdoor <render|check>``: 0 done, 1 a problem or an error."""
     try:
-        if args.command == "render":
+        if args.frontdoor_command == "render":
             out = Path(args.out)
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(render_default())
@@ -876,6 +880,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not nginx_ready():
         print(f"nginx -t not run: nginx or its Lua module is not installed ({INSTALL_HINT})")
     return 1 if problems else 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m orchestrator.tooling.frontdoor ...``: the same as ``orchestrator frontdoor ...``."""
+    parser = add_frontdoor_arguments(argparse.ArgumentParser(prog="orchestrator frontdoor", description=__doc__.split("\n\n")[0]))
+    return frontdoor_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

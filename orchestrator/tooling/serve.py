@@ -316,7 +316,7 @@ def serve_command(args: argparse.Namespace) -> int:  # noqa: C901 (start, wait a
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m orchestrator.tooling.serve [serve options]``."""
     parser = add_serve_arguments(
-        argparse.ArgumentParser(prog="python -m orchestrator.tooling.serve", description="Run the embedded Triton server.")
+        argparse.ArgumentParser(prog="orchestrator serve", description="Run the embedded Triton server.")
     )
     return serve_command(parser.parse_args(argv))
 

@@ -10,7 +10,7 @@ What it does (docs/guides/tune.md):
    of each model's ONNX file, each model's tokenizer files, ``heads.Head.probabilities``
    with its calibration and the model node's ``calibration`` shift), window by window:
    the short texts of ``--data`` as they are, and long texts joined from them
-   (``bench.long_texts``: same-label texts and turning texts, whose label is the later,
+   (``modeling.long_texts``: same-label texts and turning texts, whose label is the later,
    longer part's);
 3. chunk nodes with ``stop_margin``: sweeps it on the long texts (the stage alone), with the
    runtime's own stopping code (``nodes.chunk._stop_reason``, ``stop_when_decided`` kept:
@@ -373,9 +373,9 @@ def stop_curve(head: Head, node: ChunkNode, windows: Sequence[Sequence[np.ndarra
 
 def long_texts(models: Models, tokenizer: str, texts: Sequence[str], labels: np.ndarray, n: int = LONG_TEXTS) -> Dict[str, Tuple[List[str], np.ndarray]]:
     """``{"same_label": (texts, labels), "turning": (texts, labels)}`` joined from ``texts``
-    (``bench.long_texts``: the same-label rule, and the turning rule: the later, longer
+    (``modeling.long_texts``: the same-label rule, and the turning rule: the later, longer
     part's label), ``n`` of each at most, in a fixed shuffled order (``RandomState(0)``)."""
-    from orchestrator.tooling.bench.long_texts import same_label_long_texts, turning_long_texts
+    from orchestrator.tooling.modeling.long_texts import same_label_long_texts, turning_long_texts
 
     order = np.random.RandomState(0).permutation(len(texts))
     t = [texts[i] for i in order]

@@ -24,7 +24,7 @@ is 27) in the shape its first request will have, batch 1:
 The data are raw files in ``<model>/warmup/`` (``input_data_file``; the format of
 ``model_config.proto``, ``ModelWarmup.Input.input_data_file``: row-major values,
 little-endian; a ``TYPE_STRING`` element is a 4-byte unsigned length followed by its
-bytes). :func:`write_warmup_files` writes them (``python -m orchestrator.tooling.warmup``);
+bytes). :func:`write_warmup_files` writes them (``orchestrator warmup``);
 :func:`warmup_sample` is the ``model_warmup`` entry a configuration must hold (the unit
 tests compare the shipped configurations with it).
 
@@ -184,12 +184,15 @@ def write_warmup_files(model_dir: Path, kind: str, tokenizer_dir: Optional[Path]
     return out
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m orchestrator.tooling.warmup [--repo DIR]``: write the warmup files of
-    every model of the repository whose configuration has a ``model_warmup`` sample."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.tooling.warmup", description=main.__doc__)
-    parser.add_argument("--repo", type=Path, default=None, help="model repository (default: the project's)")
-    args = parser.parse_args(argv)
+def add_warmup_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """``orchestrator warmup``'s options; returns ``parser``."""
+    parser.add_argument("--repo", type=Path, default=None, help="model repository (default: ./model_repository, else the project's)")
+    return parser
+
+
+def warmup_command(args: argparse.Namespace) -> int:
+    """``orchestrator warmup [--repo DIR]``: write the warmup files of every model of the
+    repository whose configuration has a ``model_warmup`` sample; prints each file written."""
     repo = args.repo or default_model_repository()
     for model_dir in sorted(p for p in repo.iterdir() if p.is_dir()):
         path = config_path(model_dir, "embedded")
@@ -203,6 +206,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for written in write_warmup_files(model_dir, kind, repo / head.tokenizer / "1", logits_width(config)):
             print(written)
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m orchestrator.tooling.warmup ...``: the same as ``orchestrator warmup ...``."""
+    parser = add_warmup_arguments(argparse.ArgumentParser(prog="orchestrator warmup", description=warmup_command.__doc__))
+    return warmup_command(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

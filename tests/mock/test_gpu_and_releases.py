@@ -237,10 +237,10 @@ def test_required_and_answering_models_of_a_policy():
 
 
 def test_gpu_checks_bls_caller_on_the_mock(tmp_path):
-    """gpu-check's negative control (orchestrator.testing.gpu_models.BlsCaller) on the mock:
+    """gpu-check's negative control (lab.gpu_models.BlsCaller) on the mock:
     its KIND_GPU ``gpu_echo`` answers in GPU memory (the mock places it there as the stub does;
     torch is not needed here), and the caller reads it only when it asked for CPU memory."""
-    from orchestrator.tooling import gpu_check
+    from lab import gpu_check
 
     repo = gpu_check.probe_repository(tmp_path / "probe")
     (repo / "gpu_echo" / "1" / "model.py").write_text(

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.tooling.bench.measurement import classify_all, write_input_data
-from orchestrator.tooling.bench.perf_analyzer import install_perf_analyzer, measure, perf_analyzer_version
-from orchestrator.tooling.bench.plan import BenchError, PASettings, Spec
-from orchestrator.tooling.bench.variants import make_bench_repository
+from lab.bench.measurement import classify_all, write_input_data
+from lab.bench.perf_analyzer import install_perf_analyzer, measure, perf_analyzer_version
+from lab.bench.plan import BenchError, PASettings, Spec
+from lab.bench.variants import make_bench_repository
 
 
 @pytest.fixture(scope="module")

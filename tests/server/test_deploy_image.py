@@ -327,8 +327,9 @@ def test_the_images_packages_on_python_312_give_the_projects_answers(image_env, 
 def test_the_dockerfiles_pip_steps_run_as_written_on_python_312(tmp_path):
     """The Dockerfile's own COPY and RUN pip lines, word for word, in a Python 3.12 venv in
     place of the image's Python (/opt/... under tmp_path): the hashed lock installs with
-    --require-hashes --no-deps --ignore-installed, and the orchestrator package builds with
-    --no-index --no-build-isolation from the locked setuptools alone."""
+    --require-hashes --no-deps --ignore-installed, the .pth step puts the copied runtime on
+    the interpreter's path, and the router imports from it, where the tooling and the lab
+    are not (no PYTHONPATH: the stub ignores it)."""
     from orchestrator.tooling.env.common import EnvError
     from orchestrator.tooling.env.interpreters import find_python
 
@@ -351,14 +352,17 @@ def test_the_dockerfiles_pip_steps_run_as_written_on_python_312(tmp_path):
                     shutil.copytree(ROOT / src, target, ignore=shutil.ignore_patterns("__pycache__"))
                 else:
                     shutil.copy(ROOT / src, target)
-        elif words[0] == "RUN" and "pip" in words:
-            command = " ".join(args).split("&&")[0].split()  # the pip part; `rm -rf` cleans the image only
-            assert command[:4] == ["python3", "-m", "pip", "install"], command
+        elif words[0] == "RUN":
+            command = args if "pip" not in words else " ".join(args).split("&&")[0].split()  # `rm -rf` cleans the image only
+            assert command[:4] == ["python3", "-m", "pip", "install"] or command[:2] == ["python3", "-c"], command
             command = [str(venv / "bin" / "python")] + [str(root) + w if w.startswith("/opt/") else w for w in command[1:]]
             proc = subprocess.run(command, capture_output=True, text=True, timeout=900)
             assert proc.returncode == 0, f"{' '.join(command)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             ran.append(command)
-    assert len(ran) == 2 and "--require-hashes" in ran[0] and "--no-build-isolation" in ran[1]
-    check = "import numpy, transformers, onnxruntime, tritonclient.grpc, yaml, orchestrator.runtime.router; print(numpy.__version__)"
-    proc = subprocess.run([str(venv / "bin" / "python"), "-c", check], capture_output=True, text=True, timeout=300)
+    assert len(ran) == 2 and "--require-hashes" in ran[0] and "-c" in ran[1]
+    check = ("import importlib.util, numpy, transformers, onnxruntime, tritonclient.grpc, yaml, orchestrator.runtime.router; "
+             "assert importlib.util.find_spec('orchestrator.tooling') is None and importlib.util.find_spec('lab') is None; "
+             "print(numpy.__version__)")
+    proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", check], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0 and proc.stdout.strip() == "1.26.4", proc.stderr[-2000:]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.tooling.bench import profile
+from lab.bench import profile
 
 
 def test_a_short_profile_of_the_router_stub(tmp_path):

@@ -26,9 +26,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from lab.soak.procs import find_stub, read_proc
 from orchestrator.tooling import production
 from orchestrator.tooling.modeling import data
-from orchestrator.tooling.soak.procs import find_stub, read_proc
 from tests.helpers import call, make_test_repository, routes, rss_bytes, stub_pid
 
 MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_strict", "router_ondemand", "router_pair"]

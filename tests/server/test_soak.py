@@ -1,4 +1,4 @@
-"""The fault-injection soak, short version (``orchestrator soak --short``), on a real server.
+"""The fault-injection soak, short version (``python -m lab.soak --short``), on a real server.
 
 One run (module fixture, about a minute): its own tritonserver on a read-only copy of
 model_repository with its bytecode compiled before the first load and the control plane
@@ -16,8 +16,8 @@ import json
 import pytest
 import yaml
 
-from orchestrator.tooling.soak.report import markdown, summarize
-from orchestrator.tooling.soak.runner import PHASES, SHORT, run_soak
+from lab.soak.report import markdown, summarize
+from lab.soak.runner import PHASES, SHORT, run_soak
 from tests.helpers import REPO
 
 

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from orchestrator.tooling.soak.memory import BAD_KINDS, MemoryConfig, run_memory, summarize, write
+from lab.soak.memory import BAD_KINDS, MemoryConfig, run_memory, summarize, write
 from tests.helpers import REPO
 
 CONFIG = MemoryConfig(minutes=0.75, interval_s=5.0, warmup_minutes=0.25, n_short=96, n_long=8)

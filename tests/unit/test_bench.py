@@ -1,4 +1,4 @@
-"""Tests of orchestrator.tooling.bench: input data, perf_analyzer CSV/export parsing, ratios, goals,
+"""Tests of lab.bench: input data, perf_analyzer CSV/export parsing, ratios, goals,
 the benchmark repository, the report, and one real perf_analyzer run against the embedded
 server (skipped, with the reason, only when perf_analyzer cannot be installed)."""
 
@@ -9,9 +9,9 @@ import json
 import pytest
 import yaml
 
-from orchestrator.tooling.bench.cli import main
-from orchestrator.tooling.bench.goals import compute_ratios, evaluate_goals, paired_ratios, ratio
-from orchestrator.tooling.bench.measurement import (
+from lab.bench.cli import main
+from lab.bench.goals import compute_ratios, evaluate_goals, paired_ratios, ratio
+from lab.bench.measurement import (
     accuracy_summary,
     combine_rounds,
     expected_latency_ms,
@@ -20,11 +20,11 @@ from orchestrator.tooling.bench.measurement import (
     length_sets,
     write_input_data,
 )
-from orchestrator.tooling.bench.perf_analyzer import parse_perf_csv, perf_analyzer_command, window_stats
-from orchestrator.tooling.bench.plan import GRID_MODELS, GRID_ROUNDS, SINGLE_CLASSIFIER_ROOT, BenchError, PASettings, Spec, bench_plan
-from orchestrator.tooling.bench.report import WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
-from orchestrator.tooling.bench.run import write_outputs
-from orchestrator.tooling.bench.variants import make_bench_repository
+from lab.bench.perf_analyzer import parse_perf_csv, perf_analyzer_command, window_stats
+from lab.bench.plan import GRID_MODELS, GRID_ROUNDS, SINGLE_CLASSIFIER_ROOT, BenchError, PASettings, Spec, bench_plan
+from lab.bench.report import WHAT_WE_TRIED_END, WHAT_WE_TRIED_START, render_report
+from lab.bench.run import write_outputs
+from lab.bench.variants import make_bench_repository
 from orchestrator.tooling.repository import check_repository, get_parameter, read_config
 from tests.helpers import bench_grid, bench_results
 
@@ -356,7 +356,7 @@ def test_variant_parameters_change_only_their_key(tmp_path):
 def test_render_report_has_goals_tables_machine_and_placeholder():
     results = bench_results()
     text = render_report(results)
-    assert "python -m orchestrator.tooling.bench --out docs" in text and "Test CPU, 2 cores" in text and "2.51.0" in text
+    assert "python -m lab.bench --out docs" in text and "Test CPU, 2 cores" in text and "2.51.0" in text
     assert results["ratios"]["router_single_p50_c1_vs_ensemble"] == pytest.approx(2 / 3)
     assert "| router (single-classifier) p50 latency at c=1 within 1.10x of ensemble | 0.67x | <= 1.10x | **met** |" in text
     assert "| default router accuracy within 1 point of the accurate classifier (ensemble) | -1.00 points | >= -1 points | **met** |" in text

@@ -1,4 +1,4 @@
-"""``orchestrator.tooling.bench.features`` offline: the repeated workload, the benchmark
+"""``lab.bench.features`` offline: the repeated workload, the benchmark
 repository's copies and the report section (the measurements need a server: ``make
 bench-features``)."""
 
@@ -9,10 +9,10 @@ import random
 import pytest
 import yaml
 
+from lab.bench.features import make_features_repository, repeated_workload
+from lab.bench.plan import BenchError
+from lab.bench.report import FEATURES_END, FEATURES_START, render_report, replace_section
 from orchestrator.runtime.policy import load_policy
-from orchestrator.tooling.bench.features import make_features_repository, repeated_workload
-from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, render_report, replace_section
 from orchestrator.tooling.repository import config_path, read_config
 
 

@@ -1,4 +1,4 @@
-"""The pure parts of the router-instances benchmark (``orchestrator.tooling.bench.instances``):
+"""The pure parts of the router-instances benchmark (``lab.bench.instances``):
 its plan, the per-round ratios, the section make bench keeps, and the variant it adds."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.tooling.bench import instances as I
-from orchestrator.tooling.bench.report import INSTANCES_END, INSTANCES_START, KEPT_SECTIONS
+from lab.bench import instances as I
+from lab.bench.report import INSTANCES_END, INSTANCES_START, KEPT_SECTIONS
 from tests.helpers import REPO
 
 
@@ -77,7 +77,7 @@ def test_the_flush_variant_changes_only_the_timing_sample(tmp_path):
 
 
 def test_the_flush_section_names_its_variant_and_per_round_ratios():
-    from orchestrator.tooling.bench.report import FLUSH_END, FLUSH_START
+    from lab.bench.report import FLUSH_END, FLUSH_START
 
     cmp = I.COMPARISONS["flush"]
     assert (FLUSH_START, FLUSH_END) in KEPT_SECTIONS
@@ -112,8 +112,8 @@ def test_the_median_interval_is_the_order_statistics_one_and_judges_the_goal():
 
 
 def test_the_single_comparison_judges_its_goal_by_the_interval(tmp_path):
-    from orchestrator.tooling.bench.plan import VARIANTS
-    from orchestrator.tooling.bench.report import SINGLE_END, SINGLE_START
+    from lab.bench.plan import VARIANTS
+    from lab.bench.report import SINGLE_END, SINGLE_START
 
     cmp = I.COMPARISONS["single"]
     assert (SINGLE_START, SINGLE_END) in KEPT_SECTIONS

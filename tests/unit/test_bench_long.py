@@ -1,4 +1,4 @@
-"""``orchestrator.tooling.bench.long_texts`` offline: the same-label and turning long texts, the
+"""``lab.bench.long_texts`` offline: the same-label and turning long texts, the
 all-windows router copy, the report section and that ``make bench`` keeps it (the
 measurements need a server: ``make bench-long``)."""
 
@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from orchestrator.runtime.policy import load_policy
-from orchestrator.tooling.bench.long_texts import (
+from lab.bench.long_texts import (
     ALL_WINDOWS,
     KINDS,
     MODELS,
@@ -18,7 +17,8 @@ from orchestrator.tooling.bench.long_texts import (
     same_label_long_texts,
     without_stopping,
 )
-from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, LONG_END, LONG_START, render_report, replace_section
+from lab.bench.report import FEATURES_END, FEATURES_START, LONG_END, LONG_START, render_report, replace_section
+from orchestrator.runtime.policy import load_policy
 from tests.helpers import REPO, bench_results
 
 

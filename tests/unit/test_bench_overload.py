@@ -1,4 +1,4 @@
-"""The pure parts of the overload benchmark (``orchestrator.tooling.bench.overload``): the
+"""The pure parts of the overload benchmark (``lab.bench.overload``): the
 rate plan, Poisson arrivals, one level's summary, the goal, the section and its place in
 benchmarks.md, and the overload policy it measures."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.tooling.bench.overload import (
+from lab.bench.overload import (
     OVERLOAD,
     Record,
     goal,
@@ -17,8 +17,8 @@ from orchestrator.tooling.bench.overload import (
     render_section,
     summarize,
 )
-from orchestrator.tooling.bench.plan import BenchError
-from orchestrator.tooling.bench.report import OVERLOAD_END, OVERLOAD_START, render_report, replace_section
+from lab.bench.plan import BenchError
+from lab.bench.report import OVERLOAD_END, OVERLOAD_START, render_report, replace_section
 from tests.helpers import REPO, ROOT
 
 
@@ -112,7 +112,7 @@ def test_the_section_has_every_level_and_model_and_is_kept_by_make_bench(tmp_pat
 
 
 def test_the_queue_variants_add_the_recommended_policy_and_change_nothing_else(tmp_path):
-    from orchestrator.tooling.bench.overload import TIMEOUT_QUEUE, set_queue_policy
+    from lab.bench.overload import TIMEOUT_QUEUE, set_queue_policy
     from orchestrator.tooling.repository import QUEUE_POLICY, read_config
 
     shipped = read_config(REPO / "router" / "config.pbtxt")
@@ -137,7 +137,7 @@ def test_the_queue_variants_add_the_recommended_policy_and_change_nothing_else(t
 
 
 def test_the_two_instance_variant_changes_only_the_count(tmp_path):
-    from orchestrator.tooling.bench.overload import set_instances
+    from lab.bench.overload import set_instances
     from orchestrator.tooling.repository import read_config
 
     path = tmp_path / "config.pbtxt"
@@ -161,7 +161,7 @@ def test_the_measured_overload_policy_is_the_documented_example():
 
 
 def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
-    from orchestrator.tooling.bench.overload import goal_answered
+    from lab.bench.overload import goal_answered
 
     r = results()
     for lv in r["levels"]:
@@ -187,8 +187,8 @@ def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
 
 
 def test_the_admission_variant_adds_only_the_admission_key(tmp_path):
+    from lab.bench.overload import ADMISSION, make_overload_repository
     from orchestrator.runtime.policy import parse_policy
-    from orchestrator.tooling.bench.overload import ADMISSION, make_overload_repository
 
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     repo = make_overload_repository(tmp_path / "repo", shipped)

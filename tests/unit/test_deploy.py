@@ -208,9 +208,55 @@ def test_hadolint_passes_the_dockerfile_and_flags_a_bad_one(tools, tmp_path):
 
 def test_every_file_the_dockerfile_copies_exists_and_is_in_the_build_context():
     assert D.copy_sources(DEPLOY / "Dockerfile") == [
-        "deploy/requirements-image.lock", "pyproject.toml", "README.md", "LICENSE", "orchestrator", "model_repository", "deploy/entrypoint.sh",
+        "deploy/requirements-image.lock", "orchestrator/__init__.py", "orchestrator/runtime", "LICENSE", "model_repository",
+        "deploy/entrypoint.sh",
     ]
     assert D.check_image_files() == []
+
+
+def _copies():
+    """``(source, destination)`` of each COPY of deploy/Dockerfile."""
+    out = []
+    for words in D._instructions(DEPLOY / "Dockerfile"):
+        if words[0] == "COPY":
+            args = [w for w in words[1:] if not w.startswith("--")]
+            out += [(src, args[-1]) for src in args[:-1]]
+    return out
+
+
+def test_the_image_carries_the_runtime_and_the_repository_only():
+    """Of the package only orchestrator/runtime (and the package's __init__), on the path of
+    the image's Python through a .pth file (the stub ignores PYTHONPATH); no tooling, no lab,
+    no tests, nothing pip builds from the checkout."""
+    copies = dict(_copies())
+    code = {src for src in copies if src.startswith(("orchestrator", "lab", "tests", "pyproject"))}
+    assert code == {"orchestrator/__init__.py", "orchestrator/runtime"}
+    assert copies["model_repository"] == "/models"
+    lib = "/opt/orchestrator/lib"
+    assert copies["orchestrator/runtime"] == f"{lib}/orchestrator/runtime"
+    assert copies["orchestrator/__init__.py"] == f"{lib}/orchestrator/__init__.py"
+    runs = [w for w in D._instructions(DEPLOY / "Dockerfile") if w[0] == "RUN"]
+    installs = [w for w in runs if "pip" in w]
+    assert len(installs) == 1 and "/opt/orchestrator/requirements-image.lock" in installs[0]  # the lock, no package build
+    (pth,) = [w for w in runs if "pip" not in w]
+    assert pth[1:3] == ["python3", "-c"] and "orchestrator.pth" in pth[3] and pth[4:] == [lib]
+    ignore = (DEPLOY / "Dockerfile.dockerignore").read_text().split()
+    assert "!orchestrator/" not in ignore and "!lab/" not in ignore and "!orchestrator/runtime" in ignore
+
+
+def test_the_runtime_imports_nothing_of_the_package_outside_it():
+    """What the image copies is enough: every ``orchestrator`` import under orchestrator/runtime
+    (lazy ones included) names orchestrator.runtime."""
+    import ast
+
+    outside = []
+    for path in sorted((ROOT / "orchestrator" / "runtime").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+            outside += [(path.name, n) for n in names if n.split(".")[0] in ("orchestrator", "lab")
+                        and not n.startswith("orchestrator.runtime")]
+    assert outside == []
 
 
 def test_a_missing_or_ignored_copy_source_is_found(tmp_path):
@@ -242,7 +288,7 @@ def test_the_image_requirements_keep_the_projects_packages():
         return out
 
     image, env = pins(DEPLOY / "requirements-image.txt"), pins(ROOT / "env" / "requirements-cpu.txt")
-    assert image.pop("setuptools")  # builds the orchestrator package in the image only
+    assert "setuptools" not in image  # the image builds no package: it copies the runtime
     assert image == env  # the env built for the image's Python 3.12 has the image's packages
     assert int(image["numpy"].split(".")[0]) < 2
     locked = {e.name: e.version for e in D.lock_entries(DEPLOY / "requirements-image.lock")}
@@ -315,7 +361,7 @@ def test_manifests_load_what_the_shipped_policy_needs(schema_check, tmp_path):
 
 
 def test_load_models_cli_prints_the_list():
-    out = subprocess.run([sys.executable, "-m", "orchestrator.tooling.deploy", "load-models"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-m", "orchestrator.tooling.cli", "deploy", "load-models"], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "router,classifier_fast,classifier"
 
 
@@ -620,7 +666,8 @@ SUPPLY_BREAKS = [
     ("Dockerfile", lambda t: re.sub(r"@sha256:[0-9a-f]{64}", "", t), "not pinned by digest"),
     ("Dockerfile", lambda t: t.replace("tritonserver:26.08-py3", "tritonserver:24.10-py3"), "not an NGC release >= 25.08"),
     ("Dockerfile", lambda t: t.replace("--require-hashes ", ""), "without --require-hashes"),
-    ("Dockerfile", lambda t: t.replace("\nCOPY orchestrator ", "\nRUN python3 -m pip install --no-cache-dir requests==2.32.5\nCOPY orchestrator "), "may download unhashed packages"),
+    ("Dockerfile", lambda t: t.replace("\nCOPY orchestrator/runtime ", "\nRUN python3 -m pip install --no-cache-dir requests==2.32.5\nCOPY orchestrator/runtime "),
+     "may download unhashed packages"),
     ("requirements-image.lock", lambda t: re.sub(r"(numpy==1\.26\.4) \\\n(\s+--hash=\S+ \\\n)*\s+--hash=\S+\n", r"\1\n", t), "'numpy==1.26.4' has no sha256 hash"),
     ("requirements-image.lock", lambda t: t.replace("transformers==5.23.0", "transformers==5.22.0"), "transformers==5.23.0 (deploy/requirements-image.txt) is locked as 5.22.0"),
 ]
@@ -702,7 +749,9 @@ def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
     assert D.check_all(progress=said.append) == []
     assert calls[0] == "ensure_tools" and len(said) == len(calls) - 1  # one message before each step (hadolint runs twice, one step)
     assert said[0].startswith("validators") and said[1].startswith("schemas") and said[-1].startswith("supply chain")
-    assert D.main(["check"]) == 0
+    from orchestrator.tooling.cli import main
+
+    assert main(["deploy", "check"]) == 0
     err = capsys.readouterr().err
     assert "deploy check: hadolint: Dockerfiles ..." in err and "deploy check: model configs ..." in err
 

@@ -304,13 +304,13 @@ def _make_n(*args) -> str:
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
 def test_make_targets():
     out = _make_n("env", "PYTHON=3.12", "TARGET=gpu")
-    assert "-m orchestrator.tooling.env env build --python 3.12 --target gpu --install model_repository" in out
-    assert "make venv PYTHON=python3" in out or "venv PYTHON=python3" in out  # the venv is not built with "3.12"
+    assert "/bin/orchestrator env build --python 3.12 --target gpu --install model_repository" in out
+    assert "python3 lab/preflight.py --venv .venv --extras env" in out  # the venv is not built with "3.12"
     assert "bash stub_build/build.sh 3.12 r24.10" in _make_n("stub", "PYTHON=3.12", "TRITON=r24.10")
-    assert "-m orchestrator.tooling.env stub --python 3.12" in _make_n("stub", "PYTHON=python3.12")
-    # The module the Makefile runs parses those commands.
+    assert "/bin/orchestrator stub --python 3.12" in _make_n("stub", "PYTHON=python3.12")
+    # The verbs the Makefile runs parse those commands.
     for args in (["env", "build", "--help"], ["stub", "--help"]):
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.tooling.env", *args], capture_output=True, text=True, cwd=ROOT)
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.tooling.cli", *args], capture_output=True, text=True, cwd=ROOT)
         assert proc.returncode == 0 and "--python" in proc.stdout, proc.stderr
 
 

@@ -6,7 +6,7 @@ A tiny checkpoint is built here (random ``BertForSequenceClassification`` weight
 The committed ``classifier_fp16`` is checked against the committed ``classifier``.
 
 Not tested: re-exporting the committed ``classifier`` from its torch checkpoint, because
-``orchestrator.tooling.modeling.train`` keeps no checkpoint (it exports the best epoch's weights straight to
+``lab.train`` keeps no checkpoint (it exports the best epoch's weights straight to
 ONNX); the export path itself is covered by the tiny checkpoint.
 """
 
@@ -342,11 +342,11 @@ def test_reconverting_the_committed_classifier_gives_the_committed_fp16(tmp_path
 def test_one_validation_error_for_train_and_export_under_the_tooling_base():
     """Catching export's ExportValidationError catches train's (one class), and every error of
     the modeling and bench tooling is a ToolingError."""
-    from orchestrator.tooling.bench.plan import BenchError
+    from lab import train as T
+    from lab.bench.plan import BenchError
     from orchestrator.tooling.errors import ToolingError
     from orchestrator.tooling.modeling import data as D
     from orchestrator.tooling.modeling import parity as P
-    from orchestrator.tooling.modeling import train as T
 
     assert T.ExportValidationError is E.ExportValidationError
     assert issubclass(E.ExportValidationError, E.ExportError) and issubclass(E.SourceError, E.ExportError)

@@ -118,8 +118,8 @@ def test_soak_front_door_mode_is_wired():
     keeps the server's own admin port."""
     import argparse
 
-    from orchestrator.tooling.soak.command import add_soak_arguments, config_from_args
-    from orchestrator.tooling.soak.report import oversized_summary
+    from lab.soak.command import add_soak_arguments, config_from_args
+    from lab.soak.report import oversized_summary
 
     args = add_soak_arguments(argparse.ArgumentParser()).parse_args(["--short", "--front-door"])
     assert config_from_args(args).front_door is True

@@ -1,4 +1,4 @@
-"""``make gpu-check`` (orchestrator.tooling.gpu_check): on a machine without a GPU it runs end
+"""``make gpu-check`` (lab.gpu_check): on a machine without a GPU it runs end
 to end with the outcome "no GPU: not run" (exit 0, result file under .cache/ by default); the
 parts a GPU run uses (nvidia-smi parsing, the KIND_GPU repository, the comparison) checked
 without one."""
@@ -10,7 +10,8 @@ import subprocess
 
 import numpy as np
 
-from orchestrator.tooling import gpu_check, repository
+from lab import gpu_check
+from orchestrator.tooling import repository
 from tests.helpers import REPO
 
 
@@ -68,7 +69,7 @@ def test_gpu_outputs_replace_the_classifiers_models_with_the_gpu_adapter(tmp_pat
         assert (repo / name / "1" / "model.py").read_text() == gpu_check.GPU_OUTPUT_ADAPTER
         assert (repo / name / "1" / "model.onnx").is_file()
     # the adapter names a class that exists, built on the embedded classifier
-    source = (REPO.parent / "orchestrator" / "testing" / "gpu_models.py").read_text()
+    source = (REPO.parent / "lab" / "gpu_models.py").read_text()
     assert "class GpuOutputClassifier(OnnxClassifier)" in source and "GpuOutputClassifier" in gpu_check.GPU_OUTPUT_ADAPTER
     for name in ("router", "tokenizer", "postprocess"):
         assert (repo / name / "1" / "model.py").read_text() == (REPO / name / "1" / "model.py").read_text()

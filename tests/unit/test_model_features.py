@@ -44,7 +44,7 @@ def test_every_model_warms_up_with_one_review_in_the_shape_of_a_first_request(mo
         assert model_kind(config) == kind, path
         assert list(config.model_warmup) == [want], path
         assert config.model_warmup[0].name == SAMPLE_NAME and config.model_warmup[0].batch_size == 1
-    # the data files are what the generator writes today (python -m orchestrator.tooling.warmup)
+    # the data files are what the generator writes today (orchestrator warmup)
     for name, (_, _, content) in warmup_data(kind, TOKENIZER).items():
         assert (REPO / model / "warmup" / name).read_bytes() == content, f"{model}/warmup/{name}: regenerate"
 

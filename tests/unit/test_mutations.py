@@ -1,4 +1,4 @@
-"""``make mutations`` finds its targets by the code's structure (orchestrator/tooling/mutations.py):
+"""``make mutations`` finds its targets by the code's structure (lab/mutations.py):
 a target is found whatever its formatting, refused when gone or ambiguous, and every shipped
 mutation's target is in the runtime exactly once."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.tooling.mutations import MUTATIONS, Target, TargetError, apply, check, find
+from lab.mutations import MUTATIONS, Target, TargetError, apply, check, find
 
 SOURCE = '''
 LIMITS = {"a": 1, "b": 2}

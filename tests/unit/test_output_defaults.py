@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.tooling.paths import PROJECT_ROOT
 
-TRACKED_ROOTS = ("docs", "deploy", "model_repository", "env", "orchestrator", "tests")
+TRACKED_ROOTS = ("docs", "deploy", "model_repository", "env", "orchestrator", "lab", "tests")
 
 
 def _tracked(path: str) -> bool:
@@ -23,20 +23,20 @@ def _tracked(path: str) -> bool:
 
 def test_out_options_default_outside_the_tracked_tree():
     found = {}
-    for path in sorted((PROJECT_ROOT / "orchestrator").rglob("*.py")):
+    for path in sorted([*(PROJECT_ROOT / "orchestrator").rglob("*.py"), *(PROJECT_ROOT / "lab").rglob("*.py")]):
         text = path.read_text()
         for m in re.finditer(r'add_argument\(\s*"--out",(.*?)\)\n', text, re.S):
             default = re.search(r'default=(?:Path\()?(?:str\()?(?:PROJECT_ROOT / )?"([^"]*)"', m.group(1))
             if default:
                 found[f"{path.relative_to(PROJECT_ROOT)}"] = default.group(1)
-    assert "orchestrator/tooling/modeling/parity/run.py" in found and "orchestrator/tooling/bench/cli.py" in found
+    assert "orchestrator/tooling/modeling/parity/run.py" in found and "lab/bench/cli.py" in found
     # `make model` exists to rebuild the committed demo models: its default is the repository
-    allowed = {"orchestrator/tooling/modeling/train/run.py": "model_repository"}
+    allowed = {"lab/train/run.py": "model_repository"}
     assert {k: v for k, v in found.items() if _tracked(v) and allowed.get(k) != v} == {}, found
 
 
 def test_parity_and_bench_defaults_parse_to_the_cache():
-    from orchestrator.tooling.bench.cli import add_bench_arguments
+    from lab.bench.cli import add_bench_arguments
     from orchestrator.tooling.modeling.parity.run import add_parity_arguments
 
     parity = add_parity_arguments(argparse.ArgumentParser()).parse_args(["--reference", "classifier", "--held-out"])

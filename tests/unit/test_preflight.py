@@ -1,4 +1,4 @@
-"""make's first step (orchestrator/tooling/preflight.py): interpreter, platform, virtualenv reuse."""
+"""make's first step (lab/preflight.py): interpreter, platform, virtualenv reuse."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.tooling import preflight
+from lab import preflight
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 PYPROJECT = (PROJECT_ROOT / "pyproject.toml").read_text()
@@ -181,9 +181,13 @@ def test_main_reports_every_problem_and_exits_2_before_touching_the_venv(tmp_pat
 
 def test_makefile_runs_the_check_before_every_venv():
     makefile = (PROJECT_ROOT / "Makefile").read_text()
-    assert "SETUP = $(PYTHON) orchestrator/tooling/preflight.py --venv $(VENV)" in makefile
-    # demo installs no torch (extra train); test and model do.
+    assert "SETUP = $(PYTHON) lab/preflight.py --venv $(VENV)" in makefile
+    # demo installs the embedded server and no torch (extras export, train); test and model do.
+    extras = dict(re.findall(r"^(\w+_EXTRAS) := (\S+)$", makefile, re.M))
+    assert extras["DEMO_EXTRAS"] == "serve"
     assert re.search(r"^demo: venv-demo$", makefile, re.M)
-    assert re.search(r"^venv-demo:\n\t@\$\(SETUP\)\n", makefile, re.M)
-    assert re.search(r"^test: venv-train$", makefile, re.M) and re.search(r"^model: venv-train$", makefile, re.M)
+    assert re.search(r"^venv-demo:\n\t@\$\(SETUP\) --extras \$\(DEMO_EXTRAS\)\n", makefile, re.M)
+    assert re.search(r"^test: venv-train$", makefile, re.M) and re.search(r"^venv-train:\n\t@\$\(SETUP\) --extras \$\(TEST_EXTRAS\)\n", makefile, re.M)
+    assert {"export", "train"} <= set(extras["TEST_EXTRAS"].split(",")) and set(extras["LAB_EXTRAS"].split(",")) <= set(extras["TEST_EXTRAS"].split(","))
+    assert re.search(r"^model: venv-model$", makefile, re.M) and re.search(r"^venv-model:\n\t@\$\(SETUP\) --extras train\n", makefile, re.M)
     assert "--quiet" not in makefile.split("# Benchmarks")[0]

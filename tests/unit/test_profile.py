@@ -1,12 +1,12 @@
-"""``make profile`` (orchestrator.tooling.bench.profile): collapsed stacks read, self and
+"""``make profile`` (lab.bench.profile): collapsed stacks read, self and
 total shares, the stage histogram between two scrapes, the report section."""
 
 from __future__ import annotations
 
 import pytest
 
+from lab.bench import profile
 from orchestrator.tooling import prometheus
-from orchestrator.tooling.bench import profile
 
 COLLAPSED = """\
 process 1:"triton_python_backend_stub";thread (0x1);execute (router.py:250);run (engine.py:180);gather (concurrency.py:40) 6
@@ -59,7 +59,7 @@ def test_render_has_the_markers_and_a_row_per_stage():
 
 
 def test_wait_quiet_waits_for_the_load_to_fall_and_gives_up_after_its_bound(monkeypatch):
-    from orchestrator.tooling.bench import machine
+    from lab.bench import machine
 
     loads = iter([[3.0, 1, 1], [2.0, 1, 1], [0.4, 1, 1]])
     monkeypatch.setattr(machine, "load_average", lambda: next(loads))

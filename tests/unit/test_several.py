@@ -2,7 +2,7 @@
 groups with different keys, a binary head stand-in whose positive label differs, a label file
 in another order, a restriction value holding ``:``, and a request whose ``is_cancelled()``
 raises. Several instances per model: ``tests/unit/test_repair.py``. Each case is one of
-``make mutations``' targets (``orchestrator/tooling/mutations.py``)."""
+``make mutations``' targets (``lab/mutations.py``)."""
 
 from __future__ import annotations
 

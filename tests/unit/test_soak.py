@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.tooling.soak import procs
-from orchestrator.tooling.soak.command import add_soak_arguments, config_from_args
-from orchestrator.tooling.soak.ledger import Ledger, Record, error_key
-from orchestrator.tooling.soak.report import failed, goals, markdown, oversized_summary, recovery, summarize, totals
-from orchestrator.tooling.soak.runner import SHORT, models_to_load
-from orchestrator.tooling.soak.workload import (
+from lab.soak import procs
+from lab.soak.command import add_soak_arguments, config_from_args
+from lab.soak.ledger import Ledger, Record, error_key
+from lab.soak.report import failed, goals, markdown, oversized_summary, recovery, summarize, totals
+from lab.soak.runner import SHORT, models_to_load
+from lab.soak.workload import (
     LONG_MIN_CHARS,
     Reference,
     RequestSpec,
@@ -247,7 +247,7 @@ def test_report_renders_and_judges_a_run(pool):
     assert [g["goal"] for g in goals(summary) if g.get("gates")] == [goals(summary)[0]["goal"]]
     import io
 
-    from orchestrator.tooling.soak.report import print_summary
+    from lab.soak.report import print_summary
 
     out = io.StringIO()
     print_summary(summary, out)
@@ -291,6 +291,3 @@ def test_cli_options_pick_the_short_or_full_config():
     assert (short.healthy_s, short.http_threads, short.grpc_threads, short.seed) == (SHORT.healthy_s, 3, 3, 7)
     full = config_from_args(parser.parse_args(["--max-duration", "60"]))
     assert full.max_duration_s == 60 and full.healthy_s > SHORT.healthy_s
-    from orchestrator.tooling.cli import build_parser
-
-    assert build_parser().parse_args(["soak", "--short"]).func.__name__ == "soak_command"

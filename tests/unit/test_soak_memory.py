@@ -1,4 +1,4 @@
-"""The hour-of-memory soak's judgement and sampling (orchestrator.tooling.soak.memory), without a server:
+"""The hour-of-memory soak's judgement and sampling (lab.soak.memory), without a server:
 slopes on synthetic series, warm-up left out, hard vs advisory bounds, stub restarts, and
 the /proc and /dev/shm readings on this process, a child made to look like a stub, and a
 temporary directory standing in for /dev/shm."""
@@ -14,8 +14,8 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.tooling.soak import memory
-from orchestrator.tooling.soak.memory import MIB, Bound, judge
+from lab.soak import memory
+from lab.soak.memory import MIB, Bound, judge
 
 MINUTE = 60.0
 

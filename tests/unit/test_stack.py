@@ -1,4 +1,4 @@
-"""The "stack" of the benchmark and soak reports (orchestrator.tooling.bench.stack): what a
+"""The "stack" of the benchmark and soak reports (lab.bench.stack): what a
 server serves, read from its metadata and model configurations, whether the tool started the
 server or was pointed at one with --url; and the soak's fault steps left out against a server
 it did not start."""
@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from lab.bench import stack as S
+from lab.soak import runner
 from orchestrator.testing.mock import MockTriton
-from orchestrator.tooling.bench import stack as S
-from orchestrator.tooling.soak import runner
 from tests.helpers import REPO
 
 META = {"name": "triton", "version": "2.51.0", "extensions": ["classification", "model_repository", "parameters"]}

@@ -135,7 +135,7 @@ def test_metrics_consistent_with_artifacts(metrics):
 
 def test_model_card_mentions_source_rule_and_results():
     card = (REPO / "MODEL_CARD.md").read_text(encoding="utf-8")
-    for needle in ("Hutto", "ICWSM", "MIT", ">= 0.5", "<= -0.5", "movie_reviews", "vader", "python -m orchestrator.tooling.modeling.train"):
+    for needle in ("Hutto", "ICWSM", "MIT", ">= 0.5", "<= -0.5", "movie_reviews", "vader", "python -m lab.train"):
         assert needle in card, needle
 
 
@@ -143,8 +143,8 @@ def test_quick_training_run_writes_contract_artifacts(tmp_path):
     """``--quick`` smoke run (about 20 s on 2 cores) into a temporary model repository."""
     pytest.importorskip("torch", reason="needs torch (the `train` extra: make test installs it, make demo does not)")
     pytest.importorskip("vaderSentiment")
+    from lab import train as T
     from orchestrator.tooling.modeling import data as D
-    from orchestrator.tooling.modeling import train as T
 
     try:
         D.fetch_corpus()
@@ -154,7 +154,7 @@ def test_quick_training_run_writes_contract_artifacts(tmp_path):
     for p in T.artifact_paths(tmp_path):
         assert p.is_file(), p
     m = json.loads((tmp_path / "training_metrics.json").read_text())
-    assert m["quick"] is True and m["command"].startswith("python -m orchestrator.tooling.modeling.train --quick")
+    assert m["quick"] is True and m["command"].startswith("python -m lab.train --quick")
     assert set(m["test"]) == {"classifier", "classifier_fast", "vader"}
     assert m["test"]["vader"]["movie_reviews"]["n"] == m["test"]["classifier"]["movie_reviews"]["n"]
     assert "--quick" in (tmp_path / "MODEL_CARD.md").read_text()
@@ -163,8 +163,8 @@ def test_quick_training_run_writes_contract_artifacts(tmp_path):
 
 def test_committed_tokenizer_is_reproducible(tokenizer):
     """Retraining the tokenizer on the train split gives the committed vocabulary, id for id."""
+    from lab import train as T
     from orchestrator.tooling.modeling import data as D
-    from orchestrator.tooling.modeling import train as T
 
     try:
         examples = D.load_examples()

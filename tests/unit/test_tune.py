@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import yaml
 
+from lab.bench.long_texts import turning_long_texts
 from orchestrator.runtime import policy as P
 from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.nodes.chunk import ChunkNode
 from orchestrator.tooling import tune as T
-from orchestrator.tooling.bench.long_texts import turning_long_texts
 
 BIN = Head(BINARY, ("positive",))
 

@@ -1,6 +1,6 @@
 """The command line of the env package: ``orchestrator env build|install|verify`` and
-``orchestrator stub`` (also ``python -m orchestrator.tooling.env env ...|stub ...``, what
-``make env`` and ``make stub`` run). Each command returns 0, or 1 with the error on stderr.
+``orchestrator stub`` (what ``make env`` and ``make stub`` run; also ``python -m
+orchestrator.tooling.env env ...|stub ...``). Each command returns 0, or 1 with the error on stderr.
 """
 
 from __future__ import annotations
@@ -161,9 +161,9 @@ def stub_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m orchestrator.tooling.env env ...|stub ...`` (what the Makefile runs)."""
+    """``python -m orchestrator.tooling.env env ...|stub ...``: the same as ``orchestrator env|stub ...``."""
     parser = argparse.ArgumentParser(
-        prog="python -m orchestrator.tooling.env", description="Execution environments (EXECUTION_ENV_PATH) and Python-backend stubs."
+        prog="orchestrator", description="Execution environments (EXECUTION_ENV_PATH) and Python-backend stubs."
     )
     sub = parser.add_subparsers(dest="command", required=True)
     add_subcommand(sub, "env", "execution environments", add_env_arguments, env_command)

@@ -413,7 +413,7 @@ def doctor_command(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m orchestrator.tooling.env.doctor [options]``."""
-    parser = add_doctor_arguments(argparse.ArgumentParser(prog="python -m orchestrator.tooling.env.doctor", description=__doc__.split("\n\n")[0]))
+    parser = add_doctor_arguments(argparse.ArgumentParser(prog="orchestrator doctor", description=__doc__.split("\n\n")[0]))
     return doctor_command(parser.parse_args(argv))
 
 

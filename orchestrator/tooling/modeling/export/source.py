@@ -151,6 +151,6 @@ def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[st
 def torch_export(model, tokenizer, path: Path, max_length: int, opset: int) -> None:
     """Export the torch ``model`` to ``path`` with the training export (one code path),
     traced on two sample texts. Raises :class:`ExportValidationError`."""
-    from orchestrator.tooling.modeling.train.onnx_export import export_onnx
+    from orchestrator.tooling.modeling.torch_export import export_onnx
 
     export_onnx(model, path, opset=opset, example=encode(tokenizer, SAMPLE_TEXTS[:2], max_length))

@@ -19,7 +19,7 @@ from orchestrator.tooling.modeling.parity.metrics import paired_ratio, threshold
 def environment() -> dict:
     import importlib.metadata as md
 
-    from orchestrator.tooling.bench.machine import cpu_model
+    from orchestrator.tooling.host import cpu_model
 
     cpu = cpu_model()
     env = {"python": platform.python_version(), "platform": platform.platform(), "cpu": cpu,

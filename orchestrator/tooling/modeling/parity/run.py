@@ -300,6 +300,6 @@ def parity_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m orchestrator.tooling.modeling.parity", description="Do candidate classifiers (fp16, re-exports) decide like the reference?")
+    p = argparse.ArgumentParser(prog="orchestrator parity", description="Do candidate classifiers (fp16, re-exports) decide like the reference?")
     add_parity_arguments(p)
     return parity_command(p.parse_args(argv))

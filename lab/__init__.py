@@ -1,0 +1,1 @@
+"""The development lab: benchmarks, soak, profiler, mutations, preflight, training the demo models (not installed)."""

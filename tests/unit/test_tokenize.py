@@ -187,3 +187,21 @@ def test_the_held_out_set_tokenizes_as_transformers_does():
     ids, mask = ours.pad(ours.encode(texts[:64]), 0)
     np.testing.assert_array_equal(ids, want["input_ids"])
     np.testing.assert_array_equal(mask, want["attention_mask"])
+
+
+def test_the_tokenizer_model_refuses_to_load_without_tokenizer_json(tmp_path):
+    from orchestrator.testing.mock import install
+
+    install()  # the stub's triton_python_backend_utils
+    from orchestrator.runtime.models.tokenizer import TritonPythonModel
+
+    version = tmp_path / "tok" / "1"
+    shutil.copytree(REPO / "tokenizer" / "1", version, ignore=shutil.ignore_patterns("tokenizer.json", "__pycache__"))
+    args = {"model_repository": str(tmp_path / "tok"), "model_version": "1", "model_config": json.dumps({})}
+    with pytest.raises(ValueError, match=r"tokenizer: .*tok/1/tokenizer\.json: no such file.*orchestrator export"):
+        TritonPythonModel().initialize(args)
+    shutil.copy(REPO / "tokenizer" / "1" / "tokenizer.json", version)
+    model = TritonPythonModel()
+    model.initialize(args)
+    ids, mask = model.encode(["a good movie", ""])
+    assert ids.dtype == mask.dtype == np.int64 and ids.shape == mask.shape == (2, ids.shape[1])

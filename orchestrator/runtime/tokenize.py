@@ -4,7 +4,8 @@
 ``tokenizer.json`` (vocabulary, normalizer, pre-tokenizer, special-token template) and the
 settings ``transformers`` keeps beside it: ``tokenizer_config.json`` (``model_max_length``,
 ``padding_side``, ``truncation_side``, the pad token, BERT's ``do_lower_case``,
-``strip_accents``, ``tokenize_chinese_chars``, byte-level ``add_prefix_space``) and
+``strip_accents``, ``tokenize_chinese_chars``, byte-level ``add_prefix_space``,
+``split_special_tokens``) and
 ``special_tokens_map.json`` (the pad token). The ids, masks and truncation are those of
 ``AutoTokenizer.from_pretrained(dir)(texts, truncation=..., padding=False)`` followed by
 ``pad`` (``tests/unit/test_tokenize.py`` compares them on WordPiece BERT and DistilBERT,
@@ -154,6 +155,9 @@ class TextTokenizer:
             self._truncating = Tokenizer.from_str(backend.to_str())
             self._truncating.enable_truncation(self.model_max_length, stride=0, strategy="longest_first",
                                                direction=self.truncation_side)
+        for each in (self._whole, self._truncating):
+            if each is not None:  # transformers sets it on every load; tokenizer.json does not keep it
+                each.encode_special_tokens = bool(config.get("split_special_tokens", False))
 
     def encode(self, texts: Sequence[str], truncation: bool = True) -> List[NDArray[np.int64]]:
         """Token ids of each text, special tokens added, not padded.

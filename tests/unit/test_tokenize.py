@@ -1,8 +1,8 @@
 """``orchestrator.runtime.tokenize`` against ``transformers.AutoTokenizer`` on the same files:
 WordPiece BERT and DistilBERT, byte-level BPE RoBERTa (tests/byom.py's tokenizers), the demo's
 ``model_repository/tokenizer/1``, and variants whose ``tokenizer_config.json`` changes sides,
-casing and prefix spaces. Ids, masks, truncation, padding and the chunk node's windows must
-be identical arrays."""
+casing, prefix spaces and special-token splitting. Ids, masks, truncation, padding and the
+chunk node's windows must be identical arrays."""
 
 from __future__ import annotations
 
@@ -69,14 +69,15 @@ def tokenizer_dirs(tmp_path_factory):
         "bert_left": _save(wordpiece_tokenizer(), base / "bert_left", padding_side="left", truncation_side="left"),
         "bert_cased": _save(wordpiece_tokenizer(), base / "bert_cased", do_lower_case=False),
         "bert_strip": _save(wordpiece_tokenizer(), base / "bert_strip", strip_accents=True),
+        "bert_split": _save(wordpiece_tokenizer(), base / "bert_split", split_special_tokens=True),
         "roberta_prefix": _save(bpe_tokenizer(), base / "roberta_prefix", add_prefix_space=True),
         "roberta_left": _save(bpe_tokenizer(max_length=16), base / "roberta_left", truncation_side="left",
                               padding_side="left"),
     }
 
 
-NAMES = ["bert", "distilbert", "roberta", "demo", "bert_left", "bert_cased", "bert_strip", "roberta_prefix",
-         "roberta_left"]
+NAMES = ["bert", "distilbert", "roberta", "demo", "bert_left", "bert_cased", "bert_strip", "bert_split",
+         "roberta_prefix", "roberta_left"]
 
 
 def _pair(dirs, name):

@@ -206,3 +206,20 @@ def test_the_tokenizer_model_refuses_to_load_without_tokenizer_json(tmp_path):
     model.initialize(args)
     ids, mask = model.encode(["a good movie", ""])
     assert ids.dtype == mask.dtype == np.int64 and ids.shape == mask.shape == (2, ids.shape[1])
+
+
+def test_threads_encode_at_once(tokenizer_dirs):
+    """The router's twins share one tokenizer and no lock: encoding changes no setting, so
+    concurrent calls neither raise ("Already borrowed") nor mix answers."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ours = TextTokenizer(tokenizer_dirs["bert"])
+    want = [[i.tolist() for i in ours.encode(TEXTS * 20, truncation)] for truncation in (True, False)]
+
+    def run(k: int):
+        truncation = k % 2 == 0
+        return truncation, [i.tolist() for i in ours.encode(TEXTS * 20, truncation)]
+
+    with ThreadPoolExecutor(8) as pool:
+        for truncation, got in pool.map(run, range(64)):
+            assert got == want[0 if truncation else 1]

@@ -15,6 +15,7 @@ from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling.configs import write_head
 from orchestrator.tooling.modeling.export.starter import router_name, starter_policy, write_starter_router
 from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.repository import copy_model
 from tests.helpers import REPO
 
 POLICIES = sorted((PROJECT_ROOT / "docs" / "policies").glob("*.yaml"))
@@ -42,8 +43,8 @@ def repo(tmp_path_factory):
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("*.onnx", "__pycache__", "triton_env*", "*stub*", "env.pbtxt"))
     for name, head in EXAMPLE_HEADS.items():
         if not (repo / head.tokenizer).exists():
-            shutil.copytree(REPO / "tokenizer", repo / head.tokenizer, ignore=shutil.ignore_patterns("__pycache__"))
-        shutil.copytree(REPO / "classifier", repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
+            copy_model(REPO / "tokenizer", repo / head.tokenizer)  # named as its directory, as Triton requires
+        copy_model(REPO / "classifier", repo / name, ignore=["*.onnx"])
         write_head(repo / name, head)
     return repo
 

@@ -11,7 +11,6 @@ and timeout ``Deadlines.call_options`` gives its rows.
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
@@ -28,6 +27,7 @@ from orchestrator.runtime.nodes.base import Item, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, inline_tokenizer_dirs
 from orchestrator.runtime.request import CallOptions
+from orchestrator.runtime.tokenize import TextTokenizer
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
 # ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
@@ -51,23 +51,21 @@ class ModelCalls:
         model_dir: the router's model directory (inline tokenizer paths are relative to it).
 
     Attributes:
-        tokenizers: ``transformers`` tokenizers by tokenizer model (inline tokenizers only).
+        tokenizers: :class:`~orchestrator.runtime.tokenize.TextTokenizer` by tokenizer
+            model (inline tokenizers only).
     """
 
     def __init__(self, policy: Policy, infer: InferFn, models: Optional[ModelManager], deadlines: Deadlines,
                  model_dir: Optional[Path] = None, metrics: Optional[Metrics] = None) -> None:
         self.policy, self.infer, self.models, self.deadlines, self.metrics = policy, infer, models, deadlines, metrics
-        self.tokenizers: Dict[str, Any] = {}
-        self.tokenizer_lock = threading.Lock()  # shared with twins: a fast tokenizer used from two threads raises
+        self.tokenizers: Dict[str, TextTokenizer] = {}
         if policy.inline_tokenizer:
-            from transformers import AutoTokenizer
-
             for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items():
-                self.tokenizers[name] = AutoTokenizer.from_pretrained(str(path))
+                self.tokenizers[name] = TextTokenizer(path)
 
     def twin(self, infer: InferFn, models: Optional[ModelManager], deadlines: Deadlines,
              metrics: Optional[Metrics]) -> "ModelCalls":
-        """The same policy and tokenizers (and their lock), through another ``infer``."""
+        """The same policy and tokenizers, through another ``infer``."""
         twin = copy.copy(self)
         twin.infer, twin.models, twin.deadlines, twin.metrics = infer, models, deadlines, metrics
         return twin
@@ -79,11 +77,9 @@ class ModelCalls:
         if not todo:
             return
         local = self.tokenizers.get(tokenizer)
-        if local is not None:  # in-process: the same files and call as the tokenizer model
-            with self.tokenizer_lock:  # a fast tokenizer used from two threads raises "Already borrowed"
-                encoded = local([it.text for it in todo], truncation=False, padding=False)["input_ids"]
-            for it, ids in zip(todo, encoded):
-                it.tokens[tokenizer] = np.asarray(ids, dtype=np.int64)
+        if local is not None:  # in-process: the same files and encoding as the tokenizer model
+            for it, ids in zip(todo, local.encode([it.text for it in todo], truncation=False)):
+                it.tokens[tokenizer] = ids
             return
 
         def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:

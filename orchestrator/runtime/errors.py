@@ -59,6 +59,12 @@ class PolicyError(OrchestratorError, ValueError):
     (``root.steps[1].stages[0].model``), prefixed by the file name when read from a file."""
 
 
+class TokenizerFilesError(OrchestratorError, ValueError):
+    """A tokenizer directory cannot be served (``orchestrator.runtime.tokenize``): a file is
+    missing or malformed, or a setting is not one ``transformers`` accepts; the message
+    names the file. Raised at load, where it fails the model's ``initialize``."""
+
+
 class DownstreamError(OrchestratorError, RuntimeError):
     """A BLS call failed, a model answered something the policy cannot use, or a node
     timed out; the message names the model or node. The router turns it into an

@@ -6,8 +6,9 @@ Inputs and outputs (full shapes, batch first):
     attention_mask  TYPE_INT64  [N, L]  1 for real tokens, 0 for padding
 
 The tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, ...) are read from the
-model's version directory with ``transformers.AutoTokenizer``; lower-casing and the
-truncation length (``model_max_length``) come from those files.
+model's version directory with :class:`orchestrator.runtime.tokenize.TextTokenizer` (the
+``tokenizers`` library; the ids ``transformers.AutoTokenizer`` gives); lower-casing, the
+truncation length (``model_max_length``), sides and pad token come from those files.
 
 Config parameters (``config.pbtxt``):
     padding     ``longest`` (default): pad to the longest text of the request;
@@ -18,19 +19,20 @@ Request parameter (KServe v2 ``parameters``):
     truncation  ``false`` turns truncation off so a caller (the router) sees whole texts;
                 default ``true``: truncate to ``model_max_length``.
 
-Errors (per request, INVALID_ARG): invalid UTF-8, empty batch, bad parameters.
+Errors (per request, INVALID_ARG): invalid UTF-8, empty batch, bad parameters. The load
+fails (``ValueError``) without ``tokenizer.json`` (re-export with ``orchestrator export``),
+without a pad token, or with bad padding parameters.
 """
 
 from __future__ import annotations
 
 from typing import Any, Dict, List, Tuple
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 from numpy.typing import NDArray
-from transformers import AutoTokenizer
 
 from orchestrator.runtime.models._triton import error_response, model_config, model_directory
+from orchestrator.runtime.tokenize import TextTokenizer, TokenizerFilesError
 from orchestrator.runtime.validation import (
     InputError,
     config_parameters,
@@ -46,9 +48,16 @@ class TritonPythonModel:
     """The tokenizer model (see the module docstring)."""
 
     def initialize(self, args: Dict[str, str]) -> None:
-        """Load the tokenizer files and check the padding parameters (ValueError: bad parameters)."""
+        """Load the tokenizer files and check the padding parameters (ValueError: no
+        ``tokenizer.json``, no pad token, bad parameters)."""
         params = config_parameters(model_config(args))
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_directory(args)))
+        try:
+            self.tokenizer = TextTokenizer(model_directory(args))
+        except TokenizerFilesError as exc:
+            raise ValueError(f"tokenizer: {exc}") from None
+        if self.tokenizer.pad_token_id is None:
+            raise ValueError(f"tokenizer: {self.tokenizer.directory}: the files name no pad token, so batches "
+                             "cannot be padded; set pad_token in tokenizer_config.json")
         self.padding = params.get("padding", "longest")
         if self.padding not in PADDING_MODES:
             raise ValueError(f"tokenizer: parameter padding={self.padding!r}, expected one of {PADDING_MODES}")
@@ -60,17 +69,10 @@ class TritonPythonModel:
             )
 
     def encode(self, texts: List[str], truncation: bool = True) -> Tuple[NDArray[Any], NDArray[Any]]:
-        """Tokenize ``texts`` into int64 arrays ``(input_ids, attention_mask)``, shape [N, L]."""
-        enc = self.tokenizer(
-            texts,
-            truncation=truncation,
-            max_length=self.truncation_length if truncation else None,
-            padding=False,
-        )
-        longest = max(len(ids) for ids in enc["input_ids"])
-        length = max(longest, self.max_length) if self.padding == "max_length" else longest
-        padded = self.tokenizer.pad(enc, padding="max_length", max_length=length, return_tensors="np")
-        return padded["input_ids"].astype(np.int64), padded["attention_mask"].astype(np.int64)
+        """Tokenize ``texts`` into int64 arrays ``(input_ids, attention_mask)``, shape [N, L]
+        (L: the longest text's tokens, at least ``max_length`` with ``max_length`` padding)."""
+        seqs = self.tokenizer.encode(texts, truncation)
+        return self.tokenizer.pad(seqs, self.max_length if self.padding == "max_length" else 0)
 
     def execute(self, requests: List[Any]) -> List[Any]:
         """One response per request: ids and mask, or an INVALID_ARG error naming the input."""

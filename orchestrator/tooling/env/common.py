@@ -58,7 +58,6 @@ DEFAULT_IMPORTS = (
     "numpy",
     "yaml",
     "tokenizers",
-    "transformers",
     "onnxruntime",
     "tritonclient.grpc",
     "triton_python_backend_utils",

@@ -8,9 +8,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
+from orchestrator.runtime.tokenize import TOKENIZER_FILE
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.configs import tokenizer_config
-from orchestrator.tooling.modeling.contract import ExportValidationError, SourceError, encode
+from orchestrator.tooling.modeling.contract import ExportError, ExportValidationError, SourceError, encode
 from orchestrator.tooling.modeling.export.validate import SAMPLE_TEXTS
 from orchestrator.tooling.repository import get_parameter, read_config, write_config
 
@@ -19,7 +20,7 @@ _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 TOKENIZER_ADAPTER = '"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.tokenizer."""\n\n' \
                     "from orchestrator.runtime.models.tokenizer import TritonPythonModel  # noqa: F401\n"
 TOKENIZER_HEADER = (
-    "Text to token ids with transformers' fast tokenizer (files in 1/, truncation length: their",
+    "Text to token ids with the tokenizers library from 1/tokenizer.json (truncation length: the files'",
     "model_max_length); written by `orchestrator export` (orchestrator.tooling.modeling.configs.tokenizer_config).",
     "padding: \"longest\" (pad to the request's longest text) or \"max_length\" (pad to max_length).",
 )
@@ -98,30 +99,73 @@ def check_tokenizer_files(checkpoint: Path) -> list[str]:
     return found
 
 
+def write_tokenizer_json(tokenizer, directory: Path) -> None:
+    """Make sure ``directory`` (``save_pretrained`` output of ``tokenizer``) holds
+    ``tokenizer.json``, the file the tokenizer model and the router serve from: a fast
+    tokenizer wrote it; a slow (Python) one is converted with ``transformers``' converter.
+
+    Raises:
+        ExportError: a slow tokenizer that ``transformers`` cannot convert; the message
+            says what to provide instead.
+    """
+    path = Path(directory) / TOKENIZER_FILE
+    if path.is_file():
+        return
+    try:
+        from transformers.convert_slow_tokenizer import convert_slow_tokenizer
+
+        backend = convert_slow_tokenizer(tokenizer)
+    except Exception as e:  # no converter for the class, or a converter that fails on these files
+        raise ExportError(
+            f"the checkpoint's tokenizer ({type(tokenizer).__name__}) is a slow (Python) tokenizer with no "
+            f"{TOKENIZER_FILE}, and transformers cannot convert it ({type(e).__name__}: {e}). The router serves "
+            f"tokenizers from {TOKENIZER_FILE} (the `tokenizers` library): save a fast tokenizer with the "
+            f"checkpoint (tokenizer.save_pretrained(DIR) of a tokenizers-backed tokenizer writes {TOKENIZER_FILE}) "
+            "and export again"
+        ) from None
+    backend.save(str(path))
+
+
 def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[str], padding: str = "longest") -> list[str]:
     """Make ``tok_dir`` (``<repo>/<model>/1``) the files of ``tokenizer`` with
     ``model_max_length`` = ``max_length`` (the truncation length of the tokenizer model),
-    and its model: ``model.py`` and ``config.pbtxt`` (:func:`tokenizer_config`, named after
-    the directory; an existing one keeps its settings, with ``max_length`` and the warmup
-    sample made again) and the warmup files. Old tokenizer files are removed. Returns the
-    tokenizer file names written.
+    always with ``tokenizer.json`` (:func:`write_tokenizer_json`), and its model:
+    ``model.py`` and ``config.pbtxt`` (:func:`tokenizer_config`, named after the directory;
+    an existing one keeps its settings, with ``max_length`` and the warmup sample made
+    again) and the warmup files. Old tokenizer files are removed. Returns the tokenizer file
+    names written.
 
-    The files are saved to a temporary directory and reloaded with ``AutoTokenizer`` first;
-    :class:`ExportValidationError` (``tok_dir`` untouched) if the reloaded tokenizer encodes
-    one of ``texts`` differently from ``tokenizer`` truncating to ``max_length``.
+    The files are saved to a temporary directory and read back first, both with
+    ``AutoTokenizer`` and with what serves them
+    (:class:`orchestrator.runtime.tokenize.TextTokenizer`, ``tokenizers`` alone):
+    :class:`ExportValidationError` (``tok_dir`` untouched) if either encodes one of
+    ``texts`` (and an empty text) differently from ``tokenizer`` truncating to
+    ``max_length``; :class:`ExportError` from :func:`write_tokenizer_json`.
     """
     from transformers import AutoTokenizer
 
+    from orchestrator.runtime.tokenize import TextTokenizer, TokenizerFilesError
     from orchestrator.tooling.warmup import add_model_features, write_warmup_files
 
     tokenizer.model_max_length = max_length
     tok_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tok_dir.parent, prefix=".tokenizer-") as tmp:
         tokenizer.save_pretrained(tmp)
+        write_tokenizer_json(tokenizer, Path(tmp))
         again = AutoTokenizer.from_pretrained(tmp)
-        for t in texts:
-            if again(t, truncation=True)["input_ids"] != tokenizer(t, truncation=True, max_length=max_length)["input_ids"]:
+        try:
+            served = TextTokenizer(Path(tmp))
+        except TokenizerFilesError as e:
+            raise ExportValidationError(f"the saved tokenizer files cannot be served: {e}") from None
+        for t in [*texts, ""]:
+            want = tokenizer(t, truncation=True, max_length=max_length)["input_ids"]
+            if again(t, truncation=True)["input_ids"] != want:
                 raise ExportValidationError(f"the saved tokenizer encodes {t[:40]!r} differently from the source")
+            if served.encode([t])[0].tolist() != list(want):
+                raise ExportValidationError(
+                    f"the saved {TOKENIZER_FILE} (as the tokenizer model serves it, with the tokenizers library) "
+                    f"encodes {t[:40]!r} differently from the source tokenizer"
+                )
         names = sorted(p.name for p in Path(tmp).iterdir() if p.is_file())
         for old in tok_dir.iterdir():
             if old.is_file() and old.name != "model.py":

@@ -43,8 +43,7 @@ EXTRA_MODULES: Dict[str, frozenset] = {
     "env": frozenset({"venv_pack", "conda_pack", "pytriton", "tritonclient", "grpc", "google", "rich"}),
     "export": frozenset({"transformers", "huggingface_hub", "safetensors", "torch", "onnx", "onnxruntime",
                          "tritonclient", "grpc", "google", "rich", "matplotlib"}),
-    "tune": frozenset({"scipy", "matplotlib", "onnxruntime", "transformers", "huggingface_hub", "safetensors",
-                       "tritonclient", "grpc", "google", "rich"}),
+    "tune": frozenset({"scipy", "matplotlib", "onnxruntime", "tritonclient", "grpc", "google", "rich"}),
 }
 
 #: Exit status of a verb whose extra is not installed (as for a usage error).

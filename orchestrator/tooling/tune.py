@@ -268,8 +268,7 @@ class Models:
     """The repository's models in this process: window answers per text and model."""
 
     def __init__(self, repo: Path, heads: Mapping[str, Head], threads: Optional[int] = None):
-        from transformers import AutoTokenizer
-
+        from orchestrator.runtime.tokenize import TextTokenizer
         from orchestrator.tooling.modeling.contract import ort_session
         from orchestrator.tooling.modeling.parity.backends import onnx_file
 
@@ -283,14 +282,13 @@ class Models:
             self.sessions[model] = ort_session(path, threads)
             if head.tokenizer not in self.tokenizers:
                 tok_dir = repo / head.tokenizer / "1"
-                if not (tok_dir / "tokenizer_config.json").is_file():
-                    raise TuneError(f"tokenizer '{head.tokenizer}' (of '{model}'): {tok_dir} has no tokenizer files")
-                self.tokenizers[head.tokenizer] = AutoTokenizer.from_pretrained(str(tok_dir))
+                if not (tok_dir / "tokenizer.json").is_file():
+                    raise TuneError(f"tokenizer '{head.tokenizer}' (of '{model}'): {tok_dir} has no tokenizer.json")
+                self.tokenizers[head.tokenizer] = TextTokenizer(tok_dir)  # as the tokenizer model serves it
 
     def ids(self, tokenizer: str, texts: Sequence[str]) -> List[np.ndarray]:
         """Token ids int64 [T] of each text, special tokens included, not truncated."""
-        enc = self.tokenizers[tokenizer](list(texts), truncation=False, padding=False, verbose=False)
-        return [np.asarray(x, dtype=np.int64) for x in enc["input_ids"]]
+        return self.tokenizers[tokenizer].encode(list(texts), truncation=False)
 
     def logits(self, model: str, rows: Sequence[np.ndarray]) -> np.ndarray:
         """float32 [len(rows), num_logits]: the model on each row of token ids (padded with

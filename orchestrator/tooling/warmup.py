@@ -109,10 +109,9 @@ def string_bytes(texts: Sequence[str]) -> bytes:
 
 
 def _sample_ids(tokenizer_dir: Path) -> np.ndarray:
-    from transformers import AutoTokenizer
+    from orchestrator.runtime.tokenize import TextTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
-    return np.asarray(tokenizer(SAMPLE_TEXT, truncation=True)["input_ids"], dtype=np.int64)
+    return TextTokenizer(tokenizer_dir).encode([SAMPLE_TEXT])[0]
 
 
 def warmup_data(kind: str, tokenizer_dir: Optional[Path], logits: int = 1) -> Dict[str, Tuple[str, List[int], bytes]]:

@@ -10,7 +10,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import numpy as np
 
 from orchestrator.tooling.errors import ConfigError
-from orchestrator.tooling.modeling.contract import encode, num_cores, ort_session
+from orchestrator.tooling.modeling.contract import num_cores, ort_session
 from orchestrator.tooling.modeling.parity.labeled import ParityError
 from orchestrator.tooling.repository import get_parameter, read_config
 
@@ -46,14 +46,15 @@ class InProcessBackend:
     def __init__(self, repo: os.PathLike | str, models: Sequence[str], threads: Optional[int] = None,
                  tokenizer: str = "tokenizer"):
         import onnxruntime as ort
-        from transformers import AutoTokenizer
+
+        from orchestrator.runtime.tokenize import TextTokenizer
 
         self.repo = Path(repo)
         tok_dir = self.repo / tokenizer / "1"
-        if not (tok_dir / "tokenizer_config.json").is_file():
-            raise ParityError(f"{tok_dir}: no tokenizer files")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
-        self.max_length = int(self.tokenizer.model_max_length)
+        if not (tok_dir / "tokenizer.json").is_file():
+            raise ParityError(f"{tok_dir}: no tokenizer.json")
+        self.tokenizer = TextTokenizer(tok_dir)  # as the tokenizer model serves it
+        self.max_length = self.tokenizer.model_max_length
         self.threads = threads or num_cores()
         self.paths, self.sessions = {}, {}
         for m in models:
@@ -66,7 +67,7 @@ class InProcessBackend:
                             f"{self.threads} intra-op thread(s), tokenizer {tok_dir}")
 
     def encode(self, texts: Sequence[str]):
-        return encode(self.tokenizer, texts, self.max_length)
+        return self.tokenizer.pad(self.tokenizer.encode(list(texts)), 0)
 
     def run(self, model: str, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         return self.sessions[model].run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]

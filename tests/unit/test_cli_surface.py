@@ -98,7 +98,8 @@ def test_calibrate_without_scipy_names_the_tune_extra(tmp_path):
 
 def test_a_missing_module_no_extra_brings_is_a_real_error():
     assert cli.missing_extra("export", ModuleNotFoundError("x", name="transformers")) == "export"
-    assert cli.missing_extra("tune", ModuleNotFoundError("x", name="transformers.models")) == "tune"
+    assert cli.missing_extra("tune", ModuleNotFoundError("x", name="scipy.stats")) == "tune"
+    assert cli.missing_extra("tune", ModuleNotFoundError("x", name="transformers.models")) == "export"  # not the tune extra's
     assert cli.missing_extra("export", ModuleNotFoundError("x", name="pytriton")) == "serve"
     assert cli.missing_extra("export", ModuleNotFoundError("x", name="no_such_module")) is None
 

@@ -18,7 +18,8 @@ def _classify(args) -> int:
     from orchestrator.tooling.client import ServerUnavailable, classify, format_prediction
 
     try:
-        predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold)
+        predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold,
+                               parameters=dict(args.param) or None)
     except ServerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -39,11 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_subcommand(sub, "serve", "run the embedded Triton server on the model repository", add_serve_arguments, serve_command)
 
     def add_classify_arguments(cls):
+        from orchestrator.tooling.client import request_parameter
+
         cls.add_argument("texts", nargs="+", help="texts to classify (one line of output each)")
         cls.add_argument("--model", default="router", help="router (default), ensemble or NAME_ensemble")
         cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
         cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
         cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
+        cls.add_argument("--param", action="append", default=[], type=request_parameter, metavar="KEY=VALUE",
+                         help="request parameter (repeatable), e.g. route=fast; true/false, numbers typed")
 
     add_subcommand(sub, "classify", "classify texts through a running server", add_classify_arguments, _classify)
 

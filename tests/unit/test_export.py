@@ -249,7 +249,9 @@ def test_bad_sources(tmp_path):
         E.resolve_source(str(tmp_path / "missing" / "deeper" / "path"))
     parser = E.add_export_arguments(argparse.ArgumentParser())
     assert E.export_command(parser.parse_args(["--repo", str(tmp_path), "--quiet"])) == 2
-    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--repo", str(tmp_path), "--quiet"])) == 1
+    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--repo", str(tmp_path), "--quiet"])) == 2  # no --name
+    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--name", "x", "--repo", str(tmp_path),
+                                               "--quiet"])) == 1
 
 
 @needs_train

@@ -49,7 +49,7 @@ def test_an_existing_model_is_not_replaced_without_replace(repo, tmp_path, capsy
     before = tree(repo)
     assert main(["export", str(tmp_path / "ckpt"), "--name", "classifier", "--repo", str(repo)]) == 2
     err = capsys.readouterr().err
-    assert err == (f"error: export would replace classifier in {repo}; it would also re-point the ensembles ensemble. "
+    assert err == (f"error: export would replace classifier in {repo}; it would also re-point the ensemble ensemble. "
                    "Choose another --name, or pass --replace to replace them (an edited NAME_router/policy.yaml is "
                    "kept)\n")
     assert tree(repo) == before

@@ -101,7 +101,8 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
         planned = guard.planned_models(name, args.fp16, router) if args.source else [name]
         present = guard.existing(repo, planned) if repo.is_dir() else []
         if present and not getattr(args, "replace", False):
-            repointed = guard.ensembles_calling(repo, [m for m in planned if m in present], skip=planned)
+            variants = [name] + ([f"{name}_fp16"] if args.fp16 else [])
+            repointed = guard.ensembles_calling(repo, variants, skip=planned) if args.source else []
             print(guard.replace_refusal(repo, present, repointed), file=sys.stderr)
             return 2
         before = guard.router_states(repo) if repo.is_dir() else {}

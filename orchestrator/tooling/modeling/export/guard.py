@@ -57,7 +57,8 @@ def ensembles_calling(repo: Path, models: Iterable[str], skip: Iterable[str] = (
 
 def replace_refusal(repo: Path, present: List[str], repointed: List[str] = ()) -> str:
     """The refusal to replace ``present`` (one line)."""
-    also = f"; it would also re-point the ensembles {', '.join(repointed)}" if repointed else ""
+    which = "ensembles" if len(repointed) > 1 else "ensemble"
+    also = f"; it would also re-point the {which} {', '.join(repointed)}" if repointed else ""
     return (f"error: export would replace {', '.join(present)} in {repo}{also}. Choose another --name, "
             "or pass --replace to replace them (an edited NAME_router/policy.yaml is kept)")
 

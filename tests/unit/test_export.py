@@ -307,7 +307,7 @@ def test_committed_fp16_is_converted_from_the_committed_classifier(tmp_path):
     dst = REPO / "classifier_fp16" / "1" / "model.onnx"
     rec = json.loads((REPO / "classifier_fp16" / "export.json").read_text())
     assert rec["source_sha256"] == hashlib.sha256(Path(src).read_bytes()).hexdigest(), (
-        "classifier changed since classifier_fp16 was made: run `orchestrator export --fp16-from-onnx classifier`")
+        "classifier changed since classifier_fp16 was made: run `orchestrator export --fp16-from-onnx classifier --replace`")
     assert rec["files"]["1/model.onnx"]["sha256"] == hashlib.sha256(Path(dst).read_bytes()).hexdigest()
     assert 0.45 < dst.stat().st_size / src.stat().st_size < 0.55
     ins16, outs16 = io_types(dst)

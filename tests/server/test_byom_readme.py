@@ -15,8 +15,8 @@ put in and the example's 512 tokens made the checkpoints' 48 (513 -> 49, stride 
 5. re-export with ``--replace`` keeps the edited policy (the new starter beside it); the
    export without ``--name`` is refused, and without ``--replace`` too.
 
-One server start; the restart the README also offers (every model at start) is what
-tests/server/test_byom.py serves.
+One server start: the README's other way, a restart that loads the models at start, is how
+tests/server/test_byom.py serves exported models.
 """
 
 from __future__ import annotations

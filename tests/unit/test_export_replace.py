@@ -113,6 +113,10 @@ def test_replace_keeps_the_edited_policy_and_fails_on_a_router_it_breaks(tmp_pat
             "again (unload and load after the new models), or restart the server") in err
     assert "sst_router use" not in err
 
+    # without --router its own router is one of those a running server must load again
+    assert main(export[:-2] + ["--quiet", "--replace"]) == 0
+    assert "note: routers sst_ab, sst_router use sst: a running server serves them" in capsys.readouterr().err
+
     # a shorter max_length: the kept policy (48 tokens) no longer binds, and the command says so
     assert main(export + ["--replace", "--max-length", "32"]) == 1
     err = capsys.readouterr().err

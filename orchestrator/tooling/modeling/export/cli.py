@@ -79,6 +79,7 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
     from rich.console import Console
 
     from orchestrator.tooling.modeling.export import guard
+    from orchestrator.tooling.modeling.export.starter import router_name
 
     console = Console(stderr=True)
     repo = Path(args.repo) if getattr(args, "repo", None) else _default_repo()
@@ -130,7 +131,8 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
     _warn_env(repo, result.models, console)
     after = guard.router_states(repo)
     if name in present:  # a re-export: running routers keep the old tokenizer and head
-        _note_users(repo, result, [r for r, errors in after.items() if errors], console)
+        rewritten = [router_name(name)] if router else []  # told above what it reads now
+        _note_users(repo, result, rewritten + [r for r, errors in after.items() if errors], console)
     lines = guard.breakage_lines(repo, before, after)
     for line in lines:
         print(line, file=sys.stderr)
@@ -163,12 +165,11 @@ def _add_router(result: ExportResult, repo: Path, console, previous=()) -> None:
                   "(README, 'Route your own model')", highlight=False)
 
 
-def _note_users(repo: Path, result: ExportResult, broken, console) -> None:
-    """Name the other routers that use the re-exported model and still load."""
+def _note_users(repo: Path, result: ExportResult, skip, console) -> None:
+    """Name the routers (but ``skip``) that use the re-exported model."""
     from orchestrator.tooling.modeling.export import guard
-    from orchestrator.tooling.modeling.export.starter import router_name
 
-    users = guard.routers_using(repo, result.variants, skip=[router_name(result.name), *broken])
+    users = guard.routers_using(repo, result.variants, skip=skip)
     if users:
         which = f"routers {', '.join(users)} use" if len(users) > 1 else f"router {users[0]} uses"
         console.print(f"note: {which} {', '.join(result.variants)}: a running server serves "

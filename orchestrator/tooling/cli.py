@@ -16,6 +16,7 @@ import os
 import sys
 from typing import Callable, Dict, List, Optional, Tuple
 
+from orchestrator.tooling.client import request_parameter
 from orchestrator.tooling.cliutil import add_subcommand
 
 #: The extra each verb needs beyond the base install.
@@ -75,7 +76,8 @@ def _classify(args) -> int:
     from orchestrator.tooling.client import ServerUnavailable, classify, format_prediction
 
     try:
-        predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold)
+        predictions = classify(args.texts, model=args.model, url=args.url, protocol=args.protocol, threshold=args.threshold,
+                               parameters=dict(args.param) or None)
     except ServerUnavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -93,6 +95,8 @@ def _add_classify_arguments(cls: argparse.ArgumentParser) -> argparse.ArgumentPa
     cls.add_argument("--url", default=None, help="host:port (default 127.0.0.1:8000 http, :8001 grpc)")
     cls.add_argument("--protocol", choices=("http", "grpc"), default="http")
     cls.add_argument("--threshold", type=float, default=0.5, help="decision threshold in [0, 1]")
+    cls.add_argument("--param", action="append", default=[], type=request_parameter, metavar="KEY=VALUE",
+                     help="request parameter (repeatable), e.g. route=fast; true/false, numbers typed")
     return cls
 
 

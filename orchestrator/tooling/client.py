@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -196,6 +197,28 @@ def parse_classes(row: Sequence, columns: int) -> Tuple[Tuple[float, ...], Tuple
     return tuple(probs), tuple(labels)
 
 
+_INT = re.compile(r"[+-]?\d+")
+_FLOAT = re.compile(r"[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def request_parameter(text: str) -> Tuple[str, object]:
+    """``KEY=VALUE`` (``orchestrator classify --param``) as ``(key, value)``: the value as a
+    bool (``true``/``false``, any case), an int or a float when it reads as one, else the
+    string. Raises ``argparse.ArgumentTypeError`` without ``=`` or with an empty key."""
+    import argparse
+
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. route=fast")
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    if _INT.fullmatch(value):
+        return key, int(value)
+    if _FLOAT.fullmatch(value):
+        return key, float(value)
+    return key, value
+
+
 def _unavailable(url: str, exc: BaseException) -> Optional[ServerUnavailable]:
     """A :class:`ServerUnavailable` when ``exc`` says no server listens at ``url``."""
     from tritonclient.utils import InferenceServerException
@@ -228,7 +251,8 @@ def classify(
         url: ``host:port`` of the server; default 127.0.0.1:8000 (HTTP) or :8001 (gRPC).
         protocol: ``http`` or ``grpc``.
         threshold: decision threshold, a probability in [0, 1], sent once per text.
-        parameters: KServe v2 request parameters.
+        parameters: KServe v2 request parameters (name -> str, bool, int or float; see
+            :func:`request_parameter`), e.g. ``{"route": "fast"}`` for the shipped router.
         timeout_s: network timeout in seconds.
 
     Returns:

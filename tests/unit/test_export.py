@@ -249,7 +249,9 @@ def test_bad_sources(tmp_path):
         E.resolve_source(str(tmp_path / "missing" / "deeper" / "path"))
     parser = E.add_export_arguments(argparse.ArgumentParser())
     assert E.export_command(parser.parse_args(["--repo", str(tmp_path), "--quiet"])) == 2
-    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--repo", str(tmp_path), "--quiet"])) == 1
+    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--repo", str(tmp_path), "--quiet"])) == 2  # no --name
+    assert E.export_command(parser.parse_args([str(tmp_path / "nope"), "--name", "x", "--repo", str(tmp_path),
+                                               "--quiet"])) == 1
 
 
 @needs_train
@@ -305,7 +307,7 @@ def test_committed_fp16_is_converted_from_the_committed_classifier(tmp_path):
     dst = REPO / "classifier_fp16" / "1" / "model.onnx"
     rec = json.loads((REPO / "classifier_fp16" / "export.json").read_text())
     assert rec["source_sha256"] == hashlib.sha256(Path(src).read_bytes()).hexdigest(), (
-        "classifier changed since classifier_fp16 was made: run `orchestrator export --fp16-from-onnx classifier`")
+        "classifier changed since classifier_fp16 was made: run `orchestrator export --fp16-from-onnx classifier --replace`")
     assert rec["files"]["1/model.onnx"]["sha256"] == hashlib.sha256(Path(dst).read_bytes()).hexdigest()
     assert 0.45 < dst.stat().st_size / src.stat().st_size < 0.55
     ins16, outs16 = io_types(dst)

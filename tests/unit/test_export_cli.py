@@ -1,7 +1,7 @@
 """The command line around exported models: ``orchestrator serve`` takes Triton's standard
 ports when they are free and says which it took instead; ``orchestrator classify`` says
 when no server answers and shows each column's label (the classification extension's
-``score:index:label``)."""
+``score:index:label``) and sends request parameters (``--param KEY=VALUE``)."""
 
 from __future__ import annotations
 
@@ -51,3 +51,66 @@ def test_format_prediction_per_head():
         "not POSITIVE     0.1000  -")
     multi = C.Prediction("you idiot", 0.8, True, None, (0.8, 0.1, 0.6), (True, False, True), ("toxic", "threat", "insult"))
     assert C.format_prediction(multi).startswith("toxic,insult     toxic=0.8000 insult=0.6000 threat=0.1000  -")
+
+
+@pytest.mark.parametrize("text, pair", [
+    ("route=fast", ("route", "fast")), ("describe_policy=true", ("describe_policy", True)),
+    ("flag=False", ("flag", False)), ("n=3", ("n", 3)), ("n=-3", ("n", -3)), ("x=0.25", ("x", 0.25)),
+    ("x=1e-3", ("x", 1e-3)), ("v=1.2.3", ("v", "1.2.3")), ("empty=", ("empty", "")), ("a=b=c", ("a", "b=c")),
+    ("nan=nan", ("nan", "nan")),
+])
+def test_request_parameter_values_are_typed_when_they_look_like_one(text, pair):
+    value = C.request_parameter(text)
+    assert value == pair and type(value[1]) is type(pair[1])
+
+
+class _Fields(dict):
+    __getattr__ = dict.__getitem__
+
+
+class _FakeClient:
+    """tritonclient's InferenceServerClient for one router with ROUTE: records each infer."""
+
+    calls: list = []
+
+    def __init__(self, url, **kwargs):
+        self.url = url
+
+    def get_model_metadata(self, model):  # read as JSON (HTTP) and as protobuf fields (gRPC)
+        return _Fields(outputs=[_Fields(name=n, shape=[-1, 1]) for n in ("PROBABILITIES", "VERDICTS", "ROUTE")])
+
+    def infer(self, model, inputs, outputs=None, **kwargs):
+        import numpy as np
+
+        _FakeClient.calls.append((model, kwargs))
+        arrays = {"PROBABILITIES": np.array([[b"0.9:0:positive"]], dtype=object),
+                  "VERDICTS": np.array([[True]]), "ROUTE": np.array([[b"fast"]], dtype=object)}
+        return type("Result", (), {"as_numpy": staticmethod(arrays.get)})()
+
+    def close(self):
+        pass
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_classify_sends_request_parameters(protocol, monkeypatch, capsys):
+    import types
+
+    real = C.client_module(protocol)
+    fake = types.SimpleNamespace(InferenceServerClient=_FakeClient, InferInput=real.InferInput,
+                                 InferRequestedOutput=real.InferRequestedOutput)
+    monkeypatch.setattr(C, "client_module", lambda p: fake)
+    _FakeClient.calls = []
+    assert main(["classify", "hi", "--url", "h:1", "--protocol", protocol,
+                 "--param", "route=fast", "--param", "describe_policy=false", "--param", "n=2"]) == 0
+    assert main(["classify", "hi", "--url", "h:1", "--protocol", protocol]) == 0
+    (model, sent), (_, unsent) = _FakeClient.calls
+    assert model == "router" and sent["parameters"] == {"route": "fast", "describe_policy": False, "n": 2}
+    assert "parameters" not in unsent
+    assert capsys.readouterr().out.startswith("positive")
+
+
+def test_classify_param_without_a_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["classify", "hi", "--param", "route"])
+    assert exc.value.code == 2 and "'route': expected KEY=VALUE, e.g. route=fast" in capsys.readouterr().err
+

@@ -13,7 +13,7 @@ from orchestrator.runtime import policy as P
 from orchestrator.runtime.heads import Head, read_head
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling.configs import write_head
-from orchestrator.tooling.modeling.export.starter import router_name, starter_policy, write_starter_router
+from orchestrator.tooling.modeling.export.starter import STARTER_BESIDE, router_name, starter_policy, write_starter_router
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import copy_model
 from tests.helpers import REPO
@@ -115,7 +115,28 @@ def test_the_starter_router_replaces_an_older_one_and_never_touches_the_shipped_
     (repo / "stars_router" / "stale.txt").write_text("x")
     write_starter_router(repo, "stars", read_head(repo / "stars"))
     assert not (repo / "stars_router" / "stale.txt").exists()
+    assert not (repo / "stars_router" / STARTER_BESIDE).exists()  # an unedited starter is simply rewritten
     assert (repo / "router" / "policy.yaml").read_text() == shipped
+    assert not list(repo.glob(".*"))  # the old router, set aside meanwhile, is gone
+
+
+def test_an_edited_policy_is_kept_and_the_starter_written_beside_it(repo, capsys):
+    """The README tells users to edit NAME_router/policy.yaml: a re-export keeps their file."""
+    head = read_head(repo / "labels3")
+    router = write_starter_router(repo, "labels3", head)
+    edited = (router / "policy.yaml").read_text().replace("stride: 36", "stride: 24") + "# mine\n"
+    (router / "policy.yaml").write_text(edited)
+    write_starter_router(repo, "labels3", head)
+    assert (router / "policy.yaml").read_text() == edited
+    assert (router / STARTER_BESIDE).read_text() == starter_policy("labels3", head)
+    assert (router / "labels.txt").read_text() == "a\nb\nc\n"
+    assert main(["policy", "check", str(router / "policy.yaml"), "--repo", str(repo)]) == 0, capsys.readouterr().err
+    # the starter of the head the model had before is no edit: replaced by the new one
+    old = Head("multilabel", ("a", "b", "c"), 0, "labels3_tokenizer", 0, 32)
+    (router / "policy.yaml").write_text(starter_policy("labels3", old))
+    write_starter_router(repo, "labels3", head, previous=[old])
+    assert (router / "policy.yaml").read_text() == starter_policy("labels3", head)
+    assert not (router / STARTER_BESIDE).exists()
 
 
 def test_starter_policy_text_names_the_model_and_its_limits():

@@ -2,9 +2,17 @@
 
 Usage::
 
-    orchestrator export SOURCE --name classifier [--repo model_repository] [--fp16]
-                        [--positive-label LABEL] [--max-length N] [--opset 17]
-    orchestrator export --fp16-from-onnx classifier [--repo model_repository]
+    orchestrator export SOURCE --name NAME [--repo model_repository] [--fp16] [--router]
+                        [--positive-label LABEL] [--max-length N] [--opset 17] [--replace]
+    orchestrator export --fp16-from-onnx classifier [--repo model_repository] [--replace]
+
+The command destroys nothing unasked (:mod:`.guard`): ``--name`` is required with
+``SOURCE``; model directories that exist are replaced only with ``--replace`` (exit 2 naming
+them otherwise, before anything is read); a re-export keeps an edited
+``NAME_router/policy.yaml`` (the new starter goes beside it, :mod:`.starter`); an export
+that leaves a router of the repository unable to load exits 1 naming it and why; a
+re-export names the other routers that use the model (a running server keeps their old
+tokenizer and head until they are loaded again).
 
 ``SOURCE`` is a local checkpoint directory (``save_pretrained`` output: ``config.json``,
 weights, tokenizer files; a directory without tokenizer files is refused:
@@ -60,7 +68,8 @@ on failure:
 
 Modules: :mod:`.validate` (the checks), :mod:`.convert` (fp16, TensorRT), :mod:`.source`
 (checkpoint, tokenizer files, torch export), :mod:`.pipeline` (the models around the
-classifier, ensembles re-pointed, routers checked), :mod:`.run` (the two exports), :mod:`.cli`.
+classifier, ensembles re-pointed, routers checked), :mod:`.run` (the two exports), :mod:`.guard`
+(what the command refuses or reports around them), :mod:`.starter` (``--router``), :mod:`.cli`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from orchestrator.tooling.modeling.contract import ExportError
-from orchestrator.tooling.modeling.export.run import ExportResult, export_checkpoint, fp16_from_onnx, read_texts
+from orchestrator.tooling.modeling.export.run import ExportResult, check_name, export_checkpoint, fp16_from_onnx, read_texts
 from orchestrator.tooling.modeling.export.validate import DEFAULT_OPSET, FP16_TOLERANCE
 from orchestrator.tooling.paths import default_model_repository
 
@@ -22,7 +22,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("source", nargs="?", default=None,
                         help="Hugging Face checkpoint directory (or hub id, when the hub is reachable)")
     parser.add_argument("--name", default=None,
-                        help="model name in the repository (default: classifier; with --fp16-from-onnx: MODEL_fp16)")
+                        help="model name in the repository (required with SOURCE; with --fp16-from-onnx, default MODEL_fp16)")
     parser.add_argument("--repo", default=None,
                         help="model repository (default: ./model_repository, else the one in this checkout)")
     parser.add_argument("--fp16", action="store_true", help="also write <name>_fp16 (float16 weights, fp32 io)")
@@ -44,6 +44,9 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--router", action="store_true",
                         help="also write NAME_router: the shipped router with a starter policy for this model "
                              "(any head; empty texts, chunking at the model's max_length)")
+    parser.add_argument("--replace", action="store_true",
+                        help="replace the model directories of that name that exist (refused without it); "
+                             "an edited NAME_router/policy.yaml is kept, the new starter written beside it")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
@@ -69,57 +72,109 @@ def _summary(result: ExportResult, console) -> None:
                   f"({', '.join(f'{p} {n:,}' for p, n in weights.items())})")
 
 
-def export_command(args: argparse.Namespace) -> int:
-    """Run ``orchestrator export``. Returns 0 on success, 1 on :class:`ExportError` (message on
-    stderr), 2 on bad arguments."""
+def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals first, then the export and its checks)
+    """Run ``orchestrator export``. Returns 0 on success; 2 on bad arguments and on existing
+    models without ``--replace`` (nothing written); 1 on :class:`ExportError` or when the
+    export leaves a router unable to load (messages on stderr)."""
     from rich.console import Console
+
+    from orchestrator.tooling.modeling.export import guard
+    from orchestrator.tooling.modeling.export.starter import router_name
 
     console = Console(stderr=True)
     repo = Path(args.repo) if getattr(args, "repo", None) else _default_repo()
+    if args.fp16_from_onnx and args.source:
+        print("error: give SOURCE or --fp16-from-onnx, not both", file=sys.stderr)
+        return 2
+    if not args.fp16_from_onnx and not args.source:
+        print("error: SOURCE (checkpoint directory or hub id) or --fp16-from-onnx MODEL is required", file=sys.stderr)
+        return 2
+    if args.source and not args.name:
+        print("error: --name NAME is required with SOURCE: the model's name in the repository "
+              "(export never picks one, so it never replaces a model you did not name)", file=sys.stderr)
+        return 2
+    router = bool(getattr(args, "router", False)) and not args.fp16_from_onnx
+    name = args.name or f"{args.fp16_from_onnx}_fp16"
     texts = None
     try:
+        if args.source:
+            check_name(name)
+        planned = guard.planned_models(name, args.fp16, router) if args.source else [name]
+        present = guard.existing(repo, planned) if repo.is_dir() else []
+        if present and not getattr(args, "replace", False):
+            variants = [name] + ([f"{name}_fp16"] if args.fp16 else [])
+            repointed = guard.ensembles_calling(repo, variants, skip=planned) if args.source else []
+            print(guard.replace_refusal(repo, present, repointed), file=sys.stderr)
+            return 2
+        before = guard.router_states(repo) if repo.is_dir() else {}
+        previous = _head_of(repo / name) if args.source else None
         if getattr(args, "validation_texts", None):
             texts = read_texts(args.validation_texts)
         trt = False if getattr(args, "no_tensorrt", False) else None
         if args.fp16_from_onnx:
-            if args.source:
-                print("error: give SOURCE or --fp16-from-onnx, not both", file=sys.stderr)
-                return 2
             result = fp16_from_onnx(repo, args.fp16_from_onnx, out_name=args.name, texts=texts,
                                     fp16_tolerance=args.fp16_tolerance, tensorrt=trt,
                                     quiet=args.quiet, console=console)
         else:
-            if not args.source:
-                print("error: SOURCE (checkpoint directory or hub id) or --fp16-from-onnx MODEL is required",
-                      file=sys.stderr)
-                return 2
             result = export_checkpoint(
-                args.source, repo, args.name or "classifier", fp16=args.fp16, max_length=args.max_length, opset=args.opset,
+                args.source, repo, name, fp16=args.fp16, max_length=args.max_length, opset=args.opset,
                 positive_label=args.positive_label, texts=texts, fp16_tolerance=args.fp16_tolerance,
                 tensorrt=trt, revision=args.revision, quiet=args.quiet, console=console,
             )
-        if getattr(args, "router", False) and not args.fp16_from_onnx:
-            _add_router(result, repo, console)
+        if router:
+            _add_router(result, repo, console, [previous] if previous else [])
     except ExportError as e:
         print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
     if not args.quiet:
         _summary(result, console)
     _warn_env(repo, result.models, console)
-    return 0
+    after = guard.router_states(repo)
+    if name in present:  # a re-export: running routers keep the old tokenizer and head
+        rewritten = [router_name(name)] if router else []  # told above what it reads now
+        _note_users(repo, result, rewritten + [r for r, errors in after.items() if errors], console)
+    lines = guard.breakage_lines(repo, before, after)
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 1 if guard.newly_broken(before, after) else 0
 
 
-def _add_router(result: ExportResult, repo: Path, console) -> None:
+def _head_of(model_dir: Path):
+    """The head of the model in ``model_dir`` before the export; None without one."""
+    from orchestrator.runtime.heads import HeadError, read_head
+
+    try:
+        return read_head(model_dir) if model_dir.is_dir() else None
+    except HeadError:
+        return None
+
+
+def _add_router(result: ExportResult, repo: Path, console, previous=()) -> None:
     from orchestrator.runtime.heads import read_head
-    from orchestrator.tooling.modeling.export.starter import write_starter_router
+    from orchestrator.tooling.modeling.export.starter import STARTER_BESIDE, write_starter_router
 
-    router = write_starter_router(repo, result.name, read_head(repo / result.name))
+    router = write_starter_router(repo, result.name, read_head(repo / result.name), previous=previous)
     result.models.append(router.name)
     result.files.update({str(p.relative_to(repo)): p.stat().st_size for p in sorted(router.rglob("*"))
                          if p.is_file() and "__pycache__" not in p.parts})
+    if (router / STARTER_BESIDE).is_file():
+        console.print(f"router: {router.name}: kept your edited {router / 'policy.yaml'}; the starter policy for the new "
+                      f"model is beside it in {router / STARTER_BESIDE}", highlight=False, soft_wrap=True)
     console.print(f"router: {router.name} (policy {router / 'policy.yaml'}). A running server takes the new models when "
                   "restarted (`orchestrator serve` loads every model of the repository) or through a repository load "
-                  "(README, 'Bring your own model')", highlight=False)
+                  "(README, 'Route your own model')", highlight=False)
+
+
+def _note_users(repo: Path, result: ExportResult, skip, console) -> None:
+    """Name the routers (but ``skip``) that use the re-exported model."""
+    from orchestrator.tooling.modeling.export import guard
+
+    users = guard.routers_using(repo, result.variants, skip=skip)
+    if users:
+        which = f"routers {', '.join(users)} use" if len(users) > 1 else f"router {users[0]} uses"
+        console.print(f"note: {which} {', '.join(result.variants)}: a running server serves "
+                      f"{'them' if len(users) > 1 else 'it'} with the old tokenizer and head until loaded again (unload "
+                      "and load after the new models), or restart the server", highlight=False, soft_wrap=True)
 
 
 def _warn_env(repo: Path, models, console) -> None:

@@ -204,6 +204,12 @@ def read_texts(path: Optional[Path]) -> list[str]:
 RESERVED_NAMES = ("tokenizer", "postprocess", "ensemble", "router")
 
 
+def check_name(name: str) -> None:
+    """Raise :class:`ExportError` for a name ``export_checkpoint`` refuses."""
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or name in RESERVED_NAMES:
+        raise ExportError(f"bad model name {name!r} (letters, digits, _ . -; not one of {', '.join(RESERVED_NAMES)})")
+
+
 def _load_checkpoint(ckpt: Path):
     """``(config, tokenizer, model)`` of a checkpoint directory (eager attention, eval mode).
     Raises :class:`SourceError`."""
@@ -272,14 +278,16 @@ def export_checkpoint(  # noqa: C901 (the export's steps in order, each validate
     second). ``texts``: validation texts (default :data:`SAMPLE_TEXTS`). ``tensorrt``:
     build a plan (default: when ``trtexec`` is on ``PATH``).
 
+    Existing model directories of those names are updated in place (``orchestrator
+    export`` refuses that without ``--replace``: :mod:`.guard`).
+
     Raises :class:`SourceError` (no checkpoint, no tokenizer files), :class:`ExportError`
     (a head the router cannot serve, bad arguments), :class:`ExportValidationError`.
     """
     repo = Path(repo)
     if not repo.is_dir():
         raise ExportError(f"model repository {repo} does not exist")
-    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", name) or name in RESERVED_NAMES:
-        raise ExportError(f"bad model name {name!r} (letters, digits, _ . -; not one of {', '.join(RESERVED_NAMES)})")
+    check_name(name)
     tensorrt = shutil.which("trtexec") is not None if tensorrt is None else tensorrt
     texts = list(texts) if texts is not None else list(SAMPLE_TEXTS)
     with _Steps(quiet, console) as steps:

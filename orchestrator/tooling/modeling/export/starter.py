@@ -11,8 +11,9 @@ exported model, whatever its head:
   (stride 3/4 of it), ``max_sequence_length`` = the same;
 - tokenized in the router's process with the model's own tokenizer (``inline``);
 
-and its ``labels.txt`` (the head's output labels, Triton's classification extension). The
-policy binds to the repository as ``orchestrator policy check --repo`` checks it (tested in
+and its ``labels.txt`` (the head's output labels, Triton's classification extension). A
+re-export keeps a ``policy.yaml`` the user edited and writes the new starter beside it
+(:data:`STARTER_BESIDE`). The policy binds to the repository as ``orchestrator policy check --repo`` checks it (tested in
 ``tests/unit/test_export_starter.py``; served in ``tests/server/test_byom.py``).
 """
 
@@ -20,11 +21,14 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Sequence
 
 from orchestrator.runtime.heads import MULTICLASS, Head
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import PROJECT_ROOT
+
+POLICY = "policy.yaml"
 
 
 def router_name(model: str) -> str:
@@ -68,10 +72,20 @@ root:
 """
 
 
-def write_starter_router(repo: Path, model: str, head: Head, source: Path | None = None) -> Path:
+#: where the starter goes when the router's ``policy.yaml`` was edited (and kept)
+STARTER_BESIDE = "policy.starter.yaml"
+
+
+def write_starter_router(repo: Path, model: str, head: Head, source: Path | None = None,
+                         previous: Sequence[Head] = ()) -> Path:
     """Write ``<repo>/<model>_router``: the shipped router (``source``, default the repository's
-    ``router``, else this checkout's) renamed, with :func:`starter_policy` and the head's
-    ``labels.txt``. An existing ``<model>_router`` is replaced. Returns its directory.
+    ``router``, else this checkout's) renamed, with :func:`starter_policy` and its
+    ``labels.txt``. Returns its directory.
+
+    An existing ``<model>_router`` is replaced, but for an edited ``policy.yaml``: one that
+    is not the starter policy of ``head`` nor of one of ``previous`` (the heads the model
+    had) is kept, the starter is written beside it as :data:`STARTER_BESIDE`, and
+    ``labels.txt`` gets the kept policy's labels when it binds to the repository.
 
     Raises ConfigError: the source router's config does not parse; FileNotFoundError: no
     source router.
@@ -80,14 +94,51 @@ def write_starter_router(repo: Path, model: str, head: Head, source: Path | None
     if source is None:
         source = repo / "router" if (repo / "router" / "config.pbtxt").is_file() else PROJECT_ROOT / "model_repository" / "router"
     dest = repo / router_name(model)
+    starter = starter_policy(model, head)
+    edited = _edited_policy(dest / POLICY, model, (head, *previous))
+    # the old router stays aside (hidden: no tool reads it) until the new one is complete
+    aside = dest.with_name(f".{dest.name}.replaced")
+    if aside.exists():
+        shutil.rmtree(aside)
     if dest.exists():
-        shutil.rmtree(dest)
-    repository.copy_model(source, dest, [f"The router of {model}, written by `orchestrator export --router` "
-                                         f"(a copy of {source.name}/config.pbtxt)."])
-    # what `env install` put into the source router belongs to that install (doctor: env-config)
-    shutil.rmtree(dest / "configs", ignore_errors=True)
-    for leftover in [*dest.glob("triton_env*"), *dest.glob("triton_python_backend_stub*")]:
-        leftover.unlink()
-    (dest / "policy.yaml").write_text(starter_policy(model, head))
-    write_label_file(dest, head)
+        dest.rename(aside)
+    try:
+        repository.copy_model(source, dest, [f"The router of {model}, written by `orchestrator export --router` "
+                                             f"(a copy of {source.name}/config.pbtxt)."])
+        # what `env install` put into the source router belongs to that install (doctor: env-config)
+        shutil.rmtree(dest / "configs", ignore_errors=True)
+        for leftover in [*dest.glob("triton_env*"), *dest.glob("triton_python_backend_stub*")]:
+            leftover.unlink()
+        if edited is None:
+            (dest / POLICY).write_text(starter)
+        else:
+            (dest / POLICY).write_bytes(edited)
+            (dest / STARTER_BESIDE).write_text(starter)
+        write_label_file(dest, (_kept_head(repo, dest / POLICY) if edited is not None else None) or head)
+    except BaseException:
+        if aside.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            aside.rename(dest)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
     return dest
+
+
+def _edited_policy(path: Path, model: str, heads: Sequence[Head]) -> bytes | None:
+    """The bytes of ``path`` when it exists and is not the starter policy of one of ``heads``."""
+    if not path.is_file():
+        return None
+    data = path.read_bytes()
+    return None if data in {starter_policy(model, h).encode("utf-8") for h in heads} else data
+
+
+def _kept_head(repo: Path, path: Path) -> Head | None:
+    """The head a kept policy answers with, None when it does not bind (the export says why)."""
+    from orchestrator.runtime import policy as P
+    from orchestrator.tooling.policy_cli import bind_repository
+
+    try:
+        head, _ = bind_repository(P.load_policy(path), repo)
+    except P.PolicyError:
+        return None
+    return head

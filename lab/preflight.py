@@ -38,10 +38,10 @@ SKIP_PLATFORM = "ORCHESTRATOR_SKIP_PLATFORM_CHECK"
 EXTRAS_WHY = {
     "": "numpy, PyYAML, tokenizers (the runtime)",
     "serve": "nvidia-pytriton (a complete Triton 2.51 server, the largest download), tritonclient, prometheus-client, "
-             "rich, and onnxruntime and transformers for the repository's Python models (make demo, make serve)",
+             "rich, and onnxruntime for the repository's Python models (make demo, make serve)",
     "client": "tritonclient (orchestrator classify, policy, deploy, frontdoor)",
     "export": "transformers, torch 2.13.0, onnx, onnxruntime (orchestrator export, parity, warmup)",
-    "tune": "scipy, matplotlib, onnxruntime, transformers (orchestrator calibrate, tune)",
+    "tune": "scipy, matplotlib, onnxruntime, tritonclient (orchestrator calibrate, tune)",
     "env": "venv-pack, conda-pack, nvidia-pytriton (make env, make stub)",
     "test": "pytest, ruff, mypy, jsonschema, matplotlib, scipy, opentelemetry-proto, py-spy (make test and the lab)",
     "train": "torch 2.13.0, onnx, onnxruntime, transformers, vaderSentiment (make model; the tests that export; the "

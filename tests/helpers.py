@@ -348,7 +348,7 @@ def eventually(read, expected, timeout=20.0, interval=0.1):
     seconds pass; return the last value read. A client can hold its answer before the server counted the request:
     the router flushes its metrics every 0.5 s, and Triton's statistics extension counts a
     request when its backend reports the statistics, which can come after the client has
-    its response (a CI run read 5 for 6 right after a refused gRPC request)."""
+    its response (a count one short has been read right after a refused gRPC request)."""
     deadline = time.monotonic() + timeout
     value = read()
     while value != expected and time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""Benchmarks (issue 6): ``router`` against ``ensemble`` and the raw ONNX model, with perf_analyzer.
+"""Benchmarks: ``router`` against ``ensemble`` and the raw ONNX model, with perf_analyzer.
 
 ``make bench`` or ``python -m lab.bench [--quick] [--out docs/results]``:
 

@@ -1,4 +1,4 @@
-"""Benchmarks of the model-configuration features (issue 13): warmup, the response cache and
+"""Benchmarks of the model-configuration features: warmup, the response cache and
 the cost of a shadow node, each side by side in one run of one embedded server.
 
 ``make bench-features`` or ``python -m lab.bench.features [--quick] [--out docs/results]``:
@@ -358,7 +358,7 @@ def _load() -> List[float]:
 def render_section(r: Mapping) -> str:
     """The ``benchmarks.md`` section for the results ``r`` of one run."""
     w, c, s = r["warmup"], r["cache"], r["shadow"]
-    L = [FEATURES_START, "## Model-configuration features: warmup, response cache, shadow (issue 13)", "",
+    L = [FEATURES_START, "## Model-configuration features: warmup, response cache, shadow", "",
          f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
          f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
          f"figures in `bench/features.json`. Client-side latency on an open HTTP connection, ms; warmup "

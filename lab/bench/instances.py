@@ -1,4 +1,4 @@
-"""Side-by-side router variants (issue 29): the shipped router against one variant of it and
+"""Side-by-side router variants: the shipped router against one variant of it and
 the ensemble, closed loop, in one run of one server. Three comparisons:
 
 - ``instances`` (``make bench-instances``): ``router_x2``, the shipped router with
@@ -8,12 +8,12 @@ the ensemble, closed loop, in one run of one server. Three comparisons:
 - ``flush`` (``make bench-flush``): ``router_all_timings``, the shipped router with the
   config parameter ``metrics_timing_sample: all`` (every timing observation sent to
   ``/metrics``, one stub-server round trip each, as before ``make profile``'s change), at
-  concurrency 1 and 16, five rounds (issue 29's c=1 goal is a median of five);
+  concurrency 1 and 16, five rounds (the c=1 routing-overhead goal is stated as a median of five);
 - ``single`` (``make bench-single``): ``router_single`` (``make bench``'s single-classifier
   policy: the ensemble's compute, so the ratio is the routing overhead alone) at
   concurrency 1 only, :data:`SINGLE_ROUNDS` rounds: enough for a distribution-free 95%
   interval of the median per-round p50 ratio to the ensemble (:func:`median_interval`), so
-  issue 29's goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
+  the routing-overhead goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
   decided by the run, instead of by one noisy median of five.
 
 ``python -m lab.bench.instances [--compare instances|flush|single] [--quick] [--out docs/results]``:
@@ -69,7 +69,7 @@ ROUNDS = 3
 #: ``single``'s rounds: with 15 per-round ratios the distribution-free 95% interval of their
 #: median runs from the 4th to the 12th smallest (binomial, p=0.5).
 SINGLE_ROUNDS = 15
-#: Issue 29's goal: ``router_single``'s p50 at c=1 at most this times the ensemble's.
+#: The routing-overhead goal: ``router_single``'s p50 at c=1 at most this times the ensemble's.
 SINGLE_P50_GOAL = 1.05
 
 
@@ -137,17 +137,17 @@ class Comparison:
 
 COMPARISONS = {
     "instances": Comparison(
-        "instances", "bench-instances", "Router instances: one or two per pod (issue 29)", "router_x2",
+        "instances", "bench-instances", "Router instances: one or two per pod", "router_x2",
         f"the shipped router with `instance_group` count {INSTANCES}, nothing else changed",
         make_instances_repository, CONCURRENCIES, ROUNDS, INSTANCES_START, INSTANCES_END),
     "flush": Comparison(
-        "flush", "bench-flush", "The metrics flush: a sample of timings or every one (issue 29)", "router_all_timings",
+        "flush", "bench-flush", "The metrics flush: a sample of timings or every one", "router_all_timings",
         "the shipped router with the config parameter `metrics_timing_sample: all` (every timing observation "
         "sent to `/metrics`, one stub-server round trip each, as before the profile's change); `router` sends "
         "at most 8 per series per flush",
         make_flush_repository, (1, 16), 5, FLUSH_START, FLUSH_END),
     "single": Comparison(
-        "single", "bench-single", "Routing overhead at concurrency 1: router_single against the ensemble (issue 29)",
+        "single", "bench-single", "Routing overhead at concurrency 1: router_single against the ensemble",
         "router_single", "`make bench`'s single-classifier policy (the empty-text guard, then `classifier` in a "
         "chunk node): the ensemble's compute, so its ratio to the ensemble is the routing overhead alone",
         make_single_repository, (1,), SINGLE_ROUNDS, SINGLE_START, SINGLE_END, SINGLE_P50_GOAL),
@@ -281,7 +281,7 @@ def render_section(r: Mapping[str, Any]) -> str:
     if cmp.p50_goal is not None:
         for c, cell in r["summary"].items():
             iv = (cell.get("p50_vs_ensemble_interval") or {}).get(cmp.variant)
-            L += ["", f"Issue 29's goal, `{cmp.variant}` p50 at c={c} at most {cmp.p50_goal}x the ensemble's: "
+            L += ["", f"The routing-overhead goal, `{cmp.variant}` p50 at c={c} at most {cmp.p50_goal}x the ensemble's: "
                   f"**{judge(iv, cmp.p50_goal)}** by this run (met: the interval's high end within the bound; "
                   "not met: its low end past it; otherwise not decided)."]
     rounds = r.get("per_round_ratios") or {}

@@ -1,4 +1,4 @@
-"""Overload benchmark (issues 20 and 29): open-loop Poisson load at 1x, 2x and 4x a model's
+"""Overload benchmark: open-loop Poisson load at 1x, 2x and 4x a model's
 capacity (``--capacity-model``, default the shipped ``router``'s own) against ``ensemble``,
 ``router`` (the shipped one: no queue policy on Triton 2.51), ``router_admit`` (with the
 router's own admission control, :data:`ADMISSION`), ``router_queue`` (with the recommended
@@ -72,8 +72,8 @@ REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m lab.bench.overload --out docs/results)"
 MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
 #: ``router_admit``: the shipped router with this ``admission`` (runtime/admission.py): 30 ms
-#: is 3x the router's unloaded p99 on this machine (about 10 ms, docs/results/benchmarks.md), the
-#: bound of issue 29's goal.
+#: is :data:`P99_GOAL` times the router's unloaded p99 as measured on the embedded server
+#: (about 10 ms, docs/results/benchmarks.md), the bound of the answered-requests goal.
 ADMISSION = {"max_wait_ms": 30}
 #: The routers given ``repository.QUEUE_POLICY`` (the shipped ``router`` has none).
 QUEUED = ("router_queue", "router_overload", "router_timeout", "router_two")
@@ -89,8 +89,9 @@ CAPACITY_CONCURRENCY = 16
 #: The cascade's overload mode in ``router_overload`` (and docs/policies/overload.yaml).
 OVERLOAD = {"target_ms": 40, "cap_ms": 120}
 THRESHOLD = 0.5
-#: The p99 goal of issues 20 and 29: under load, the router's p99 at most this times its
-#: unloaded p99 (issue 20: at 4x, every request; issue 29: at 2x and 4x, answered requests).
+#: The p99 goal: under load, the router's p99 at most this times its unloaded p99 (the
+#: every-request goal, :func:`goal`: at 4x, every request; the answered-requests goal,
+#: :func:`goal_answered`: at 2x and 4x, answered requests, none lost).
 P99_GOAL = 3.0
 SERVER_MODELS = ("tokenizer", "postprocess", "classifier", "classifier_fast", *MODELS)
 
@@ -192,7 +193,7 @@ def _unloaded_p99(results: Mapping[str, Any], model: str) -> tuple:
 
 
 def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str, Any]:
-    """Issue 20's goal for ``model``: its p99 at 4x over its unloaded p99, against
+    """The every-request goal for ``model``: its p99 at 4x over its unloaded p99, against
     :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met", "stalled"}``. ``met`` is None
     when not measured, or when the unloaded p99 is over 10x the unloaded p50 (``stalled``:
     a stall among the unloaded requests makes the bound meaningless)."""
@@ -205,7 +206,7 @@ def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str
 
 
 def goal_answered(results: Mapping[str, Any], model: str) -> Dict[str, Any]:
-    """Issue 29's goal for ``model``: at every level of 2x and more, the p99 of its
+    """The answered-requests goal for ``model``: at every level of 2x and more, the p99 of its
     *answered* requests at most :data:`P99_GOAL` times its unloaded p99, and no request
     unfinished or failed other than a refusal (UNAVAILABLE, counted). Returns ``{"model",
     "ratios" (multiplier -> ratio), "bound", "lost" (unfinished + other errors at those
@@ -238,7 +239,7 @@ def render_section(r: Mapping[str, Any]) -> str:
     """The ``benchmarks.md`` section for the results ``r`` of one run (pure)."""
     cap = r["capacity"]
     whose = cap.get("model", "ensemble")
-    L = [OVERLOAD_START, f"## Overload: open-loop load at 1x, 2x and 4x `{whose}`'s capacity (issues 20 and 29)", ""]
+    L = [OVERLOAD_START, f"## Overload: open-loop load at 1x, 2x and 4x `{whose}`'s capacity", ""]
     L.append(f"One run of `{COMMAND}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
              f"({r['machine']['cpu_model']}), load average {r['load_start']} at start and {r['load_end']} at the end; "
              f"raw figures in `bench/overload.json`.")
@@ -285,13 +286,13 @@ def render_section(r: Mapping[str, Any]) -> str:
         met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
         note = (f" (its unloaded p99, {u.get('p99_ms')} ms, is over 10x its p50, {u.get('p50_ms')} ms: a stall among "
                 "the unloaded requests makes the bound meaningless)") if g.get("stalled") else ""
-        L.append(f"- Goal (issue 20): at 4x, `{g['model']}`'s p99 at most {g['bound']:g}x its unloaded p99: "
+        L.append(f"- Goal, every request: at 4x, `{g['model']}`'s p99 at most {g['bound']:g}x its unloaded p99: "
                  f"{_cell(g['ratio'], 'x')}, {met}{note}.")
     for g in r.get("goals_answered", []):
         met = {True: "**met**", False: "**not met**", None: "not judged"}[g["met"]]
         ratios = ", ".join(f"{k} {_cell(v, 'x')}" for k, v in g["ratios"].items()) or "n/a"
         note = " (its unloaded p99 is over 10x its p50: a stall, so the bound is meaningless)" if g.get("stalled") else ""
-        L.append(f"- Goal (issue 29): at 2x and 4x, `{g['model']}`'s p99 of answered requests at most {g['bound']:g}x "
+        L.append(f"- Goal, answered requests: at 2x and 4x, `{g['model']}`'s p99 of answered requests at most {g['bound']:g}x "
                  f"its unloaded p99, none lost: {ratios}; {g['refused']} refused, {g['lost']} unfinished or failed; "
                  f"{met}{note}.")
     msgs = sorted({m for lv in r["levels"] for x in lv["models"].values() for m in x["refusal_messages"]})
@@ -616,7 +617,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help=f"comma-separated models to load (default: all of {', '.join(MODELS)})")
     parser.add_argument("--capacity-model", default="router",
                         help="whose closed-loop throughput is 1x (default: router, the router's own capacity; "
-                             "issue 20 used ensemble)")
+                             "ensemble: load relative to the ensemble's capacity)")
     parser.add_argument("--write-repository", type=Path, default=None, metavar="DIR",
                         help="only write the repository this benchmark serves to DIR (to serve it yourself for --url)")
     args = parser.parse_args(argv)

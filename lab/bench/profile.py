@@ -1,4 +1,4 @@
-"""``make profile``: where the router's own Python stub spends its time (issue 29).
+"""``make profile``: where the router's own Python stub spends its time.
 
 Starts the embedded Triton on the benchmark repository (``make bench``'s, the shipped policy
 as ``router``), finds the router's stub process (the child of ``tritonserver`` serving
@@ -187,7 +187,7 @@ def run_profile(out: Path, levels: Sequence[int], seconds: float, rate: int, rep
 
 def render(result: Dict[str, Any]) -> str:
     """The "profile" section of benchmarks.md."""
-    lines = [PROFILE_START, "## Profile: where the router's stub spends its time (issue 29)", "",
+    lines = [PROFILE_START, "## Profile: where the router's stub spends its time", "",
              f"One run of `make profile` at {result['created_utc']} UTC: py-spy {result['rate_hz']} Hz on the router's stub "
              f"process, 2 x {result['seconds']:g} s per level while perf_analyzer (gRPC, held-out texts, one per request) "
              f"kept `router` busy. Stack: **{result.get('stack', 'unknown')}**. Flame graphs: `bench/profile_c<N>.svg`; "

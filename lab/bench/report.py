@@ -170,7 +170,7 @@ def render_report(results: Mapping, existing: Optional[str] = None, plots_dir: s
         "run are more trustworthy than absolute figures.")
     add("")
 
-    add("## Goals (issue 6)")
+    add("## Goals")
     add("")
     add("| goal | measured | bound | |")
     add("|---|---|---|---|")

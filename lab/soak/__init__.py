@@ -1,4 +1,4 @@
-"""Fault-injection soak of the router (issue 11): ``make soak`` (``python -m lab.soak``).
+"""Fault-injection soak of the router: ``make soak`` (``python -m lab.soak``).
 
 Starts its own embedded server (loopback, ``--model-control-mode=explicit``) on a copy of
 the model repository, sends a mixed workload (empty, short and long texts, 1-16 texts a
@@ -7,7 +7,8 @@ several client threads), checks every answer by request id against the answers c
 while healthy, injects faults on a schedule (unload/reload ``classifier``, SIGKILL the
 ``classifier_fast`` stub, reload the ``router``, oversized texts) and reports sent,
 answered, correct, errors by message, lost, duplicated and mismatched responses, latency
-per phase and the bounds of issue 11. docs/results/reliability.md describes it and holds a run.
+per phase and the bounds the report judges (:data:`lab.soak.report.KILL_TO_CLASSIFIER_S`
+and after). docs/results/reliability.md describes it and holds a run.
 
 Modules: :mod:`~lab.soak.workload` (texts, requests, the correctness
 rule), :mod:`~lab.soak.ledger` (outcomes by request id),

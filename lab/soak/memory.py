@@ -1,4 +1,4 @@
-"""An hour of memory (issue 29): ``make soak-memory`` / ``python -m lab.soak.memory``.
+"""An hour of memory: ``make soak-memory`` / ``python -m lab.soak.memory``.
 
 Starts its own embedded server the way the fault-injection soak does (a read-only,
 compiled copy of the model repository, the control plane restricted as in the image:
@@ -568,7 +568,7 @@ def plot(summary: dict, path: Path) -> Path:
         axes[1][1].plot(rate_t, np.diff(answered) / np.diff(minutes * 60.0), marker=".", label="answered/s")
         load = np.array([s["loadavg"][0] for s in samples])
         axes[1][1].plot(minutes, load, label="load average (1 min)")
-    axes[1][1].set_title("requests answered per second; load (shared 2-core machine)")
+    axes[1][1].set_title("requests answered per second; 1-minute load average")
     for ax in axes.flat:
         ax.axvspan(0, warm, color="0.9", zorder=0)
         ax.grid(alpha=0.3)

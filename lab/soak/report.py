@@ -1,5 +1,5 @@
 """The soak's report: counts, per-phase latency, recovery times, oversized requests, memory,
-and the bounds of issue 11, as a JSON-able dict (:func:`summarize`), Markdown
+and the bounds it is judged by, as a JSON-able dict (:func:`summarize`), Markdown
 (:func:`markdown`) and files (:func:`write_report`: ``<out>/soak/report.json`` and
 ``<out>/soak/report.md``). Latencies are in milliseconds, from sending a request to its
 first response (``time.monotonic``); memory in bytes (MB = 2**20 bytes in the text).
@@ -26,7 +26,7 @@ from lab.soak.workload import ACCURATE, FAST, fast_texts, route_model
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.paths import PROJECT_ROOT
 
-#: Issue 11's bounds ("done when"), the numbers the report checks.
+#: The soak's bounds, the numbers the report checks (:func:`goals` says what each one bounds).
 KILL_TO_CLASSIFIER_S = 2.0
 KILL_TO_HEALTHY_S = 30.0
 LATENCY_RATIO = 2.0
@@ -168,7 +168,7 @@ def _p99(phases: Mapping, phase: str, model: str, which: str = "no") -> Optional
 
 
 def goals(summary: Mapping) -> List[dict]:
-    """Issue 11's "done when" bounds, each ``{goal, measured, bound, met}`` (``met`` None:
+    """The soak's bounds (:data:`KILL_TO_CLASSIFIER_S` and after), each ``{goal, measured, bound, met}`` (``met`` None:
     not measured in this run)."""
     t, phases, rec, over, rss = summary["totals"], summary["phases"], summary["recovery"], summary["oversized"], summary["rss"]
     bad = {k: t[k] for k in ("lost", "duplicated", "mismatched", "wrong")}
@@ -376,7 +376,7 @@ def markdown(summary: Mapping) -> str:
         _row(*["---:"] * 8),
         _row(t["sent"], t["answered"], t["correct"], t["wrong"], t["errors"], t["lost"], t["duplicated"], t["mismatched"]),
         "",
-        "## Issue 11 bounds",
+        "## Bounds",
         "",
         _row("goal", "measured", "bound", ""),
         _row("---", "---", "---", "---"),

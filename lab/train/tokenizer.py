@@ -18,8 +18,8 @@ def train_tokenizer(texts: Sequence[str], vocab_size: int = VOCAB_SIZE):
     returns are ``input_ids`` and ``attention_mask`` (no ``token_type_ids``).
 
     Deterministic: ``WordPieceTrainer`` gives ``##``-continuation tokens ids in hash-map
-    order, which breaks merge ties differently from run to run (huggingface/tokenizers
-    issue #1794). Seeding every ``##<char>`` of the training alphabet, in sorted order, as
+    order, which breaks merge ties differently from run to run (upstream:
+    huggingface/tokenizers#1794). Seeding every ``##<char>`` of the training alphabet, in sorted order, as
     trainer special tokens fixes those ids; the final tokenizer is then rebuilt from the
     learnt vocabulary with only the five real special tokens.
     """

@@ -1,4 +1,4 @@
-"""The CVE gate (issue 27): ``deploy/triton-cves.yaml`` lists Triton CVEs with the component
+"""The CVE gate: ``deploy/triton-cves.yaml`` lists Triton CVEs with the component
 and the NGC release that fixes each (NVIDIA's bulletins); :func:`check_base` refuses a
 ``deploy/Dockerfile`` base older than the newest confirmed fix of a gated component
 (:data:`GATED`), or released before the month after an unconfirmed CVE of one was published

@@ -270,8 +270,9 @@ def _ensemble_problems(path: Path, config: ModelConfig, models: Mapping[str, Lis
 #: ``dynamic_batching.default_queue_policy`` fields. Not in the shipped config: under any
 #: queue policy Triton 2.51's dynamic batcher stops prefetching and can miss the wakeup of a
 #: finished execute, idling up to 500 ms (core r24.10 ``DynamicBatchScheduler::
-#: WaitForPayloadSlotAvailable``; the same code in core main of 2026-06); measured here: the
-#: router's p99 at concurrency 1 went from about 10 ms to about 510 ms.
+#: WaitForPayloadSlotAvailable``; the same code in core main of 2026-06); measured with
+#: ``make bench`` on the embedded server: the router's p99 at concurrency 1 went from about
+#: 10 ms to about 510 ms.
 QUEUE_POLICY: Dict[str, int] = {
     "max_queue_size": 16,
     "default_timeout_microseconds": 5_000_000,

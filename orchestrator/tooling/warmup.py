@@ -1,4 +1,4 @@
-"""Warmup samples and the response cache in the model configurations (issue 13).
+"""Warmup samples and the response cache in the model configurations.
 
 **Warmup.** Triton runs a model's ``model_warmup`` samples on every instance when it loads
 the model, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``), so the

@@ -131,7 +131,7 @@ def test_policy_output_only_for_requests_that_ask(mock):
 
 
 def test_each_stage_of_an_execute_is_observed_once(mock):
-    """``orchestrator_stage_seconds{stage}`` (issue 29): one observation per stage per execute
+    """``orchestrator_stage_seconds{stage}``: one observation per stage per execute
     (``bls``: per batched group of downstream calls; the shipped router tokenizes in-process,
     so its cascade's stages make at least one)."""
     def count(stage):

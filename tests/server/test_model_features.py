@@ -1,4 +1,4 @@
-"""Issue 13 against a real Triton 2.51: warmup samples, the response cache (and why the
+"""The model-configuration features against a real Triton 2.51: warmup samples, the response cache (and why the
 router must not use it), model versions in the policy, and shadow nodes.
 
 One server for the module, started with a 16 MiB response cache, on a test repository

@@ -33,7 +33,7 @@ from tests.helpers import call, make_test_repository, routes, rss_bytes, stub_pi
 
 MODELS = ["tokenizer", "classifier", "classifier_fast", "postprocess", "router", "router_strict", "router_ondemand", "router_pair"]
 FAST = "classifier_fast_0_0"
-HEAL_S = 10.0  # issue 18: a killed stub heals within 10 s
+HEAL_S = 10.0  # the self-healing bound: a killed stub's model answers again within 10 s
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ model_repository with its bytecode compiled before the first load and the contro
 restricted as in the image (``orchestrator.tooling.production``), HTTP and gRPC client
 threads, ``classifier`` unloaded and loaded again, the ``classifier_fast`` stub SIGKILLed
 twice in a row (found as a child of the server this run started, by its instance-name
-argument, never by name), the ``router`` reloaded, 20 requests with an 8 MiB text. Asserted: the bounds of issue 11 that hold on a busy 2-core machine; the
-latency ratios are in the report (docs/results/reliability.md), not here.
+argument, never by name), the ``router`` reloaded, 20 requests with an 8 MiB text. Asserted:
+the soak's bounds that still hold on a loaded machine with few cores; the latency ratios,
+which such a machine moves, are in the report (docs/results/reliability.md), not here.
 """
 
 from __future__ import annotations
@@ -61,9 +62,9 @@ def test_broken_models_degrade_instead_of_failing(soak):
 
 def test_killed_stub_texts_answered_by_classifier_soon_after_the_kill(soak):
     assert soak["recovery"]["to_classifier_s"] is not None, _why(soak, "recovery", "events")
-    # The report checks issue 11's 2 s (1.1 s in the short run here, up to 2.2 s in full runs
-    # on a busy machine); the test asserts an answer from the fallback well before a repair
-    # could have helped, with room for CI's load.
+    # The report checks a 2 s bound (lab.soak.report.KILL_TO_CLASSIFIER_S), which a loaded
+    # machine can miss by a little; the test asserts an answer from the fallback well before a
+    # repair could have helped, with room for CI's load.
     assert soak["recovery"]["to_classifier_s"] <= 5.0, _why(soak, "recovery", "events")
 
 

@@ -1,4 +1,4 @@
-"""docs/development/architecture.md and the policy guide as a contract with the code (issue 28): every runtime
+"""docs/development/architecture.md and the policy guide as a contract with the code: every runtime
 module has a row in the module table, every node-kind list is the registry's
 (``orchestrator.runtime.nodes.KINDS``), the node protocol is listed as the class declares
 it, and the size caps are the ones ``test_layout`` applies. Each failure says what to add or

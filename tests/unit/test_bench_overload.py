@@ -160,7 +160,7 @@ def test_the_measured_overload_policy_is_the_documented_example():
         overload_policy({"version": 1, "root": {"kind": "model", "model": "m"}})
 
 
-def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
+def test_the_answered_requests_goal_is_their_p99_at_2x_and_4x_with_none_lost():
     from lab.bench.overload import goal_answered
 
     r = results()
@@ -182,7 +182,7 @@ def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
     r["unloaded"]["router"]["p99_ms"] = None
     assert goal_answered(r, "router")["met"] is None
     r["goals_answered"] = [g]
-    assert "- Goal (issue 29): at 2x and 4x, `router`'s p99 of answered requests at most 3x its unloaded p99, none " \
+    assert "- Goal, answered requests: at 2x and 4x, `router`'s p99 of answered requests at most 3x its unloaded p99, none " \
            "lost: 2x 3.0x, 4x 3.0x; 14 refused, 0 unfinished or failed; **met**." in render_section(r)
 
 

@@ -1,5 +1,5 @@
-"""The chunk node's rounds and early stopping (issue 20), and what ``length_weighted_mean``
-weighs (issue 19), through the engine with fake models (``tests.helpers.FakeBLS``,
+"""The chunk node's rounds and early stopping, and what ``length_weighted_mean``
+weighs, through the engine with fake models (``tests.helpers.FakeBLS``,
 ``tests.unit.test_engine_heads.KFake``). Expected answers and bounds are computed here from
 the fake models' arithmetic, independently of ``nodes.chunk``.
 

@@ -1,4 +1,4 @@
-"""The router's admin gRPC channel never goes through an HTTP CONNECT proxy (issue 27).
+"""The router's admin gRPC channel never goes through an HTTP CONNECT proxy.
 
 A pod with ``https_proxy`` set (a cluster-wide egress proxy) made gRPC core tunnel the
 admin channel, key included, through that proxy: every on-demand load and repair then

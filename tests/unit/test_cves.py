@@ -1,4 +1,4 @@
-"""The CVE gate (issue 27): deploy/triton-cves.yaml, the table in docs/guides/security.md made from
+"""The CVE gate: deploy/triton-cves.yaml, the table in docs/guides/security.md made from
 it, and make deploy-check refusing a base release that cannot hold a listed fix."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _named(findings):
 
 def test_the_shipped_base_passes_and_the_minimum_follows_the_newest_gated_fix(tmp_path):
     assert _check(tmp_path) == []
-    assert C.minimum_release(C.load_cves()) == (26, 6)  # bulletin 5865 (2026-08-18)
+    assert C.minimum_release(C.load_cves()) == (26, 6)  # bulletin 5865, the newest listed
 
 
 @pytest.mark.parametrize("tag, named", [

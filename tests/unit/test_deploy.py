@@ -732,7 +732,7 @@ def test_grafana_dashboard_is_well_formed():
 
 
 def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
-    """Issue 26: the first `make deploy-check` was silent for a minute and named no check."""
+    """`make deploy-check` names each check as it starts: its checks take a minute, and a silent minute looks hung."""
     calls = []
     for name in ("check_schemas", "checkov", "hadolint", "check_image_files", "check_model_configs",
                  "check_consistency", "check_security", "check_supply_chain"):
@@ -756,7 +756,7 @@ def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
     assert "deploy check: hadolint: Dockerfiles ..." in err and "deploy check: model configs ..." in err
 
 
-# ----------------------------------------------------------------------------- KServe at parity (issue 27)
+# ----------------------------------------------------------------------------- KServe at parity
 
 
 def test_the_predictor_pod_is_at_parity_with_the_deployment(schema_check, tools, tmp_path):

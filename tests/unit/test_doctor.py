@@ -255,7 +255,7 @@ def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
 
 
 def test_a_model_added_after_env_install_is_reported_with_the_fix(tmp_path, packed_fake_env, capsys):
-    """Issue 26: a model exported after `make env` has no configs/env.pbtxt; with
+    """A model exported after `make env` has no configs/env.pbtxt; with
     --model-config-name=env Triton would load its config.pbtxt (for an exported classifier,
     the native onnxruntime backend). The doctor names it and the command that fixes it."""
     repo = model_with_env(tmp_path, None, stub=None)

@@ -1,4 +1,4 @@
-"""One error tree (issue 28): every error the runtime raises on purpose is an
+"""One error tree: every error the runtime raises on purpose is an
 ``OrchestratorError`` carrying its Triton code, and the engine is split by job (model calls in
 ``calls``, deadlines in ``deadlines``) under a size cap."""
 

@@ -1,4 +1,4 @@
-"""Issue 13 in the model repository, offline: every model's warmup sample and its data
+"""The model-configuration features in the model repository, offline: every model's warmup sample and its data
 files, which models enable Triton's response cache, the server flags for the cache, and
 ``orchestrator policy check`` against the repository's model versions.
 (Against a real server: ``tests/server/test_model_features.py``.)"""

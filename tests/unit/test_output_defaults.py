@@ -1,7 +1,7 @@
 """Commands write outside the tracked tree by default (``.cache/...``); only an explicit
 ``--out docs/results`` (``BENCH_OUT=docs/results``, ``SOAK_OUT=docs/results``, ``LOCK_OUT=deploy``) rewrites the
-committed reports and lock. Issue 26: `parity --held-out`, `make bench`, `make soak` and
-`make deploy-lock` rewrote tracked files."""
+committed reports and lock, so that trying `parity --held-out`, `make bench`, `make soak` or
+`make deploy-lock` never rewrites tracked files."""
 
 from __future__ import annotations
 

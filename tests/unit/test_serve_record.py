@@ -1,4 +1,4 @@
-"""One notion of "the server" (issue 26): ``orchestrator serve`` records where it listens
+"""One notion of "the server": ``orchestrator serve`` records where it listens
 (``.cache/serve.json``), ``classify`` follows the record, and a service on the port that is
 not Triton is named as such instead of "Parse error at offset 0" and an HTML page. Fake HTTP
 servers on loopback; ``serve``'s start progress from its log."""

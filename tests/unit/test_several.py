@@ -1,4 +1,4 @@
-"""Cases a fixture with one of something cannot show (issue 28): several restricted API
+"""Cases a fixture with one of something cannot show: several restricted API
 groups with different keys, a binary head stand-in whose positive label differs, a label file
 in another order, a restriction value holding ``:``, and a request whose ``is_cancelled()``
 raises. Several instances per model: ``tests/unit/test_repair.py``. Each case is one of

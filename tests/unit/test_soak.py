@@ -242,7 +242,7 @@ def test_report_renders_and_judges_a_run(pool):
     assert "| 3 | 2 | 2 | 0 | 0 | 1 | 0 | 0 |" in text and "FAILED: 1 lost" in text
     assert [x["id"] for x in summary["slowest"]["stub_killed"]] == ["r1"]  # the lost one has no latency
     assert "| stub_killed | r1 | 1.00 | 100.0 | http | cascade | 1 | classifier_fast |" in text
-    # Issue 26: a missed timing bound next to "passed" says it is advisory; the gate says gate.
+    # A missed timing bound next to "passed" says it is advisory; the gate says gate.
     assert "| +100.0 MB | <= +50 MB | **not met** (advisory) |" in text
     assert [g["goal"] for g in goals(summary) if g.get("gates")] == [goals(summary)[0]["goal"]]
     import io

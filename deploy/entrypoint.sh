@@ -19,7 +19,7 @@
 #   TRITON_ADMIN_UNRESTRICTED=1  start without a key: those APIs open to every client (local use only)
 #   HTTP_MAX_INPUT_SIZE bytes: Triton's --http-max-input-size, where the server has it (Triton >= 2.59,
 #                       read from TRITON_SERVER_VERSION, which NGC images set, else from `--help`)
-#   TRACE_MODE          Triton request tracing (docs/deployment.md, "Tracing"): off (default),
+#   TRACE_MODE          Triton request tracing (docs/reference/metrics.md, "Tracing"): off (default),
 #                       opentelemetry (spans exported over OTLP/HTTP to OTEL_ENDPOINT) or triton
 #                       (a JSON trace file, TRACE_FILE). Level TIMESTAMPS; the router's BLS calls
 #                       (tokenizer, classifiers) are child spans of the routed request.
@@ -92,7 +92,7 @@ case "${TRITON_ADMIN_UNRESTRICTED:-}" in
     ;;
   ""|0|false)
     key_file="${TRITON_ADMIN_KEY_FILE:-/var/run/secrets/orchestrator/admin/admin-key}"
-    [[ -f "$key_file" && -r "$key_file" ]] || die "no admin key: '$key_file' is not a readable file. Mount the Secret with the key there (docs/deployment.md, \"Security\"), set TRITON_ADMIN_KEY_FILE, or set TRITON_ADMIN_UNRESTRICTED=1 to run with the admin APIs open"
+    [[ -f "$key_file" && -r "$key_file" ]] || die "no admin key: '$key_file' is not a readable file. Mount the Secret with the key there (docs/guides/security.md, \"Security\"), set TRITON_ADMIN_KEY_FILE, or set TRITON_ADMIN_UNRESTRICTED=1 to run with the admin APIs open"
     key="$(< "$key_file")"  # drops trailing newlines (kubectl create secret --from-file keeps them)
     [[ -n "$key" ]] || die "the admin key file '$key_file' is empty"
     # Triton prints the whole flag when it cannot parse it, and the key goes into a header:
@@ -125,7 +125,7 @@ if [[ -n "${HTTP_MAX_INPUT_SIZE:-}" ]]; then
   if has_max_input_size; then
     args+=("--http-max-input-size=${HTTP_MAX_INPUT_SIZE}")
   else
-    echo "entrypoint: WARNING: this tritonserver (${TRITON_SERVER_VERSION:-version not set}) has no --http-max-input-size (Triton >= 2.59): HTTP_MAX_INPUT_SIZE=${HTTP_MAX_INPUT_SIZE} is not applied; bound request bodies at the ingress or proxy (docs/deployment.md, \"Security\")" >&2
+    echo "entrypoint: WARNING: this tritonserver (${TRITON_SERVER_VERSION:-version not set}) has no --http-max-input-size (Triton >= 2.59): HTTP_MAX_INPUT_SIZE=${HTTP_MAX_INPUT_SIZE} is not applied; bound request bodies at the ingress or proxy (docs/guides/security.md, \"Security\")" >&2
   fi
 fi
 

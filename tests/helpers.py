@@ -137,7 +137,7 @@ def make_test_repository(dest: Path) -> Path:
     add_router_variant(dest, BLS_VARIANT, document)
     add_router_variant(dest, STRICT_VARIANT, without_fallbacks(yaml.safe_load((REPO / "router" / "policy.yaml").read_text())))
     add_router_variant(dest, "router_ab", yaml.safe_load((ROOT / "docs" / "policies" / "ab_fallback.yaml").read_text()))
-    # the shipped router with the recommended queue policy (docs/reliability.md "Overload")
+    # the shipped router with the recommended queue policy (docs/guides/reliability.md "Overload")
     queued = add_router_variant(dest, QUEUE_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
     repository.add_queue_policy(queued / "config.pbtxt")
     admit = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())

@@ -1,12 +1,12 @@
 """Admission control: the router refuses work it cannot finish in time, before any model
-runs for it (docs/reliability.md "Admission control").
+runs for it (docs/guides/reliability.md "Admission control").
 
 Triton's Python backend hands the router, in one ``execute``, every request that queued
 while its previous ``execute`` ran (up to ``max_batch_size``). Under a load beyond the
 router's capacity that batch grows, each ``execute`` takes longer, and the next batch waits
 longer still: without a bound the wait grows until clients time out (``make
 bench-overload``: p99 of seconds). Triton's queue policy could bound it, but on 2.51 it
-stalls the dynamic batcher (docs/reliability.md "Overload").
+stalls the dynamic batcher (docs/guides/reliability.md "Overload").
 
 So the router bounds it itself. At the start of an ``execute`` of ``n`` requests it has two
 estimates: how long the oldest of them waited (``load.QueueDelay``, seconds) and what an

@@ -12,7 +12,7 @@ line shows no usable endpoint.
 Why gRPC first: Triton 2.51 works an HTTP load off on the HTTP worker thread that received
 it, and HTTP inference requests on the connections that thread serves wait until the load
 is done (measured here: 2 and 4 of 4 HTTP client connections waited a 1.6-1.7 s repair; no
-gRPC one did; docs/reliability.md). A load over gRPC keeps clients of both protocols
+gRPC one did; docs/guides/reliability.md). A load over gRPC keeps clients of both protocols
 answering. It needs ``tritonclient[grpc]`` in the stub's environment; without it the
 router uses HTTP.
 
@@ -72,7 +72,7 @@ class ServerOptions:
     stub reads it; the stub then frees it again, the shared-memory allocator is corrupted
     and the server aborts (``boost::interprocess::lock_exception``). A refused load in
     ``--model-control-mode=none`` and a load of a model that is in no repository are
-    failures known in advance, so the router does not ask for them. docs/deployment.md
+    failures known in advance, so the router does not ask for them. docs/guides/env-and-stub.md
     has the details and the reproduction.
     """
 

@@ -1,4 +1,4 @@
-"""Cancellation and deadlines of the requests one engine runs (docs/reliability.md).
+"""Cancellation and deadlines of the requests one engine runs (docs/guides/reliability.md).
 
 :class:`Deadlines` holds the engine clock and each node's run-time estimate, and is the
 only code that reads or writes a request's :class:`~orchestrator.runtime.request.RequestContext`

@@ -6,7 +6,7 @@ calls to it fail at once (a ``fallback`` node answers instead) for ``open_s`` se
 the circuit is HALF-OPEN and a single probe call decides: success closes it, failure opens
 it again. A failure that says the model cannot serve at all opens the circuit at once:
 its stub process is not healthy (Triton 2.51 keeps such a model READY and fails every call
-to it after about 1 s, see docs/reliability.md), or the model is not ready, unloaded or
+to it after about 1 s, see docs/guides/reliability.md), or the model is not ready, unloaded or
 unknown. Such failures are raised as ``errors.UnavailableError`` with their
 ``errors.Cause``; other failures stay ``errors.DownstreamError``.
 
@@ -118,6 +118,11 @@ class BreakerSettings:
         watch_stubs: before each call, look in ``/proc`` whether the model's
             Python-backend stub has exited, and fail the call at once if so instead of
             waiting python_backend's 1 s health timeout (``stubs.StubWatch``; default true).
+        count_timeouts: count a call cancelled before its answer (a node's ``timeout_ms``,
+            the request's deadline, the client's cancellation) as a failure of its model
+            (default false: a node's deadline is that node's, and three expiries of one
+            tightly timed node must not close a healthy model to every other node; a model
+            that hangs is still caught by the nodes' fallbacks and by its errors).
     """
 
     consecutive_failures: int = 3
@@ -125,6 +130,7 @@ class BreakerSettings:
     reload_unhealthy: bool = True
     reload_interval_s: float = 30.0
     watch_stubs: bool = True
+    count_timeouts: bool = False
 
 
 @dataclass
@@ -263,6 +269,14 @@ class CircuitBreaker:
                 with self.lock:
                     c.repairing = c.state == OPEN
 
+    def on_cancelled(self, model: str) -> None:
+        """Record a call cancelled before its answer: no verdict on the model. A cancelled
+        probe frees the half-open circuit for the next call to probe."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is not None:
+                c.probing = False
+
     def half_open(self, model: str) -> None:
         """End the cool-down now (the model was repaired): the next call probes it."""
         with self.lock:
@@ -278,8 +292,8 @@ class CircuitBreaker:
 
     async def call(self, model: str, coro_factory: Callable[[], Awaitable[T]]) -> T:
         """Run one downstream call under the breaker: ``coro_factory()`` is awaited only
-        when the circuit lets it through; a DownstreamError or a cancellation (a node's
-        ``timeout_ms``) counts as a failure.
+        when the circuit lets it through; a DownstreamError counts as a failure, a
+        cancellation (a node's ``timeout_ms``) only with ``count_timeouts``.
 
         Raises:
             UnavailableError: failed fast (circuit open, stub exited), or the call failed
@@ -300,7 +314,10 @@ class CircuitBreaker:
                 raise UnavailableError(str(exc), cause) from exc
             raise
         except asyncio.CancelledError:
-            self.on_failure(model, "the call was cancelled (node timeout)")
+            if self.settings.count_timeouts:
+                self.on_failure(model, "the call was cancelled (node timeout)")
+            else:
+                self.on_cancelled(model)
             raise
         self.on_success(model)
         return result

@@ -16,12 +16,12 @@ executes.
 Limits: the estimate is the oldest request's wait (a Poisson stream's mean request waited
 about half of it); a request that waited more than one ``execute`` (a queue longer than
 ``max_batch_size``) counts as one period, which the recommended queue policy's
-``max_queue_size`` (16, at most its ``max_batch_size``; docs/reliability.md "Overload")
+``max_queue_size`` (16, at most its ``max_batch_size``; docs/guides/reliability.md "Overload")
 rules out; on a machine so loaded that the stub's turnaround exceeds ``busy_gap_s`` the
 backlog is missed (a queue policy still refuses).
 It assumes one router instance (the shipped ``instance_group``); with more, each
 instance sees only its own executes and reads low. Triton 2.51's dynamic batcher can
-leave the instance idle up to 500 ms under any queue policy (docs/reliability.md
+leave the instance idle up to 500 ms under any queue policy (docs/guides/reliability.md
 "Overload"): such a gap reads as idle.
 The clock is injectable so tests drive it (``clock``: seconds, monotonic).
 """

@@ -17,7 +17,7 @@ repository); the router itself finds out at the first call (a BLS error names th
 and version).
 
 Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, generated:
-``docs/policy.md``, and as JSON Schema for editors: ``docs/policy.schema.json``):
+``docs/reference/policy.md``, and as JSON Schema for editors: ``docs/policy.schema.json``):
 ``version``, ``description``, ``root`` (required), ``tokenizer``, ``inline``,
 ``max_sequence_length``, ``bls_max_batch_size``, ``request_parameters``,
 ``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
@@ -187,11 +187,14 @@ BREAKER = S.Struct(
               "repair starts without delay"),
         S.Key("watch_stubs", S.Bool(), "see a dead stub in /proc before calling it instead of waiting Triton's "
               "1 s health timeout"),
+        S.Key("count_timeouts", S.Bool(), "count a call cancelled by a node's timeout_ms (or the request's deadline) "
+              "as a failure of its model; default false: a node's deadline is its own, and its expiries do not "
+              "close a healthy model to the other nodes"),
     ],
     target=BreakerSettings,
     build=lambda values, where: BreakerSettings(**values),
     always=True,
-    doc="Per downstream model (docs/reliability.md).",
+    doc="Per downstream model (docs/guides/reliability.md).",
 )
 
 #: The ``admission`` mapping (``admission.AdmissionSettings``).
@@ -205,7 +208,7 @@ ADMISSION = S.Struct(
     ],
     target=AdmissionSettings,
     build=lambda values, where: AdmissionSettings(**values),
-    doc="Admission control (docs/reliability.md \"Admission control\"): refuse what cannot be answered in time; "
+    doc="Admission control (docs/guides/reliability.md \"Admission control\"): refuse what cannot be answered in time; "
         "refusals count in `orchestrator_shed_requests_total`. Absent: every request runs.",
 )
 
@@ -411,6 +414,7 @@ def describe(policy: Policy) -> str:
         f"circuit breaker: open after {cb.consecutive_failures} failures in a row, probe after {cb.open_s:g} s, "
         + (f"reload a model whose stub died (failed tries retried with back-off up to {cb.reload_interval_s:g} s)" if cb.reload_unhealthy else "no reloads")
         + (", dead stubs seen in /proc before a call" if cb.watch_stubs else "")
+        + (", a call cancelled by a node's timeout counts as a failure" if cb.count_timeouts else "")
     )
 
     if policy.admission is not None:

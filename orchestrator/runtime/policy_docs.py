@@ -1,6 +1,6 @@
 """The policy format's generated documents, from its one declaration (``schema``,
 ``policy.TOP``, ``nodes.KINDS``): the JSON Schema ``docs/policy.schema.json`` (editors:
-``# yaml-language-server: $schema=...``) and the table ``docs/policy.md``.
+``# yaml-language-server: $schema=...``) and the table ``docs/reference/policy.md``.
 
 ``python -m orchestrator.runtime.policy_docs`` writes both; ``--check`` only compares (exit
 1 when one is not current). Tests check the committed files are current.
@@ -21,7 +21,7 @@ __all__ = ["json_schema", "markdown", "generated_docs"]
 
 
 def default_text(key: Key) -> str:
-    """The default column of ``docs/policy.md``."""
+    """The default column of ``docs/reference/policy.md``."""
     if key.required:
         return "required"
     if key.computed:
@@ -95,7 +95,7 @@ def _nested(struct: Struct, seen: Set[str], level: str) -> List[str]:
 
 
 def _markdown(top: Struct, common: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> str:
-    """``docs/policy.md``: a table per mapping (top level, nested blocks, every kind)."""
+    """``docs/reference/policy.md``: a table per mapping (top level, nested blocks, every kind)."""
     lines = [
         "# Policy format",
         "",
@@ -133,13 +133,13 @@ def json_schema() -> Dict[str, Any]:
 
 
 def markdown() -> str:
-    """The policy format as Markdown tables (``docs/policy.md``), from the same declarations."""
+    """The policy format as Markdown tables (``docs/reference/policy.md``), from the same declarations."""
     return _markdown(TOP, Struct("node", N.COMMON_KEYS, target=Node), _kind_structs())
 
 
 def generated_docs() -> Dict[str, str]:
     """File name (under ``docs/``) -> its generated text: the JSON Schema and the table."""
-    return {"policy.schema.json": json.dumps(json_schema(), indent=2) + "\n", "policy.md": markdown()}
+    return {"policy.schema.json": json.dumps(json_schema(), indent=2) + "\n", "reference/policy.md": markdown()}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -2,7 +2,7 @@
 
 The router runs on Triton 2.51 and on newer releases; newer ones add features that serve
 routing. Each is detected in the running stub, never assumed from a version number
-(docs/deployment.md "Releases" has the table):
+(docs/reference/compatibility.md "Releases" has the table):
 
 * CPU outputs of BLS calls (:func:`cpu_outputs`, in every release the router supports):
   ``PreferredMemory(TRITONSERVER_MEMORY_CPU, 0)`` makes python_backend allocate a BLS

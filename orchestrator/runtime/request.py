@@ -42,7 +42,7 @@ class RequestContext:
             router) at which the client's timeout (``request.timeout()``, microseconds;
             0: none) ends, counted from the start of the router's ``execute`` (the stub
             cannot see when Triton received the request, so the time it waited in the
-            router's queue is not deducted); None: no timeout. docs/reliability.md
+            router's queue is not deducted); None: no timeout. docs/guides/reliability.md
             "Deadlines".
         is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
             (an IPC round trip to the Triton process in the real stub; the engine asks it
@@ -77,7 +77,7 @@ def call_trace(contexts: Sequence[RequestContext]) -> Any:
     the router's own spans only, never a span under the wrong parent. In ``triton`` mode
     ``get_context()`` is None for every request (sampled or not), so with ``rate`` above 1
     a batched call is traced only when the first request of its rows was sampled
-    (docs/deployment.md, "Tracing").
+    (docs/reference/metrics.md, "Tracing").
 
     Args:
         contexts: the contexts of the call's rows, in row order (repeats allowed).
@@ -147,7 +147,7 @@ class Limits:
     costs no tokenizer or model time and leaves no memory behind.
 
     The field defaults below are the policy keys' defaults (``policy.LIMITS`` reads them;
-    docs/policy.md shows them with each key's meaning).
+    docs/reference/policy.md shows them with each key's meaning).
 
     Attributes:
         max_text_bytes: UTF-8 bytes per text (the demo corpus's longest text has 855 bytes).

@@ -46,7 +46,7 @@ error; a model that cannot serve is not called again by those retries (its circu
 open, ``health.CircuitBreaker``, or its load is in back-off). A request its client cancelled
 (``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no further
 stage; a request's ``timeout()`` is the budget of its downstream calls, counted from the
-start of ``execute`` (docs/reliability.md "Cancellation", "Deadlines").
+start of ``execute`` (docs/guides/reliability.md "Cancellation", "Deadlines").
 
 Admission control (the policy's ``admission``, ``runtime.admission``; off in the shipped
 policy unless it sets one): at the start of an ``execute`` the router runs only the requests
@@ -54,7 +54,7 @@ it expects to answer within ``admission.max_wait_ms`` of their arrival (at least
 arrival order) and answers the others at once with UNAVAILABLE ("overloaded: ..."),
 counted in ``orchestrator_shed_requests_total``.
 
-Newer releases (``releases``; docs/deployment.md "Releases"): where the stub's
+Newer releases (``releases``; docs/reference/compatibility.md "Releases"): where the stub's
 ``InferenceResponse`` takes ``parameters`` (python_backend r25.02), each answer also carries
 the route as KServe v2 response parameters (``releases.route_parameters``) beside ``ROUTE``;
 where the server calls a model's ``is_ready()`` (r26.03), the router reports not ready while
@@ -151,7 +151,7 @@ class TritonPythonModel:
     ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
-    matters most (one text, one classifier call); docs/benchmarks.md has the measurement.
+    matters most (one text, one classifier call); docs/results/benchmarks.md has the measurement.
     Every downstream call goes through :class:`~orchestrator.runtime.downstream.Downstream`
     (circuit breakers, the stub watch, repairs); the router parses, runs, responds and
     warms up.
@@ -316,7 +316,7 @@ class TritonPythonModel:
         """The request's validated work (``threshold``: replaces every THRESHOLD).
 
         ``start``: the engine clock at the start of this ``execute``, from which the
-        request's ``timeout()`` (microseconds; 0: none) counts (docs/reliability.md
+        request's ``timeout()`` (microseconds; 0: none) counts (docs/guides/reliability.md
         "Deadlines"); None: the request gets no deadline (warmup).
         """
         pb = self.pb

@@ -8,7 +8,7 @@ A mapping of a policy document (the top level, a node kind, ``limits``, a switch
   (``root.steps[1].stages[0].model: required key is missing``);
 - the JSON Schema (:meth:`Type.json`; ``policy_docs.json_schema``, published as
   ``docs/policy.schema.json``) that editors use to validate and complete ``policy.yaml``;
-- the reference table (:meth:`Type.text`; ``policy_docs.markdown``, ``docs/policy.md``).
+- the reference table (:meth:`Type.text`; ``policy_docs.markdown``, ``docs/reference/policy.md``).
 
 Both files are generated (``python -m orchestrator.runtime.policy_docs``) and tests check
 that the committed ones are current. Defaults are not written here: a key's default is the
@@ -92,7 +92,7 @@ class Type:
         raise NotImplementedError
 
     def text(self) -> str:
-        """This type in words, for ``docs/policy.md``."""
+        """This type in words, for ``docs/reference/policy.md``."""
         raise NotImplementedError
 
     def structs(self) -> Iterator["Struct"]:

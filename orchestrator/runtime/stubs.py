@@ -1,7 +1,7 @@
 """Seeing a downstream model's dead Python-backend stub before calling it.
 
 Triton 2.51 keeps a model whose stub process died READY, and python_backend gives every call
-to it 1 s before it answers ``Stub process '<instance>' is not healthy`` (docs/reliability.md).
+to it 1 s before it answers ``Stub process '<instance>' is not healthy`` (docs/guides/reliability.md).
 The router answers one ``execute`` at a time, so that second is paid by every request in and
 behind the first call. The stubs are children of the router's own parent, ``tritonserver``,
 visible in ``/proc`` (Linux, Triton's platform): a stub that has exited (a zombie, or gone)

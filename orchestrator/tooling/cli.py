@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                    add_calibrate_arguments, calibrate_command)
     add_subcommand(sub, "tune", "choose a policy's cascade margins and chunk stop_margin from labeled texts (curves, tuned policy)",
                    add_tune_arguments, tune_command)
-    add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/benchmarks.md)",
+    add_subcommand(sub, "bench", "perf_analyzer benchmark: router vs ensemble vs the raw model (docs/results/benchmarks.md)",
                    add_bench_arguments, bench_command)
-    add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/reliability.md)", add_soak_arguments, soak_command)
+    add_subcommand(sub, "soak", "fault-injection soak of the router on its own server (docs/results/reliability.md)", add_soak_arguments, soak_command)
     from orchestrator.tooling.gpu_check import add_gpu_check_arguments, gpu_check_command
 
     add_subcommand(sub, "gpu-check", "the shipped configs on a GPU against the CPU answers (no GPU: not run)",

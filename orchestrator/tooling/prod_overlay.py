@@ -1,4 +1,4 @@
-"""The production overlay's images (issue 27; docs/deployment.md, "Production images by
+"""The production overlay's images (issue 27; docs/guides/security.md, "Production images by
 digest, signed"): every container of its Deployment a registry-qualified image by digest
 with ``imagePullPolicy: IfNotPresent``; with ``prod`` (``make deploy-check PROD=1``) not the
 all-zero placeholder digest either. ``make deploy-check`` runs it

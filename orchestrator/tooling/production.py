@@ -1,6 +1,6 @@
 """The shipped image's conditions for a local server, so tests and the soak run as production.
 
-What the image has that a fresh copy of ``model_repository`` has not (docs/reliability.md):
+What the image has that a fresh copy of ``model_repository`` has not (docs/guides/reliability.md):
 
 - the Python models' bytecode compiled at build time and a read-only file system, so no file
   in a model directory changes after the first load. Triton 2.51 skips a repository-API load

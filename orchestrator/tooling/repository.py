@@ -203,7 +203,8 @@ def check_repository(model_repository: PathLike) -> Dict[Path, ModelConfig]:
     """Parse every configuration file of a repository and check the rules Triton checks
     only when it loads a model; returns ``{path: config}``.
 
-    Rules: a config that sets ``name`` names its directory; a Python-backend model has
+    Rules: a config that sets ``name`` names its directory; every ``label_filename`` of an
+    output is a file in the model's directory (Triton reads it at load); a Python-backend model has
     ``<version>/model.py`` (or its ``default_model_filename``) in every version directory
     and at least one version; an ensemble's steps call models of this repository, map only
     inputs and outputs that every configuration file of the called model declares, read
@@ -222,7 +223,10 @@ def check_repository(model_repository: PathLike) -> Dict[Path, ModelConfig]:
     for path, config in configs.items():
         model_dir = path.parent if path.name == "config.pbtxt" else path.parent.parent
         if config.name and config.name != model_dir.name:
-            problems.append(f"{path}: name {config.name!r} is not the directory's name {model_dir.name!r}")
+            problems.append(f"{path}: name {config.name!r} is not the directory's name {model_dir.name!r} "
+                            f"(Triton refuses the repository: set name: \"{model_dir.name}\" or remove the line)")
+        problems += [f"{path}: output {o.name!r} names the label file {o.label_filename!r}, which is not in {model_dir}"
+                     for o in config.output if o.label_filename and not (model_dir / o.label_filename).is_file()]
         if is_python_model(config):
             filename = config.default_model_filename or "model.py"
             versions = [d for d in model_dir.iterdir() if d.is_dir() and d.name.isdigit()]
@@ -261,7 +265,7 @@ def _ensemble_problems(path: Path, config: ModelConfig, models: Mapping[str, Lis
     return problems
 
 
-#: The router's recommended queue policy (docs/reliability.md "Overload"): Triton's
+#: The router's recommended queue policy (docs/guides/reliability.md "Overload"): Triton's
 #: ``dynamic_batching.default_queue_policy`` fields. Not in the shipped config: under any
 #: queue policy Triton 2.51's dynamic batcher stops prefetching and can miss the wakeup of a
 #: finished execute, idling up to 500 ms (core r24.10 ``DynamicBatchScheduler::

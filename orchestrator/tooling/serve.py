@@ -9,7 +9,7 @@ release) beside the wheel's Python backend; with ``onnxruntime`` among them the 
 reads the shipped ``config.pbtxt`` files unless ``--model-config-name`` says otherwise
 (:func:`resolve_model_config_name`), and ``--instance-kind-cpu`` serves a copy of the
 repository whose ``KIND_GPU`` instance groups are ``KIND_CPU`` (:func:`cpu_instance_copy`),
-for a machine without a GPU (docs/deployment.md). It prints the URLs and
+for a machine without a GPU (docs/guides/gpu.md). It prints the URLs and
 the log path once the server is ready, and stops the server (no
 process of its group left) on SIGINT or SIGTERM, also when started in the background by
 a shell, which leaves SIGINT ignored (``tests/server/test_server.py``,
@@ -165,7 +165,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
         default=0.0,
         metavar="MB",
         help="Triton's response cache for the models that enable it (the classifiers), in MiB; "
-        "0 (the default): no cache (docs/benchmarks.md, 'Response cache', has the trade-off)",
+        "0 (the default): no cache (docs/results/benchmarks.md, 'Response cache', has the trade-off)",
     )
     parser.add_argument("--log-file", default=None, help="server log file (default: a new file under the cache)")
     parser.add_argument(

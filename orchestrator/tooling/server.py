@@ -3,7 +3,7 @@
 A real ``tritonserver`` (Triton 2.51.0) taken from the ``nvidia-pytriton==0.7.0`` wheel,
 started as a child process on loopback. The CLI (``orchestrator serve``,
 :mod:`orchestrator.tooling.serve`), the demo and every test that needs a server use it.
-Contract: docs/architecture.md, section ``orchestrator.tooling.server``; Triton's server
+Contract: docs/development/architecture.md, section ``orchestrator.tooling.server``; Triton's server
 docs (model management, ``--model-config-name``). The wheel's layout, the backend
 directory and the stub environment the stubs need are :mod:`orchestrator.tooling.embedded`.
 
@@ -65,6 +65,7 @@ __all__ = [
     "prepare_stub_environment",
     "server_environment",
     "extract_error_lines",
+    "split_error_lines",
     "find_free_ports",
     "port_is_free",
     "trace_config_args",
@@ -83,6 +84,14 @@ _NOISE = re.compile(
     r"CudaDriverHelper has not been initialized|Failed to initialize NVML|DCGM|"
     r"Unable to allocate pinned system memory|CUDA memory pool disabled"
 )
+# Error lines a start can print that never explain its failure: the router's warmup (its
+# downstream models are not called during warmup) and CUDA on a machine without a GPU.
+_HARMLESS = re.compile(
+    r"is not called during warmup|CUDA driver version is insufficient|no CUDA-capable device|"
+    r"cudaGetDeviceCount|cudaDriverGetVersion|Unable to find a CUDA driver"
+)
+# The lines that say why a start failed, shown first.
+_DECISIVE = re.compile(r"failed to load|error: creating server|unexpected model name|Invalid argument|already in use", re.I)
 # glog: severity (Info/Warning/Error/Fatal), MMDD, time, thread id, file:line], message.
 _GLOG = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+\s+\S+\]\s*(.*)$")
 _PY_EXCEPTION = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b(:.*)?$")
@@ -116,6 +125,15 @@ def find_free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in socks:
             sock.close()
+
+
+def split_error_lines(lines: list[str]) -> tuple[list[str], list[str]]:
+    """``(errors, harmless)``: the error lines that can explain a failed start, those that say
+    why first (``failed to load``, ``error: creating server``, ...), and the known-harmless
+    ones (the router's warmup, CUDA without a GPU)."""
+    harmless = [line for line in lines if _HARMLESS.search(line)]
+    errors = [line for line in lines if not _HARMLESS.search(line)]
+    return sorted(errors, key=lambda line: not _DECISIVE.search(line)), harmless
 
 
 def extract_error_lines(log_text: str, limit: int = 30) -> list[str]:
@@ -529,9 +547,11 @@ class TritonServer:
         its log since its last start (else the last 15 lines), the log path, the command
         line, and a hint when a model's import failed."""
         text = self._new_log_text()
-        lines = extract_error_lines(text)
+        lines, harmless = split_error_lines(extract_error_lines(text))
         if lines:
             detail = "error lines from the log:\n" + "\n".join(f"  {line}" for line in lines)
+            if harmless:
+                detail += "\nknown harmless lines (warmup, CUDA on a machine without a GPU):\n" + "\n".join(f"  {line}" for line in harmless)
         else:
             tail = [line for line in text.splitlines() if line.strip()][-15:]
             detail = "last lines of the log:\n" + "\n".join(f"  {line}" for line in tail or ["(empty)"])

@@ -1,6 +1,6 @@
 """``orchestrator tune POLICY --data LABELED``: a policy's operating points chosen from data.
 
-What it does (docs/tuning.md):
+What it does (docs/guides/tune.md):
 
 1. reads the policy (``orchestrator.runtime.policy``) and its models' heads from the
    repository (``--repo``, default the one holding the policy); every ``cascade`` node is

@@ -3,7 +3,7 @@
 **Warmup.** Triton runs a model's ``model_warmup`` samples on every instance when it loads
 the model, before the model is ready (core r24.10 ``TritonModelInstance::WarmUp``), so the
 first client request does not pay for the first execution. Measured on the embedded
-server (docs/benchmarks.md, "Warmup"): a Python-backend classifier answers its first
+server (docs/results/benchmarks.md, "Warmup"): a Python-backend classifier answers its first
 request after a load in tens of milliseconds without warmup and at its warm latency with
 it; in-process ONNX Runtime alone is warm after one run of any shape, so one sample of a
 typical request is enough. Every model of the repository except ``ensemble`` (an ensemble

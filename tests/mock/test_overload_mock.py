@@ -1,5 +1,5 @@
 """The router's recommended queue policy (``repository.QUEUE_POLICY``, on a copy of the
-shipped router: the shipped config has none, docs/reliability.md "Overload") and the
+shipped router: the shipped config has none, docs/guides/reliability.md "Overload") and the
 cascade's overload mode in the in-process mock: the policy's keys parse through Triton's model_config definitions, a request that finds
 the queue full is refused at once with a retryable UNAVAILABLE while the queued ones are
 answered, and the router marks each execute on its queue-delay estimate."""

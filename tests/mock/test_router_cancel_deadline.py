@@ -1,5 +1,5 @@
 """The router adapter's cancellation and deadlines on the in-process mock
-(docs/reliability.md "Cancellation", "Deadlines"): a request cancelled after its first
+(docs/guides/reliability.md "Cancellation", "Deadlines"): a request cancelled after its first
 stage gets exactly one CANCELLED response and no escalation while the other request of its
 batch is escalated; the request's ``timeout()`` becomes its BLS calls' timeout and its
 cascade answers from the first stage when the second cannot fit."""

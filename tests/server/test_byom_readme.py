@@ -1,6 +1,6 @@
 """Issue 26's done-when: a 3-label checkpoint made here goes from `orchestrator export` to a
-served router's answer with its labels, by the README's steps only ("Bring your own model:
-export and parity", steps 1-4):
+served router's answer with its labels, by the README's steps only ("Route your own model";
+docs/guides/bring-your-own-model.md has them in more detail):
 
 1. ``orchestrator export CKPT --name topics --repo REPO --router``
 2. ``orchestrator policy check REPO/topics_router/policy.yaml --repo REPO``
@@ -45,7 +45,7 @@ def _readme_load_commands():
 
     readme = (PROJECT_ROOT / "README.md").read_text()
     m = re.search(r"for m in ((?:mymodel\w*\s*)+); do", readme)
-    assert m, "README: the repository-load loop of 'Bring your own model' is missing"
+    assert m, "README: the repository-load loop of 'Route your own model' is missing"
     return [name.replace("mymodel", "topics") for name in m.group(1).split()]
 
 

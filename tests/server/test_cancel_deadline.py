@@ -1,4 +1,4 @@
-"""Cancellation and deadlines on a real tritonserver (docs/reliability.md "Cancellation",
+"""Cancellation and deadlines on a real tritonserver (docs/guides/reliability.md "Cancellation",
 "Deadlines").
 
 A deliberately slow downstream model (``classifier_slow``: a Python model that sleeps

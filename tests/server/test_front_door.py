@@ -1,4 +1,4 @@
-"""The front door (issue 27): the real nginx, configured by
+"""The front door: the real nginx, configured by
 ``orchestrator.tooling.frontdoor.render`` from the repository's router policy, in front of the
 embedded tritonserver on loopback ports, with the admin APIs restricted as in the image.
 
@@ -6,17 +6,23 @@ Checked through it, over HTTP and gRPC: the router answers; an oversized body is
 before Triton runs anything (the router's statistics do not move); a direct classifier call
 (gRPC too: the Lua model check) and the admin APIs are refused; one client over its quota gets 429 / RESOURCE_EXHAUSTED
 saying so while another keeps its full rate; under a bounded load from several threads no
-response is lost, duplicated or different from Triton's own answer.
+response is lost, duplicated or different from Triton's own answer; a model name hidden from
+the check (over-long tags, a duplicate name) is refused as malformed and runs nothing; a control
+character in an HTTP path is refused at the door; one client holding 64 ModelInfer and 64
+ModelReady streams of maximal bodies keeps nginx well under the manifests' memory limit while
+another client is served.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -35,6 +41,7 @@ if not F.nginx_ready():
 import tritonclient.grpc as grpcclient  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
+ROUTERS = ("router", "router_ab")
 QUOTAS = F.Quotas("x-client-id", F.Quota(100, 100), {
     "slow": F.Quota(2, 3),
     "fast": F.Quota(1000, 1000),
@@ -46,16 +53,22 @@ QUOTAS = F.Quotas("x-client-id", F.Quota(100, 100), {
 def stack(test_repository):
     key = secrets.token_hex(16)
     t_http, t_grpc, t_metrics, p_http, p_grpc, p_metrics = find_free_ports(6)
-    server = TritonServer(test_repository, models=always_on_models(test_repository), http_port=t_http,
+    server = TritonServer(test_repository, models=always_on_models(test_repository, ROUTERS), http_port=t_http,
                           grpc_port=t_grpc, metrics_port=t_metrics, control_key=key)
     server.start()
     ports = F.Ports("127.0.0.1", p_http, p_grpc, p_metrics, t_http, t_grpc, t_metrics)
     limits = F.body_limits(test_repository)
     door = F.FrontDoor(F.render(QUOTAS, limits, ports, workers=1), ports)
+    # a second door admitting two routers, one not named router (deploy/routers.yaml lists them)
+    ports2 = F.Ports("127.0.0.1", *find_free_ports(3), t_http, t_grpc, t_metrics)
+    door2 = F.FrontDoor(F.render(QUOTAS, F.body_limits(test_repository, ROUTERS), ports2, workers=1, routers=ROUTERS), ports2)
     try:
         door.start()
+        door2.start()
+        server.door2 = door2
         yield server, door, limits
     finally:
+        door2.stop()
         door.stop()
         server.stop()
 
@@ -277,3 +290,234 @@ def test_no_response_lost_or_duplicated_under_load(stack):
     ids = [a for a, _ in answers]
     assert sorted(ids) == sorted([f"h{n}" if n % 2 else f"g{n}" for n in range(160)]), "lost or duplicated responses"
     assert all(same for _, same in answers), "a response differs from Triton's own answer"
+
+
+def raw_grpc(door: F.FrontDoor, method: str, payload: bytes, client: str | None = None):
+    """One unary call of ``method`` with ``payload`` sent as it is (no protobuf in between):
+    ``(status name, message, response bytes or None)``."""
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{door.ports.grpc}", options=[("grpc.enable_http_proxy", 0)]) as channel:
+        call = channel.unary_unary(f"/inference.GRPCInferenceService/{method}")
+        try:
+            return "OK", "", call(payload, metadata=[("x-client-id", client)] if client else None, timeout=30)
+        except grpc.RpcError as exc:
+            return exc.code().name, exc.details(), None
+
+
+BYPASS = b"\x0a\x06router" + b"\x8a\x80\x80\x80\x10" + b"\x0aclassifier"
+
+
+def test_a_model_name_hidden_from_the_check_is_refused(stack):
+    """The bypass (a second field 1 behind a 5-byte tag of value 2^32 + 10) and its family,
+    through the real nginx in front of the real server: refused as malformed, and Triton runs
+    and describes nothing but the router."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    server, door, _ = stack
+    before = classifier_counts(server)
+    tensor = pb.ModelInferRequest(model_name="classifier", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="input_ids", datatype="INT64", shape=[1, 8])],
+        raw_input_contents=[np.ones((1, 8), np.int64).tobytes()]).SerializeToString()
+    hidden = [b"\x8a\x80\x80\x80\x10", b"\x8a\x80\x80\x80\x80\x80\x80\x80\x80\x00", b"\x8a\x00", b"\x0a"]
+    for method, tail in [("ModelMetadata", b"\x0aclassifier"), ("ModelReady", b"\x0aclassifier"), ("ModelInfer", None)]:
+        for tag in hidden:
+            if tail is None:  # the whole classifier request behind the router's name
+                payload = b"\x0a\x06router" + tensor.replace(b"\x0a\x0aclassifier", tag + b"\x0aclassifier", 1)
+            else:
+                payload = b"\x0a\x06router" + tag + tail
+            status, message, answer = raw_grpc(door, method, payload)
+            assert status == "INVALID_ARGUMENT" and answer is None, (method, tag, status, message)
+            assert message.startswith("malformed request refused by the front door: "), message
+    # The same reasons are named: a duplicate name, and a tag over 5 bytes.
+    assert "occurs twice" in raw_grpc(door, "ModelMetadata", b"\x0a\x06router\x0a\x0aclassifier")[1]
+    assert "a tag is over 5 bytes" in raw_grpc(door, "ModelMetadata", b"\x0a\x06router" + hidden[1] + b"\x0aclassifier")[1]
+    # Without the hidden field the router's own calls are answered.
+    status, _, answer = raw_grpc(door, "ModelMetadata", b"\x0a\x06router")
+    assert status == "OK" and pb.ModelMetadataResponse.FromString(answer).name == "router"
+    assert classifier_counts(server) == before, "Triton ran the classifier for a client"
+
+
+def test_a_control_character_in_the_path_is_refused_at_the_door(stack):
+    server, door, _ = stack
+    before = router_counts(server)
+    for path in ("/v2/models/router/infer%0a", "/v2/models/router/infer%0d", "/v2/models/router%09/infer", "/v2/models/router/ready%7f"):
+        status, text = http(door.ports.http, path, "POST" if "infer" in path else "GET", infer_body(["fine"]))
+        assert status == 400 and "control character" in text, (path, status, text)
+    assert http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["fine"]))[0] == 200
+    assert eventually(lambda: router_counts(server), before + 1, timeout=5) == before + 1
+
+
+def _pss_bytes(root_pid: int) -> int:
+    """Proportional set size of ``root_pid`` and its children (nginx's master and workers)."""
+    pids = [root_pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == root_pid]
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return total
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _manifest_memory_limit() -> int:
+    """The frontdoor container's memory limit in the base Deployment, in bytes."""
+    import yaml
+
+    from tests.helpers import ROOT
+
+    for doc in yaml.safe_load_all((ROOT / "deploy/k8s/base/deployment.yaml").read_text()):
+        if doc and doc.get("kind") == "Deployment":
+            door = next(c for c in doc["spec"]["template"]["spec"]["containers"] if c["name"] == "frontdoor")
+            value = door["resources"]["limits"]["memory"]
+            assert value.endswith("Mi"), value
+            return int(value[:-2]) * 2**20
+    raise AssertionError("no Deployment")
+
+
+class HeldStreams:
+    """One client's HTTP/2 connections to the front door's gRPC port, each stream sending up to
+    ``size`` bytes of a gRPC body and never ending it (the ``h2`` protocol library over a socket)."""
+
+    def __init__(self, port: int, method: str, client: str):
+        self.port, self.method, self.client = port, method, client
+        self.conns: list = []
+        self.refused: set = set()
+
+    def open(self, connections: int, streams: int, size: int) -> None:
+        import socket
+
+        import h2.config
+        import h2.connection
+
+        head = b"\0" + (size + 1).to_bytes(4, "big")  # one byte more than will ever be sent
+        for _ in range(connections):
+            sock = socket.create_connection(("127.0.0.1", self.port))
+            sock.settimeout(30)
+            h2c = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+            h2c.initiate_connection()
+            sock.sendall(h2c.data_to_send())
+            self._pump(sock, h2c)
+            todo = {}
+            for _ in range(streams):
+                sid = h2c.get_next_available_stream_id()
+                h2c.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", f"/inference.GRPCInferenceService/{self.method}"),
+                                       (":authority", f"127.0.0.1:{self.port}"), ("content-type", "application/grpc"), ("te", "trailers"),
+                                       ("x-client-id", self.client)])
+                todo[sid] = head + b"\x0a\x06router\x3a" + b"x" * size
+                todo[sid] = todo[sid][:size]
+            self.conns.append((sock, h2c, todo))
+
+    def send(self, seconds: float) -> None:
+        """Send what flow control lets through, for ``seconds``."""
+        import time as _time
+
+        end = _time.monotonic() + seconds
+        while _time.monotonic() < end:
+            moved = False
+            for sock, h2c, todo in self.conns:
+                for sid in list(todo):
+                    try:
+                        window = min(h2c.local_flow_control_window(sid), h2c.max_outbound_frame_size, len(todo[sid]))
+                    except Exception:  # the stream was closed by the door (a refusal)
+                        del todo[sid]
+                        continue
+                    if window > 0:
+                        h2c.send_data(sid, todo[sid][:window])
+                        todo[sid] = todo[sid][window:]
+                        moved = True
+                sock.sendall(h2c.data_to_send())
+                self._pump(sock, h2c)
+            if not moved:
+                _time.sleep(0.05)
+
+    def _pump(self, sock, h2c) -> None:
+        import select
+
+        import h2.events
+
+        if not select.select([sock], [], [], 0.05)[0]:
+            return
+        try:
+            data = sock.recv(1 << 20)
+        except OSError:
+            return
+        for event in h2c.receive_data(data):
+            if isinstance(event, (h2.events.StreamReset, h2.events.StreamEnded)):
+                self.refused.add((id(h2c), event.stream_id))
+        sock.sendall(h2c.data_to_send())
+
+    def close(self) -> None:
+        for sock, _, _ in self.conns:
+            sock.close()
+
+
+def test_one_client_cannot_push_the_door_past_its_memory_limit(stack):
+    """One client holds 64 ModelInfer streams of maximal bodies (two connections) and 64
+    ModelReady streams of maximal bodies open at once: the door admits its in-flight limit,
+    refuses the rest, keeps each body's excess in a file, and its memory stays under half the
+    manifests' limit while a second client is served."""
+    server, door, limits = stack
+    limit = _manifest_memory_limit()
+    baseline = _pss_bytes(door.proc.pid)
+    infer = HeldStreams(door.ports.grpc, "ModelInfer", "attacker")
+    ready = HeldStreams(door.ports.grpc, "ModelReady", "attacker")
+    peak = baseline
+    try:
+        infer.open(connections=2, streams=32, size=limits.grpc - 64)
+        ready.open(connections=2, streams=32, size=limits.grpc - 64)
+        for _ in range(6):
+            infer.send(2.0)
+            ready.send(0.5)
+            peak = max(peak, _pss_bytes(door.proc.pid))
+        spooled = sum(f.stat().st_size for f in (door.run_dir / "body").glob("*"))
+        # The second client is served while the first holds all of that.
+        c = grpc_client(door)
+        try:
+            r = c.infer("router", text_inputs(grpcclient, ["great hotel, lovely staff"]), headers=grpc_headers("fast"))
+            assert r.get_response().outputs
+        finally:
+            c.close()
+        peak = max(peak, _pss_bytes(door.proc.pid))
+    finally:
+        infer.close()
+        ready.close()
+    print(f"front door PSS: baseline {baseline / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB with 128 streams held "
+          f"(manifest limit {limit / 2**20:.0f} MiB); bodies spooled to files: {spooled / 2**20:.1f} MiB; streams refused: "
+          f"{len(infer.refused)} infer, {len(ready.refused)} ready")
+    per_client = QUOTAS.in_flight_per_client
+    assert len(infer.refused) == 64 - per_client, "the in-flight limit did not refuse the client's streams past it"
+    assert len(ready.refused) == 64, "a ModelReady body of megabytes was read"
+    assert 0.9 * per_client * limits.grpc < spooled <= per_client * limits.grpc, "the held bodies were not spooled to files"
+    assert peak < limit / 2, f"nginx held {peak / 2**20:.1f} MiB, over half the manifests' {limit / 2**20:.0f} MiB"
+    assert eventually(lambda: _pss_bytes(door.proc.pid) < limit / 4, True, timeout=10)
+
+
+def test_the_routers_of_the_one_setting_are_admitted_and_nothing_else(stack):
+    """A door rendered for two routers (one not named router) admits both over HTTP and gRPC
+    and still refuses the classifier; the door for router alone refuses router_ab."""
+    server, door, _ = stack
+    door2 = server.door2
+    for name in ROUTERS:
+        status, body = http(door2.ports.http, f"/v2/models/{name}/infer", "POST", infer_body(["great hotel"]))
+        assert status == 200, (name, body)
+        c = grpc_client(door2)
+        try:
+            assert c.is_model_ready(name) and c.infer(name, text_inputs(grpcclient, ["great hotel"])).get_response().outputs
+        finally:
+            c.close()
+    assert http(door2.ports.http, "/v2/models/classifier/ready")[0] == 404
+    status, _, _ = raw_grpc(door2, "ModelReady", b"\x0a\x0aclassifier")
+    assert status == "PERMISSION_DENIED"
+    assert "only the router models router, router_ab" in raw_grpc(door2, "ModelReady", b"\x0a\x0aclassifier")[1]
+    assert http(door.ports.http, "/v2/models/router_ab/ready")[0] == 404
+    assert raw_grpc(door, "ModelReady", b"\x0a\x09router_ab")[0] == "PERMISSION_DENIED"

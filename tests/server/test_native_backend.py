@@ -5,7 +5,7 @@ Python models running onnxruntime).
 Every other test serves the embedded configs, because the nvidia-pytriton wheel has no
 ``onnxruntime`` backend. These tests run when ``ORCHESTRATOR_ORT_BACKEND_DIR`` names a backend
 directory holding ``onnxruntime/libtriton_onnxruntime.so`` built for Triton 2.51 (r24.10)
-(docs/deployment.md, "Serving the production configs with Triton's ONNX Runtime backend");
+(docs/guides/gpu.md, "Serving the production configs with Triton's ONNX Runtime backend");
 without it they skip, saying so. A variable naming a directory without that backend fails.
 
 Two servers run side by side on the same copy of the repository: the native one reads
@@ -18,7 +18,7 @@ every answer is expected bit for bit, not within a tolerance.
 
 On a machine with a GPU the shipped repository is served as it is (``KIND_GPU``); CUDA
 kernels sum in another order than the CPU's, so floats are then compared within
-:data:`GPU_ATOL`, an allowance not yet checked on a GPU (docs/deployment.md says
+:data:`GPU_ATOL`, an allowance not yet checked on a GPU (docs/guides/gpu.md says
 ``KIND_GPU`` is untested); verdicts and routes are still compared exactly.
 """
 
@@ -40,7 +40,7 @@ from orchestrator.tooling.server import TritonServer
 from tests.helpers import REPO, call
 
 ENV = "ORCHESTRATOR_ORT_BACKEND_DIR"
-SECTION = "docs/deployment.md, 'Serving the production configs with Triton's ONNX Runtime backend'"
+SECTION = "docs/guides/gpu.md, 'Serving the production configs with Triton's ONNX Runtime backend'"
 BACKEND_DIR = os.environ.get(ENV, "")
 
 pytestmark = [

@@ -1,5 +1,5 @@
 """The router's recommended queue policy (``repository.QUEUE_POLICY``, on the test
-repository's ``router_queue``: the shipped router has none on 2.51, docs/reliability.md
+repository's ``router_queue``: the shipped router has none on 2.51, docs/guides/reliability.md
 "Overload") on a real tritonserver (Triton 2.51): a burst larger than the
 queue gets retryable refusals (gRPC UNAVAILABLE ``Exceeds maximum queue size``) while every
 other request is answered as it is alone, none lost; requests of priority 1 have their own
@@ -94,7 +94,7 @@ def alone(url: str, text: str, model: str = MODEL) -> float:
 
 def test_the_shipped_router_has_no_queue_policy_and_the_variant_the_recommended_one(test_repository):
     """Triton 2.51's batcher without prefetching (any queue policy) stalls the router
-    (docs/reliability.md "Overload"), so the shipped config has none; ``router_queue`` is the
+    (docs/guides/reliability.md "Overload"), so the shipped config has none; ``router_queue`` is the
     shipped router with exactly ``QUEUE_POLICY``."""
     shipped = read_config(REPO / "router" / "config.pbtxt").dynamic_batching
     assert not shipped.HasField("default_queue_policy") and shipped.priority_levels == 0

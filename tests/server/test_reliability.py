@@ -91,7 +91,7 @@ def _kill(server, instance=FAST) -> tuple:
     return pid, time.monotonic(), offset
 
 
-#: A load of classifier_fast takes 3-4 s here (docs/reliability.md); the heal bound covers
+#: A load of classifier_fast takes 3-4 s here (docs/guides/reliability.md); the heal bound covers
 #: that, and a load the busy machine made slower extends it by the excess, which is Triton's
 #: time, not the repair's (the excess is printed).
 NORMAL_LOAD_S = 4.0

@@ -237,7 +237,7 @@ def test_every_metric_the_dashboard_and_the_autoscalers_query_is_exposed(replica
     """Metric names in deploy/grafana, the Prometheus adapter rules and the KEDA triggers
     exist on a real replica. Triton declares its nv_inference_* families from the start; a
     router family appears with its first sample, so the router's are exercised here (chunks,
-    an escalation, an on-demand load) and the rest must be in the README's metrics table
+    an escalation, an on-demand load) and the rest must be in the metrics reference's table
     (node errors need a failing model). nv_gpu_* exist only on GPU nodes: not here."""
     a, _ = replicas
     out = infer(a, "http", "router", TEXTS)
@@ -257,7 +257,7 @@ def test_every_metric_the_dashboard_and_the_autoscalers_query_is_exposed(replica
     queried -= {"orchestrator_router_queue_us_per_request", "orchestrator_router_requests_per_second"}  # the adapter's own names
     gpu_only = {m for m in queried if m.startswith("nv_gpu_")}
     assert gpu_only and queried - gpu_only
-    documented = set(re.findall(r"^\| `(orchestrator_\w+)` \|", (ROOT / "README.md").read_text(), re.M))
+    documented = set(re.findall(r"^\| `(orchestrator_\w+)` \|", (ROOT / "docs" / "reference" / "metrics.md").read_text(), re.M))
     router = {m for m in queried if m.startswith("orchestrator_")}
     assert {"orchestrator_requests_total", "orchestrator_texts_total", "orchestrator_escalations_total",
             "orchestrator_chunks_total", "orchestrator_model_loads_total", "orchestrator_node_latency_seconds"} <= router & exposed

@@ -6,7 +6,7 @@ restricted as in the image (``orchestrator.tooling.production``), HTTP and gRPC 
 threads, ``classifier`` unloaded and loaded again, the ``classifier_fast`` stub SIGKILLed
 twice in a row (found as a child of the server this run started, by its instance-name
 argument, never by name), the ``router`` reloaded, 20 requests with an 8 MiB text. Asserted: the bounds of issue 11 that hold on a busy 2-core machine; the
-latency ratios are in the report (docs/reliability.md), not here.
+latency ratios are in the report (docs/results/reliability.md), not here.
 """
 
 from __future__ import annotations

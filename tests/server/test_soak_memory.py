@@ -5,7 +5,7 @@ model_repository the soak uses, 45 s of the mixed workload (HTTP and gRPC, 2 + 2
 threads) plus bad requests, a sample every 5 s, the first 15 s not judged. Asserted: every
 stub of the server found with its RSS/PSS, the server's /dev/shm regions seen, every bad
 request answered with its error, no lost/duplicated/mismatched/wrong response, every hard
-series judged. The bounds themselves are judged by the hour-long run (docs/reliability.md);
+series judged. The bounds themselves are judged by the hour-long run (docs/results/reliability.md);
 45 s of a loaded machine cannot show a slope per 10 minutes, so pass/fail is not asserted.
 """
 

@@ -276,7 +276,7 @@ def test_the_entrypoints_opentelemetry_config_exports_the_shipped_routers_spans(
     from tests.server.test_deploy_image import get, overlay_env
 
     env_vars = overlay_env("k8s/overlays/cpu")
-    assert env_vars["TRACE_MODE"] == "off"  # shipped off: switched on here as docs/deployment.md says
+    assert env_vars["TRACE_MODE"] == "off"  # shipped off: switched on here as docs/reference/metrics.md says
     embedded = find_embedded_server()
     http, grpc, metrics = find_free_ports(3)
     env = server_environment(embedded, {

@@ -1,4 +1,4 @@
-"""docs/architecture.md and the README as a contract with the code (issue 28): every runtime
+"""docs/development/architecture.md and the policy guide as a contract with the code (issue 28): every runtime
 module has a row in the module table, every node-kind list is the registry's
 (``orchestrator.runtime.nodes.KINDS``), the node protocol is listed as the class declares
 it, and the size caps are the ones ``test_layout`` applies. Each failure says what to add or
@@ -15,8 +15,8 @@ from orchestrator.runtime import nodes
 from orchestrator.runtime.nodes import base
 from tests.helpers import ROOT
 
-ARCH = ROOT / "docs" / "architecture.md"
-README = ROOT / "README.md"
+ARCH = ROOT / "docs" / "development" / "architecture.md"
+POLICY_GUIDE = ROOT / "docs" / "guides" / "write-a-policy.md"
 RUNTIME = ROOT / "orchestrator" / "runtime"
 
 
@@ -56,12 +56,12 @@ def test_every_runtime_module_has_a_row_in_the_module_table():
     modules = runtime_modules()
     missing = [m for m in modules if m not in named]
     assert not missing, (
-        "docs/architecture.md, section 'Package', table '| module | role |': no row names "
+        "docs/development/architecture.md, section 'Package', table '| module | role |': no row names "
         + ", ".join(f"`{m}`" for m in missing)
         + "; add one per module: | `" + missing[0] + "` | <its job in one line> |"
     )
     gone = sorted(named - set(modules))
-    assert not gone, f"docs/architecture.md's module table names {gone}, which are not in orchestrator/: remove or rename those rows"
+    assert not gone, f"docs/development/architecture.md's module table names {gone}, which are not in orchestrator/: remove or rename those rows"
 
 
 def test_every_runtime_module_is_in_the_request_order_tree():
@@ -70,16 +70,16 @@ def test_every_runtime_module_is_in_the_request_order_tree():
     words = set(re.findall(r"[\w]+\.py|[\w]+/", tree))
     missing = [m for m in runtime_modules() if Path(m).name not in words and m != "runtime/nodes/__init__.py"]
     assert not missing, (
-        f"docs/architecture.md, section 'Package', the orchestrator/ tree under runtime/: add {missing} "
+        f"docs/development/architecture.md, section 'Package', the orchestrator/ tree under runtime/: add {missing} "
         "(its file name and, when a request passes through it, its place in the numbered order)"
     )
 
 
-def test_the_readme_node_kind_table_is_the_registry():
+def test_the_policy_guide_node_kind_table_is_the_registry():
     kinds = list(nodes.KINDS)
-    readme = first_cells(table_after(README.read_text(), "| kind | does |"))
-    assert readme == [f"`{k}`" for k in kinds], (
-        f"README.md, 'How to change or add a route', table '| kind | does |' lists {readme}; the registry "
+    guide = first_cells(table_after(POLICY_GUIDE.read_text(), "| kind | does |"))
+    assert guide == [f"`{k}`" for k in kinds], (
+        f"docs/guides/write-a-policy.md, 'How to change or add a route', table '| kind | does |' lists {guide}; the registry "
         f"(orchestrator/runtime/nodes/__init__.py KINDS) has {kinds}, in that order: add, remove or reorder rows to match"
     )
 
@@ -91,12 +91,12 @@ def test_the_node_kind_lists_in_architecture_md_and_the_nodes_package_are_the_re
     tree = text[text.index("    nodes/"): text.index("    ondemand.py")]
     listed = [w for w in re.findall(r"\b(\w+\.py)\b", tree) if w not in ("base.py", "__init__.py")]
     assert listed == modules, (
-        f"docs/architecture.md, the orchestrator/ tree under runtime/nodes/, lists {listed}; the registry (nodes.KINDS) "
+        f"docs/development/architecture.md, the orchestrator/ tree under runtime/nodes/, lists {listed}; the registry (nodes.KINDS) "
         f"has the modules {modules}: list them in that order"
     )
     row = next(r for r in table_after(text, "| module | role |") if "`runtime/nodes/model.py`" in r)
     in_row = re.findall(r"`runtime/nodes/(\w+)\.py`", row.split("|")[1])
-    assert in_row == kinds, f"docs/architecture.md's module table, the node kinds' row, names {in_row}: make it {kinds}"
+    assert in_row == kinds, f"docs/development/architecture.md's module table, the node kinds' row, names {in_row}: make it {kinds}"
     doc_table = [c.strip("`") for c in first_cells(table_after(nodes.__doc__ or "", "| kind | module | does |"))]
     assert doc_table == kinds, f"orchestrator/runtime/nodes/__init__.py's docstring table lists {doc_table}: make it {kinds}"
 
@@ -113,7 +113,7 @@ def test_the_node_protocol_is_listed_as_declared():
     bullet = text[start: text.index("\n- ", start + 1)]
     listed = set(re.findall(r"`(\w+)`", bullet)) - {"Engine"}
     assert listed == declared, (
-        "docs/architecture.md, 'Contracts inside the runtime', the bullet 'The node protocol': "
+        "docs/development/architecture.md, 'Contracts inside the runtime', the bullet 'The node protocol': "
         f"add {sorted(declared - listed)}, remove {sorted(listed - declared)} (nodes.base.Engine declares {sorted(declared)})"
     )
 
@@ -124,6 +124,6 @@ def test_the_size_caps_are_the_ones_the_layout_test_applies():
     text = ARCH.read_text()
     stated = re.search(r"`orchestrator/runtime/` is over (\d+) lines or\s+any file of the package over (\d+)", text)
     assert stated is not None and stated.groups() == (runtime_cap, package_cap), (
-        f"docs/architecture.md, '### Size caps': state the caps tests/unit/test_layout.py applies ({runtime_cap} lines "
+        f"docs/development/architecture.md, '### Size caps': state the caps tests/unit/test_layout.py applies ({runtime_cap} lines "
         f"for a runtime file, {package_cap} for any file of the package)"
     )

@@ -116,7 +116,7 @@ def test_the_queue_variants_add_the_recommended_policy_and_change_nothing_else(t
     from orchestrator.tooling.repository import QUEUE_POLICY, read_config
 
     shipped = read_config(REPO / "router" / "config.pbtxt")
-    assert not shipped.dynamic_batching.HasField("default_queue_policy")  # none on 2.51 (docs/reliability.md)
+    assert not shipped.dynamic_batching.HasField("default_queue_policy")  # none on 2.51 (docs/guides/reliability.md)
     for fields, size, timeout in (({}, QUEUE_POLICY["max_queue_size"], QUEUE_POLICY["default_timeout_microseconds"]),
                                   (TIMEOUT_QUEUE, 1024, 40000)):
         path = tmp_path / "config.pbtxt"

@@ -2,7 +2,7 @@
 the controller on fixed distances, and the engine on fixed texts and thresholds with a fake
 clock, while the unsure fraction of the traffic doubles. No server.
 
-The tolerance stated (docs/reliability.md "Escalation budget"): the escalated share of the
+The tolerance stated (docs/guides/reliability.md "Escalation budget"): the escalated share of the
 window never exceeds ``max_escalation_rate`` (exact), and once the unsure traffic is over
 the budget it uses at least ``max_escalation_rate - 0.02`` of it on average (window 200
 texts, batches of 8).

@@ -1,4 +1,4 @@
-"""Cancellation and deadlines in the policy engine (docs/reliability.md "Cancellation",
+"""Cancellation and deadlines in the policy engine (docs/guides/reliability.md "Cancellation",
 "Deadlines"), driven by the fake BLS function on a fake clock: a downstream call advances
 the clock by its model's cost instead of sleeping, so every boundary is exact (the costs
 are powers of two: no rounding in the budgets)."""

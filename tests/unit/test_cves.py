@@ -1,4 +1,4 @@
-"""The CVE gate (issue 27): deploy/triton-cves.yaml, the table in docs/deployment.md made from
+"""The CVE gate (issue 27): deploy/triton-cves.yaml, the table in docs/guides/security.md made from
 it, and make deploy-check refusing a base release that cannot hold a listed fix."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from orchestrator.tooling import cves as C
 from orchestrator.tooling import deploy as D
 from tests.helpers import ROOT
 
-DOC = ROOT / "docs" / "deployment.md"
+DOC = ROOT / "docs" / "guides" / "security.md"
 
 
 def test_the_docs_table_is_the_data():
     assert C.markdown_table(C.load_cves()) in DOC.read_text(), (
-        "docs/deployment.md's CVE table differs from deploy/triton-cves.yaml: python -m orchestrator.tooling.cves prints it")
+        "docs/guides/security.md's CVE table differs from deploy/triton-cves.yaml: python -m orchestrator.tooling.cves prints it")
 
 
 def test_every_row_is_from_an_nvidia_bulletin_and_every_unconfirmed_fix_says_so():

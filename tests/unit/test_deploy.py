@@ -748,6 +748,10 @@ FRONTDOOR_BREAKS = [
     ("Deployment", lambda d: _triton_env(d, "NO_PROXY", "10.0.0.0/8"), "NO_PROXY must list 127.0.0.1, localhost"),
     ("ServingRuntime", lambda d: d["spec"]["containers"][0]["env"].pop(), "no_proxy must list"),
     ("ConfigMap", lambda d: d["data"].update({"nginx.conf": d["data"]["nginx.conf"].replace("client_max_body_size", "#")}), "nginx.conf is not"),
+    ("Deployment", lambda d: d["spec"]["template"]["spec"]["containers"][1]["readinessProbe"]["httpGet"].update(path="/v2/models/x/ready"),
+     "frontdoor readinessProbe path '/v2/models/x/ready': the first router of deploy/routers.yaml"),
+    ("Deployment", lambda d: next(v for v in d["spec"]["template"]["spec"]["volumes"] if v["name"] == "frontdoor-run")["emptyDir"].update(
+        sizeLimit="1Gi"), "emptyDir sizeLimit is '1Gi': the bodies it may hold need 1.51 GiB"),
 ]
 
 
@@ -778,3 +782,50 @@ def test_the_prod_overlay_is_by_digest_and_refuses_the_placeholder(schema_check)
     assert "not IfNotPresent" in G.check_prod_images({**rendered, "k8s/overlays/prod": always})[0][1]
     dep = find(D.documents(rendered["k8s/overlays/prod"]), "Deployment")
     assert not any(v.startswith("CKV_K8S_43") for v in dep["metadata"]["annotations"].values())  # checkov sees the digest
+
+
+def test_a_router_renamed_in_the_one_setting_is_named_in_every_piece_that_disagrees(schema_check, tmp_path, monkeypatch):
+    """deploy/routers.yaml naming another router: deploy check names the front door's
+    config, LOAD_MODELS in every kustomization, the image's ENV and HEALTHCHECK, and the
+    probes, each still saying router."""
+    from orchestrator.tooling import frontdoor as F
+
+    _, rendered = schema_check
+    repo = tmp_path / "model_repository"
+    shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
+    from orchestrator.tooling.repository import copy_model
+
+    copy_model(repo / "router", repo / "sentiment")
+    monkeypatch.setattr(D, "ROUTERS", ("sentiment",))
+    monkeypatch.setattr(D, "READY_PATH", "/v2/models/sentiment/ready")
+    monkeypatch.setattr(F, "ROUTERS", ("sentiment",))
+    findings = [str(f) for f in D.check_consistency(rendered, repo=repo)]
+    assert any("LOAD_MODELS='router,classifier_fast,classifier', the policy asks for 'sentiment,classifier_fast,classifier'" in f
+               for f in findings), findings
+    assert any("deploy/Dockerfile: HEALTHCHECK does not probe /v2/models/sentiment/ready" in f for f in findings), findings
+    pod = find(D.documents(rendered["k8s/overlays/cpu"]), "Deployment")["spec"]["template"]["spec"]
+    door = F._check_pod(pod)
+    assert any("frontdoor readinessProbe path '/v2/models/router/ready'" in m for m in door), door
+    assert F.render(F.load_quotas(), F.body_limits(repo, ("sentiment",))).count("sentiment") >= 4
+
+
+def test_the_kubernetes_steps_name_every_image_and_custom_resource_the_manifests_use(schema_check):
+    """Following docs/guides/kubernetes.md alone must not end in an image-pull error or a
+    'no matches for kind': it names every image the rendered overlays run (by name) and every
+    kind that needs a CRD or an operator (apiVersion outside Kubernetes' built-in groups)."""
+    _, rendered = schema_check
+    text = (ROOT / "docs" / "guides" / "kubernetes.md").read_text()
+    guide = text[text.index("## Step by step"):text.index("## The image")]  # the steps and KServe's
+    builtin = ("v1", "apps/v1", "autoscaling/v2", "policy/v1", "networking.k8s.io/v1", "rbac.authorization.k8s.io/v1", "batch/v1")
+    images, kinds = set(), set()
+    for rel in D.KUSTOMIZATIONS:
+        for doc in D.documents(rendered[rel]):
+            if doc.get("apiVersion") not in builtin:
+                kinds.add(doc["kind"])
+            spec = doc.get("spec") or {}
+            pod = ((spec.get("template") or {}).get("spec") or {}) if doc["kind"] == "Deployment" else spec
+            for c in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+                images.add(c["image"].rsplit("/", 1)[-1].split("@")[0].split(":")[0])
+    assert images >= {"orchestrator-triton", "orchestrator-frontdoor"}, images
+    assert not [i for i in sorted(images) if i not in guide], f"images the guide never names: {images}"
+    assert not [k for k in sorted(kinds) if f"`{k}`" not in guide], f"kinds the guide never names: {sorted(kinds)}"

@@ -277,3 +277,15 @@ def test_a_model_added_after_env_install_is_reported_with_the_fix(tmp_path, pack
     assert install.models_missing_env_config(other, "env", None) == []
     reports, _ = doctor.diagnose(ROOT / "model_repository", "env")
     assert not any(f.kind == "env-config" for r in reports for f in r.findings)
+
+
+def test_a_copied_router_that_keeps_its_old_name_is_a_problem(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    for name in ("router", "postprocess"):
+        shutil.copytree(ROOT / "model_repository" / name, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "router", repo / "router_b")
+    parser = doctor.add_doctor_arguments(argparse.ArgumentParser())
+    assert doctor.doctor_command(parser.parse_args(["--repo", str(repo)])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[repository]:" in out and "name 'router' is not the directory's name 'router_b'" in out
+    assert "Python models healthy" not in out

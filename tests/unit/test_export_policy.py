@@ -12,6 +12,7 @@ import yaml
 from orchestrator.runtime.heads import Head
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling.configs import write_head
+from orchestrator.tooling.repository import copy_model
 from tests.helpers import REPO
 
 
@@ -24,10 +25,10 @@ def repo(tmp_path):
     for name in ("classifier", "classifier_fast", "router", "tokenizer"):
         shutil.copytree(REPO / name, repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
     for name in ("stars_tokenizer", "sst2_tokenizer"):  # the heads' own tokenizer models
-        shutil.copytree(REPO / "tokenizer", repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        copy_model(repo / "tokenizer", repo / name)
     for name, head in {"stars": Head("multiclass", ("1 star", "2 stars", "3 stars"), 0, "stars_tokenizer", 0, 512),
                        "sst2": Head("binary", ("NEGATIVE", "POSITIVE"), 1, "sst2_tokenizer", 0, 64)}.items():
-        shutil.copytree(REPO / "classifier", repo / name, ignore=shutil.ignore_patterns("*.onnx", "__pycache__"))
+        copy_model(repo / "classifier", repo / name)  # named as its directory, as Triton requires
         write_head(repo / name, head)
     return repo
 
@@ -93,3 +94,20 @@ def test_an_invalid_head_json_is_located(repo, tmp_path, capsys):
 def test_the_shipped_policy_binds_to_the_shipped_repository(capsys):
     assert main(["policy", "check", str(REPO / "router" / "policy.yaml"), "--repo", str(REPO)]) == 0
     assert "every answer: binary (1 logit, positive label 'positive')" in capsys.readouterr().out
+
+
+def test_a_copied_router_that_keeps_its_old_name_is_refused_before_any_server_starts(repo, capsys):
+    """Copying ``router/`` to add a route keeps ``name: "router"`` in its config: Triton
+    refuses the whole repository at start, so ``policy check`` refuses it first (and the
+    doctor: tests/unit/test_doctor.py)."""
+    shutil.copytree(repo / "router", repo / "router_b")
+    path = str(repo / "router_b" / "policy.yaml")
+    assert main(["policy", "check", path]) == 1
+    err = capsys.readouterr().err
+    assert "name 'router' is not the directory's name 'router_b' (Triton refuses the repository" in err
+    config = repo / "router_b" / "config.pbtxt"
+    config.write_text(config.read_text().replace('name: "router"', 'name: "router_b"'))
+    assert main(["policy", "check", path, "--repo", str(repo)]) == 0
+    (repo / "router_b" / "labels.txt").unlink()
+    assert main(["policy", "check", path, "--repo", str(repo)]) == 1
+    assert "names the label file 'labels.txt', which is not in" in capsys.readouterr().err

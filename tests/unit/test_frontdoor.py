@@ -1,4 +1,4 @@
-"""The front door's nginx configuration (issue 27), offline: generated from the router
+"""The front door's nginx configuration, offline: generated from the router
 policy and the quotas file, the manifests' copy in step with both, accepted by ``nginx -t``,
 and admitting exactly the router's client paths and gRPC methods. The real proxy in front
 of a real server: tests/server/test_front_door.py."""
@@ -139,54 +139,31 @@ def test_soak_front_door_mode_is_wired():
     assert (seen.http_url, seen.grpc_url, seen.admin_grpc_url, seen.pid) == ("127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:1", 42)
 
 
-def _frame(message: bytes, compressed: int = 0, length: int | None = None) -> bytes:
-    return bytes([compressed]) + (len(message) if length is None else length).to_bytes(4, "big") + message
+def test_the_check_reads_the_request_messages_as_grpc_service_proto_declares_them():
+    """:data:`F.PROTO_MESSAGES` against the descriptors tritonclient compiles from Triton's
+    grpc_service.proto: every field's number, kind, label and oneof; no field left out."""
+    from google.protobuf.descriptor import FieldDescriptor as FD
+    from tritonclient.grpc import service_pb2 as pb
 
-
-def _field(number: int, value: bytes) -> bytes:
-    return bytes([number << 3 | 2, len(value)]) + value
-
-
-MODEL_BODIES = [
-    # (gRPC body, admitted as a call of model "router")
-    (_frame(_field(1, b"router")), True),
-    (_frame(_field(1, b"router") + _field(2, b"1") + bytes([3 << 3 | 0, 0x96, 0x01]) + bytes([4 << 3 | 1]) + b"\0" * 8), True),
-    (_frame(bytes([5 << 3 | 5]) + b"\0" * 4 + _field(1, b"router")), True),
-    (_frame(_field(1, b"classifier")), False),
-    (_frame(_field(1, b"router") + _field(1, b"classifier")), False),  # protobuf keeps the last
-    (_frame(_field(1, b"classifier") + _field(1, b"router")), False),
-    (_frame(_field(1, b"routerx")), False),
-    (_frame(_field(1, b"route")), False),
-    (_frame(_field(2, b"router")), False),  # no model name at all
-    (_frame(b""), False),
-    (_frame(_field(1, b"router"), compressed=1), False),  # compressed: not inspectable
-    (_frame(_field(1, b"router"), length=7), False),  # length prefix disagrees
-    (_frame(_field(1, b"router")) + _frame(_field(1, b"classifier")), False),  # two messages
-    (_frame(bytes([1 << 3 | 2, 50]) + b"router"), False),  # length past the end
-    (_frame(bytes([1 << 3 | 3]) + _field(1, b"router")), False),  # a group: refused
-    (_frame(bytes([0x80] * 11)), False),  # a varint that never ends
-    (b"\0\0\0", False),
-]
-
-
-@pytest.mark.skipif(not F.nginx_ready(), reason=f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
-def test_the_grpc_model_check_admits_the_router_only(tmp_path):
-    """The Lua check itself, in the real nginx, on crafted gRPC bodies (no Triton needed)."""
-    import urllib.request
-
-    from orchestrator.tooling.server import find_free_ports
-
-    (port,) = find_free_ports(1)
-    text = "\n".join([*[f"load_module {F.MODULES_DIR}/{m};" for m in F.LUA_MODULES], "daemon off; pid PIDFILE; error_log stderr warn;",
-                      "events {}", "http { client_body_temp_path BODY; init_by_lua_block {" + F.MODEL_CHECK_LUA + "}",
-                      f"  server {{ listen 127.0.0.1:{port}; client_body_buffer_size 1m; location / {{ content_by_lua_block {{",
-                      "    ngx.req.read_body() ngx.print(frontdoor.model_is(ngx.req.get_body_data(), 'router') and 'yes' or 'no') } } } }"])
-    text = text.replace("PIDFILE", str(tmp_path / "nginx.pid")).replace("BODY", str(tmp_path / "body"))
-    with F.FrontDoor(text, F.Ports("127.0.0.1", port, 0, port), run_dir=tmp_path):
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        for body, admitted in MODEL_BODIES:
-            with opener.open(urllib.request.Request(f"http://127.0.0.1:{port}/", data=body, method="POST"), timeout=10) as r:
-                assert r.read() == (b"yes" if admitted else b"no"), body
+    kinds = {FD.TYPE_STRING: "string", FD.TYPE_BYTES: "bytes", FD.TYPE_MESSAGE: "message", FD.TYPE_BOOL: "bool",
+             FD.TYPE_INT32: "int", FD.TYPE_INT64: "int", FD.TYPE_UINT32: "int", FD.TYPE_UINT64: "int",
+             FD.TYPE_FLOAT: "fixed32", FD.TYPE_DOUBLE: "fixed64"}
+    descriptors = {"ModelInferRequest": pb.ModelInferRequest, "ModelMetadataRequest": pb.ModelMetadataRequest,
+                   "ModelReadyRequest": pb.ModelReadyRequest, "InferInputTensor": pb.ModelInferRequest.InferInputTensor,
+                   "InferRequestedOutputTensor": pb.ModelInferRequest.InferRequestedOutputTensor,
+                   "ParametersEntry": pb.ModelInferRequest.ParametersEntry, "InferParameter": pb.InferParameter,
+                   "InferTensorContents": pb.InferTensorContents}
+    assert set(descriptors) == set(F.PROTO_MESSAGES)
+    for name, cls in descriptors.items():
+        want = {}
+        for f in cls.DESCRIPTOR.fields:
+            message = f.message_type.name if f.message_type else ""
+            want[f.number] = F.ProtoField(kinds[f.type], f.is_repeated, message, f.containing_oneof.name if f.containing_oneof else "")
+        assert F.PROTO_MESSAGES[name] == want, name
+    assert {m: F.GRPC_REQUESTS[m] for m in F.GRPC_MODEL_NAMED} == F.GRPC_REQUESTS
+    for method, request in F.GRPC_REQUESTS.items():
+        assert pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name[method].input_type.name == request
+        assert getattr(pb, request).DESCRIPTOR.fields_by_number[1].type == FD.TYPE_STRING  # field 1 names the model
 
 
 def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
@@ -194,9 +171,66 @@ def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
     for line in grpc.splitlines():
         method = re.search(r"GRPCInferenceService/(\w+)", line)
         if method:
-            assert ('frontdoor.admit("router")' in line) == (method.group(1) in F.GRPC_MODEL_NAMED), line
-            if method.group(1) in F.GRPC_MODEL_NAMED:
-                assert f"client_body_buffer_size {F.body_limits().grpc};" in line  # the whole body in memory
+            m = method.group(1)
+            checked = f'frontdoor.admit("{F.GRPC_REQUESTS.get(m)}", {{["router"] = true}})' in line
+            assert checked == (m in F.GRPC_MODEL_NAMED), line
+            # only ModelInfer carries tensors: the others are read up to a few KiB
+            assert (f"client_max_body_size {F.SMALL_BODY};" in line) == (m != "ModelInfer"), line
     assert "grpc-status 7" in grpc.split("location @not_router")[1].split("\n")[0]
+    assert "grpc-status 3" in grpc.split("location @malformed")[1].split("\n")[0]
+    assert f"client_body_buffer_size {F.BODY_BUFFER // 1024}k;" in F.render_default()  # bodies past it wait in a file
     off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
     assert "lua" not in off and "load_module" not in off and "grpc_pass" in off
+
+
+def test_requests_in_flight_are_bounded_per_client_and_in_all():
+    quotas = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "clients": {"a": {"rate_per_s": 1, "burst": 1}},
+                             "in_flight_per_client": 5, "in_flight_total": 9})
+    text = F.render(quotas, F.Limits(100, 100))
+    held = "limit_conn in_flight 5; limit_conn in_flight_total 9;"
+    for line in text.splitlines():
+        if "grpc_pass" in line or "/infer$" in line or "location = /v2 " in line:
+            assert held in line, line
+        if "/health/" in line or "/ready$" in line:
+            assert "limit_conn" not in line, line  # the kubelet's probes are never refused
+    assert "http2_max_concurrent_streams 5;" in text
+    assert '"a" "client:a";' in text and "default $remote_addr;" in text  # a listed name never collides with an address
+    assert "limit of 5 requests in flight per client (9 in all)" in text
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"in_flight_per_client": 0}, "in_flight_per_client must be an integer from 1 to 100000"),
+    ({"in_flight_total": "many"}, "in_flight_total must be an integer"),
+    ({"in_flight_per_client": 10, "in_flight_total": 5}, "in_flight_per_client (10) is over in_flight_total (5)"),
+])
+def test_bad_in_flight_limits_named(data, words):
+    with pytest.raises(F.FrontDoorError, match=re.escape(words)):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, **data}, "quotas.yaml")
+
+
+def test_a_control_character_in_an_http_path_is_refused():
+    http = F.render_default().split("  server {")[1]
+    assert 'if ($uri ~ "[\\x00-\\x1f\\x7f]") { return 400; }' in http
+
+
+def test_routers_named_otherwise_are_admitted_by_name():
+    text = F.render(F.load_quotas(), F.Limits(100, 100), routers=("sentiment", "topics.v2"))
+    http, grpc = text.split("  server {")[1:3]
+    for path in ("/v2/models/sentiment/infer", "/v2/models/topics.v2/versions/3/infer", "/v2/models/sentiment/ready"):
+        assert _admitted(http, path), path
+    for path in ("/v2/models/router/infer", "/v2/models/topicsXv2/infer", "/v2/models/sentimentx/infer"):
+        assert not _admitted(http, path), path
+    assert '{["sentiment"] = true, ["topics.v2"] = true}' in grpc
+    assert "only the router models sentiment, topics.v2" in grpc
+
+
+def test_the_routers_setting_is_one_file():
+    from orchestrator.tooling import routers as R
+    from orchestrator.tooling.errors import ConfigError
+
+    assert R.load_routers() == F.ROUTERS == ("router",)
+    assert R.parse_routers({"routers": ["a", "b.c"]}) == ("a", "b.c")
+    for bad, words in [({"routers": []}, "at least one router"), ({"router": ["a"]}, "expected {routers"),
+                       ({"routers": ["a b"]}, "is not a model name"), ({"routers": ["a", "a"]}, "listed twice")]:
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            R.parse_routers(bad)

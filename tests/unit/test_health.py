@@ -190,3 +190,47 @@ def test_breaker_in_front_of_the_engine_fails_fast_into_the_fallback():
         assert result.routes == ["accurate"]
     assert fake.models_called().count("fast") == 2  # then the circuit is open
     assert breaker.state("fast") == OPEN and breaker.state("accurate") == CLOSED
+
+
+def _cancelled_calls(breaker, model, count):
+    async def hang():
+        await asyncio.sleep(10)
+
+    async def one():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(breaker.call(model, hang), 0.001)
+
+    for _ in range(count):
+        asyncio.run(one())
+
+
+def test_a_node_timeout_is_not_its_models_failure_unless_the_policy_says_so():
+    """Five calls cancelled by a node's timeout leave the model's circuit closed for the
+    other nodes; with count_timeouts they open it after consecutive_failures."""
+    breaker, _, events, _ = make(consecutive_failures=3)
+    _cancelled_calls(breaker, "m", 5)
+    assert breaker.state("m") == CLOSED and events == []
+    breaker.before_call("m")  # another node's call goes through
+    counting, _, events, _ = make(consecutive_failures=3, count_timeouts=True)
+    _cancelled_calls(counting, "m", 3)
+    assert counting.state("m") == OPEN and events == [("m", CLOSED, OPEN)]
+    with pytest.raises(UnavailableError, match="last error: the call was cancelled"):
+        counting.before_call("m")
+
+
+def test_a_cancelled_probe_lets_the_next_call_probe():
+    breaker, clock, _, _ = make(consecutive_failures=1, open_s=5.0)
+    breaker.on_failure("m", "boom")
+    clock.t += 6
+    _cancelled_calls(breaker, "m", 1)  # the probe, cancelled: no verdict
+    assert breaker.state("m") == HALF_OPEN
+    breaker.before_call("m")  # the next call probes instead of failing fast
+    breaker.on_success("m")
+    assert breaker.state("m") == CLOSED
+
+
+def test_count_timeouts_is_a_policy_key():
+    policy = parse_policy({"version": 1, "circuit_breaker": {"count_timeouts": True},
+                           "root": {"kind": "model", "model": "fast"}})
+    assert policy.breaker.count_timeouts is True
+    assert parse_policy({"version": 1, "root": {"kind": "model", "model": "fast"}}).breaker.count_timeouts is False

@@ -1,4 +1,4 @@
-"""The package's layout rules (docs/architecture.md), checked on the source: the runtime
+"""The package's layout rules (docs/development/architecture.md), checked on the source: the runtime
 imports nothing of the tooling, no module imports another that imports it back, and no
 file is too big to read."""
 
@@ -109,7 +109,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_file_sizes():
-    """No runtime file over 600 lines, no file of the package over 900 (docs/architecture.md)."""
+    """No runtime file over 600 lines, no file of the package over 900 (docs/development/architecture.md)."""
     sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     assert {f: n for f, n in sizes.items() if f.startswith("orchestrator/runtime/") and n > 600} == {}
     assert {f: n for f, n in sizes.items() if n > 900} == {}

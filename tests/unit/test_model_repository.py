@@ -119,6 +119,8 @@ def test_check_repository_reports_every_broken_rule_with_its_file(tmp_path):
     _model(tmp_path, "a", f'name: "a" backend: "python" {io}')
     _model(tmp_path, "b", f'name: "not_b" backend: "python" {io}')
     _model(tmp_path, "c", f'name: "c" backend: "python" {io}', model_py=False)
+    _model(tmp_path, "d", 'name: "d" backend: "python" input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+           'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] label_filename: "labels.txt" } ]')
     _model(tmp_path, "e", 'name: "e" platform: "ensemble" '
            'input [ { name: "IN" data_type: TYPE_FP32 dims: [ 1 ] } ] '
            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "LOST" data_type: TYPE_FP32 dims: [ 1 ] } ] '
@@ -131,8 +133,10 @@ def test_check_repository_reports_every_broken_rule_with_its_file(tmp_path):
     problems = str(err.value).splitlines()
     e = tmp_path / "e" / "config.pbtxt"
     assert problems == [
-        f"{tmp_path / 'b' / 'config.pbtxt'}: name 'not_b' is not the directory's name 'b'",
+        f"{tmp_path / 'b' / 'config.pbtxt'}: name 'not_b' is not the directory's name 'b' "
+        "(Triton refuses the repository: set name: \"b\" or remove the line)",
         f"{tmp_path / 'c' / 'config.pbtxt'}: Python model without 1/model.py",
+        f"{tmp_path / 'd' / 'config.pbtxt'}: output 'Y' names the label file 'labels.txt', which is not in {tmp_path / 'd'}",
         f"{e}: step 2 (a): input_map key 'W' is not an input of {tmp_path / 'a' / 'config.pbtxt'}",
         f"{e}: step 2 (a): output_map key 'Z' is not an output of {tmp_path / 'a' / 'config.pbtxt'}",
         f"{e}: step 2 (a): reads 'NOWHERE', neither an ensemble input nor a step's output",

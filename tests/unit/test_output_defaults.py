@@ -1,5 +1,5 @@
 """Commands write outside the tracked tree by default (``.cache/...``); only an explicit
-``--out docs`` (``BENCH_OUT=docs``, ``SOAK_OUT=docs``, ``LOCK_OUT=deploy``) rewrites the
+``--out docs/results`` (``BENCH_OUT=docs/results``, ``SOAK_OUT=docs/results``, ``LOCK_OUT=deploy``) rewrites the
 committed reports and lock. Issue 26: `parity --held-out`, `make bench`, `make soak` and
 `make deploy-lock` rewrote tracked files."""
 

@@ -77,7 +77,7 @@ def test_default_policy_reproduces_the_first_router():
     degrade = length.default
     assert isinstance(degrade, FallbackNode)
     cascade, spare = degrade.nodes
-    assert isinstance(cascade, CascadeNode) and cascade.margin == 0.305  # chosen by orchestrator tune (docs/tuning.md)
+    assert isinstance(cascade, CascadeNode) and cascade.margin == 0.305  # chosen by orchestrator tune (docs/guides/tune.md)
     fast, accurate_or_fast = cascade.stages
     accurate, fast_degraded = accurate_or_fast.nodes
     for chunk in (fast, accurate):  # the exact stopping rule only: stop_margin lost accuracy on turning texts

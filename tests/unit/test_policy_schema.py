@@ -228,7 +228,7 @@ def test_head_dependent_values_are_a_number_or_a_list_in_the_schema():
 # ----------------------------------------------------------------------------- generated files
 
 
-@pytest.mark.parametrize("name", ["policy.schema.json", "policy.md"])
+@pytest.mark.parametrize("name", ["policy.schema.json", "reference/policy.md"])
 def test_generated_docs_are_current(name):
     path = ROOT / "docs" / name
     assert path.read_text(encoding="utf-8") == D.generated_docs()[name], "run: python -m orchestrator.runtime.policy_docs"

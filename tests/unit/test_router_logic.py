@@ -143,3 +143,15 @@ def test_policy_output_needs_describe_policy():
 def test_window_count_matches_token_windows(tokens):
     ids = np.arange(tokens, dtype=np.int64)
     assert window_count(tokens, 128, 96) == len(token_windows(ids, 128, 96))
+
+
+def test_ignored_parameters_star_accepts_what_an_ensemble_would_ignore():
+    """Drop-in for an ensemble's clients: ``ignored_parameters: ["*"]`` accepts any undeclared
+    parameter, while a declared one is still checked."""
+    texts, thresholds = np.array([[b"x"]], dtype=object), np.full((1, 1), 0.5, np.float32)
+    with pytest.raises(InputError, match="parameter 'foo': not a parameter of this router"):
+        parse_request(texts, thresholds, {"foo": 1}, {"route": ["fast"]})
+    work = parse_request(texts, thresholds, {"foo": 1, "x-trace": "a", "route": "fast"}, {"route": ["fast"]}, ignored=["*"])
+    assert work.parameters == {"route": "fast"}
+    with pytest.raises(InputError, match="route='nope': not a route"):
+        parse_request(texts, thresholds, {"route": "nope"}, {"route": ["fast"]}, ignored=["*"])

@@ -131,7 +131,7 @@ def test_chunk_stops_early_reads_the_cascade_chunk_nodes():
 
 def test_shipped_policy_margin_and_models():
     policy = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
-    assert cascade_margin(policy) == 0.305  # chosen by orchestrator tune (docs/tuning.md)
+    assert cascade_margin(policy) == 0.305  # chosen by orchestrator tune (docs/guides/tune.md)
     assert set(models_to_load(policy)) >= {"router", "classifier", "classifier_fast"}
     assert "tokenizer" in models_to_load({"root": {}})  # no inline: tokenizer and postprocess through BLS
 

@@ -1,4 +1,4 @@
-"""The committed artifacts of ``make model`` honour the contract in docs/architecture.md.
+"""The committed artifacts of ``make model`` honour the contract in docs/development/architecture.md.
 
 Checks the files in ``model_repository/`` (no training here): the tokenizer reloads with
 lower-casing and ``model_max_length`` 128; each ONNX classifier has the contract's names,

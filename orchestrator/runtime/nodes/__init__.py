@@ -5,7 +5,7 @@ defaults), its keys (``orchestrator.runtime.schema.Key``: type, bounds, meaning)
 step, its handler (``run``) and what it needs from the engine (tokens, windows, model
 calls, background work), bundled in a ``KIND`` record
 (:class:`~orchestrator.runtime.nodes.base.NodeKind`). The policy parser, the JSON Schema,
-``docs/policy.md``, the engine and the text rendering look a kind up here, never by its name.
+``docs/reference/policy.md``, the engine and the text rendering look a kind up here, never by its name.
 
 | kind | module | does |
 |---|---|---|

@@ -56,7 +56,7 @@ COMMON_KEYS: Tuple[Key, ...] = (
 )
 
 #: Added to the ``ROUTE`` of a text answered by an earlier stage because of its request's
-#: deadline (``classifier_fast:deadline``; docs/reliability.md "Deadlines").
+#: deadline (``classifier_fast:deadline``; docs/guides/reliability.md "Deadlines").
 DEADLINE_SUFFIX = ":deadline"
 
 #: Separates a model's name from a pinned version in targets and default routes
@@ -196,7 +196,7 @@ class ModelCallView(Protocol):
 
 class DeadlineView(Protocol):
     """What a node handler may use of cancellation and deadlines (``engine.deadlines``,
-    ``orchestrator.runtime.deadlines.Deadlines``; docs/reliability.md): a node that runs a
+    ``orchestrator.runtime.deadlines.Deadlines``; docs/guides/reliability.md): a node that runs a
     further stage or round for some items asks ``live`` (once per stage) and ``affordable``
     first. Nodes never read a request's context flags themselves."""
 
@@ -340,7 +340,7 @@ class NodeKind:
         name: the ``kind`` value in a policy.
         node_type: its dataclass; a field's default is its key's default
             (``schema.REQUIRED``: the key is required).
-        doc: one line for the docs (``docs/policy.md``, the JSON Schema).
+        doc: one line for the docs (``docs/reference/policy.md``, the JSON Schema).
         keys: its keys besides ``kind``, ``name`` and ``timeout_ms`` (``schema.Key``: type,
             bounds, meaning), in reading order.
         build: ``(values, context, common) -> node``: ``values`` are the keys read and

@@ -24,7 +24,7 @@ OVERLOAD_METRIC = "orchestrator_overload_kept_total"
 
 @dataclass
 class Overload:
-    """The overload mode of a cascade (docs/policy.md, docs/reliability.md "Overload").
+    """The overload mode of a cascade (docs/reference/policy.md, docs/guides/reliability.md "Overload").
 
     Attributes:
         target_ms: queue delay (ms, ``orchestrator.runtime.load.QueueDelay``) up to which
@@ -72,7 +72,7 @@ RATE_GAUGE = "orchestrator_escalation_rate"
 
 @dataclass
 class Budget:
-    """The escalation budget of a cascade (docs/policy.md ``cascade.budget``).
+    """The escalation budget of a cascade (docs/reference/policy.md ``cascade.budget``).
 
     Attributes:
         max_escalation_rate: the most texts, as a share of those the first stage answers,
@@ -121,7 +121,7 @@ class EscalationBudget:
 
     A smaller margin escalates a subset of the texts a larger one does (strict ``<``), so
     the texts kept are always the surest of those ``cap`` would escalate. Deterministic for
-    given texts and clock; no gain to tune (docs/reliability.md "Escalation budget").
+    given texts and clock; no gain to tune (docs/guides/reliability.md "Escalation budget").
 
     Args:
         budget: the policy's settings.
@@ -214,7 +214,7 @@ class CascadeNode(Node):
     With ``budget``, the margin is at most what keeps the escalation rate within it
     (:class:`EscalationBudget`); with ``overload`` (deprecated), it shrinks as the router's
     queue delay grows (:func:`overload_margin`); with both, the smaller one holds.
-    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
+    Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
     stages: List[Node] = REQUIRED

@@ -54,7 +54,7 @@ class ChunkNode(Node):
     windows' (``length_weighted_mean``: each window weighted by the content tokens it adds,
     :func:`window_weights`). ``ROUTE`` gets the prefix ``chunked:``, and the suffix
     ``:windows=<used>/<made>`` when a stopping key left windows unclassified. Keys:
-    :data:`KIND` ``.keys`` (docs/policy.md); every model under ``node`` must use one
+    :data:`KIND` ``.keys`` (docs/reference/policy.md); every model under ``node`` must use one
     tokenizer, since windows are token windows.
     """
 

@@ -14,7 +14,7 @@ from orchestrator.runtime.schema import REQUIRED, Bool, Key, Probabilities, Str
 
 @dataclass
 class ConstantNode(Node):
-    """Answer every text with fixed probabilities (keys: :data:`KIND` ``.keys``, docs/policy.md).
+    """Answer every text with fixed probabilities (keys: :data:`KIND` ``.keys``, docs/reference/policy.md).
 
     Attributes:
         probability: one probability for every output column, or one per column.

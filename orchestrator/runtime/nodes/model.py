@@ -89,7 +89,7 @@ CALIBRATION = Struct(
 
 @dataclass
 class ModelNode(Node):
-    """Classify every text with one model (its keys: :data:`KIND` ``.keys``, docs/policy.md).
+    """Classify every text with one model (its keys: :data:`KIND` ``.keys``, docs/reference/policy.md).
 
     Attributes:
         model: the model's name in the repository.

@@ -31,7 +31,7 @@ class ParallelNode(Node):
     (a slow one is bounded by its ``timeout_ms``) and answers when at least ``k`` answered,
     combining only those (a vote's share is over them); its ``ROUTE`` lists the branches
     that answered and ends ``:answered=<m>/<n>`` when one failed.
-    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
+    Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
     nodes: List[Node] = REQUIRED

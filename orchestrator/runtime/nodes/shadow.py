@@ -23,7 +23,7 @@ class ShadowNode(Node):
     run, the batch is dropped and counted (``orchestrator_shadow_dropped_total``). Its
     errors and timeouts are counted (``orchestrator_shadow_errors_total``), never
     raised. Give the candidate a ``timeout_ms`` so a hung model cannot hold the queue.
-    Keys: :data:`KIND` ``.keys`` (docs/policy.md); the sample is chosen per request like
+    Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md); the sample is chosen per request like
     ``split``'s branch (:func:`~orchestrator.runtime.nodes.split.split_fraction` of this
     node's name, random for requests without an id).
 

@@ -15,7 +15,7 @@ from orchestrator.runtime.schema import REQUIRED, Key, ListOf, NodeRef, Number, 
 class SplitNode(Node):
     """Send each request's texts to one branch, chosen by weight: deterministic per
     request id (:func:`split_fraction`) when the request has one, random otherwise.
-    Keys: :data:`KIND` ``.keys`` (docs/policy.md).
+    Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
 
     Attributes:
         branches: ``(weight, node)`` pairs; weights are normalized by their sum.

@@ -131,7 +131,7 @@ class Case:
 
 @dataclass
 class SwitchNode(Node):
-    """First matching case wins. Keys: :data:`KIND` ``.keys`` (docs/policy.md); without
+    """First matching case wins. Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md); without
     ``default`` (and ``score``) the rest stays unanswered, so such a switch may only be a
     step of a ``sequence``; ``margin_below`` needs ``score``.
     """

@@ -1,6 +1,6 @@
 """Benchmarks (issue 6): ``router`` against ``ensemble`` and the raw ONNX model, with perf_analyzer.
 
-``make bench`` or ``python -m orchestrator.tooling.bench [--quick] [--out docs]``:
+``make bench`` or ``python -m orchestrator.tooling.bench [--quick] [--out docs/results]``:
 
 1. copies ``model_repository/`` to a temporary directory and adds the benchmark-only
    variants of :data:`.plan.VARIANTS` (``tokenizer_pad512`` + ``ensemble_pad512``: the seeds'

@@ -22,7 +22,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPar
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: short windows, no stability check, fewer texts (under 2 minutes)")
     parser.add_argument("--out", default=".cache/docs",
-                        help="where benchmarks.md and bench/ go (default: %(default)s; --out docs rewrites the committed ones)")
+                        help="where benchmarks.md and bench/ go (default: %(default)s; --out docs/results rewrites the committed ones)")
     parser.add_argument("--repo", default=str(REPO), help="model repository to copy (default: this checkout's)")
     parser.add_argument("--tool-dir", default=str(DEFAULT_TOOL_DIR),
                         help="where perf_analyzer is installed (default: .cache/tools/perf_analyzer)")
@@ -100,7 +100,7 @@ def bench_command(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m orchestrator.tooling.bench [--quick] [--out docs]``."""
+    """``python -m orchestrator.tooling.bench [--quick] [--out docs/results]``."""
     parser = add_bench_arguments(argparse.ArgumentParser(prog="python -m orchestrator.tooling.bench", description="Benchmarks: router against ensemble and the raw ONNX model, with perf_analyzer."))
     return bench_command(parser.parse_args(argv))
 

@@ -1,7 +1,7 @@
 """Benchmarks of the model-configuration features (issue 13): warmup, the response cache and
 the cost of a shadow node, each side by side in one run of one embedded server.
 
-``make bench-features`` or ``python -m orchestrator.tooling.bench.features [--quick] [--out docs]``:
+``make bench-features`` or ``python -m orchestrator.tooling.bench.features [--quick] [--out docs/results]``:
 
 1. copies ``model_repository/`` to a temporary directory and adds benchmark-only copies
    (:func:`make_features_repository`): ``<m>_warm`` and ``<m>_cold`` of the tokenizer,
@@ -63,7 +63,7 @@ from orchestrator.tooling.repository import read_config, write_config
 
 REPO = PROJECT_ROOT / "model_repository"
 WARM_MODELS = ("tokenizer", "classifier_fast", "postprocess", "router")
-COMMAND = "make bench-features  (python -m orchestrator.tooling.bench.features --out docs)"
+COMMAND = "make bench-features  (python -m orchestrator.tooling.bench.features --out docs/results)"
 REPEAT_SHARE = 0.3
 CACHE_CONCURRENCY = (1, 4)
 #: router copy -> the shadow example's ``sample`` (0: the same tree, never mirroring)

@@ -16,7 +16,7 @@ the ensemble, closed loop, in one run of one server. Three comparisons:
   issue 29's goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
   decided by the run, instead of by one noisy median of five.
 
-``python -m orchestrator.tooling.bench.instances [--compare instances|flush|single] [--quick] [--out docs]``:
+``python -m orchestrator.tooling.bench.instances [--compare instances|flush|single] [--quick] [--out docs/results]``:
 
 1. writes the benchmark repository (``make bench``'s, ``variants.make_bench_repository``)
    and adds the variant (nothing else changed);
@@ -132,7 +132,7 @@ class Comparison:
     @property
     def command(self) -> str:
         flag = "" if self.name == "instances" else f" --compare {self.name}"
-        return f"make {self.make}  (python -m orchestrator.tooling.bench.instances{flag} --out docs)"
+        return f"make {self.make}  (python -m orchestrator.tooling.bench.instances{flag} --out docs/results)"
 
 
 COMPARISONS = {

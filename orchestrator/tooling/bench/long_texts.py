@@ -3,7 +3,7 @@ to its first 128 tokens), the router classifying every window and the shipped ro
 chunk nodes may stop early, ``nodes.chunk``), side by side in one run of one embedded server,
 on two kinds of long text.
 
-``make bench-long`` or ``python -m orchestrator.tooling.bench.long_texts [--quick] [--out docs]``:
+``make bench-long`` or ``python -m orchestrator.tooling.bench.long_texts [--quick] [--out docs/results]``:
 
 1. texts: held-out examples (``data.held_out_examples``, the test split, in the order of
    ``make bench``: ``RandomState(0)`` permutation) joined into long texts of two kinds, a
@@ -80,7 +80,7 @@ from orchestrator.tooling.bench.plan import (
 from orchestrator.tooling.bench.report import LONG_END, LONG_START, add_out_argument, write_kept_outputs
 from orchestrator.tooling.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
 
-COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs)"
+COMMAND = "make bench-long  (python -m orchestrator.tooling.bench.long_texts --out docs/results)"
 #: The models compared, in table order.
 MODELS = ("ensemble", "router_all_windows", "router")
 ALL_WINDOWS = "router_all_windows"

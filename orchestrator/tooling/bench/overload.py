@@ -6,7 +6,7 @@ queue policy, ``repository.QUEUE_POLICY``), ``router_overload`` (that with the c
 overload mode), ``router_timeout`` and ``router_two``, in one run of one server
 (``--models``: fewer).
 
-``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs]``:
+``make bench-overload`` or ``python -m orchestrator.tooling.bench.overload [--quick] [--out docs/results]``:
 
 1. copies ``model_repository/`` and adds ``router_admit``: the shipped router whose policy
    gets ``admission`` = :data:`ADMISSION`; ``router_queue``: the shipped router with
@@ -69,17 +69,17 @@ from orchestrator.tooling.bench.stack import StackError, add_url_argument, heade
 from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
-COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs)"
+COMMAND = "make bench-overload  (python -m orchestrator.tooling.bench.overload --out docs/results)"
 MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
 #: ``router_admit``: the shipped router with this ``admission`` (runtime/admission.py): 30 ms
-#: is 3x the router's unloaded p99 on this machine (about 10 ms, docs/benchmarks.md), the
+#: is 3x the router's unloaded p99 on this machine (about 10 ms, docs/results/benchmarks.md), the
 #: bound of issue 29's goal.
 ADMISSION = {"max_wait_ms": 30}
 #: The routers given ``repository.QUEUE_POLICY`` (the shipped ``router`` has none).
 QUEUED = ("router_queue", "router_overload", "router_timeout", "router_two")
 #: ``router_timeout``: ``router_queue`` with its queue bounded by time instead of size
 #: (Triton 2.51's batcher can stall up to 500 ms while a size-bounded queue is full;
-#: docs/reliability.md "Overload"): these ``default_queue_policy`` fields replaced.
+#: docs/guides/reliability.md "Overload"): these ``default_queue_policy`` fields replaced.
 TIMEOUT_QUEUE = {"max_queue_size": 1024, "default_timeout_microseconds": 40000}
 #: ``router_two``: ``router_queue`` with two instances (``instance_group`` count), the
 #: other mitigation of that stall: a second idle instance makes the batcher's wait end.
@@ -256,13 +256,13 @@ def render_section(r: Mapping[str, Any]) -> str:
           "(retryable). Accuracy: verdict "
           "against label over the answered requests of the level. `router`: the shipped router (no queue policy). "
           f"`router_admit`: the shipped router with admission control, `admission: {json.dumps(r.get('admission', ADMISSION))}` "
-          "(docs/reliability.md \"Admission control\"). "
+          "(docs/guides/reliability.md \"Admission control\"). "
           "`router_queue`: the shipped router with the recommended queue policy (`repository.QUEUE_POLICY`: a queue "
           "of 16, a 5 s REJECT timeout, two priority levels). `router_overload`: `router_queue` with the "
           f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: "
           f"`router_queue` with its queue bounded by time instead of size ({json.dumps(r.get('timeout_queue', TIMEOUT_QUEUE))}). "
           f"`router_two`: `router_queue` with {r.get('two_instances', TWO_INSTANCES)} instances. Why the shipped "
-          "router has no queue policy, and why those variants: docs/reliability.md, \"Overload\" (under any queue "
+          "router has no queue policy, and why those variants: docs/guides/reliability.md, \"Overload\" (under any queue "
           "policy Triton 2.51's batcher can idle 500 ms between executes).", "",
           "| model | unloaded p50, ms | unloaded p99, ms | unloaded accuracy, % |", "|---|---|---|---|"]
     for m in r["models"]:

@@ -28,7 +28,7 @@ LONG_END = "<!-- bench-long:end -->"
 PROFILE_START = "<!-- bench-profile:start (written by `make profile`) -->"
 PROFILE_END = "<!-- bench-profile:end -->"
 #: Figures of both stacks side by side (written by hand from two runs: this report and
-#: docs/native/benchmarks.md, ``make bench --url`` against the native backend).
+#: docs/results/native/benchmarks.md, ``make bench --url`` against the native backend).
 STACKS_START = "<!-- stacks:start (kept across runs: edit freely) -->"
 STACKS_END = "<!-- stacks:end -->"
 #: The section ``make bench-instances`` writes (orchestrator.tooling.bench.instances), kept across runs.
@@ -72,7 +72,7 @@ def add_out_argument(parser: Any) -> None:
     """``--out``, the directory of ``benchmarks.md`` and ``bench/`` (default
     ``.cache/docs``), for the benchmarks that write a :data:`KEPT_SECTIONS` section."""
     parser.add_argument("--out", type=Path, default=Path(".cache/docs"),
-                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs: the committed ones)")
+                        help="where benchmarks.md and bench/ are (default: .cache/docs; --out docs/results: the committed ones)")
 
 
 WHAT_WE_TRIED_PLACEHOLDER = """\

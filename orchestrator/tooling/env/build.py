@@ -207,7 +207,7 @@ def build_env(  # noqa: C901 (the build's steps in order, each with its own erro
         steps.say(
             "[yellow]conda is not installed here[/yellow]: building a venv packed with venv-pack instead. "
             "Limit: the env links its base interpreter, which must exist at the same path on the server "
-            "(docs/deployment.md)."
+            "(docs/guides/env-and-stub.md)."
         )
     env = _install_environ()
     base_interpreter = None

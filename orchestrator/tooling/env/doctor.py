@@ -34,7 +34,11 @@ and diagnoses the failures seen with custom environments:
 - ``base-interpreter``: a venv-pack env's base interpreter (``pyvenv.cfg`` ``home``) does
   not exist on this machine;
 - ``config``: the model's config does not parse as Triton's ``ModelConfig`` (read with
-  :mod:`orchestrator.tooling.repository`, as the server would).
+  :mod:`orchestrator.tooling.repository`, as the server would);
+- ``repository``: what Triton refuses when it loads the repository, for every model
+  (``repository.check_repository``): a config whose ``name`` is not its directory's (a
+  copied router), a missing label file, a Python model without its ``model.py``, an
+  ensemble whose steps do not fit.
 
 The static checks against the stub are :mod:`orchestrator.tooling.env.checks`; each
 diagnosis has a broken setup in ``tests/unit/test_doctor.py``.
@@ -60,7 +64,7 @@ from orchestrator.tooling.env.inspection import EnvInfo, inspect_env
 from orchestrator.tooling.env.install import env_install_command, models_missing_env_config
 from orchestrator.tooling.env.stubs import StubInfo, dispatcher_target, embedded_library_path, embedded_stub, inspect_stub
 from orchestrator.tooling.errors import ConfigError, ToolingError
-from orchestrator.tooling.repository import config_path, get_parameter, is_python_model, list_models, read_config
+from orchestrator.tooling.repository import check_repository, config_path, get_parameter, is_python_model, list_models, read_config
 
 __all__ = ["Finding", "ModelReport", "check_env", "diagnose", "add_doctor_arguments", "doctor_command"]
 
@@ -275,6 +279,16 @@ def _diagnose_model(model_dir: Path, name: str, config_name: str | None, server:
     return report
 
 
+def repository_problems(repo: Path) -> list[str]:
+    """What Triton would refuse in ``repo`` at load (``repository.check_repository``), one
+    message each; empty when nothing."""
+    try:
+        check_repository(repo)
+    except ConfigError as exc:
+        return str(exc).splitlines()
+    return []
+
+
 def _stub_to_run(model_dir: Path, server_stub: Path, info: EnvInfo | None) -> Path:
     """The stub Triton will start for this model: the model directory's (through its
     dispatcher, if it is one: the binary beside it when the env has the dispatcher's
@@ -378,6 +392,9 @@ def doctor_command(args: argparse.Namespace) -> int:
     if skipped:
         console.print(f"not Python-backend models (not checked): {', '.join(skipped)}")
     bad = 0
+    repository = repository_problems(Path(args.repo))
+    for problem in repository:
+        console.print(f"[red]{PROBLEM}[/red] {escape(f'[repository]: {problem}')}", highlight=False)
     for r in reports:
         for f in r.findings:
             if f.level in (PROBLEM, WARNING):
@@ -386,6 +403,9 @@ def doctor_command(args: argparse.Namespace) -> int:
         bad += not r.healthy
     if bad:
         console.print(f"[red]{bad} of {len(reports)} Python models have problems[/red]")
+        return 1
+    if repository:
+        console.print(f"[red]the repository has {len(repository)} problems Triton would refuse at load[/red]")
         return 1
     console.print(f"[green]all {len(reports)} Python models healthy[/green]")
     return 0

@@ -1,6 +1,6 @@
 """The classifier contract every ONNX model of the repository honours, and its one check.
 
-Contract (docs/architecture.md; what ``make model`` and ``orchestrator export`` write, what
+Contract (docs/development/architecture.md; what ``make model`` and ``orchestrator export`` write, what
 the ``tokenizer`` model feeds and the ``onnx_classifier`` model and the native ONNX Runtime
 backend serve):
 

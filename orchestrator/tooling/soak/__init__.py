@@ -7,7 +7,7 @@ several client threads), checks every answer by request id against the answers c
 while healthy, injects faults on a schedule (unload/reload ``classifier``, SIGKILL the
 ``classifier_fast`` stub, reload the ``router``, oversized texts) and reports sent,
 answered, correct, errors by message, lost, duplicated and mismatched responses, latency
-per phase and the bounds of issue 11. docs/reliability.md describes it and holds a run.
+per phase and the bounds of issue 11. docs/results/reliability.md describes it and holds a run.
 
 Modules: :mod:`~orchestrator.tooling.soak.workload` (texts, requests, the correctness
 rule), :mod:`~orchestrator.tooling.soak.ledger` (outcomes by request id),

@@ -22,7 +22,7 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                         help="the short version that runs in `make test` (under a minute) instead of the full one (about 3 minutes)")
     parser.add_argument("--repo", default=None, help="model repository to copy (default: the project's model_repository)")
     parser.add_argument("--out", default=None, metavar="DIR",
-                        help="write DIR/soak/report.json and DIR/soak/report.md (make soak: .cache/docs; SOAK_OUT=docs: the committed ones)")
+                        help="write DIR/soak/report.json and DIR/soak/report.md (make soak: .cache/docs; SOAK_OUT=docs/results: the committed ones)")
     parser.add_argument("--threads", type=int, default=None, metavar="N", help="client threads per protocol (HTTP and gRPC)")
     parser.add_argument("--max-duration", type=float, default=None, metavar="S", help="stop after S seconds of traffic")
     parser.add_argument("--max-requests", type=int, default=None, metavar="N", help="stop after N requests")
@@ -33,7 +33,7 @@ def add_soak_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
                              "its processes or change its models are not run (the report says which and why)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the timeline")
     parser.add_argument("--front-door", action="store_true",
-                        help="send the clients' requests through the front door (nginx, docs/deployment.md); needs nginx")
+                        help="send the clients' requests through the front door (nginx, docs/guides/front-door.md); needs nginx")
     return parser
 
 

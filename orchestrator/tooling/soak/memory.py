@@ -25,9 +25,9 @@ only reported (advisory). The run also fails on any lost, duplicated, mismatched
 response (the soak's ledger), an error to a good request, a bad request answered 200, or a
 stub that was restarted (a new pid resets its RSS and would hide growth).
 
-Writes ``memory.json`` and ``memory.png`` under ``.cache/soak-memory/`` (``--out docs``:
-``docs/soak/memory.{json,png}``). Exit status 0 pass, 1 fail, 2 could not run.
-docs/reliability.md ("An hour of memory") holds a run and the reasons for the bounds.
+Writes ``memory.json`` and ``memory.png`` under ``.cache/soak-memory/`` (``--out docs/results``:
+``docs/results/soak/memory.{json,png}``). Exit status 0 pass, 1 fail, 2 could not run.
+docs/results/reliability.md ("An hour of memory") holds a run and the reasons for the bounds.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Bound:
     hard: bool = True
 
 
-#: Series kind -> bound (docs/reliability.md, "An hour of memory", says why these).
+#: Series kind -> bound (docs/results/reliability.md, "An hour of memory", says why these).
 BOUNDS: Dict[str, Bound] = {
     "stub_rss": Bound(2.0),
     "stub_pss": Bound(2.0, hard=False),
@@ -509,7 +509,7 @@ def summarize(result: dict, config: MemoryConfig, command: str) -> dict:
         "pool": result.get("pool"),
         "server_log": result.get("server_log"),
         "reference_failures": result.get("reference_failures", []),
-        # advisory: Triton's shutdown, not the traffic (docs/reliability.md)
+        # advisory: Triton's shutdown, not the traffic (docs/guides/reliability.md)
         "shm_left_after_stop": result.get("shm_left_after_stop"),
         "loadavg_start": samples[0]["loadavg"] if samples else None,
         "loadavg_end": samples[-1]["loadavg"] if samples else None,

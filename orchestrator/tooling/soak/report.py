@@ -33,7 +33,7 @@ LATENCY_RATIO = 2.0
 RSS_GROWTH_BYTES = 50 * 2**20
 OVERSIZED_AT_ONCE_S = 1.0
 INVALID_ARG = ("400", "StatusCode.INVALID_ARGUMENT")  # HTTP status, gRPC status code
-#: The front door's refusal of a body over its limit (--front-door; docs/deployment.md).
+#: The front door's refusal of a body over its limit (--front-door; docs/guides/front-door.md).
 FRONT_DOOR_TOO_LARGE = ("413", "StatusCode.RESOURCE_EXHAUSTED")
 
 
@@ -357,7 +357,7 @@ def _timeline_lines(summary: Mapping) -> List[str]:
 
 
 def markdown(summary: Mapping) -> str:
-    """The report as Markdown (the tables of docs/reliability.md come from it)."""
+    """The report as Markdown (the tables of docs/results/reliability.md come from it)."""
     t, cfg, machine = summary["totals"], summary["config"], summary["machine"]
     lines = [
         "# Fault-injection soak report",
@@ -366,7 +366,7 @@ def markdown(summary: Mapping) -> str:
         f"code {machine['code']}, {machine['cpus']} CPUs, load average "
         f"{', '.join(map(str, machine['loadavg']))} at the end, Python {machine['python']}. "
         f"{cfg['http_threads']} HTTP + {cfg['grpc_threads']} gRPC client threads, client timeout {cfg['client_timeout_s']:g} s; "
-        f"texts: {summary['pool']}; 1-{cfg['mix']['max_texts']} texts a request. What the soak does: docs/reliability.md.",
+        f"texts: {summary['pool']}; 1-{cfg['mix']['max_texts']} texts a request. What the soak does: docs/results/reliability.md.",
         "",
         header_line(summary.get("stack")),
         "",
@@ -424,7 +424,7 @@ def print_summary(summary: Mapping, stream=None) -> None:
         kind = "gate" if g.get("gates") else "advisory"
         print(f"  [{mark}] ({kind}) {g['goal']}: {g['measured'] or '-'} (bound {g['bound']})", file=stream)
     print("  (gate: fails the run; advisory: timing bounds reported, never failing it: latency on a shared machine "
-          "varies, docs/reliability.md)", file=stream)
+          "varies, docs/results/reliability.md)", file=stream)
     for name, reason in (summary.get("not_run") or {}).items():
         print(f"  not run: {name} ({reason})", file=stream)
     print("soak " + ("FAILED: " + ", ".join(summary["failed"]) if summary["failed"] else "passed"), file=stream, flush=True)

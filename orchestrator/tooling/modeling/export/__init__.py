@@ -15,7 +15,7 @@ otherwise, naming both readings of ``SOURCE``).
 The model's head (``orchestrator.runtime.heads.head_from_hf_config``: binary, multiclass or
 multilabel from ``problem_type``, ``num_labels``, ``id2label``; ``--positive-label`` for two
 labels; regression is refused with :class:`ExportError`) decides what it writes around the
-model. Under ``<repo>``, for ``NAME`` (docs/export.md has the table):
+model. Under ``<repo>``, for ``NAME`` (docs/guides/bring-your-own-model.md has the table):
 
 - ``NAME/1/model.onnx``: ``AutoModelForSequenceClassification`` (eager attention) exported
   with the TorchScript exporter (``dynamo=False``, opset 17 by default, as

@@ -40,7 +40,7 @@ def starter_policy(model: str, head: Head) -> str:
     labels = ", ".join(head.output_labels())
     return f"""\
 # Starter routing policy for {model} ({head.describe()}), written by `orchestrator export --router`.
-# Format: docs/policy.md. Check a change with:
+# Format: docs/reference/policy.md. Check a change with:
 #   orchestrator policy check <repo>/{router_name(model)}/policy.yaml --repo <repo> --write-labels
 version: 1
 description: >

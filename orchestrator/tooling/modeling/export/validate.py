@@ -11,7 +11,7 @@ from orchestrator.tooling.modeling.contract import OUTPUT_NAME, ExportValidation
 
 FP32_TOLERANCE = 1e-4  # same bound as orchestrator.tooling.modeling.train.TOL
 FP16_TOLERANCE = 0.05  # see the package docstring
-DEFAULT_OPSET = 17  # docs/architecture.md
+DEFAULT_OPSET = 17  # docs/development/architecture.md
 
 #: Texts for the export check: short, negated, mixed case, emoji, non-ASCII, empty, and one
 #: long text that is truncated to the maximum length.

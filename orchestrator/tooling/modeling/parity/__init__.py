@@ -5,7 +5,7 @@ Usage::
     orchestrator parity --reference classifier --candidates classifier_fp16 \\
         (--data FILE | --held-out) [--target-precision 0.9] [--max-flip-rate 0.005] \\
         [--in-process | --url HOST:PORT | --embedded-server] [--cross-check] \\
-        [--repo model_repository] [--out docs/parity]
+        [--repo model_repository] [--out docs/results/parity]
     orchestrator parity --write-held-out FILE      # the held-out test split as TSV/JSONL
 
 Every model compared must have the same head (``<repo>/<model>/head.json``, the legacy

@@ -1,6 +1,6 @@
 """Temperature scaling fitted on labeled data, and how calibrated a model is.
 
-``orchestrator calibrate MODEL_DIR --data LABELED`` (docs/export.md "Calibration"):
+``orchestrator calibrate MODEL_DIR --data LABELED`` (docs/guides/bring-your-own-model.md "Calibration"):
 
 1. runs the model's ONNX file in this process (onnxruntime, the tokenizer files its
    ``head.json`` names: :class:`~.backends.InProcessBackend`) over the labeled texts;

@@ -242,7 +242,7 @@ def add_parity_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--repo", default=None,
                         help="model repository (default: ./model_repository, else the one in this checkout)")
     parser.add_argument("--out", type=Path, default=Path(".cache/parity"),
-                        help="report directory (default: %(default)s; --out docs/parity rewrites the committed report)")
+                        help="report directory (default: %(default)s; --out docs/results/parity rewrites the committed report)")
     parser.add_argument("--batch-size", type=int, default=BATCH_SIZE, help="texts per batch (default: %(default)s)")
     parser.add_argument("--timing-passes", type=int, default=1,
                         help="timed passes over the data (logits from the first; default: %(default)s)")

@@ -1,0 +1,217 @@
+"""The docs are for users: README.md and docs/ hold no lab diary (dates, UTC times, load
+averages, "issue N") outside the results pages and CHANGELOG.md; the README stays short;
+every page is in mkdocs.yml's nav; every relative link resolves, anchors included. The link
+checker is written here (no network, no mkdocs); with mkdocs installed (the `test` extra)
+``mkdocs build --strict`` must pass too."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import unicodedata
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+#: Where dated runs, machines and load averages belong: generated reports and the changelog.
+RESULTS = DOCS / "results"
+CHANGELOG = ROOT / "CHANGELOG.md"
+README_MAX_BYTES = 12 * 1024
+
+PAGES = sorted(DOCS.rglob("*.md"))
+USER_PAGES = [README, *(p for p in PAGES if RESULTS not in p.parents)]
+
+#: A line of lab diary: an ISO date, a UTC time, a load average, an issue number.
+DIARY = [
+    ("a date", re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b")),
+    ("a UTC time", re.compile(r"\b\d{1,2}:\d\d(?::\d\d)?\s*UTC\b|\bUTC\b")),
+    ("a load average", re.compile(r"\bload average\b|\bload \d+(?:\.\d+)?\b", re.I)),
+    ("an issue number", re.compile(r"\bissues? #?\d+", re.I)),
+]
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def prose_lines(text: str):
+    """(line number, line) outside fenced code blocks."""
+    fence = False
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith(("```", "~~~")):
+            fence = not fence
+            continue
+        if not fence:
+            yield n, line
+
+
+def data_lines() -> set:
+    """Lines whose dates are data, not a diary: the CVE table of docs/guides/security.md
+    (each bulletin's publication date), generated from deploy/triton-cves.yaml."""
+    from orchestrator.tooling import cves
+
+    return set(cves.markdown_table(cves.load_cves()).splitlines())
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=rel)
+def test_no_lab_diary_outside_the_results_pages(page):
+    data = data_lines()
+    found = [f"{rel(page)}:{n}: {what}: {line.strip()[:120]}"
+             for n, line in enumerate(page.read_text().splitlines(), 1) if line not in data
+             for what, pattern in DIARY if pattern.search(line)]
+    assert not found, ("dated runs, load averages and issue numbers go to docs/results/ (the measurement) "
+                       "or CHANGELOG.md (the change):\n" + "\n".join(found))
+
+
+def test_the_diary_patterns_catch_what_they_should():
+    caught = ["run of 2026-11-27", "at 05:10 UTC", "load average 0.96", "load 1.63 before", "issue 29's goal",
+              "issues 20 and 29", "Issue #12"]
+    missed = ["Triton 2.51", "numpy 1.26.4", "PR #394", "p50 1.03x", "loads the model", "ISSUE_TEMPLATE"]
+    for line in caught:
+        assert any(p.search(line) for _, p in DIARY), line
+    for line in missed:
+        assert not any(p.search(line) for _, p in DIARY), line
+
+
+def test_the_readme_is_short():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes, over {README_MAX_BYTES}: move details into docs/"
+
+
+def test_the_changelog_has_an_unreleased_section():
+    text = CHANGELOG.read_text()
+    assert text.startswith("# Changelog") and "\n## [Unreleased]" in text
+
+
+# ----------------------------------------------------------------------------- navigation
+
+
+def nav_pages(nav) -> list:
+    out = []
+    for item in nav:
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict):
+            for value in item.values():
+                out.extend(nav_pages(value) if isinstance(value, list) else [value])
+    return out
+
+
+def mkdocs_config() -> dict:
+    return yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
+    config = mkdocs_config()
+    assert config["docs_dir"] == "docs" and config["strict"] is True
+    listed = nav_pages(config["nav"])
+    assert len(listed) == len(set(listed)), "a page is listed twice in mkdocs.yml's nav"
+    pages = {str(p.relative_to(DOCS)) for p in PAGES}
+    assert sorted(pages - set(listed)) == [], "pages missing from mkdocs.yml's nav"
+    assert sorted(set(listed) - pages) == [], "mkdocs.yml's nav names pages that do not exist"
+
+
+# ----------------------------------------------------------------------------- links
+
+LINK = re.compile(r"(?<!!)\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)|!\[[^\]]*\]\(([^()\s]+)\)")
+HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+
+
+def slugs(text: str) -> set:
+    """Anchors of a page's headings: Python-Markdown's toc slug (what mkdocs serves) and
+    GitHub's (what the README is read on), duplicates numbered as each numbers them."""
+    out: set = set()
+    seen: dict = {}
+    for _, line in prose_lines(text):
+        m = HEADING.match(line)
+        if not m:
+            continue
+        title = re.sub(r"`([^`]*)`", r"\1", m.group(2))
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)
+        plain = unicodedata.normalize("NFKD", title).encode("ascii", "ignore").decode()
+        toc = re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", plain).strip().lower())
+        github = re.sub(r"\s", "-", re.sub(r"[^\w\s-]", "", title.lower()).strip())
+        for slug, sep in ((toc, "_"), (github, "-")):
+            n = seen.get((slug, sep), 0)
+            out.add(slug if n == 0 else f"{slug}{sep}{n}")
+            seen[(slug, sep)] = n + 1
+    return out
+
+
+def links(text: str):
+    """(line number, target) of the Markdown links outside code."""
+    for n, line in prose_lines(text):
+        line = re.sub(r"`[^`]*`", "", line)
+        for m in LINK.finditer(line):
+            yield n, m.group(1) or m.group(2)
+
+
+@pytest.mark.parametrize("page", [README, CHANGELOG, *PAGES], ids=rel)
+def test_every_relative_link_resolves(page):
+    broken = []
+    for n, target in links(page.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path).resolve() if path else page
+        where = f"{rel(page)}:{n}: ({target})"
+        if not dest.exists():
+            broken.append(f"{where}: no such file")
+            continue
+        if page != README and DOCS not in [dest, *dest.parents]:
+            broken.append(f"{where}: outside docs/ (mkdocs cannot serve it; name the file in `code` instead)")
+            continue
+        if anchor and dest.suffix == ".md" and anchor not in slugs(dest.read_text()):
+            broken.append(f"{where}: no heading with the anchor #{anchor} in {rel(dest)}")
+    assert not broken, "\n".join(broken)
+
+
+def test_the_link_checker_finds_a_broken_link_and_anchor(tmp_path):
+    text = "# Title\n\n## A `b` c, d\n\n[ok](#a-b-c-d) [bad](#nope) `[code](x.md)`\n```\n[fenced](y.md)\n```\n"
+    assert [t for _, t in links(text)] == ["#a-b-c-d", "#nope"]
+    assert "a-b-c-d" in slugs(text) and "nope" not in slugs(text)
+
+
+def test_mkdocs_build_strict(tmp_path):
+    pytest.importorskip("mkdocs", reason="mkdocs is not installed (the `test` extra has it); the link checker above still ran")
+    result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
+                             "--site-dir", str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_readme_policy_example_parses():
+    from orchestrator.runtime.policy import parse_policy
+
+    blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S)
+    assert blocks, "README.md: the policy example of 'Route your own model' is missing"
+    for block in blocks:
+        parse_policy(yaml.safe_load(block))
+
+
+def test_one_compatibility_table_and_every_recipe_agrees_with_it():
+    """docs/reference/compatibility.md states the image's NGC release (the Dockerfile's FROM),
+    the CVE gate's minimum (deploy/triton-cves.yaml) and the release the tests run (the
+    embedded server's); every container recipe in the README and the guides uses the image's
+    release."""
+    import re
+
+    from orchestrator.tooling import cves
+    from orchestrator.tooling.env.stubs import EMBEDDED_TRITON_RELEASE
+
+    image = re.search(r"^FROM nvcr\.io/nvidia/tritonserver:(\d\d\.\d\d)-py3@", (ROOT / "deploy" / "Dockerfile").read_text(), re.M).group(1)
+    gate = "%d.%02d" % cves.minimum_release(cves.load_cves())
+    table = (ROOT / "docs" / "reference" / "compatibility.md").read_text().split("## Releases")[0]
+    row = next(line for line in table.splitlines() if line.startswith("| the container image"))
+    assert f"NGC {image}" in row and f"{gate} or later" in row, row
+    tested = EMBEDDED_TRITON_RELEASE.lstrip("r")
+    assert any(line.startswith("| the tests") and f"({tested})" in line for line in table.splitlines())
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
+        if "results" in page.relative_to(ROOT).parts:
+            continue
+        for used in re.findall(r"tritonserver:(\d\d\.\d\d)-py3", page.read_text()):
+            assert used == image, f"{page.relative_to(ROOT)} runs tritonserver:{used}-py3, the image is {image}"

@@ -19,14 +19,13 @@ import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.runtime.concurrency import gather, in_concurrent_branch
-from orchestrator.runtime.deadlines import Deadlines
+from orchestrator.runtime.deadlines import CallOptions, Deadlines
 from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.heads import Head
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.nodes.base import Item, split_target, truncate
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy, inline_tokenizer_dirs
-from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.tokenize import TextTokenizer
 
 # infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.

@@ -1,7 +1,10 @@
-"""Cancellation and deadlines of the requests one engine runs (docs/guides/reliability.md).
+"""Cancellation and deadlines of the requests one engine runs (docs/guides/reliability.md):
+the request context, the deadline arithmetic and what each downstream call carries.
 
-:class:`Deadlines` holds the engine clock and each node's run-time estimate, and is the
-only code that reads or writes a request's :class:`~orchestrator.runtime.request.RequestContext`
+:class:`RequestContext` is what a request brings besides its inputs (trace, deadline,
+``is_cancelled``); :class:`CallOptions` what one BLS call carries (trace, timeout), the
+trace picked by :func:`call_trace`. :class:`Deadlines` holds the engine clock and each
+node's run-time estimate, and is the only code that reads or writes a request's context
 flags (``started``, ``cancelled``, ``late``, ``early``). Nodes use it through
 ``nodes.base.DeadlineView`` (``engine.deadlines``): before a further stage or round they
 ask :meth:`Deadlines.live` (once per stage) and :meth:`Deadlines.affordable`.
@@ -9,17 +12,106 @@ ask :meth:`Deadlines.live` (once per stage) and :meth:`Deadlines.affordable`.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from orchestrator.runtime.errors import DeadlineExceeded, InputError, RequestCancelled, RequestStopped
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.nodes.base import DEADLINE_SUFFIX, Answer, Answers, Item, Node
-from orchestrator.runtime.request import CallOptions, RequestContext, Work, call_trace
+
+if TYPE_CHECKING:  # nodes.base's Item carries a RequestContext: the types only, no import circle
+    from orchestrator.runtime.nodes.base import Answers, Item, Node
+    from orchestrator.runtime.request import Work
+
+#: Added to the ``ROUTE`` of a text answered by an earlier stage because of its request's
+#: deadline (``classifier_fast:deadline``; docs/guides/reliability.md "Deadlines").
+DEADLINE_SUFFIX = ":deadline"
 
 #: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
 #: its run times, :meth:`Deadlines.estimate`): about the last 5 runs count. A choice, not a
 #: measured optimum: it follows a load change within a few requests.
 COST_WEIGHT = 0.3
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class RequestContext:
+    """What a request brings besides its inputs, for every downstream call made for it.
+
+    Attributes:
+        trace: the request's ``pb_utils.InferenceTrace`` (``request.trace()``), passed on as
+            ``InferenceRequest(trace=...)`` so a Triton trace follows the request downstream;
+            None: none (warmup, tests).
+        deadline: the engine clock's seconds (``Engine.clock``, ``time.monotonic`` in the
+            router) at which the client's timeout (``request.timeout()``, microseconds;
+            0: none) ends, counted from the start of the router's ``execute`` (the stub
+            cannot see when Triton received the request, so the time it waited in the
+            router's queue is not deducted); None: no timeout. docs/guides/reliability.md
+            "Deadlines".
+        is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
+            (an IPC round trip to the Triton process in the real stub; the engine asks it
+            only through ``Deadlines.live``).
+        started: a downstream call was made for the request (set by the engine; before it,
+            the request has just arrived and ``is_cancelled`` is not asked).
+        cancelled: ``is_cancelled()`` said True (kept: the flag never goes back to False).
+        late: a downstream answer for the request arrived at or after its deadline.
+        early: a later stage was skipped or its late answer dropped for the deadline, and
+            the request's answers come from an earlier stage that ended in time (a late
+            request that is not ``early`` gets ``DeadlineExceeded``).
+    """
+
+    trace: Any = None
+    deadline: Optional[float] = None
+    is_cancelled: Callable[[], bool] = _never
+    started: bool = False
+    cancelled: bool = False
+    late: bool = False
+    early: bool = False
+
+
+def call_trace(contexts: Sequence[RequestContext]) -> Any:
+    """The one trace a downstream call carries for rows of several requests.
+
+    A BLS request carries one trace (python_backend r24.10 ``InferenceRequest(trace=...)``;
+    the stub's ``RequestExecutor`` spawns the call's trace as a child of it with
+    ``TRITONSERVER_InferenceTraceSpawnChildTrace``), so a call that batches rows of several
+    requests is traced under ONE of them: the first, in row order, whose trace has a context
+    (``get_context()`` is not None: in ``opentelemetry`` mode, a sampled request), else the
+    first request's trace. The other requests' traces get no span for that call: they show
+    the router's own spans only, never a span under the wrong parent. In ``triton`` mode
+    ``get_context()`` is None for every request (sampled or not), so with ``rate`` above 1
+    a batched call is traced only when the first request of its rows was sampled
+    (docs/reference/metrics.md, "Tracing").
+
+    Args:
+        contexts: the contexts of the call's rows, in row order (repeats allowed).
+
+    Returns:
+        a ``pb_utils.InferenceTrace``, or None when no row has one.
+    """
+    traces = [c.trace for c in {id(c): c for c in contexts}.values() if c.trace is not None]
+    for trace in traces:
+        get_context = getattr(trace, "get_context", None)
+        if callable(get_context) and get_context() is not None:
+            return trace
+    return traces[0] if traces else None
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What one downstream (BLS) call carries besides its inputs.
+
+    Attributes:
+        trace: the ``pb_utils.InferenceTrace`` to pass as ``InferenceRequest(trace=...)``;
+            None: none.
+        timeout_us: ``InferenceRequest(timeout=...)``, microseconds; 0: no timeout.
+    """
+
+    trace: Any = None
+    timeout_us: int = 0
 
 
 class Deadlines:
@@ -101,7 +193,7 @@ class Deadlines:
         them."""
         for it in items:
             a = answers[it.idx]
-            answers[it.idx] = Answer(a.probabilities, a.route + DEADLINE_SUFFIX, a.verdict)
+            answers[it.idx] = dataclasses.replace(a, route=a.route + DEADLINE_SUFFIX)
             it.context.early = True
         self._count("orchestrator_deadline_texts_total", len(items), node=node.name)
 
@@ -137,7 +229,7 @@ class Deadlines:
     def call_options(self, rows: Sequence[Item]) -> CallOptions:
         """The trace and timeout of one downstream call for ``rows``, which marks their
         requests as started (``RequestContext.started``): the trace of their request, or
-        for rows of several requests the one ``request.call_trace`` picks; the timeout, the
+        for rows of several requests the one :func:`call_trace` picks; the timeout, the
         largest budget left of their requests (at least 1 us), so the call is never cut
         while one of its rows can still use its answer (the rows whose deadline passed
         do not use it: :meth:`arrived`, the cascade); no timeout when a row's request

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from numpy.typing import NDArray
 
 from orchestrator.runtime import nodes as N
+from orchestrator.runtime.deadlines import CallOptions
 from orchestrator.runtime.errors import DownstreamError, UnavailableError
 from orchestrator.runtime.health import CircuitBreaker, CircuitState, classify
 from orchestrator.runtime.metrics import Metrics
@@ -28,7 +29,6 @@ from orchestrator.runtime.nodes.shadow import ShadowNode
 from orchestrator.runtime.ondemand import ModelManager
 from orchestrator.runtime.policy import Policy
 from orchestrator.runtime.releases import cpu_outputs
-from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.stubs import StubWatch
 
 NO_OPTIONS = CallOptions()

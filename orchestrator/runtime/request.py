@@ -13,98 +13,18 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set
 
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.runtime.deadlines import RequestContext
 from orchestrator.runtime.errors import InputError, LimitError
 from orchestrator.runtime.validation import check_thresholds, decode_texts, parse_bool
 
 # Request parameter that asks for the optional POLICY output (``orchestrator policy show``).
 DESCRIBE_PARAMETER = "describe_policy"
 POLICY_OUTPUT = "POLICY"
-
-
-def _never() -> bool:
-    return False
-
-
-@dataclass
-class RequestContext:
-    """What a request brings besides its inputs, for every downstream call made for it.
-
-    Attributes:
-        trace: the request's ``pb_utils.InferenceTrace`` (``request.trace()``), passed on as
-            ``InferenceRequest(trace=...)`` so a Triton trace follows the request downstream;
-            None: none (warmup, tests).
-        deadline: the engine clock's seconds (``Engine.clock``, ``time.monotonic`` in the
-            router) at which the client's timeout (``request.timeout()``, microseconds;
-            0: none) ends, counted from the start of the router's ``execute`` (the stub
-            cannot see when Triton received the request, so the time it waited in the
-            router's queue is not deducted); None: no timeout. docs/guides/reliability.md
-            "Deadlines".
-        is_cancelled: ``request.is_cancelled()``: True once the client cancelled the request
-            (an IPC round trip to the Triton process in the real stub; the engine asks it
-            only through ``Deadlines.live``).
-        started: a downstream call was made for the request (set by the engine; before it,
-            the request has just arrived and ``is_cancelled`` is not asked).
-        cancelled: ``is_cancelled()`` said True (kept: the flag never goes back to False).
-        late: a downstream answer for the request arrived at or after its deadline.
-        early: a later stage was skipped or its late answer dropped for the deadline, and
-            the request's answers come from an earlier stage that ended in time (a late
-            request that is not ``early`` gets ``DeadlineExceeded``).
-    """
-
-    trace: Any = None
-    deadline: Optional[float] = None
-    is_cancelled: Callable[[], bool] = _never
-    started: bool = False
-    cancelled: bool = False
-    late: bool = False
-    early: bool = False
-
-
-def call_trace(contexts: Sequence[RequestContext]) -> Any:
-    """The one trace a downstream call carries for rows of several requests.
-
-    A BLS request carries one trace (python_backend r24.10 ``InferenceRequest(trace=...)``;
-    the stub's ``RequestExecutor`` spawns the call's trace as a child of it with
-    ``TRITONSERVER_InferenceTraceSpawnChildTrace``), so a call that batches rows of several
-    requests is traced under ONE of them: the first, in row order, whose trace has a context
-    (``get_context()`` is not None: in ``opentelemetry`` mode, a sampled request), else the
-    first request's trace. The other requests' traces get no span for that call: they show
-    the router's own spans only, never a span under the wrong parent. In ``triton`` mode
-    ``get_context()`` is None for every request (sampled or not), so with ``rate`` above 1
-    a batched call is traced only when the first request of its rows was sampled
-    (docs/reference/metrics.md, "Tracing").
-
-    Args:
-        contexts: the contexts of the call's rows, in row order (repeats allowed).
-
-    Returns:
-        a ``pb_utils.InferenceTrace``, or None when no row has one.
-    """
-    traces = [c.trace for c in {id(c): c for c in contexts}.values() if c.trace is not None]
-    for trace in traces:
-        get_context = getattr(trace, "get_context", None)
-        if callable(get_context) and get_context() is not None:
-            return trace
-    return traces[0] if traces else None
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """What one downstream (BLS) call carries besides its inputs.
-
-    Attributes:
-        trace: the ``pb_utils.InferenceTrace`` to pass as ``InferenceRequest(trace=...)``;
-            None: none.
-        timeout_us: ``InferenceRequest(timeout=...)``, microseconds; 0: no timeout.
-    """
-
-    trace: Any = None
-    timeout_us: int = 0
 
 
 @dataclass

@@ -89,6 +89,7 @@ import numpy as np
 
 from orchestrator.runtime.admission import Admission
 from orchestrator.runtime.concurrency import gather
+from orchestrator.runtime.deadlines import RequestContext
 from orchestrator.runtime.downstream import Downstream
 from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import (
@@ -106,7 +107,7 @@ from orchestrator.runtime.nodes.model import ModelNode
 from orchestrator.runtime.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.policy import describe as describe_policy
 from orchestrator.runtime.releases import has_response_parameters, route_parameters
-from orchestrator.runtime.request import POLICY_OUTPUT, RequestContext, Result, Work, parse_request, policy_path
+from orchestrator.runtime.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
 from orchestrator.runtime.validation import config_parameters, request_parameters
 
 

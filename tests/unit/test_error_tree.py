@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from orchestrator.runtime import errors, heads
-from orchestrator.runtime.deadlines import Deadlines
+from orchestrator.runtime.deadlines import Deadlines, RequestContext
 from orchestrator.runtime.nodes.base import Item
-from orchestrator.runtime.request import RequestContext
 
 RUNTIME = Path(errors.__file__).parent
 

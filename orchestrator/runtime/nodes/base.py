@@ -17,8 +17,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Prot
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.runtime.deadlines import RequestContext
 from orchestrator.runtime.heads import Head
-from orchestrator.runtime.request import RequestContext
 from orchestrator.runtime.schema import Key, Number, Str, Struct, check_required
 
 
@@ -54,10 +54,6 @@ COMMON_KEYS: Tuple[Key, ...] = (
     Key("name", Str(), "unique in the policy; used in metrics, errors and routes", computed="its path in the tree, e.g. `root.steps[1]`"),
     Key("timeout_ms", Number(above=0.0), "milliseconds; the node fails (a fallback may answer) when it takes longer"),
 )
-
-#: Added to the ``ROUTE`` of a text answered by an earlier stage because of its request's
-#: deadline (``classifier_fast:deadline``; docs/guides/reliability.md "Deadlines").
-DEADLINE_SUFFIX = ":deadline"
 
 #: Separates a model's name from a pinned version in targets and default routes
 #: (``classifier@1``); ``:`` already qualifies routes (``chunked:``, ``:degraded``).
@@ -145,7 +141,7 @@ class Item:
             window), special tokens included; a tokenizer is missing until the text was
             tokenized with it (a window has only its chunk node's tokenizer).
         context: the request's trace, deadline and cancellation
-            (``request.RequestContext``; shared by all items of one request, windows too).
+            (``deadlines.RequestContext``; shared by all items of one request, windows too).
     """
 
     idx: int

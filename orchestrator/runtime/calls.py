@@ -10,7 +10,6 @@ and timeout ``Deadlines.call_options`` gives its rows.
 
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence
@@ -38,6 +37,14 @@ InferFn = Callable[
 ]
 
 
+def inline_tokenizers(policy: Policy, model_dir: Optional[Path]) -> Dict[str, TextTokenizer]:
+    """The in-process tokenizers of ``policy`` (``inline.tokenizer``) by tokenizer model,
+    read from their files (paths relative to the router's ``model_dir``); none without."""
+    if not policy.inline_tokenizer:
+        return {}
+    return {name: TextTokenizer(path) for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items()}
+
+
 class ModelCalls:
     """Tokenize and classify through ``infer`` (module docstring).
 
@@ -46,28 +53,15 @@ class ModelCalls:
         infer: the downstream call (:data:`InferFn`); raises DownstreamError.
         models: the on-demand model manager (None: every model counts as loaded).
         deadlines: marks requests started and late around each call.
-        metrics: where each batched group's round trip goes (``orchestrator_stage_seconds{stage="bls"}``).
-        model_dir: the router's model directory (inline tokenizer paths are relative to it).
-
-    Attributes:
         tokenizers: :class:`~orchestrator.runtime.tokenize.TextTokenizer` by tokenizer
-            model (inline tokenizers only).
+            model (inline tokenizers only: :func:`inline_tokenizers`, made once per engine).
+        metrics: where each batched group's round trip goes (``orchestrator_stage_seconds{stage="bls"}``).
     """
 
     def __init__(self, policy: Policy, infer: InferFn, models: Optional[ModelManager], deadlines: Deadlines,
-                 model_dir: Optional[Path] = None, metrics: Optional[Metrics] = None) -> None:
+                 tokenizers: Optional[Dict[str, TextTokenizer]] = None, metrics: Optional[Metrics] = None) -> None:
         self.policy, self.infer, self.models, self.deadlines, self.metrics = policy, infer, models, deadlines, metrics
-        self.tokenizers: Dict[str, TextTokenizer] = {}
-        if policy.inline_tokenizer:
-            for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items():
-                self.tokenizers[name] = TextTokenizer(path)
-
-    def twin(self, infer: InferFn, models: Optional[ModelManager], deadlines: Deadlines,
-             metrics: Optional[Metrics]) -> "ModelCalls":
-        """The same policy and tokenizers, through another ``infer``."""
-        twin = copy.copy(self)
-        twin.infer, twin.models, twin.deadlines, twin.metrics = infer, models, deadlines, metrics
-        return twin
+        self.tokenizers: Dict[str, TextTokenizer] = tokenizers or {}
 
     async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
         """Tokenize with tokenizer model ``tokenizer`` (in-process with its files, or one

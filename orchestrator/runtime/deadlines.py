@@ -121,8 +121,8 @@ class Deadlines:
         clock: seconds of a monotonic clock (``time.monotonic`` in the router; tests pass a
             fake one); ``RequestContext.deadline`` is on it.
         metrics: where the deadline and cancellation counters go (None: nowhere).
-        costs: node name -> estimated run time, seconds (shared with :meth:`with_metrics`
-            twins; default a new dict).
+        costs: node name -> estimated run time, seconds (the engine's, shared by its runs;
+            default a new dict).
     """
 
     def __init__(self, clock: Callable[[], float], metrics: Optional[Metrics] = None,
@@ -130,10 +130,6 @@ class Deadlines:
         self.clock = clock
         self.metrics = metrics
         self.costs: Dict[str, float] = {} if costs is None else costs
-
-    def with_metrics(self, metrics: Optional[Metrics]) -> "Deadlines":
-        """A twin on the same clock and cost estimates, counting into ``metrics``."""
-        return Deadlines(self.clock, metrics, self.costs)
 
     def _count(self, family: str, value: float = 1.0, **labels: str) -> None:
         if self.metrics:

@@ -3,10 +3,10 @@ thread that runs each shadow node's candidate on them, and the comparison metric
 
 The request path only copies the sampled items and the primary's answers into the queue
 (:meth:`Mirror.submit`, no waiting). The worker thread has its own event loop and runs
-one batch at a time through an :class:`~orchestrator.runtime.engine.Engine` twin of the
-router's (same policy, tokenizer, on-demand manager and metrics; its own downstream call
-function, so its circuit breakers are not the primary's: a failing candidate never opens
-a circuit that the primary path uses). Comparison per text, between the primary's final
+one batch at a time as a run of the router's :class:`~orchestrator.runtime.engine.Engine`
+(``Engine.start``: same policy, tokenizer, on-demand manager and metrics; its own downstream
+call function, so its circuit breakers are not the primary's: a failing candidate never
+opens a circuit that the primary path uses; no shadow queue of its own). Comparison per text, between the primary's final
 answer and the candidate's (verdicts as the router reports them, ``Engine.final_verdicts``;
 a flip is ``heads.Head.flipped``: another top label for multiclass heads, another verdict
 in some column otherwise):
@@ -42,14 +42,15 @@ class Mirror:
     """The shadow queue and its worker thread (started at the first :meth:`submit`).
 
     Args:
-        engine: the engine that runs candidates (``Engine.fork`` of the router's).
+        engine: the router's engine; each batch of candidates is one run of it (``Engine.start``).
+        infer: the candidates' downstream call (``calls.InferFn``).
         metrics: where the comparison counts go (``metrics.Metrics`` or None).
         logger: ``pb_utils.Logger`` or None; the first candidate error of each shadow
             node is logged as a warning, later ones only counted.
     """
 
-    def __init__(self, engine: Any, metrics: Optional[Any] = None, logger: Optional[Any] = None):
-        self.engine = engine
+    def __init__(self, engine: Any, infer: Any, metrics: Optional[Any] = None, logger: Optional[Any] = None):
+        self.engine, self.infer = engine, infer
         self.metrics = metrics
         self.logger = logger
         self.jobs: "queue.SimpleQueue[Optional[Tuple[Any, ...]]]" = queue.SimpleQueue()
@@ -105,8 +106,9 @@ class Mirror:
 
     async def _compare(self, node: Any, items: List[Item], primary: List[Tuple[NDArray[Any], NDArray[Any]]]) -> None:
         labels = {"node": node.name, "candidate": node.candidate.name}
+        run = self.engine.start(self.infer, self.engine.models, self.metrics)
         try:
-            answers = await self.engine.run_node(node.candidate, items)
+            answers = await run.run_node(node.candidate, items)
         except Exception as exc:  # a DownstreamError, or a bug: counted, never raised
             self._count("orchestrator_shadow_errors_total", len(items), **labels)
             if self.logger is not None and node.name not in self.logged:
@@ -120,7 +122,7 @@ class Mirror:
             if a is None:
                 continue
             compared += 1
-            flips += head.flipped(a.probabilities, self.engine.final_verdicts(a, it), p0, v0)
+            flips += head.flipped(a.probabilities, run.final_verdicts(a, it), p0, v0)
             if self.metrics is not None:
                 diff = float(np.max(np.abs(a.probabilities - p0)))
                 self.metrics.observe("orchestrator_shadow_probability_difference", diff, **labels)

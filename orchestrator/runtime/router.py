@@ -294,7 +294,7 @@ class TritonPythonModel:
 
     async def _warmup(self, requests: List[Any]) -> List[Any]:
         """Answer Triton's warmup samples (see the module docstring); never an error."""
-        warm = self.engine.fork(Downstream.no_infer, models=None, metrics=None)
+        warm = self.engine.start(Downstream.no_infer)  # no on-demand loads, no metrics, no shadow queue
         answers, notes = [], []
         for request in requests:
             rows = 1

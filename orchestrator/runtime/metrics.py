@@ -81,9 +81,9 @@ class Metrics:
         orchestrator_parallel_partial_total{node}   texts a quorum parallel answered without
                                                     every branch
         orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
-                                                    (``orchestrator.runtime.load``)
+                                                    (``orchestrator.runtime.serving.load``)
         orchestrator_shed_requests_total            requests admission control refused
-                                                    (``orchestrator.runtime.admission``)
+                                                    (``orchestrator.runtime.serving.admission``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
         orchestrator_chunks_total{node}             windows of those texts it classified
         orchestrator_chunks_skipped_total{node,reason}  windows it did not: the text stopped
@@ -115,7 +115,7 @@ class Metrics:
                                                     did not answer
         orchestrator_shadow_dropped_total{node,candidate}  texts not mirrored (queue full)
         orchestrator_shadow_queued_texts{node}      gauge: mirrored texts queued or running
-                                                    (``orchestrator.runtime.mirror``)
+                                                    (``orchestrator.runtime.execution.mirror``)
 
     Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
     updates are buffered in memory and sent by a background thread every

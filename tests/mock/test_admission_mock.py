@@ -1,4 +1,4 @@
-"""Admission control in the router (runtime/admission.py, runtime/router.py) on the
+"""Admission control in the router (runtime/serving/admission.py, runtime/serving/router.py) on the
 in-process mock: an execute beyond what fits in ``admission.max_wait_ms`` runs its first
 requests and answers the others UNAVAILABLE at once, each request exactly one response,
 the admitted ones answered as the shipped router answers them, and the refusals counted."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.admission import Admission, AdmissionSettings
-from orchestrator.runtime.load import QueueDelay
+from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
+from orchestrator.runtime.serving.load import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.load import QueueDelay
+from orchestrator.runtime.serving.load import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.testing.mock.execution import max_queue_size
 from orchestrator.tooling.repository import add_queue_policy

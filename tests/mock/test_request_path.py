@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 import orchestrator.runtime as runtime
-from orchestrator.runtime import nodes
+from orchestrator.runtime.routing import nodes
 from orchestrator.testing.mock import MockTriton
 from tests.helpers import REPO
 

@@ -9,7 +9,7 @@ import random
 import pytest
 import yaml
 
-from orchestrator.runtime.policy import load_policy
+from orchestrator.runtime.routing.policy import load_policy
 from orchestrator.tooling.bench.features import make_features_repository, repeated_workload
 from orchestrator.tooling.bench.plan import BenchError
 from orchestrator.tooling.bench.report import FEATURES_END, FEATURES_START, render_report, replace_section

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import yaml
 
-from orchestrator.runtime.policy import load_policy
+from orchestrator.runtime.routing.policy import load_policy
 from orchestrator.tooling.bench.long_texts import (
     ALL_WINDOWS,
     KINDS,

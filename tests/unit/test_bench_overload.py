@@ -187,7 +187,7 @@ def test_issue_29s_goal_is_the_answered_p99_at_2x_and_4x_with_none_lost():
 
 
 def test_the_admission_variant_adds_only_the_admission_key(tmp_path):
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.routing.policy import parse_policy
     from orchestrator.tooling.bench.overload import ADMISSION, make_overload_repository
 
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())

@@ -15,13 +15,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.cascade import BUDGET_METRIC, MARGIN_GAUGE, RATE_GAUGE, Budget, EscalationBudget, distances
-from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.cascade import BUDGET_METRIC, MARGIN_GAUGE, RATE_GAUGE, Budget, EscalationBudget, distances
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 from tests.unit.test_shadow import RecordingMetrics
 

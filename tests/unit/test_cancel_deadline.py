@@ -11,12 +11,12 @@ from typing import Dict, List, Optional
 import numpy as np
 import pytest
 
-from orchestrator.runtime.deadlines import COST_WEIGHT, RequestContext
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, RequestCancelled
-from orchestrator.runtime.nodes.base import Item
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Result, Work
+from orchestrator.runtime.execution.deadlines import COST_WEIGHT, RequestContext
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.base import Item
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Result, Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 

@@ -185,7 +185,7 @@ def test_mkdocs_build_strict(tmp_path):
 
 
 def test_the_readme_policy_example_parses():
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.routing.policy import parse_policy
 
     blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S)
     assert blocks, "README.md: the policy example of 'Route your own model' is missing"

@@ -1,5 +1,5 @@
 """The overload mode of a cascade (``nodes.cascade.overload_margin``, ``keep_for_load``) and
-the router's queue-delay estimate (``runtime.load.QueueDelay``), driven by a fake clock and
+the router's queue-delay estimate (``runtime.serving.load.QueueDelay``), driven by a fake clock and
 a fixed delay: no server."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.load import QueueDelay
-from orchestrator.runtime.nodes.cascade import OVERLOAD_METRIC, Overload, overload_margin
-from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.cascade import OVERLOAD_METRIC, Overload, overload_margin
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.load import QueueDelay
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 from tests.unit.test_shadow import RecordingMetrics
 

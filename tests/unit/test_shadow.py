@@ -11,13 +11,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, PolicyError
-from orchestrator.runtime.nodes.model import split_target, target
-from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.policy import describe, parse_policy
-from orchestrator.runtime.request import Work
-from orchestrator.runtime.router import warmup_executes
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.model import split_target, target
+from orchestrator.runtime.routing.nodes.split import split_fraction
+from orchestrator.runtime.routing.policy import describe, parse_policy
+from orchestrator.runtime.serving.request import Work
+from orchestrator.runtime.serving.router import warmup_executes
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 TEXTS = ["good good film", "bad plot", "good bad", "a long tale of good things", "bad bad bad good"]

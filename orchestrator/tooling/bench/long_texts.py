@@ -55,7 +55,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
-from orchestrator.runtime.nodes.chunk import window_count
+from orchestrator.runtime.routing.nodes.chunk import window_count
 from orchestrator.tooling.bench.machine import git_revision, load_average, machine_info, wait_quiet
 from orchestrator.tooling.bench.measurement import (
     accuracy_summary,

@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from orchestrator.runtime.control import repair_config
+from orchestrator.runtime.bls.control import repair_config
 from orchestrator.tooling.soak import procs
 from orchestrator.tooling.soak.clients import Client, make_inputs
 from orchestrator.tooling.soak.report import latency_stats

@@ -110,7 +110,7 @@ def export_command(args: argparse.Namespace) -> int:
 
 
 def _add_router(result: ExportResult, repo: Path, console) -> None:
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
     from orchestrator.tooling.modeling.export.starter import write_starter_router
 
     router = write_starter_router(repo, result.name, read_head(repo / result.name))

@@ -1,17 +1,12 @@
 """The policy engine: runs a policy over the texts of one ``execute`` call.
 
-Texts become :class:`~orchestrator.runtime.routing.nodes.base.Item` objects that enter the policy's
-root node; each node's handler is found in :data:`orchestrator.runtime.routing.nodes.KINDS`. The
-:class:`Engine` is made once, at load: the policy bound to its heads (``heads.Head``:
-probabilities and verdicts of every answer), the tokenizers, cost estimates and the
-background queue of ``shadow`` nodes (``mirror.Mirror``). Each execute is a :class:`Run`
-(``Engine.start``): what handlers use, each job in its own object: model calls (``calls``:
-:class:`~orchestrator.runtime.execution.calls.ModelCalls`, tokens, padding, batching), cancellation and
-deadlines (``deadlines``: :class:`~orchestrator.runtime.execution.deadlines.Deadlines`), metrics,
-node timeouts, window ids and random draws. What the engine sets up for a policy
-comes from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``,
-``background``), never from their names. Downstream calls go through the ``infer``
-function it is given (``calls.InferFn``), so tests drive it with a fake one.
+Texts become :class:`~orchestrator.runtime.routing.nodes.base.Item` objects that enter the
+policy's root node; each node's handler is found in ``routing.nodes.KINDS``. The
+:class:`Engine` is made once, at load; each execute is a :class:`Run` (``Engine.start``).
+What the engine sets up for a policy comes from what its kinds declare
+(``NodeKind.tokens``, ``windows``, ``calls``, ``background``), never from their names.
+Downstream calls go through the ``infer`` function a run is given (``calls.InferFn``), so
+tests drive it with a fake one.
 """
 
 from __future__ import annotations
@@ -19,15 +14,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.runtime.bls.ondemand import ModelManager
-from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
+from orchestrator.runtime.errors import DownstreamError, InputError, RequestStopped
 from orchestrator.runtime.execution.calls import InferFn, ModelCalls, inline_tokenizers
 from orchestrator.runtime.execution.concurrency import as_concurrent
 from orchestrator.runtime.execution.deadlines import Deadlines
@@ -35,42 +29,21 @@ from orchestrator.runtime.execution.mirror import Mirror
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
-from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, Windows, route_label
+from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, route_label, window_error
 from orchestrator.runtime.routing.policy import Policy, bind_heads
 from orchestrator.runtime.serving.load import QueueDelay
 from orchestrator.runtime.serving.request import Result, Work
 
 
-def final_verdicts(head: Head, answer: Answer, item: Item) -> NDArray[Any]:
-    """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed ones
-    of a constant or vote, else ``head``'s rule at the item's thresholds."""
-    if answer.verdict is not None:
-        return np.asarray(answer.verdict, dtype=bool)
-    verdicts: NDArray[Any] = head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
-    return verdicts
-
-
-def distinct(windowing: Sequence[Windows]) -> List[Windows]:
-    """``windowing`` without repeats: the nodes that window one tokenizer's tokens alike (one
-    ``functools.partial`` of the same function and arguments) count once."""
-    seen: Dict[Any, Windows] = {}
-    for w in windowing:
-        c = w.count
-        key = (w.tokenizer, c.func, c.args, tuple(sorted(c.keywords.items()))) if isinstance(c, partial) else (w.tokenizer, id(c))
-        seen.setdefault(key, w)
-    return list(seen.values())
-
-
 class Engine:
     """Runs a :class:`~orchestrator.runtime.routing.policy.Policy` over the texts of one ``execute`` call.
 
-    The engine holds what lasts from one ``execute`` to the next and never changes with
-    one: the policy bound to its heads, the tokenizer kinds and windowing its nodes declare,
-    the inline tokenizers, node cost estimates, the queue-delay estimate and the shadow
-    queue. What belongs to one execute (the ``infer`` function, its deadlines and
-    cancellation, the window counter, the random draws, the metrics sink) is a :class:`Run`
-    (:meth:`start`); the router's warmup and the shadow worker are runs with another
-    ``infer``.
+    The engine holds what lasts from one ``execute`` to the next: the policy bound to its
+    heads (``heads.Head``: probabilities and verdicts of every answer), the tokenizer kinds
+    and windowing its nodes declare, the inline tokenizers, node cost estimates, the
+    queue-delay estimate and the shadow queue (``mirror.Mirror``). What belongs to one
+    execute is a :class:`Run` (:meth:`start`); the router's warmup and the shadow worker are
+    runs with another ``infer``.
 
     Args:
         policy: the validated policy.
@@ -102,7 +75,7 @@ class Engine:
         self.infer, self.models, self.metrics = infer, models, metrics
         self.tokenizers = inline_tokenizers(policy, model_dir)
         self.costs: Dict[str, float] = {}
-        self.windowing = distinct(policy.windows())  # what the nodes that window texts declared
+        self.windowing = policy.windows()  # what the nodes that window texts declared
         # The router's queue delay (overload mode of cascade nodes); the router marks each
         # execute on it. Tests replace it to drive the delay.
         self.load = QueueDelay()
@@ -127,17 +100,9 @@ class Engine:
         if self.mirror_runner is not None:
             self.mirror_runner.close()
 
-    def stage(self, stage: str, began: float) -> None:
-        """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
-        observe_stage(self.metrics, stage, began)
-
     def queue_delay_ms(self) -> float:
         """The router's estimated queue delay, ms (:class:`~orchestrator.runtime.serving.load.QueueDelay`)."""
         return self.load.delay_ms()
-
-    def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
-        """The verdicts bool [C] the router reports for ``answer`` of ``item`` (:func:`final_verdicts`)."""
-        return final_verdicts(self.head, answer, item)
 
 
 class Run:
@@ -178,8 +143,12 @@ class Run:
                     {tokenizer: ids}, parent.context)
 
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
-        """The verdicts bool [C] the router reports for ``answer`` of ``item`` (:func:`final_verdicts`)."""
-        return final_verdicts(self.head, answer, item)
+        """The verdicts bool [C] the router reports for ``answer`` of ``item``: the fixed
+        ones of a constant or vote, else the head's rule at the item's thresholds."""
+        if answer.verdict is not None:
+            return np.asarray(answer.verdict, dtype=bool)
+        verdicts: NDArray[Any] = self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
+        return verdicts
 
     def queue_delay_ms(self) -> float:
         """The router's estimated queue delay, ms (:class:`~orchestrator.runtime.serving.load.QueueDelay`)."""
@@ -194,7 +163,8 @@ class Run:
         never waits, never raises. A run without the shadow queue (warmup, a candidate's
         own shadow node) answers without mirroring."""
         if self.mirror_runner is not None:
-            self.mirror_runner.submit(node, items, answers)
+            self.mirror_runner.submit(node, items, [(answers[it.idx].probabilities, self.final_verdicts(answers[it.idx], it))
+                                                    for it in items])
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run ``node``'s handler on ``items``; counts errors and latency, applies its
@@ -226,23 +196,6 @@ class Run:
 
     # -- one execute call
 
-    def _window_error(self, work: Work, items: Sequence[Item]) -> Optional[InputError]:
-        """An InputError when a text of ``work`` would make more windows than
-        ``limits.max_windows_per_text`` in any node of the policy that windows texts
-        (``NodeKind.windows``)."""
-        cap = self.engine.policy.limits.max_windows_per_text
-        for i, it in enumerate(items):
-            counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
-                      for w in self.engine.windowing if w.tokenizer in it.tokens]
-            windows, tokens = max(counts, default=(1, 0))
-            if windows > cap:
-                return LimitError(
-                    f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
-                    "(policy limits.max_windows_per_text)",
-                    "max_windows_per_text",
-                )
-        return None
-
     async def run(self, works: List[Work]) -> List[Union[Result, InputError, RequestStopped]]:
         """Answer every request in ``works``: one :class:`Result` each, in order, or the
         InputError of a request that has a text over ``limits.max_windows_per_text``, or
@@ -268,7 +221,8 @@ class Run:
             await self.calls.ensure_tokens(texts, tokenizer)
         self.stage("tokenize", began)
         refused.update({k: e for k, items in enumerate(per_work)
-                        if k not in refused and self.engine.windowing and (e := self._window_error(works[k], items))})
+                        if k not in refused and self.engine.windowing
+                        and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text))})
         items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
         answers = await self.run_node(self.engine.policy.root, items)
         missing = [it.idx for it in items if it.idx not in answers]

@@ -7,7 +7,7 @@ one batch at a time as a run of the router's :class:`~orchestrator.runtime.execu
 (``Engine.start``: same policy, tokenizer, on-demand manager and metrics; its own downstream
 call function, so its circuit breakers are not the primary's: a failing candidate never
 opens a circuit that the primary path uses; no shadow queue of its own). Comparison per text, between the primary's final
-answer and the candidate's (verdicts as the router reports them, ``Engine.final_verdicts``;
+answer and the candidate's (verdicts as the router reports them, ``Run.final_verdicts``;
 a flip is ``heads.Head.flipped``: another top label for multiclass heads, another verdict
 in some column otherwise):
 
@@ -35,7 +35,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.runtime.routing.nodes.base import Answers, Item
+from orchestrator.runtime.routing.nodes.base import Item
 
 
 class Mirror:
@@ -62,9 +62,10 @@ class Mirror:
 
     # -- request path
 
-    def submit(self, node: Any, items: List[Item], answers: Answers) -> bool:
-        """Queue ``items`` (answered by ``node.primary`` with ``answers``) for ``node``'s
-        candidate; returns False when they were dropped (queue full or closed)."""
+    def submit(self, node: Any, items: List[Item], primary: List[Tuple[NDArray[Any], NDArray[Any]]]) -> bool:
+        """Queue ``items`` for ``node``'s candidate, with ``node.primary``'s answers
+        (probabilities and the verdicts the router reports, one pair per item); returns
+        False when they were dropped (queue full or closed)."""
         labels = {"node": node.name, "candidate": node.candidate.name}
         with self.lock:
             queued = self.pending.get(node.name, 0)
@@ -76,7 +77,6 @@ class Mirror:
             if self.thread is None:
                 self.thread = threading.Thread(target=self._work, name="orchestrator-shadow", daemon=True)
                 self.thread.start()
-        primary = [(answers[it.idx].probabilities, self.engine.final_verdicts(answers[it.idx], it)) for it in items]
         copies = [Item(it.idx, it.req, it.text, it.threshold, it.params, it.request_id, dict(it.tokens)) for it in items]
         self.jobs.put((node, copies, primary))
         return True

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -119,8 +120,17 @@ class Policy:
         return list(dict.fromkeys(names))
 
     def windows(self) -> List[Windows]:
-        """How the policy's nodes window texts (``NodeKind.windows``), one per node that does."""
-        return [w for n in self.nodes() if (w := N.KINDS[n.kind].windows(n)) is not None]
+        """How the policy's nodes window texts (``NodeKind.windows``): one per node that
+        does, nodes that window one tokenizer's tokens alike (one ``functools.partial`` of
+        the same function and arguments) counted once."""
+        seen: Dict[Any, Windows] = {}
+        for n in self.nodes():
+            w = N.KINDS[n.kind].windows(n)
+            if w is not None:
+                c = w.count
+                alike = (c.func, c.args, tuple(sorted(c.keywords.items()))) if isinstance(c, partial) else id(c)
+                seen.setdefault((w.tokenizer, alike), w)
+        return list(seen.values())
 
     def model_nodes(self) -> List[Node]:
         """Every node that calls a model itself (``NodeKind.calls``: ``model`` nodes),

@@ -100,7 +100,7 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.concurrency import gather
 from orchestrator.runtime.execution.deadlines import RequestContext
 from orchestrator.runtime.execution.engine import Engine
-from orchestrator.runtime.metrics import Metrics, timing_sample
+from orchestrator.runtime.metrics import Metrics, observe_stage, timing_sample
 from orchestrator.runtime.routing.heads import HeadError, repository_heads
 from orchestrator.runtime.routing.nodes.model import ModelNode
 from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
@@ -353,14 +353,14 @@ class TritonPythonModel:
                 works[k] = self._parse(request, start=start)
             except InputError as exc:
                 responses[k] = self._fail(exc)
-        self.engine.stage("parse", began)
+        observe_stage(self.metrics, "parse", began)
         keys = list(works)
         try:
             results = await self.engine.run([works[k] for k in keys])
             began = time.perf_counter()
             for k, result in zip(keys, results):
                 responses[k] = self._response(result, works[k].describe)
-            self.engine.stage("respond", began)
+            observe_stage(self.metrics, "respond", began)
         except DownstreamError as batch_error:
             if len(keys) == 1:
                 responses[keys[0]] = self._fail(batch_error)

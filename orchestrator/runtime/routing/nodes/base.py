@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Prot
 import numpy as np
 from numpy.typing import NDArray
 
+from orchestrator.runtime.errors import LimitError
 from orchestrator.runtime.execution.deadlines import RequestContext
 from orchestrator.runtime.routing.heads import Head
 from orchestrator.runtime.routing.schema import Key, Number, Str, Struct, check_required
@@ -123,6 +124,22 @@ class Windows:
 
     tokenizer: str
     count: Callable[[int], int]
+
+
+def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int) -> Optional[LimitError]:
+    """A LimitError when a text of ``items`` (one request's) would make more than ``cap``
+    windows (``limits.max_windows_per_text``) in any of the ``windowing`` nodes."""
+    for i, it in enumerate(items):
+        counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
+                  for w in windowing if w.tokenizer in it.tokens]
+        windows, tokens = max(counts, default=(1, 0))
+        if windows > cap:
+            return LimitError(
+                f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
+                "(policy limits.max_windows_per_text)",
+                "max_windows_per_text",
+            )
+    return None
 
 
 @dataclass

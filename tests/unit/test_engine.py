@@ -11,11 +11,11 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, LimitError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import logit
 from orchestrator.runtime.routing.nodes import KINDS
 from orchestrator.runtime.routing.nodes.chunk import token_windows
 from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.runtime.routing.scores import logit
 from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 

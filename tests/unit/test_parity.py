@@ -165,7 +165,7 @@ def test_unreachable_target_and_shapes_raise():
 
 
 def test_threshold_logit_is_the_runtime_logit_and_none_at_0_and_1():
-    from orchestrator.runtime.routing.scores import logit
+    from orchestrator.runtime.routing.heads import logit
 
     for t in (1e-6, 0.25, 0.5, 0.9, 1 - 1e-6):
         assert P.threshold_logit(t) == logit(t)

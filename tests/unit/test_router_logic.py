@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.errors import LimitError
-from orchestrator.runtime.routing.heads import LEGACY
+from orchestrator.runtime.routing.heads import LEGACY, logit, sigmoid
 from orchestrator.runtime.routing.nodes.chunk import token_windows, window_count
 from orchestrator.runtime.routing.nodes.model import truncate
 from orchestrator.runtime.routing.nodes.split import split_fraction
-from orchestrator.runtime.routing.scores import logit, sigmoid
 from orchestrator.runtime.serving.request import Limits, parse_request
 from orchestrator.runtime.serving.validation import InputError
 

@@ -96,7 +96,7 @@ class ModelCalls:
                 was sent or another number of logit columns than its head has, or (on
                 demand) could not be loaded.
         """
-        seqs = [truncate(it.ids(head.tokenizer), max_length) for it in items]
+        seqs = [truncate(it.tokens[head.tokenizer], max_length) for it in items]
         order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
         ordered = [items[i] for i in order]
 
@@ -118,12 +118,13 @@ class ModelCalls:
         finally:
             if self.models:
                 self.models.release(name)
-        logits = np.empty((len(seqs), head.num_logits), dtype=np.float32)
+        columns = head.num_logits
+        logits = np.empty((len(seqs), columns), dtype=np.float32)
         parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
         for part in parts:
-            if part.shape[1] != head.num_logits:
+            if part.shape[1] != columns:
                 raise DownstreamError(
-                    f"model '{model}' answered {part.shape[1]} logit columns, but its head has {head.num_logits} "
+                    f"model '{model}' answered {part.shape[1]} logit columns, but its head has {columns} "
                     f"({head.describe()}); a model without head.json is served as one logit: export it with "
                     "'orchestrator export' or write its head.json"
                 )

@@ -75,9 +75,9 @@ class Engine:
         self.infer, self.models, self.metrics = infer, models, metrics
         self.tokenizers = inline_tokenizers(policy, model_dir)
         self.costs: Dict[str, float] = {}
+        self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
-        # The router's queue delay (overload mode of cascade nodes); the router marks each
-        # execute on it. Tests replace it to drive the delay.
+        # The router's queue delay (cascades' overload mode), marked by the router; tests replace it.
         self.load = QueueDelay()
         self.mirror_runner: Optional[Mirror] = None
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
@@ -88,7 +88,7 @@ class Engine:
         """A run through ``infer``, with the on-demand manager ``models`` and the metrics
         sink ``metrics`` (None: none); ``background``: its ``shadow`` nodes queue work for
         the shadow worker (only the router's own executes do)."""
-        return Run(self, infer, models, metrics, self.mirror_runner if background else None)
+        return Run(self, infer, models if self.on_demand else None, metrics, self.mirror_runner if background else None)
 
     async def run(self, works: List[Work]) -> List[Union[Result, InputError, RequestStopped]]:
         """:meth:`Run.run` of a run through this engine's ``infer``, on-demand manager and

@@ -33,21 +33,46 @@ trains a softmax (cross-entropy), ``multi_label_classification`` a sigmoid per l
 with binary cross-entropy on one logit, like the demo classifiers); ``regression`` is no
 classifier and is refused.
 
-No Triton imports: the router, the postprocess model and the tooling share this module.
+The logistic function and its inverse (:func:`sigmoid`, :func:`logit`) are defined here once
+(sigmoid heads, calibration shifts and thresholds, ``orchestrator parity``). No Triton
+imports: the router, the postprocess model and the tooling share this module.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-from numpy.typing import NDArray
+from numpy.typing import ArrayLike, NDArray
 
 from orchestrator.runtime.errors import OrchestratorError
-from orchestrator.runtime.routing.scores import sigmoid
+
+#: Probabilities are clipped to [LOGIT_EPS, 1 - LOGIT_EPS] before :func:`logit`, so a
+#: probability of exactly 0 or 1 (a constant node, a max over windows) has a finite logit.
+LOGIT_EPS = 1e-12
+
+
+def sigmoid(logits: ArrayLike) -> NDArray[Any]:
+    """Numerically stable logistic function; float64 in, float64 out, same shape."""
+    x = np.asarray(logits, dtype=np.float64)
+    out = np.empty_like(x)
+    pos = x >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
+    ex = np.exp(x[~pos])
+    out[~pos] = ex / (1.0 + ex)
+    return out
+
+
+def logit(p: float) -> float:
+    """Inverse of :func:`sigmoid` for one probability ``p``: ``log(p / (1 - p))``, with ``p``
+    clipped to ``[LOGIT_EPS, 1 - LOGIT_EPS]`` so the result is always finite (about +-27.6
+    at the clip)."""
+    p = min(max(float(p), LOGIT_EPS), 1.0 - LOGIT_EPS)
+    return math.log(p) - math.log1p(-p)
 
 #: The file, in a model's directory, that holds its head (JSON, :meth:`Head.to_json`).
 HEAD_FILE = "head.json"

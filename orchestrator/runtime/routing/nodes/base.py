@@ -170,10 +170,6 @@ class Item:
     tokens: Dict[str, NDArray[Any]] = field(default_factory=dict)
     context: RequestContext = field(default_factory=RequestContext)
 
-    def ids(self, tokenizer: str) -> NDArray[Any]:
-        """The token ids of tokenizer model ``tokenizer`` (KeyError: not tokenized with it)."""
-        return self.tokens[tokenizer]
-
 
 @dataclass
 class Answer:

@@ -391,7 +391,7 @@ async def _run(engine: Engine, node: ChunkNode, items: List[Item]) -> Answers:
     await engine.calls.ensure_tokens(items, node.tokenizer)
     texts: List[ChunkText] = []
     for it in items:
-        ids = it.ids(node.tokenizer)
+        ids = it.tokens[node.tokenizer]
         pieces = token_windows(ids, node.window, node.stride)
         windows = [it] if len(pieces) == 1 else [engine.window(it, node.tokenizer, piece) for piece in pieces]
         texts.append(ChunkText(it, windows, window_weights(int(ids.shape[0]), node.window, node.stride)))

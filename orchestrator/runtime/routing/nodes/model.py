@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.routing.heads import LEGACY, Head
+from orchestrator.runtime.routing.heads import LEGACY, Head, logit
 from orchestrator.runtime.routing.nodes.base import (
     VERSION_SEP,
     Answer,
@@ -25,7 +25,6 @@ from orchestrator.runtime.routing.nodes.base import (
     truncate,
 )
 from orchestrator.runtime.routing.schema import REQUIRED, Int, Key, Number, Probabilities, Str, Struct, TrueOr
-from orchestrator.runtime.routing.scores import logit
 
 # target, split_target and truncate live in base (the engine uses them); kept importable here.
 __all__ = ["ModelNode", "OnDemand", "KIND", "VERSION_SEP", "target", "split_target", "truncate"]
@@ -130,8 +129,9 @@ class ModelNode(Node):
 
     @property
     def target(self) -> str:
-        """The downstream call target (see :func:`~orchestrator.runtime.routing.nodes.base.target`)."""
-        return target(self.model, self.version)
+        """The downstream call target (:func:`~orchestrator.runtime.routing.nodes.base.target`'s
+        rule, spelt out: the property is read on every call)."""
+        return self.model if self.version is None else f"{self.model}{VERSION_SEP}{self.version}"
 
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> ModelNode:

@@ -63,7 +63,7 @@ class Condition:
         if self.empty is not None and (not it.text.strip()) != self.empty:
             return False
         if self.needs_tokens:
-            n = 0 if not it.text.strip() and tokenizer not in it.tokens else int(it.ids(tokenizer).shape[0])
+            n = 0 if not it.text.strip() and tokenizer not in it.tokens else int(it.tokens[tokenizer].shape[0])
             if (self.tokens_min is not None and n < self.tokens_min) or (self.tokens_max is not None and n > self.tokens_max):
                 return False
         if self.param_name is not None and str(it.params.get(self.param_name, "")) not in self.param_values:

@@ -10,8 +10,7 @@ from orchestrator.runtime.routing.heads import LEGACY, logit, sigmoid
 from orchestrator.runtime.routing.nodes.chunk import token_windows, window_count
 from orchestrator.runtime.routing.nodes.model import truncate
 from orchestrator.runtime.routing.nodes.split import split_fraction
-from orchestrator.runtime.serving.request import Limits, parse_request
-from orchestrator.runtime.serving.validation import InputError
+from orchestrator.runtime.serving.request import InputError, Limits, parse_request
 
 
 def _text(n_content):

@@ -1,5 +1,5 @@
 """What serves Triton: the router model's adapter (``router``), each request's parsing and
-validation (``request``, ``validation``), admission control and the queue-delay estimate
-(``admission``, ``load``), and what the running python_backend release offers
-(``releases``).
+validation, with the input checks the other models share (``request``), admission control
+and the queue-delay estimate (``admission``, ``load``), and what the running python_backend
+release offers (``releases``).
 """

@@ -107,8 +107,15 @@ from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.routing.policy import describe as describe_policy
 from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import has_response_parameters, route_parameters
-from orchestrator.runtime.serving.request import POLICY_OUTPUT, Result, Work, parse_request, policy_path
-from orchestrator.runtime.serving.validation import config_parameters, request_parameters
+from orchestrator.runtime.serving.request import (
+    POLICY_OUTPUT,
+    Result,
+    Work,
+    config_parameters,
+    parse_request,
+    policy_path,
+    request_parameters,
+)
 
 
 def warmup_executes(config: Dict[str, Any]) -> int:

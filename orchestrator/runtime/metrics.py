@@ -81,7 +81,7 @@ class Metrics:
         orchestrator_parallel_partial_total{node}   texts a quorum parallel answered without
                                                     every branch
         orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
-                                                    (``orchestrator.runtime.serving.load``)
+                                                    (``orchestrator.runtime.serving.router.QueueDelay``)
         orchestrator_shed_requests_total            requests admission control refused
                                                     (``orchestrator.runtime.serving.admission``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows

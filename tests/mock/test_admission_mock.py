@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
-from orchestrator.runtime.serving.load import QueueDelay
+from orchestrator.runtime.serving.router import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant
 
@@ -46,7 +46,7 @@ def test_an_execute_over_the_bound_runs_its_first_requests_and_refuses_the_rest_
     assert isinstance(router.admission, Admission)
     router.admission = Admission(AdmissionSettings(max_wait_ms=50))
     router.admission.ran(1, 0.020)  # 20 ms per request (one size seen): two fit in 50 ms
-    router.engine.load = QueueDelay()  # no queue delay: the router has been idle
+    router.load = QueueDelay()  # no queue delay: the router has been idle
     before = shed(mock)
     out = mock.infer_batch(VARIANT, [{"inputs": inputs(t), "request_id": f"r{i}"} for i, t in enumerate(TEXTS)])
     assert len(out) == len(TEXTS)

@@ -225,7 +225,7 @@ def test_budget_and_overload_together_say_which_kept_a_text():
 
     doc = cascade_doc({"max_escalation_rate": 0.25, "window": 8}, {"target_ms": 20, "cap_ms": 100})
     engine = Engine(parse_policy(doc), FakeBLS(), RecordingMetrics(), clock=Clock())
-    engine.load = Delay()
+    engine.queue_delay_ms = Delay().delay_ms
     d = np.array([0.001, 0.002, 0.03, 0.04, 0.06, 0.07, 0.2, 0.3])
     t = thresholds_for(d, seed=1)
     [result] = asyncio.run(engine.run([Work(["film"] * 8, t.reshape(-1, 1), {}, "")]))

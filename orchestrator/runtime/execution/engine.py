@@ -31,7 +31,6 @@ from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, route_label, window_error
 from orchestrator.runtime.routing.policy import Policy, bind_heads
-from orchestrator.runtime.serving.load import QueueDelay
 from orchestrator.runtime.serving.request import Result, Work
 
 
@@ -41,7 +40,7 @@ class Engine:
     The engine holds what lasts from one ``execute`` to the next: the policy bound to its
     heads (``heads.Head``: probabilities and verdicts of every answer), the tokenizer kinds
     and windowing its nodes declare, the inline tokenizers, node cost estimates, the
-    queue-delay estimate and the shadow queue (``mirror.Mirror``). What belongs to one
+    router's queue-delay estimate and the shadow queue (``mirror.Mirror``). What belongs to one
     execute is a :class:`Run` (:meth:`start`); the router's warmup and the shadow worker are
     runs with another ``infer``.
 
@@ -56,6 +55,8 @@ class Engine:
         logger: ``pb_utils.Logger`` for the shadow worker's warnings (None: silent).
         clock: seconds of a monotonic clock (default ``time.monotonic``); deadlines
             (``RequestContext.deadline``) are on it. Tests pass a fake one.
+        queue_delay_ms: the router's estimated queue delay, ms (``serving.router.QueueDelay``,
+            the cascade's overload mode; default: none, 0).
 
     Attributes:
         costs: node name -> estimated run time, seconds (``Deadlines.estimate``), shared
@@ -64,7 +65,7 @@ class Engine:
 
     def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
                  model_dir: Optional[Path] = None, shadow_infer: Optional[InferFn] = None, logger: Any = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, queue_delay_ms: Optional[Callable[[], float]] = None) -> None:
         self.policy = policy
         self.clock = clock
         if policy.head is None:  # not bound to a repository: every model has the legacy head
@@ -77,8 +78,7 @@ class Engine:
         self.costs: Dict[str, float] = {}
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
-        # The router's queue delay (cascades' overload mode), marked by the router; tests replace it.
-        self.load = QueueDelay()
+        self.queue_delay_ms: Callable[[], float] = queue_delay_ms or (lambda: 0.0)  # tests replace it
         self.mirror_runner: Optional[Mirror] = None
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self, shadow_infer or infer, metrics, logger)
@@ -99,10 +99,6 @@ class Engine:
         """Stop the shadow worker, if any (what is still queued is dropped)."""
         if self.mirror_runner is not None:
             self.mirror_runner.close()
-
-    def queue_delay_ms(self) -> float:
-        """The router's estimated queue delay, ms (:class:`~orchestrator.runtime.serving.load.QueueDelay`)."""
-        return self.load.delay_ms()
 
 
 class Run:
@@ -151,7 +147,7 @@ class Run:
         return verdicts
 
     def queue_delay_ms(self) -> float:
-        """The router's estimated queue delay, ms (:class:`~orchestrator.runtime.serving.load.QueueDelay`)."""
+        """The router's estimated queue delay, ms (``serving.router.QueueDelay``)."""
         return self.engine.queue_delay_ms()
 
     def random(self) -> float:

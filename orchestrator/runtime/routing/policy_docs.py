@@ -148,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m orchestrator.runtime.routing.policy_docs")
-    parser.add_argument("--docs", default=str(Path(__file__).resolve().parents[2] / "docs"))
+    parser.add_argument("--docs", default=str(Path(__file__).resolve().parents[3] / "docs"))
     parser.add_argument("--check", action="store_true", help="only compare; exit 1 when a file differs")
     args = parser.parse_args(argv)
     stale = 0

@@ -9,7 +9,7 @@ bench-overload``: p99 of seconds). Triton's queue policy could bound it, but on 
 stalls the dynamic batcher (docs/guides/reliability.md "Overload").
 
 So the router bounds it itself. At the start of an ``execute`` of ``n`` requests it has two
-estimates: how long the oldest of them waited (``load.QueueDelay``, seconds) and what an
+estimates: how long the oldest of them waited (``router.QueueDelay``, seconds) and what an
 ``execute`` of ``k`` requests costs it, ``fixed + k * per_request`` seconds
 (:class:`Admission`: a least-squares line through its recent executes' sizes and run
 times, exponentially weighted; a batch's fixed part, the BLS round trips and the stub's
@@ -100,7 +100,7 @@ class Admission:
 
         Args:
             n: requests in this ``execute``.
-            wait_s: the oldest one's estimated wait, seconds (``load.QueueDelay``).
+            wait_s: the oldest one's estimated wait, seconds (``router.QueueDelay``).
         """
         if n <= 0:
             return 0

@@ -269,7 +269,7 @@ class Engine(Protocol):
         """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
 
     def queue_delay_ms(self) -> float:
-        """The router's estimated queue delay, ms (``orchestrator.runtime.serving.load.QueueDelay``)."""
+        """The router's estimated queue delay, ms (``orchestrator.runtime.serving.router.QueueDelay``)."""
 
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""

@@ -27,7 +27,7 @@ class Overload:
     """The overload mode of a cascade (docs/reference/policy.md, docs/guides/reliability.md "Overload").
 
     Attributes:
-        target_ms: queue delay (ms, ``orchestrator.runtime.serving.load.QueueDelay``) up to which
+        target_ms: queue delay (ms, ``orchestrator.runtime.serving.router.QueueDelay``) up to which
             the cascade escalates as without overload (delay ``<= target_ms``).
         cap_ms: queue delay (ms) from which it escalates nothing (delay ``>= cap_ms``);
             between the two the margin shrinks linearly, so the most unsure texts are the
@@ -55,7 +55,7 @@ OVERLOAD = Struct(
     target=Overload,
     build=_overload,
     doc="Escalate fewer texts as the router's queue delay grows (estimated from its own executes, "
-        "`orchestrator.runtime.serving.load`); a text kept at an earlier stage for load has `:overload` appended to "
+        "`orchestrator.runtime.serving.router.QueueDelay`); a text kept at an earlier stage for load has `:overload` appended to "
         "its ROUTE and counts in `orchestrator_overload_kept_total{node}`.",
 )
 

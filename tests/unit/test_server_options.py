@@ -94,7 +94,7 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
     """)
     # argv[0] of the parent is the symlink's path, as for a real tritonserver binary
     out = subprocess.run([str(server), "-c", parent, "--model-repository=repo", "--model-control-mode=explicit"],
-                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.returncode == 0, out.stderr
     expected = ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000), ("127.0.0.1", 8001))
     assert out.stdout.strip() == str(expected)

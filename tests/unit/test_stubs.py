@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from orchestrator.runtime.bls import stubs
+from orchestrator.runtime.bls.downstream import Downstream
 from orchestrator.runtime.bls.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
 from orchestrator.runtime.bls.stubs import StubWatch
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
+from orchestrator.runtime.execution.deadlines import CallOptions
 
 SERVER = 4242
 
@@ -123,19 +126,25 @@ def test_models_without_stubs_and_other_servers_are_never_reported(proc):
 
 
 def test_the_breaker_fails_a_call_to_a_dead_stub_at_once():
+    """``Downstream._call``: the stub watch is asked once the circuit lets a call through;
+    a dead stub fails the call at once, and its circuit opens for a repair."""
     dead = {"m": None}
     unhealthy, called = [], []
-    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=5), on_unhealthy=unhealthy.append,
-                             stub_check=lambda m: dead[m])
+    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=5), on_unhealthy=unhealthy.append)
 
-    async def call():
+    async def bls(model, inputs, parameters, request_id, alone, options):
         called.append(1)
-        return "answer"
+        return {"out": "answer"}
 
-    assert asyncio.run(breaker.call("m", call)) == "answer"
+    client = SimpleNamespace(_stub_dead=lambda m: dead[m], _bls=bls)
+
+    def call():
+        return Downstream._call(client, breaker, "m", {}, None, "", True, CallOptions())
+
+    assert asyncio.run(call()) == {"out": "answer"}
     dead["m"] = "Stub process 'm_0_0' is not healthy (process 7 has exited; seen in /proc before the call)"
     with pytest.raises(DownstreamError, match=r"Stub process 'm_0_0' is not healthy") as info:
-        asyncio.run(breaker.call("m", call))
+        asyncio.run(call())
     assert isinstance(info.value, UnavailableError) and info.value.cause is Cause.STUB_DEAD
     assert called == [1]  # no call was made
     assert breaker.state("m") == OPEN and unhealthy == ["m"]

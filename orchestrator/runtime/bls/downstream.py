@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 from orchestrator.runtime.bls.health import CircuitBreaker, CircuitState, classify
 from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.bls.stubs import StubWatch
-from orchestrator.runtime.errors import DownstreamError, UnavailableError
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.execution.deadlines import CallOptions
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.routing import nodes as N
@@ -54,9 +54,8 @@ class Downstream:
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
         self.breaker = CircuitBreaker(
             settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready,
-            stub_check=self._stub_dead,
         )
-        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready, stub_check=self._stub_dead)
+        self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
         self.cpu_memory = cpu_outputs(pb)  # one PreferredMemory for every BLS request
         self.models = ModelManager(
             pb, policy.on_demand(), metrics, logger,
@@ -74,19 +73,29 @@ class Downstream:
     async def infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                     alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """One call to ``model`` through its circuit breaker (raises DownstreamError)."""
-        return await self.breaker.call(model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
+        return await self._call(self.breaker, model, inputs, parameters, request_id, alone, options)
 
     async def shadow_infer(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                            alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
-        return await self.shadow_breaker.call(
-            model, lambda: self._bls(model, inputs, parameters, request_id, alone, options))
+        return await self._call(self.shadow_breaker, model, inputs, parameters, request_id, alone, options)
 
     @staticmethod
     async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                        alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
         """The warmup's InferFn: no downstream call is made (raises DownstreamError)."""
         raise DownstreamError(f"model '{model}' is not called during warmup")
+
+    async def _call(self, breaker: CircuitBreaker, model: str, inputs: Dict[str, NDArray[Any]],
+                    parameters: Optional[Dict[str, Any]], request_id: str, alone: bool,
+                    options: CallOptions) -> Dict[str, NDArray[Any]]:
+        """One BLS call to ``model`` under ``breaker`` (``health.CallGuard``), failed at once
+        when the stub watch saw its stub exit (raises DownstreamError)."""
+        async with breaker.guard(model):
+            dead = self._stub_dead(model)
+            if dead:  # as python_backend would say it, 1 s later
+                raise UnavailableError(dead, Cause.STUB_DEAD)
+            return await self._bls(model, inputs, parameters, request_id, alone, options)
 
     async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                    alone: bool, options: CallOptions) -> Dict[str, NDArray[Any]]:

@@ -33,11 +33,9 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import Enum
-from typing import Awaitable, Callable, Dict, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
-
-T = TypeVar("T")
 
 
 class CircuitState(str, Enum):
@@ -156,8 +154,6 @@ class CircuitBreaker:
             dead; True means a repair is under way, and the circuit then stays open until
             :meth:`half_open` (at most :data:`REPAIRING_OPEN_S`).
         ready_check: ``(model) -> bool``, whether the server reports the model ready.
-        stub_check: ``(model) -> error text or None``, asked before each call let through:
-            a text means the model's stub has exited, and the call fails with it at once.
         clock: monotonic seconds (tests pass a fake one).
     """
 
@@ -168,13 +164,11 @@ class CircuitBreaker:
         on_unhealthy: Optional[Callable[[str], bool]] = None,
         ready_check: Optional[Callable[[str], bool]] = None,
         clock: Callable[[], float] = time.monotonic,
-        stub_check: Optional[Callable[[str], Optional[str]]] = None,
     ):
         self.settings = settings
         self.on_change = on_change
         self.on_unhealthy = on_unhealthy
         self.ready_check = ready_check
-        self.stub_check = stub_check
         self.clock = clock
         self.circuits: Dict[str, _Circuit] = {}
         self.lock = threading.Lock()
@@ -290,34 +284,42 @@ class CircuitBreaker:
         if self.on_change:
             self.on_change(model, old, new, reason)
 
-    async def call(self, model: str, coro_factory: Callable[[], Awaitable[T]]) -> T:
-        """Run one downstream call under the breaker: ``coro_factory()`` is awaited only
-        when the circuit lets it through; a DownstreamError counts as a failure, a
-        cancellation (a node's ``timeout_ms``) only with ``count_timeouts``.
+    def guard(self, model: str) -> "CallGuard":
+        """``async with breaker.guard(model): <one downstream call>``: the call runs only
+        when the circuit lets it through (:meth:`before_call`); leaving the block records
+        its outcome (:class:`CallGuard`)."""
+        return CallGuard(self, model)
 
-        Raises:
-            UnavailableError: failed fast (circuit open, stub exited), or the call failed
-                with an error that says the model cannot serve (:func:`cause_of`).
-            DownstreamError: the call failed otherwise.
-        """
-        self.before_call(model)
-        dead = self.stub_check(model) if self.stub_check else None
-        if dead:  # as python_backend would say it, 1 s later
-            self.on_failure(model, dead, Cause.STUB_DEAD)
-            raise UnavailableError(dead, Cause.STUB_DEAD)
-        try:
-            result = await coro_factory()
-        except DownstreamError as exc:
+
+class CallGuard:
+    """One downstream call under a :class:`CircuitBreaker`, as an ``async with`` block: on
+    entry the circuit lets the call through or fails it fast; on exit a DownstreamError
+    counts as a failure, a cancellation (a node's ``timeout_ms``) only with
+    ``count_timeouts``, and a block left without an error as a success.
+
+    Raises:
+        UnavailableError: (entry) failed fast, circuit open; (exit) the call failed with an
+            error that says the model cannot serve (:func:`cause_of`), raised in its place
+            when it was a plain DownstreamError.
+    """
+
+    def __init__(self, breaker: CircuitBreaker, model: str) -> None:
+        self.breaker, self.model = breaker, model
+
+    async def __aenter__(self) -> None:
+        self.breaker.before_call(self.model)
+
+    async def __aexit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Any) -> None:
+        breaker, model = self.breaker, self.model
+        if exc is None:
+            breaker.on_success(model)
+        elif isinstance(exc, DownstreamError):
             cause = cause_of(exc)
-            self.on_failure(model, str(exc), cause)
+            breaker.on_failure(model, str(exc), cause)
             if cause is not None and not isinstance(exc, UnavailableError):
                 raise UnavailableError(str(exc), cause) from exc
-            raise
-        except asyncio.CancelledError:
-            if self.settings.count_timeouts:
-                self.on_failure(model, "the call was cancelled (node timeout)")
+        elif isinstance(exc, asyncio.CancelledError):
+            if breaker.settings.count_timeouts:
+                breaker.on_failure(model, "the call was cancelled (node timeout)")
             else:
-                self.on_cancelled(model)
-            raise
-        self.on_success(model)
-        return result
+                breaker.on_cancelled(model)

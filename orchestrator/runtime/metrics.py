@@ -56,6 +56,10 @@ def timing_sample(params: Mapping[str, str]) -> Optional[int]:
     return n
 
 
+#: A series: its family and its labels, sorted (``Metrics.inc``, ``observe``, ``set``, ``record``).
+Key = Tuple[str, Tuple[Tuple[str, str], ...]]
+
+
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
     """Observe ``orchestrator_stage_seconds{stage}`` (one of :data:`STAGES`): the seconds of
     ``time.perf_counter()`` since ``began``; nothing when ``metrics`` is None."""
@@ -230,6 +234,20 @@ class Metrics:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.gauges[key] = value
+
+    def record(self, counts: Dict[Key, float], observations: Dict[Key, List[float]], gauges: Dict[Key, float]) -> None:
+        """What one run counted, observed and set (``execution.engine.Run``), buffered at
+        once as by :meth:`inc`, :meth:`observe` and :meth:`set` (sent at the next flush)."""
+        with self.lock:
+            for key, value in counts.items():
+                if key[0] in self.families and value:
+                    self.counts[key] = self.counts.get(key, 0.0) + value
+            for key, values in observations.items():
+                if key[0] in self.families:
+                    self.observations.setdefault(key, []).extend(values)
+            for key, value in gauges.items():
+                if key[0] in self.families:
+                    self.gauges[key] = value
 
     def flush(self) -> None:
         """Send the buffered updates to the server now."""

@@ -55,6 +55,10 @@ class Counts:
     def observe(self, family, value, **labels):
         pass
 
+    def record(self, counts, observations, gauges):
+        for (family, labels), value in counts.items():
+            self.inc(family, value, **dict(labels))
+
     def get(self, family, **labels) -> float:
         return self.values.get((family, tuple(sorted(labels.items()))), 0.0)
 

@@ -40,6 +40,13 @@ class RecordingMetrics:
     def set(self, family, value, **labels):
         self.gauges[(family, tuple(sorted(labels.items())))] = value
 
+    def record(self, counts, observations, gauges):
+        for key, value in counts.items():
+            self.counts[key] += value
+        for key, values in observations.items():
+            self.observations[key].extend(values)
+        self.gauges.update(gauges)
+
     def count(self, family, **labels):
         return self.counts.get((family, tuple(sorted(labels.items()))), 0.0)
 

@@ -26,7 +26,7 @@ from orchestrator.runtime.execution.calls import InferFn, ModelCalls, inline_tok
 from orchestrator.runtime.execution.concurrency import as_concurrent
 from orchestrator.runtime.execution.deadlines import Deadlines
 from orchestrator.runtime.execution.mirror import Mirror
-from orchestrator.runtime.metrics import Metrics, observe_stage
+from orchestrator.runtime.metrics import Key, Metrics
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, route_label, window_error
@@ -37,12 +37,10 @@ from orchestrator.runtime.serving.request import Result, Work
 class Engine:
     """Runs a :class:`~orchestrator.runtime.routing.policy.Policy` over the texts of one ``execute`` call.
 
-    The engine holds what lasts from one ``execute`` to the next: the policy bound to its
-    heads (``heads.Head``: probabilities and verdicts of every answer), the tokenizer kinds
-    and windowing its nodes declare, the inline tokenizers, node cost estimates, the
-    router's queue-delay estimate and the shadow queue (``mirror.Mirror``). What belongs to one
-    execute is a :class:`Run` (:meth:`start`); the router's warmup and the shadow worker are
-    runs with another ``infer``.
+    It holds what lasts from one ``execute`` to the next: the policy bound to its heads, the
+    tokenizer kinds and windowing its nodes declare, the inline tokenizers, node cost
+    estimates and the shadow queue (``mirror.Mirror``). Each execute is a :class:`Run`
+    (:meth:`start`); the router's warmup and the shadow worker are runs with another ``infer``.
 
     Args:
         policy: the validated policy.
@@ -102,35 +100,44 @@ class Engine:
 
 
 class Run:
-    """What belongs to one ``execute`` (or one warmup sample, or one shadow comparison):
-    the ``infer`` function and on-demand manager its model calls use (``calls``), its
-    deadlines and cancellation (``deadlines``), its window counter and random draws, its
-    metrics sink and, for the router's executes, the shadow queue. It is what node
-    handlers get (``nodes.base.Engine``); made by :meth:`Engine.start`."""
+    """What belongs to one ``execute`` (a warmup sample, a shadow comparison): the ``infer``
+    its model calls use (``calls``), deadlines and cancellation (``deadlines``), window ids,
+    random draws, its metrics and the shadow queue. Node handlers get it (``nodes.base.Engine``)."""
 
     def __init__(self, engine: Engine, infer: InferFn, models: Optional[ModelManager], metrics: Optional[Metrics],
                  mirror_runner: Optional[Mirror]) -> None:
         self.engine, self.head, self.metrics, self.mirror_runner = engine, engine.head, metrics, mirror_runner
         self.deadlines = Deadlines(engine.clock, metrics, engine.costs)
         self.calls = ModelCalls(engine.policy, infer, models, self.deadlines, engine.tokenizers, metrics)
-        self.counter = 0
-        self.rng = random.Random()
+        self.counter, self.rng = 0, random.Random()
+        self.counts: Dict[Key, float] = {}  # (family, labels) -> value: handed to ``metrics`` at the end (flush)
+        self.observations: Dict[Key, List[float]] = {}
+        self.gauges: Dict[Key, float] = {}
 
     # -- what node handlers use (nodes.base.Engine)
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
-        """Add ``value`` to counter ``family`` with ``labels`` (see ``metrics.Metrics``)."""
-        if self.metrics:
-            self.metrics.inc(family, value, **labels)
+        """Add ``value`` to counter ``family`` with ``labels`` (see ``metrics.Metrics``; at :meth:`flush`)."""
+        key = (family, tuple(sorted(labels.items())))
+        self.counts[key] = self.counts.get(key, 0.0) + value
 
     def gauge(self, family: str, value: float, **labels: str) -> None:
-        """Set gauge ``family`` with ``labels`` to ``value`` (see ``metrics.Metrics``)."""
-        if self.metrics:
-            self.metrics.set(family, value, **labels)
+        """Set gauge ``family`` with ``labels`` to ``value`` (see ``metrics.Metrics``; at :meth:`flush`)."""
+        self.gauges[(family, tuple(sorted(labels.items())))] = value
+
+    def observe(self, family: str, value: float, **labels: str) -> None:
+        """Add one observation to histogram ``family`` (see ``metrics.Metrics``; at :meth:`flush`)."""
+        self.observations.setdefault((family, tuple(sorted(labels.items()))), []).append(value)
 
     def stage(self, stage: str, began: float) -> None:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
-        observe_stage(self.metrics, stage, began)
+        self.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+
+    def flush(self) -> None:
+        """Hand this run's counters, observations and gauges to its metrics sink, at once."""
+        if self.metrics:
+            self.metrics.record(self.counts, self.observations, self.gauges)
+        self.counts, self.observations, self.gauges = {}, {}, {}
 
     def window(self, parent: Item, tokenizer: str, ids: NDArray[Any]) -> Item:
         """A new item for one window (token ids ``ids`` of ``tokenizer``) of ``parent``'s text."""
@@ -187,59 +194,56 @@ class Run:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
-            if self.metrics:
-                self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+            self.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
 
     # -- one execute call
 
     async def run(self, works: List[Work]) -> List[Union[Result, InputError, RequestStopped]]:
-        """Answer every request in ``works``: one :class:`Result` each, in order, or the
-        InputError of a request that has a text over ``limits.max_windows_per_text``, or
-        ``RequestCancelled`` for a request found cancelled (``live``; a request run again,
-        as in the router's retries, is asked before it runs, and one cancelled is not run),
-        or ``DeadlineExceeded`` for a request whose deadline passed before the run (not
-        run) or that got a downstream answer after its deadline and no earlier stage's
-        answer kept for it (``keep_for_deadline``).
-
-        Raises:
-            DownstreamError: a node failed and no fallback answered.
-        """
-        refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
-        per_work: List[List[Item]] = []
-        for k, w in enumerate(works):
-            start = sum(len(p) for p in per_work)
-            thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
-            pairs = enumerate(zip(w.texts, thresholds))
-            per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
-        texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
-        began = time.perf_counter()
-        for tokenizer in self.engine.token_kinds:
-            await self.calls.ensure_tokens(texts, tokenizer)
-        self.stage("tokenize", began)
-        refused.update({k: e for k, items in enumerate(per_work)
-                        if k not in refused and self.engine.windowing
-                        and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text))})
-        items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
-        answers = await self.run_node(self.engine.policy.root, items)
-        missing = [it.idx for it in items if it.idx not in answers]
-        if missing:
-            raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
-        refused.update(self.deadlines.stopped(works, refused))
-        began = time.perf_counter()
-        results: List[Union[Result, InputError, RequestStopped]] = []
-        for k, its in enumerate(per_work):
-            if k in refused:
-                results.append(refused[k])
-                continue
-            probs = np.stack([answers[it.idx].probabilities for it in its])
-            verdicts = self.head.verdicts(probs, np.stack([it.threshold for it in its]))
-            for row, it in enumerate(its):  # a constant's or a vote's own verdicts
-                if answers[it.idx].verdict is not None:
-                    verdicts[row] = answers[it.idx].verdict
-            probs = probs.astype(np.float32)
-            routes = [answers[it.idx].route for it in its]
-            for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
-                self.count("orchestrator_texts_total", route=route_label(r))
-            results.append(Result(probs, verdicts, routes))
-        self.stage("results", began)
-        return results
+        """Answer every request in ``works``: in order, a :class:`Result`, or the InputError
+        of a text over ``limits.max_windows_per_text``, or ``RequestCancelled`` (found
+        cancelled: ``live``; a request run again, as in the router's retries, is asked
+        first), or ``DeadlineExceeded`` (its deadline passed before the run, or a downstream
+        answer came after it and no earlier stage's answer was kept: ``keep_for_deadline``).
+        Raises DownstreamError: a node failed and no fallback answered."""
+        try:
+            refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
+            per_work: List[List[Item]] = []
+            for k, w in enumerate(works):
+                start = sum(len(p) for p in per_work)
+                thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
+                pairs = enumerate(zip(w.texts, thresholds))
+                per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
+            texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
+            began = time.perf_counter()
+            for tokenizer in self.engine.token_kinds:
+                await self.calls.ensure_tokens(texts, tokenizer)
+            self.stage("tokenize", began)
+            refused.update({k: e for k, items in enumerate(per_work)
+                            if k not in refused and self.engine.windowing
+                            and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text))})
+            items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
+            answers = await self.run_node(self.engine.policy.root, items)
+            missing = [it.idx for it in items if it.idx not in answers]
+            if missing:
+                raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")
+            refused.update(self.deadlines.stopped(works, refused))
+            began = time.perf_counter()
+            results: List[Union[Result, InputError, RequestStopped]] = []
+            for k, its in enumerate(per_work):
+                if k in refused:
+                    results.append(refused[k])
+                    continue
+                probs = np.stack([answers[it.idx].probabilities for it in its])
+                verdicts = self.head.verdicts(probs, np.stack([it.threshold for it in its]))
+                for row, it in enumerate(its):  # a constant's or a vote's own verdicts
+                    if answers[it.idx].verdict is not None:
+                        verdicts[row] = answers[it.idx].verdict
+                probs = probs.astype(np.float32)
+                routes = [answers[it.idx].route for it in its]
+                for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
+                    self.count("orchestrator_texts_total", route=route_label(r))
+                results.append(Result(probs, verdicts, routes))
+            self.stage("results", began)
+            return results
+        finally:  # the metrics of this execute, also when it failed
+            self.flush()

@@ -115,6 +115,8 @@ class Mirror:
                 self.logged.add(node.name)
                 self.logger.log_warn(f"router: shadow '{node.name}': candidate '{node.candidate.name}' failed: {exc}")
             return
+        finally:  # the candidate's node latencies and counters
+            run.flush()
         compared = flips = 0
         head = self.engine.head
         for it, (p0, v0) in zip(items, primary):

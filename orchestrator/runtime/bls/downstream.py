@@ -57,6 +57,7 @@ class Downstream:
         )
         self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
         self.cpu_memory = cpu_outputs(pb)  # one PreferredMemory for every BLS request
+        self.targets = {m: split_target(m) for m in policy.models()}  # call target -> (model, version), once
         self.models = ModelManager(
             pb, policy.on_demand(), metrics, logger,
             repair_interval_s=settings.reload_interval_s, on_repaired=self.breaker.half_open,
@@ -103,7 +104,7 @@ class Downstream:
         blocking ``exec`` when ``alone``, else ``async_exec``; with the trace and timeout of
         ``options`` (the stub refuses ``trace=None``, so it is left out when absent)."""
         pb = self.pb
-        name, version = split_target(model)
+        name, version = self.targets.get(model) or split_target(model)
         pinned: Dict[str, object] = {} if version is None else {"model_version": version}
         if options.trace is not None:
             pinned["trace"] = options.trace
@@ -161,7 +162,7 @@ class Downstream:
         return bool(self.pb.is_model_ready(name, "" if version is None else str(version)))
 
     def _stub_dead(self, model: str) -> Optional[str]:
-        name, _ = split_target(model)
+        name, _ = self.targets.get(model) or split_target(model)
         return None if name == self.router else self.stub_watch.dead(name)
 
     def _unhealthy(self, model: str) -> bool:

@@ -110,13 +110,14 @@ class ModelCalls:
                 mask[row, : s.shape[0]] = 1
             return {"input_ids": ids, "attention_mask": mask}
 
-        name, _ = split_target(model)  # on-demand loading is per model, every version at once
-        if self.models:
-            await self.models.acquire(name)
-        try:
+        if not self.models:
             outs = await self.batched(model, ordered, inputs, None)
-        finally:
-            if self.models:
+        else:
+            name, _ = split_target(model)  # on-demand loading is per model, every version at once
+            await self.models.acquire(name)
+            try:
+                outs = await self.batched(model, ordered, inputs, None)
+            finally:
                 self.models.release(name)
         columns = head.num_logits
         logits = np.empty((len(seqs), columns), dtype=np.float32)

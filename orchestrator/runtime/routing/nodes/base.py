@@ -232,7 +232,8 @@ class DeadlineView(Protocol):
 
 
 class Engine(Protocol):
-    """What a node handler may use of the engine (``orchestrator.runtime.execution.engine.Engine``).
+    """What a node handler may use of the engine: the run of one execute
+    (``orchestrator.runtime.execution.engine.Run``, made by ``Engine.start``).
 
     Attributes:
         head: the policy's head (``heads.Head``): every answer has its columns.
@@ -370,7 +371,7 @@ class NodeKind:
         calls: ``node -> (ModelCall, ...)``: models the node calls itself (the policy's
             ``models()``, ``on_demand()`` and heads come from these).
         background: the node hands work to the engine's background queue
-            (``Engine.mirror``); the engine starts one only for policies that have such a node.
+            (``Run.mirror``); the engine starts one only for policies that have such a node.
         accepts_declining: its children may leave texts unanswered (a ``sequence`` passes
             them to its next step); elsewhere such a child is refused.
         reads_only: ``node -> (child, ...)``: children whose answers the node only reads

@@ -107,6 +107,7 @@ class Mirror:
     async def _compare(self, node: Any, items: List[Item], primary: List[Tuple[NDArray[Any], NDArray[Any]]]) -> None:
         labels = {"node": node.name, "candidate": node.candidate.name}
         run = self.engine.start(self.infer, self.engine.models, self.metrics)
+        run.counter = -min([it.idx for it in items] + [0])  # its windows' ids below the mirrored items' own
         try:
             answers = await run.run_node(node.candidate, items)
         except Exception as exc:  # a DownstreamError, or a bug: counted, never raised

@@ -28,7 +28,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.models.onnx_classifier import TritonPythonModel as OnnxClassifier
-from orchestrator.runtime.releases import cpu_outputs
+from orchestrator.runtime.serving.releases import cpu_outputs
 
 
 def _cuda_device(args: Dict[str, str]) -> Any:

@@ -80,7 +80,7 @@ from lab.bench.plan import (
 )
 from lab.bench.report import LONG_END, LONG_START, add_out_argument, write_kept_outputs
 from lab.bench.stack import StackError, add_url_argument, header_line, read_stack, served, server_or_url
-from orchestrator.runtime.nodes.chunk import window_count
+from orchestrator.runtime.routing.nodes.chunk import window_count
 from orchestrator.tooling.modeling.long_texts import (  # noqa: F401 (the joiners, here as before)
     LATER_FACTOR,
     OPENING_TOKENS,

@@ -14,7 +14,7 @@ ROOT = PROJECT_ROOT
 REPO = ROOT / "model_repository"
 DEFAULT_TOOL_DIR = ROOT / ".cache" / "tools" / "perf_analyzer"
 
-#: ``router_single``'s routing tree (format: ``orchestrator/runtime/policy.py``), put in place of the
+#: ``router_single``'s routing tree (format: ``orchestrator/runtime/routing/policy.py``), put in place of the
 #: ``root`` of the default router's policy (its other settings kept): empty texts answered
 #: without a model, every other text to ``classifier`` (the ensemble's model; texts over 128
 #: tokens chunked as the default policy does). No ``classifier_fast``, no cascade.

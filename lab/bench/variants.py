@@ -59,7 +59,7 @@ def make_bench_repository(dest: Path | str, source: Path | str = REPO,
 def _replace_policy_root(model_dir: Path, root: Optional[Mapping], where: str, extra: Optional[Mapping] = None) -> None:
     """Replace the ``root`` of the model's policy file (named by the config's ``policy``
     parameter; YAML, or JSON for ``.json``), keeping its other settings; the result is
-    validated with ``orchestrator.runtime.policy``. Raises BenchError."""
+    validated with ``orchestrator.runtime.routing.policy``. Raises BenchError."""
     import yaml
 
     policy = get_parameter(read_config(model_dir / "config.pbtxt"), "policy")
@@ -78,7 +78,7 @@ def _replace_policy_root(model_dir: Path, root: Optional[Mapping], where: str, e
     document = {**document, **json.loads(json.dumps(extra or {})),
                 "description": f"Benchmark only (lab.bench): {where}, derived from the base policy."}
     try:
-        from orchestrator.runtime.policy import PolicyError, parse_policy
+        from orchestrator.runtime.routing.policy import PolicyError, parse_policy
     except ImportError:  # no policy module: the server reports a bad policy at load
         pass
     else:

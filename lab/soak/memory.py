@@ -11,7 +11,7 @@ that is not UTF-8, an unknown parameter: each must get an error response), and e
 
 - RSS (``VmRSS``) and PSS (``/proc/<pid>/smaps_rollup``) of every Python-backend stub
   process of that server (children of its pid whose command line is a model instance's
-  stub, :func:`orchestrator.runtime.stubs.parse_stub_argv`), by instance name;
+  stub, :func:`orchestrator.runtime.bls.stubs.parse_stub_argv`), by instance name;
 - RSS and PSS of ``tritonserver`` itself;
 - the ``/dev/shm`` files of that server (the shared-memory regions named in its stubs'
   command lines and every ``/dev/shm`` file mapped by the server or a stub): total size
@@ -49,7 +49,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from lab.soak import procs
-from orchestrator.runtime.stubs import parse_stub_argv
+from orchestrator.runtime.bls.stubs import parse_stub_argv
 from orchestrator.tooling.errors import ToolingError
 
 MIB = 1024 * 1024

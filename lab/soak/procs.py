@@ -20,7 +20,7 @@ import signal
 from dataclasses import dataclass
 from typing import List, Optional
 
-from orchestrator.runtime.stubs import read_stat
+from orchestrator.runtime.bls.stubs import read_stat
 from orchestrator.tooling.errors import ToolingError
 
 

@@ -39,7 +39,7 @@ import numpy as np
 from lab.soak import procs
 from lab.soak.clients import Client, make_inputs
 from lab.soak.report import latency_stats
-from orchestrator.runtime.control import repair_config
+from orchestrator.runtime.bls.control import repair_config
 
 MODEL = "classifier_fast"
 INSTANCE = f"{MODEL}_0_0"

@@ -253,7 +253,7 @@ class Soak:
 
         import tritonclient.grpc as grpcclient
 
-        from orchestrator.runtime.control import repair_config
+        from orchestrator.runtime.bls.control import repair_config
 
         # the server's own port, also behind the front door (which does not admit the admin APIs)
         client = grpcclient.InferenceServerClient(getattr(self.server, "admin_grpc_url", self.server.grpc_url))

@@ -1,21 +1,20 @@
 """What runs inside Triton's Python-backend stub. Imports nothing from ``orchestrator.tooling``.
 
-Where a request goes, module by module:
+One subpackage per concern (docs/development/architecture.md draws them):
 
-1. ``router.py``      ``TritonPythonModel``: Triton calls ``execute(requests)``; one
-                      response per request, errors per request.
-2. ``request.py``     each request's ``TEXT``/``THRESHOLD``/parameters validated
-                      (``validation.py``) into a ``Work``.
-3. ``engine.py``      the texts of all requests of the call enter the policy's root node.
-4. ``policy.py``      the routing policy (YAML) read and validated at ``initialize``.
-5. ``nodes/``         one module per node kind (dataclass, validation, handler), found
-                      through ``nodes.KINDS``.
-6. ``ondemand.py``    on-demand models loaded before their first call, unloaded when idle.
-7. ``downstream.py``  BLS calls through circuit breakers (``health.py``), the stub watch
-                      (``stubs.py``) and repairs (``ondemand.py``, ``control.py``).
-8. ``heads.py``       logits to ``PROBABILITIES``/``VERDICTS`` by each model's head.
-9. ``metrics.py``     counters and latencies on Triton's ``/metrics``.
+- ``serving/``    Triton's side: ``router.py`` (``TritonPythonModel``: one response per
+                  request, errors per request), ``request.py`` (each request's inputs
+                  validated into a ``Work``), admission control, the queue-delay estimate,
+                  what the running python_backend release offers.
+- ``execution/``  the ``Engine`` made at load and one ``Run`` per execute (``engine.py``),
+                  model calls and tokens, deadlines and cancellation, the shadow queue.
+- ``routing/``    the policy format, read and bound to the models' heads at ``initialize``:
+                  the declaration and parser, ``heads.py`` (logits to
+                  ``PROBABILITIES``/``VERDICTS``), one module per node kind (``nodes/``).
+- ``bls/``        the downstream models: BLS calls through circuit breakers, the stub
+                  watch, on-demand loading and repairs, the server's repository API.
 
-``models/`` holds the other Python-backend models (tokenizer, ONNX classifier through
-onnxruntime, postprocess); ``errors.py`` the three error types a request can meet.
+``metrics.py`` (counters and latencies on Triton's ``/metrics``) and ``errors.py`` serve
+them all; ``models/`` holds the other Python-backend models (tokenizer, ONNX classifier
+through onnxruntime, postprocess).
 """

@@ -60,7 +60,7 @@ class PolicyError(OrchestratorError, ValueError):
 
 
 class TokenizerFilesError(OrchestratorError, ValueError):
-    """A tokenizer directory cannot be served (``orchestrator.runtime.tokenize``): a file is
+    """A tokenizer directory cannot be served (``orchestrator.runtime.execution.tokenize``): a file is
     missing or malformed, or a setting is not one ``transformers`` accepts; the message
     names the file. Raised at load, where it fails the model's ``initialize``."""
 

@@ -56,6 +56,10 @@ def timing_sample(params: Mapping[str, str]) -> Optional[int]:
     return n
 
 
+#: A series: its family and its labels, sorted (``Metrics.inc``, ``observe``, ``set``, ``record``).
+Key = Tuple[str, Tuple[Tuple[str, str], ...]]
+
+
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
     """Observe ``orchestrator_stage_seconds{stage}`` (one of :data:`STAGES`): the seconds of
     ``time.perf_counter()`` since ``began``; nothing when ``metrics`` is None."""
@@ -81,9 +85,9 @@ class Metrics:
         orchestrator_parallel_partial_total{node}   texts a quorum parallel answered without
                                                     every branch
         orchestrator_queue_delay_seconds            gauge: the router's estimated queue delay
-                                                    (``orchestrator.runtime.load``)
+                                                    (``orchestrator.runtime.serving.router.QueueDelay``)
         orchestrator_shed_requests_total            requests admission control refused
-                                                    (``orchestrator.runtime.admission``)
+                                                    (``orchestrator.runtime.serving.admission``)
         orchestrator_chunked_texts_total{node}      texts a chunk node split into windows
         orchestrator_chunks_total{node}             windows of those texts it classified
         orchestrator_chunks_skipped_total{node,reason}  windows it did not: the text stopped
@@ -115,7 +119,7 @@ class Metrics:
                                                     did not answer
         orchestrator_shadow_dropped_total{node,candidate}  texts not mirrored (queue full)
         orchestrator_shadow_queued_texts{node}      gauge: mirrored texts queued or running
-                                                    (``orchestrator.runtime.mirror``)
+                                                    (``orchestrator.runtime.execution.mirror``)
 
     Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
     updates are buffered in memory and sent by a background thread every
@@ -230,6 +234,20 @@ class Metrics:
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.gauges[key] = value
+
+    def record(self, counts: Dict[Key, float], observations: Dict[Key, List[float]], gauges: Dict[Key, float]) -> None:
+        """What one run counted, observed and set (``execution.engine.Run``), buffered at
+        once as by :meth:`inc`, :meth:`observe` and :meth:`set` (sent at the next flush)."""
+        with self.lock:
+            for key, value in counts.items():
+                if key[0] in self.families and value:
+                    self.counts[key] = self.counts.get(key, 0.0) + value
+            for key, values in observations.items():
+                if key[0] in self.families:
+                    self.observations.setdefault(key, []).extend(values)
+            for key, value in gauges.items():
+                if key[0] in self.families:
+                    self.gauges[key] = value
 
     def flush(self) -> None:
         """Send the buffered updates to the server now."""

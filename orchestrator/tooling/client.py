@@ -3,7 +3,7 @@
 Both take ``TEXT`` (BYTES [N, 1]) and ``THRESHOLD`` (FP32 [N, 1]) and answer
 ``PROBABILITIES`` (FP32 [N, C]) and ``VERDICTS`` (BOOL [N, C]); C = 1 for a binary head
 (the positive label's probability), the number of labels for multiclass and multilabel
-heads (``orchestrator.runtime.heads``). ``router`` also answers ``ROUTE`` (BYTES [N, 1]).
+heads (``orchestrator.runtime.routing.heads``). ``router`` also answers ``ROUTE`` (BYTES [N, 1]).
 Each column's label comes from Triton's classification extension: ``PROBABILITIES`` is
 asked with ``class_count`` = its columns and answers ``score:index:label`` strings, the
 label from the model's ``label_filename`` (``score:index`` for a model without one).

@@ -60,8 +60,8 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 import yaml
 
-from orchestrator.runtime.heads import HeadError, repository_heads
-from orchestrator.runtime.policy import PolicyError, bind_heads, load_policy
+from orchestrator.runtime.routing.heads import HeadError, repository_heads
+from orchestrator.runtime.routing.policy import PolicyError, bind_heads, load_policy
 from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod  # noqa: F401 (servingruntime_as_pod: its home before)

@@ -57,7 +57,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from orchestrator.runtime.policy import PolicyError, load_policy
+from orchestrator.runtime.routing.policy import PolicyError, load_policy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import get_parameter, read_config

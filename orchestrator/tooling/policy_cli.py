@@ -7,7 +7,7 @@
   serves it;
 - with ``--repo``, or for a policy beside a model's configuration (a router's): every
   model the policy names is in the repository, and the policy binds to the models' heads
-  (``orchestrator.runtime.policy.bind_heads`` with ``<repo>/<model>/head.json``, the
+  (``orchestrator.runtime.routing.policy.bind_heads`` with ``<repo>/<model>/head.json``, the
   legacy one-logit head where there is none): one head for every answer, ``max_length``
   within each model's, calibrations that fit. Errors are located
   (``root.steps[1].stages[0].model: ...``). For a router's policy, its ``labels.txt`` (the
@@ -29,9 +29,9 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from orchestrator.runtime import heads as H
-from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import LABEL_FILE, Head, HeadError
+from orchestrator.runtime.routing import heads as H
+from orchestrator.runtime.routing import policy as P
+from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
@@ -110,7 +110,7 @@ def tokenizer_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = 
 
 def repository_heads(policy: P.Policy, repo: Path) -> Dict[str, Head]:
     """The head of every model the policy's ``model`` nodes name: ``<repo>/<model>/head.json``,
-    :data:`~orchestrator.runtime.heads.LEGACY` where there is none.
+    :data:`~orchestrator.runtime.routing.heads.LEGACY` where there is none.
 
     Raises:
         PolicyError: a ``head.json`` is invalid (located at the first node naming it).
@@ -127,7 +127,7 @@ def repository_heads(policy: P.Policy, repo: Path) -> Dict[str, Head]:
 
 def bind_repository(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> tuple:
     """``(head, errors)``: the policy's head when every model it names is in ``repo`` and
-    it binds to their heads (:func:`orchestrator.runtime.policy.bind_heads`), else None
+    it binds to their heads (:func:`orchestrator.runtime.routing.policy.bind_heads`), else None
     and the located errors."""
     errors = model_errors(policy, repo, config_name)
     if errors:

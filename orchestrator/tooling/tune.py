@@ -2,7 +2,7 @@
 
 What it does (docs/guides/tune.md):
 
-1. reads the policy (``orchestrator.runtime.policy``) and its models' heads from the
+1. reads the policy (``orchestrator.runtime.routing.policy``) and its models' heads from the
    repository (``--repo``, default the one holding the policy); every ``cascade`` node is
    tuned: each stage must be a model, a chunk node of a model, or a ``fallback`` whose
    first node is one of those (the stage as it runs while nothing is broken);
@@ -56,12 +56,12 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import MULTICLASS, Head
-from orchestrator.runtime.nodes.base import Answer, truncate
-from orchestrator.runtime.nodes.cascade import CascadeNode
-from orchestrator.runtime.nodes.chunk import ChunkNode, ChunkText, _combine, _stop_reason, token_windows, window_weights
-from orchestrator.runtime.nodes.fallback import FallbackNode
-from orchestrator.runtime.nodes.model import ModelNode
+from orchestrator.runtime.routing.heads import MULTICLASS, Head
+from orchestrator.runtime.routing.nodes.base import Answer, truncate
+from orchestrator.runtime.routing.nodes.cascade import CascadeNode
+from orchestrator.runtime.routing.nodes.chunk import ChunkNode, ChunkText, _combine, _stop_reason, token_windows, window_weights
+from orchestrator.runtime.routing.nodes.fallback import FallbackNode
+from orchestrator.runtime.routing.nodes.model import ModelNode
 from orchestrator.tooling.errors import ToolingError, TuneError
 from orchestrator.tooling.paths import PROJECT_ROOT
 
@@ -252,7 +252,7 @@ def resolve_stage(node: Any, where: str) -> Stage:
 
 def cascades(policy: P.Policy) -> List[CascadeNode]:
     """The policy's cascade nodes, depth first."""
-    from orchestrator.runtime.nodes.base import descendants
+    from orchestrator.runtime.routing.nodes.base import descendants
 
     return [n for n in [policy.root] + descendants(policy.root) if isinstance(n, CascadeNode)]
 
@@ -264,7 +264,7 @@ class Models:
     """The repository's models in this process: window answers per text and model."""
 
     def __init__(self, repo: Path, heads: Mapping[str, Head], threads: Optional[int] = None):
-        from orchestrator.runtime.tokenize import TextTokenizer
+        from orchestrator.runtime.execution.tokenize import TextTokenizer
         from orchestrator.tooling.modeling.contract import ort_session
         from orchestrator.tooling.modeling.parity.backends import onnx_file
 

@@ -19,7 +19,7 @@ is 27) in the shape its first request will have, batch 1:
                                                 input, 1 for the demo's) and threshold 0.5
     router        TEXT [1], THRESHOLD [1]       the text and the threshold NaN: the mark
                                                 by which the router knows its sample
-                                                (``orchestrator/runtime/router.py``, "Warmup")
+                                                (``orchestrator/runtime/serving/router.py``, "Warmup")
 
 The data are raw files in ``<model>/warmup/`` (``input_data_file``; the format of
 ``model_config.proto``, ``ModelWarmup.Input.input_data_file``: row-major values,
@@ -53,7 +53,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from tritonclient.grpc import model_config_pb2
 
-from orchestrator.runtime.heads import LEGACY, read_head
+from orchestrator.runtime.routing.heads import LEGACY, read_head
 from orchestrator.tooling.paths import default_model_repository
 from orchestrator.tooling.repository import ModelConfig, config_path, read_config
 
@@ -109,7 +109,7 @@ def string_bytes(texts: Sequence[str]) -> bytes:
 
 
 def _sample_ids(tokenizer_dir: Path) -> np.ndarray:
-    from orchestrator.runtime.tokenize import TextTokenizer
+    from orchestrator.runtime.execution.tokenize import TextTokenizer
 
     return TextTokenizer(tokenizer_dir).encode([SAMPLE_TEXT])[0]
 

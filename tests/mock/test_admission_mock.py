@@ -1,4 +1,4 @@
-"""Admission control in the router (runtime/admission.py, runtime/router.py) on the
+"""Admission control in the router (runtime/serving/admission.py, runtime/serving/router.py) on the
 in-process mock: an execute beyond what fits in ``admission.max_wait_ms`` runs its first
 requests and answers the others UNAVAILABLE at once, each request exactly one response,
 the admitted ones answered as the shipped router answers them, and the refusals counted."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.admission import Admission, AdmissionSettings
-from orchestrator.runtime.load import QueueDelay
+from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
+from orchestrator.runtime.serving.router import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant
 
@@ -46,7 +46,7 @@ def test_an_execute_over_the_bound_runs_its_first_requests_and_refuses_the_rest_
     assert isinstance(router.admission, Admission)
     router.admission = Admission(AdmissionSettings(max_wait_ms=50))
     router.admission.ran(1, 0.020)  # 20 ms per request (one size seen): two fit in 50 ms
-    router.engine.load = QueueDelay()  # no queue delay: the router has been idle
+    router.load = QueueDelay()  # no queue delay: the router has been idle
     before = shed(mock)
     out = mock.infer_batch(VARIANT, [{"inputs": inputs(t), "request_id": f"r{i}"} for i, t in enumerate(TEXTS)])
     assert len(out) == len(TEXTS)

@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import MULTICLASS, MULTILABEL, Head, read_head
+from orchestrator.runtime.routing.heads import MULTICLASS, MULTILABEL, Head, read_head
 from orchestrator.testing.mock import MockTriton
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import data

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.releases import route_parameters
+from orchestrator.runtime.serving.releases import route_parameters
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.testing.mock import pb_utils as mock_pb
 from orchestrator.testing.mock.releases import resolve
@@ -223,8 +223,8 @@ def test_python_models_keep_their_inputs_in_cpu_memory():
 def test_required_and_answering_models_of_a_policy():
     """What the readiness hook checks: BLS tokenizers and models outside fallbacks are
     required; a shadow candidate neither answers nor is required; tokenizers never answer."""
-    from orchestrator.runtime.downstream import _answer_models
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.bls.downstream import _answer_models
+    from orchestrator.runtime.routing.policy import parse_policy
 
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     assert _answer_models(parse_policy(shipped)) == ([], ["classifier_fast", "classifier"])

@@ -14,9 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.chunk import token_windows
-from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.runtime.routing.heads import MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.chunk import token_windows
+from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.testing.mock import LoadError, MockTriton
 from orchestrator.tooling.modeling import data
 from tests.helpers import FIXTURES, REPO, add_router_variant

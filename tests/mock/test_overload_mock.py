@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.load import QueueDelay
+from orchestrator.runtime.serving.router import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.testing.mock.execution import max_queue_size
 from orchestrator.tooling.repository import add_queue_policy
@@ -107,18 +107,18 @@ class StepClock:
 def test_the_router_marks_each_execute_and_keeps_texts_at_the_first_stage_under_load(mock):
     router = mock.loaded(VARIANT).instance
     clock = StepClock()
-    router.engine.load = QueueDelay(clock)
+    router.load = QueueDelay(clock)
     texts = ["A gorgeous, witty film.", "Not worth the ticket."]
     first = mock.infer(VARIANT, inputs(texts))
     assert [r.decode() for r in first["ROUTE"].reshape(-1)] == ["classifier", "classifier"]  # margin 1: all escalate
     assert router.engine.queue_delay_ms() == 0.0
     # the next execute starts 1 ms after the previous one's end, 201 ms after its start
     before = mock.metric("orchestrator_overload_kept_total", {"router": VARIANT, "node": "cascade"}) or 0.0
-    router.engine.load = QueueDelay(clock)
+    router.load = QueueDelay(clock)
     clock.t = 10.0
-    router.engine.load.begin()
+    router.load.begin()
     clock.t = 10.2
-    router.engine.load.end()
+    router.load.end()
     clock.t = 10.201
     loaded = mock.infer(VARIANT, inputs(texts))  # the oldest waited 201 ms: estimate 100.5 ms >= cap 50 ms
     assert router.engine.queue_delay_ms() == pytest.approx(100.5)

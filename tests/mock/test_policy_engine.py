@@ -15,10 +15,9 @@ import time
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import read_head
-from orchestrator.runtime.nodes.chunk import token_windows
-from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.scores import sigmoid
+from orchestrator.runtime.routing.heads import read_head, sigmoid
+from orchestrator.runtime.routing.nodes.chunk import token_windows
+from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.testing.mock import InferError, MockTriton
 from orchestrator.tooling.modeling import data
 from tests import helpers

@@ -1,4 +1,4 @@
-"""The router's Triton adapter (runtime/router.py) on the in-process mock: error codes and
+"""The router's Triton adapter (runtime/serving/router.py) on the in-process mock: error codes and
 texts per request, the counters it keeps, retries of a failed batch one request at a time,
 and request ids on its BLS calls. Each behaviour here fails a test when it breaks, without
 starting a server."""

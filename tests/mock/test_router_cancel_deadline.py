@@ -101,7 +101,7 @@ def test_the_request_timeout_is_the_budget_of_its_calls(mock, monkeypatch):
 def test_a_budget_too_short_for_the_second_stage_answers_from_the_first(mock, monkeypatch):
     monkeypatch.setattr(mock_requests.InferenceRequest, "timeout", lambda self: 30_000_000)  # 30 s
     router = mock.loaded(ACCURATE).instance
-    monkeypatch.setitem(router.engine.deadlines.costs, "accurate_or_fast", 3600.0)  # the second stage "takes an hour"
+    monkeypatch.setitem(router.engine.costs, "accurate_or_fast", 3600.0)  # the second stage "takes an hour"
     before = counter(mock, "orchestrator_deadline_texts_total", node="cascade")
     out = mock.infer(ACCURATE, request(["A fine film.", "Dull."], "short")["inputs"])
     assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["classifier_fast:deadline"] * 2

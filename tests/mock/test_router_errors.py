@@ -119,7 +119,7 @@ def test_a_dead_stub_is_unavailable_at_once(mock, bls_calls):
 def test_a_code_the_stub_passes_on_is_read_by_name():
     """2.51 gives every BLS error the code INTERNAL (the mock too); a stub that passes the
     callee's code on would be read by the code's name."""
-    from orchestrator.runtime.downstream import _code_name
+    from orchestrator.runtime.bls.downstream import _code_name
     from orchestrator.testing.mock import pb_utils
 
     def code(name):

@@ -16,7 +16,7 @@ import shutil
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import MULTICLASS, Head
+from orchestrator.runtime.routing.heads import MULTICLASS, Head
 from orchestrator.testing.mock import InferError, LoadError, MockTriton
 from orchestrator.tooling.modeling import data
 from tests.helpers import FIXTURES, REPO, add_router_variant

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import read_head
+from orchestrator.runtime.routing.heads import read_head
 from orchestrator.tooling import repository
 from orchestrator.tooling.client import classify, format_prediction
 from tests.byom import TEXTS, byom_checkpoints, export_all, infer, served_models, start_server  # noqa: F401
@@ -189,7 +189,7 @@ def test_one_router_serves_a_bert_and_a_roberta_side_by_side(byom_server, byom_c
 def test_a_split_sends_each_request_to_its_arm_with_that_arms_tokenizer(byom_server, byom_checkpoints):  # noqa: F811
     import tritonclient.http as http
 
-    from orchestrator.runtime.nodes.split import split_fraction
+    from orchestrator.runtime.routing.nodes.split import split_fraction
 
     client = http.InferenceServerClient(byom_server.http_url)
     arms = set()

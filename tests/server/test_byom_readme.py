@@ -146,7 +146,7 @@ def test_route_your_own_model_as_the_readme_says(checkpoints, tmp_path, capsys):
     assert "--replace" in readme_section() and STARTER_BESIDE in readme_section()
     assert main(export + ["--replace"]) == 0, capsys.readouterr().err
     assert f"kept your edited {policy}" in capsys.readouterr().err
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
 
     assert policy.read_text() == readme_policy("topics")
     assert (policy.parent / STARTER_BESIDE).read_text() == starter_policy("topics", read_head(repo / "topics"))

@@ -286,7 +286,7 @@ def image_env(tmp_path_factory):
             requirements=["-r", str(ROOT / "deploy" / "requirements-image.lock")],
             pip_args=["--require-hashes", "--no-deps"],
             install_project=True,
-            imports=["numpy", "yaml", "tokenizers", "onnxruntime", "tritonclient.grpc", "orchestrator.runtime.router", "triton_python_backend_utils"],
+            imports=["numpy", "yaml", "tokenizers", "onnxruntime", "tritonclient.grpc", "orchestrator.runtime.serving.router", "triton_python_backend_utils"],
             verify=True,
             output=tmp_path_factory.mktemp("image-env") / ENV_TARBALL_NAME,
             quiet=True,
@@ -360,7 +360,7 @@ def test_the_dockerfiles_pip_steps_run_as_written_on_python_312(tmp_path):
             assert proc.returncode == 0, f"{' '.join(command)}:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}"
             ran.append(command)
     assert len(ran) == 2 and "--require-hashes" in ran[0] and "-c" in ran[1]
-    check = ("import importlib.util, numpy, tokenizers, onnxruntime, tritonclient.grpc, yaml, orchestrator.runtime.router; "
+    check = ("import importlib.util, numpy, tokenizers, onnxruntime, tritonclient.grpc, yaml, orchestrator.runtime.serving.router; "
              "assert importlib.util.find_spec('orchestrator.tooling') is None and importlib.util.find_spec('lab') is None; "
              "print(numpy.__version__)")
     proc = subprocess.run([str(venv / "bin" / "python"), "-I", "-c", check], capture_output=True, text=True, timeout=300, cwd=tmp_path,

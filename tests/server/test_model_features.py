@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 import yaml
 
-from orchestrator.runtime.nodes.split import split_fraction
+from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, ROOT, add_router_variant, copy_model, eventually, make_test_repository, set_node_fields

@@ -155,7 +155,7 @@ def test_http_reports_a_refusal_as_503(triton):
 
 
 def test_admission_control_refuses_a_burst_it_cannot_answer_in_time_and_answers_the_rest_correctly(triton):
-    """The router's own admission control (``admission``, runtime/admission.py) on the
+    """The router's own admission control (``admission``, runtime/serving/admission.py) on the
     shipped router without a queue policy: a burst gets UNAVAILABLE refusals naming the
     bound, each request exactly one response, the answered ones as they are alone, and
     the refusals counted in ``orchestrator_shed_requests_total``."""

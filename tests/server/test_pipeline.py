@@ -9,11 +9,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.runtime.heads import read_head
-from orchestrator.runtime.nodes.base import descendants
-from orchestrator.runtime.nodes.chunk import token_windows, window_weights
-from orchestrator.runtime.policy import load_policy
-from orchestrator.runtime.scores import sigmoid
+from orchestrator.runtime.routing.heads import read_head, sigmoid
+from orchestrator.runtime.routing.nodes.base import descendants
+from orchestrator.runtime.routing.nodes.chunk import token_windows, window_weights
+from orchestrator.runtime.routing.policy import load_policy
 from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, call, routes
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.scores import logit
+from orchestrator.runtime.routing.heads import logit
+from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.tooling import prometheus
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.client import text_inputs

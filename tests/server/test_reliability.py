@@ -197,7 +197,7 @@ def test_a_killed_classifier_stub_degrades_then_heals_three_times_in_a_row(serve
     for i in range(3):
         call(server, "router", texts)  # the router has just seen the stub alive
         old, killed, offset = _kill(server)
-        time.sleep(0.05)  # past runtime.stubs.CHECK_S since the router last saw the stub alive
+        time.sleep(0.05)  # past runtime.bls.stubs.CHECK_S since the router last saw the stub alive
         out = call(server, "router", texts)  # every text needs classifier_fast first
         first_answer_s = time.monotonic() - killed
         assert routes(out) == ["classifier"] * len(texts)
@@ -209,7 +209,7 @@ def test_a_killed_classifier_stub_degrades_then_heals_three_times_in_a_row(serve
     assert len(set(pids)) == 4  # a new stub each time
     log = server.log_path.read_text()
     assert f"classifier_fast_0_0' is not healthy (process {pids[-2]} has exited; seen in /proc before the call)" in log
-    assert "(repository API over grpc)" in log  # an HTTP load would stall HTTP clients (runtime/control.py)
+    assert "(repository API over grpc)" in log  # an HTTP load would stall HTTP clients (runtime/bls/control.py)
     assert set(pids[1:]) <= set(_repaired_pids(log))  # each success named the stub that then answered
     after = _metric(server, "orchestrator_model_reloads_total", router="router", model="classifier_fast", outcome="success")
     assert after - before >= 3
@@ -327,8 +327,8 @@ def test_on_this_copy_a_plain_load_starts_nothing_and_the_forced_reload_a_new_st
     over HTTP, with the key the server's command line names."""
     from pathlib import Path
 
-    from orchestrator.runtime import control as control_module
-    from orchestrator.runtime.control import RepositoryControl, ServerOptions
+    from orchestrator.runtime.bls import control as control_module
+    from orchestrator.runtime.bls.control import RepositoryControl, ServerOptions
 
     if via == "http":
         monkeypatch.setattr(control_module, "_grpc_client", lambda: None)

@@ -119,7 +119,7 @@ def test_triton_mode_child_traces_point_to_the_routers_request(test_repository, 
 
 def check_batched(records: List[Dict[str, Any]]) -> None:
     """A call serving texts of several requests is traced under one of them
-    (request.call_trace; in triton mode no trace has a context: the first in row order, the
+    (deadlines.call_trace; in triton mode no trace has a context: the first in row order, the
     first of the call's comma-separated request ids); no call hangs under a request it did
     not serve. Seen here: ``"request_id":"c2,c4,c5,c6,c0","parent_id":10`` with trace 10
     the router's request ``c2``."""
@@ -326,7 +326,7 @@ def test_opentelemetry_mode_a_batched_call_follows_a_sampled_request(test_reposi
     """rate=2: every other request is sampled. A sampled request's ``trace().get_context()``
     holds its traceparent (Triton sets it at REQUEST_START, before ``execute``), so a call
     that merges it with an unsampled request is traced under the sampled one
-    (request.call_trace): every sampled request's texts went through a tokenizer call that
+    (deadlines.call_trace): every sampled request's texts went through a tokenizer call that
     has a span, its request id among the call's. Under "the first request's trace" a sampled
     request batched behind an unsampled one has none: with that rule this failed in 1 of 2
     runs here (it needs the batcher to put an unsampled request first; the deterministic

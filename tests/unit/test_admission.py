@@ -1,4 +1,4 @@
-"""Admission control's rule (runtime/admission.py) and its policy key: which requests of an
+"""Admission control's rule (runtime/serving/admission.py) and its policy key: which requests of an
 execute run, the cost estimate it is based on, and the refusal text."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from orchestrator.runtime import errors
-from orchestrator.runtime.admission import Admission, AdmissionSettings
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.policy import describe, parse_policy
+from orchestrator.runtime.routing.policy import describe, parse_policy
+from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
 from tests.helpers import REPO
 
 

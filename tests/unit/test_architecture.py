@@ -1,6 +1,6 @@
 """docs/development/architecture.md and the policy guide as a contract with the code: every runtime
 module has a row in the module table, every node-kind list is the registry's
-(``orchestrator.runtime.nodes.KINDS``), the node protocol is listed as the class declares
+(``orchestrator.runtime.routing.nodes.KINDS``), the node protocol is listed as the class declares
 it, and the size caps are the ones ``test_layout`` applies. Each failure says what to add or
 remove where."""
 
@@ -11,8 +11,8 @@ import re
 from pathlib import Path
 from typing import List
 
-from orchestrator.runtime import nodes
-from orchestrator.runtime.nodes import base
+from orchestrator.runtime.routing import nodes
+from orchestrator.runtime.routing.nodes import base
 from tests.helpers import ROOT
 
 ARCH = ROOT / "docs" / "development" / "architecture.md"
@@ -68,11 +68,39 @@ def test_every_runtime_module_is_in_the_request_order_tree():
     text = ARCH.read_text()
     tree = text[text.index("  runtime/"): text.index("  tooling/")]
     words = set(re.findall(r"[\w]+\.py|[\w]+/", tree))
-    missing = [m for m in runtime_modules() if Path(m).name not in words and m != "runtime/nodes/__init__.py"]
+    missing = [m for m in runtime_modules() if Path(m).name not in words and m != "runtime/routing/nodes/__init__.py"]
     assert not missing, (
         f"docs/development/architecture.md, section 'Package', the orchestrator/ tree under runtime/: add {missing} "
         "(its file name and, when a request passes through it, its place in the numbered order)"
     )
+
+
+def test_the_tree_lists_each_runtime_subpackage_with_its_own_modules():
+    """Under ``runtime/`` the tree names each subpackage (a folder with an ``__init__.py``)
+    and, one line each, indented under it, exactly the modules and folders it holds."""
+    text = ARCH.read_text()
+    lines = text[text.index("  runtime/"): text.index("  tooling/")].splitlines()[1:]
+    listed: dict = {}
+    current = None
+    for line in lines:
+        indent, words = len(line) - len(line.lstrip()), line.split()
+        if indent == 4:
+            current = words[0].rstrip("/") if words[0].endswith("/") else None
+            if current is not None:
+                listed[current] = set()
+        elif indent == 6 and current is not None:
+            listed[current].add(words[0])
+    folders = {p.name: {m.name for m in p.glob("*.py") if m.name != "__init__.py"} | {d.name + "/" for d in p.iterdir() if (d / "__init__.py").is_file()}
+               for p in RUNTIME.iterdir() if (p / "__init__.py").is_file()}
+    assert set(listed) == set(folders), (
+        f"docs/development/architecture.md, the orchestrator/ tree under runtime/, lists the subpackages {sorted(listed)}; "
+        f"orchestrator/runtime/ has {sorted(folders)}: make them agree"
+    )
+    for name, modules in folders.items():
+        assert listed[name] == modules or name == "models", (
+            f"docs/development/architecture.md, the tree under runtime/{name}/: one line per module, {sorted(modules)} "
+            f"(it lists {sorted(listed[name])})"
+        )
 
 
 def test_the_policy_guide_node_kind_table_is_the_registry():
@@ -80,7 +108,7 @@ def test_the_policy_guide_node_kind_table_is_the_registry():
     guide = first_cells(table_after(POLICY_GUIDE.read_text(), "| kind | does |"))
     assert guide == [f"`{k}`" for k in kinds], (
         f"docs/guides/write-a-policy.md, 'How to change or add a route', table '| kind | does |' lists {guide}; the registry "
-        f"(orchestrator/runtime/nodes/__init__.py KINDS) has {kinds}, in that order: add, remove or reorder rows to match"
+        f"(orchestrator/runtime/routing/nodes/__init__.py KINDS) has {kinds}, in that order: add, remove or reorder rows to match"
     )
 
 
@@ -88,17 +116,17 @@ def test_the_node_kind_lists_in_architecture_md_and_the_nodes_package_are_the_re
     kinds = list(nodes.KINDS)
     modules = [f"{k}.py" for k in kinds]
     text = ARCH.read_text()
-    tree = text[text.index("    nodes/"): text.index("    ondemand.py")]
+    tree = text[text.index("      nodes/"): text.index("      heads.py")]
     listed = [w for w in re.findall(r"\b(\w+\.py)\b", tree) if w not in ("base.py", "__init__.py")]
     assert listed == modules, (
-        f"docs/development/architecture.md, the orchestrator/ tree under runtime/nodes/, lists {listed}; the registry (nodes.KINDS) "
+        f"docs/development/architecture.md, the orchestrator/ tree under runtime/routing/nodes/, lists {listed}; the registry (nodes.KINDS) "
         f"has the modules {modules}: list them in that order"
     )
-    row = next(r for r in table_after(text, "| module | role |") if "`runtime/nodes/model.py`" in r)
-    in_row = re.findall(r"`runtime/nodes/(\w+)\.py`", row.split("|")[1])
+    row = next(r for r in table_after(text, "| module | role |") if "`runtime/routing/nodes/model.py`" in r)
+    in_row = re.findall(r"`runtime/routing/nodes/(\w+)\.py`", row.split("|")[1])
     assert in_row == kinds, f"docs/development/architecture.md's module table, the node kinds' row, names {in_row}: make it {kinds}"
     doc_table = [c.strip("`") for c in first_cells(table_after(nodes.__doc__ or "", "| kind | module | does |"))]
-    assert doc_table == kinds, f"orchestrator/runtime/nodes/__init__.py's docstring table lists {doc_table}: make it {kinds}"
+    assert doc_table == kinds, f"orchestrator/runtime/routing/nodes/__init__.py's docstring table lists {doc_table}: make it {kinds}"
 
 
 def test_the_node_protocol_is_listed_as_declared():

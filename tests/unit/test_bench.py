@@ -300,7 +300,7 @@ def test_make_bench_repository_adds_the_variants(tmp_path):
 
 
 def test_router_single_policy_sends_every_text_to_classifier(tmp_path):
-    policy = pytest.importorskip("orchestrator.runtime.policy")
+    policy = pytest.importorskip("orchestrator.runtime.routing.policy")
     repo = make_bench_repository(tmp_path / "repo")
     name = get_parameter(read_config(repo / "router_single" / "config.pbtxt"), "policy")
     parsed = policy.load_policy(repo / "router_single" / name)

@@ -12,7 +12,7 @@ import yaml
 from lab.bench.features import make_features_repository, repeated_workload
 from lab.bench.plan import BenchError
 from lab.bench.report import FEATURES_END, FEATURES_START, render_report, replace_section
-from orchestrator.runtime.policy import load_policy
+from orchestrator.runtime.routing.policy import load_policy
 from orchestrator.tooling.repository import config_path, read_config
 
 

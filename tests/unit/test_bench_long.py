@@ -18,7 +18,7 @@ from lab.bench.long_texts import (
     without_stopping,
 )
 from lab.bench.report import FEATURES_END, FEATURES_START, LONG_END, LONG_START, render_report, replace_section
-from orchestrator.runtime.policy import load_policy
+from orchestrator.runtime.routing.policy import load_policy
 from tests.helpers import REPO, bench_results
 
 

@@ -188,7 +188,7 @@ def test_the_answered_requests_goal_is_their_p99_at_2x_and_4x_with_none_lost():
 
 def test_the_admission_variant_adds_only_the_admission_key(tmp_path):
     from lab.bench.overload import ADMISSION, make_overload_repository
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.routing.policy import parse_policy
 
     shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     repo = make_overload_repository(tmp_path / "repo", shipped)

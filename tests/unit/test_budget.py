@@ -15,13 +15,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.cascade import BUDGET_METRIC, MARGIN_GAUGE, RATE_GAUGE, Budget, EscalationBudget, distances
-from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.cascade import BUDGET_METRIC, MARGIN_GAUGE, RATE_GAUGE, Budget, EscalationBudget, distances
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 from tests.unit.test_shadow import RecordingMetrics
 
@@ -225,7 +225,7 @@ def test_budget_and_overload_together_say_which_kept_a_text():
 
     doc = cascade_doc({"max_escalation_rate": 0.25, "window": 8}, {"target_ms": 20, "cap_ms": 100})
     engine = Engine(parse_policy(doc), FakeBLS(), RecordingMetrics(), clock=Clock())
-    engine.load = Delay()
+    engine.queue_delay_ms = Delay().delay_ms
     d = np.array([0.001, 0.002, 0.03, 0.04, 0.06, 0.07, 0.2, 0.3])
     t = thresholds_for(d, seed=1)
     [result] = asyncio.run(engine.run([Work(["film"] * 8, t.reshape(-1, 1), {}, "")]))

@@ -1,6 +1,6 @@
 """Temperature scaling: fitting recovers a known temperature on synthetic logits, heads apply
 it for every kind, ``head.json`` round trip and errors, the measures, the postprocess config
-edit (orchestrator/tooling/modeling/parity/calibration.py, orchestrator/runtime/heads.py)."""
+edit (orchestrator/tooling/modeling/parity/calibration.py, orchestrator/runtime/routing/heads.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head, HeadError
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head, HeadError
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling.parity import calibration as C
 from tests.helpers import REPO

@@ -11,12 +11,12 @@ from typing import Dict, List, Optional
 import numpy as np
 import pytest
 
-from orchestrator.runtime.deadlines import COST_WEIGHT
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, RequestCancelled
-from orchestrator.runtime.nodes.base import Item
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import RequestContext, Result, Work
+from orchestrator.runtime.execution.deadlines import COST_WEIGHT, RequestContext
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.base import Item
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Result, Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 
@@ -55,6 +55,10 @@ class Counts:
     def observe(self, family, value, **labels):
         pass
 
+    def record(self, counts, observations, gauges):
+        for (family, labels), value in counts.items():
+            self.inc(family, value, **dict(labels))
+
     def get(self, family, **labels) -> float:
         return self.values.get((family, tuple(sorted(labels.items()))), 0.0)
 
@@ -70,6 +74,11 @@ def cascade(*names, margin=1.0):
 
 def work(texts: List[str], request_id: str, **context) -> Work:
     return Work(list(texts), np.full(len(texts), 0.5, np.float32), {}, request_id, context=RequestContext(**context))
+
+
+def deadlines_of(engine):
+    """The deadlines a run of ``engine`` uses (its clock, its cost estimates)."""
+    return engine.start(engine.infer, engine.models, engine.metrics).deadlines
 
 
 def engine_for(doc, fake, clock) -> tuple:
@@ -136,10 +145,10 @@ def test_live_does_not_ask_a_request_that_had_no_downstream_call_yet():
     asked = []
     ctx = RequestContext(is_cancelled=lambda: asked.append(1) or True)
     item = Item(0, 0, "x", np.full(1, 0.5), {}, "", {}, ctx)
-    assert engine.deadlines.live([item]) == [item] and asked == []
+    assert deadlines_of(engine).live([item]) == [item] and asked == []
     ctx.started = True
-    assert engine.deadlines.live([item, item]) == [] and asked == [1]  # one question for the request's two items
-    assert engine.deadlines.live([item]) == [] and asked == [1]  # cancelled stays cancelled: not asked again
+    assert deadlines_of(engine).live([item, item]) == [] and asked == [1]  # one question for the request's two items
+    assert deadlines_of(engine).live([item]) == [] and asked == [1]  # cancelled stays cancelled: not asked again
 
 
 def test_a_request_known_to_be_cancelled_is_not_run_again():
@@ -185,7 +194,7 @@ def test_a_stage_whose_estimate_is_not_below_the_time_left_is_not_started(estima
     clock = Clock(0.0)
     fake = TimedBLS(clock, {"tokenizer": 0.125, "fast": 0.125})
     engine, counts = engine_for(cascade("fast", "accurate"), fake, clock)
-    engine.deadlines.costs["accurate"] = estimate
+    engine.costs["accurate"] = estimate
     [result] = asyncio.run(engine.run([work(["good bad", "plain"], "a", deadline=0.5)]))
     if started:
         assert fake.models_called() == ["tokenizer", "fast", "accurate"] and result.routes == ["accurate"] * 2
@@ -253,24 +262,24 @@ def test_the_cost_estimate_is_an_exponentially_weighted_mean_of_the_engine_clock
     fake = TimedBLS(clock, {"fast": 0.25})
     engine, _ = engine_for({"version": 1, "root": model("fast")}, fake, clock)
     node = engine.policy.root
-    assert engine.deadlines.estimate(node) == 0.0
+    assert deadlines_of(engine).estimate(node) == 0.0
     asyncio.run(engine.run([work(["good"], "a")]))
-    assert engine.deadlines.estimate(node) == 0.25  # the first run, as it was
+    assert deadlines_of(engine).estimate(node) == 0.25  # the first run, as it was
     fake.cost["fast"] = 0.5
     asyncio.run(engine.run([work(["good"], "a")]))
-    assert engine.deadlines.estimate(node) == pytest.approx(0.25 + COST_WEIGHT * 0.25)
+    assert deadlines_of(engine).estimate(node) == pytest.approx(0.25 + COST_WEIGHT * 0.25)
 
 
 def test_remaining_affordable_and_late_boundaries():
     clock = Clock(1.0)
     engine, _ = engine_for(cascade("fast", "accurate"), TimedBLS(clock), clock)
     node = engine.policy.root
-    engine.deadlines.costs[node.name] = 0.5
+    engine.costs[node.name] = 0.5
     at = {d: Item(i, 0, "x", np.full(1, 0.5), {}, "", {}, RequestContext(deadline=d)) for i, d in enumerate([None, 1.5, 1.75, 1.0])}
-    assert [engine.deadlines.remaining(it) for it in at.values()] == [None, 0.5, 0.75, 0.0]
-    go, short = engine.deadlines.affordable(node, list(at.values()))
+    assert [deadlines_of(engine).remaining(it) for it in at.values()] == [None, 0.5, 0.75, 0.0]
+    go, short = deadlines_of(engine).affordable(node, list(at.values()))
     assert [it.context.deadline for it in go] == [None, 1.75] and [it.context.deadline for it in short] == [1.5, 1.0]
-    assert [it.context.deadline for it in engine.deadlines.late(list(at.values()))] == [1.0]  # now == deadline: late
+    assert [it.context.deadline for it in deadlines_of(engine).late(list(at.values()))] == [1.0]  # now == deadline: late
 
 
 def test_a_request_run_again_is_asked_first_and_not_run_when_cancelled():

@@ -15,12 +15,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.heads import LEGACY, MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.chunk import settled_verdicts, token_windows, window_weights
-from orchestrator.runtime.policy import bind_heads, parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import LEGACY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.chunk import settled_verdicts, token_windows, window_weights
+from orchestrator.runtime.routing.policy import bind_heads, parse_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, ids_of
 from tests.unit.test_engine_heads import HEADS, KFake, fake_logits, softmax
 from tests.unit.test_shadow import RecordingMetrics
@@ -265,7 +265,7 @@ def test_could_settle_never_says_no_where_some_answers_settle_and_binary_and_mul
     says no, none of a grid of answers of the next windows settles the text (so a round
     sending fewer windows could never have stopped it); for binary and multilabel heads,
     where it says yes, answers at 0 or 1 per column do."""
-    from orchestrator.runtime.nodes.chunk import could_settle
+    from orchestrator.runtime.routing.nodes.chunk import could_settle
 
     rng = np.random.RandomState(0)
     cols = head.columns

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from orchestrator.runtime import control
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions
+from orchestrator.runtime.bls import control
+from orchestrator.runtime.bls.control import ControlError, RepositoryControl, ServerOptions
 
 pytest.importorskip("tritonclient.grpc")
 

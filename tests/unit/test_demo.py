@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from orchestrator.runtime.nodes.cascade import CascadeNode
-from orchestrator.runtime.policy import load_policy
+from orchestrator.runtime.routing.nodes.cascade import CascadeNode
+from orchestrator.runtime.routing.policy import load_policy
 from orchestrator.tooling.demo import cascade_margin
 from tests.helpers import REPO
 

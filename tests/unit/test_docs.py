@@ -200,7 +200,7 @@ def test_mkdocs_build_strict(tmp_path):
 
 
 def test_the_readme_policy_example_parses():
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.routing.policy import parse_policy
 
     blocks = re.findall(r"```yaml\n(.*?)```", README.read_text(), re.S)
     assert blocks, "README.md: the policy example of 'Route your own model' is missing"
@@ -244,8 +244,8 @@ SOURCE_SUFFIXES = (".py", ".sh", ".toml", ".yaml", ".yml", ".pbtxt", ".cfg", ".m
 #: is rewritten (the test fails on an entry whose file no longer names one), and this constant
 #: with the last.
 ISSUE_ALLOWLIST = frozenset({
-    "orchestrator/runtime/control.py",
-    "orchestrator/runtime/nodes/chunk.py",
+    "orchestrator/runtime/bls/control.py",
+    "orchestrator/runtime/routing/nodes/chunk.py",
 })
 
 

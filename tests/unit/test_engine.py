@@ -9,14 +9,14 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, LimitError
-from orchestrator.runtime.nodes import KINDS
-from orchestrator.runtime.nodes.chunk import token_windows
-from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
-from orchestrator.runtime.scores import logit
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import logit
+from orchestrator.runtime.routing.nodes import KINDS
+from orchestrator.runtime.routing.nodes.chunk import token_windows
+from orchestrator.runtime.routing.nodes.split import split_fraction
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 
@@ -198,11 +198,11 @@ class Trace:
 
 
 def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carries_one():
-    """A BLS request carries one trace (request.call_trace): calls whose rows all come
+    """A BLS request carries one trace (deadlines.call_trace): calls whose rows all come
     from one request carry its trace; a call batching rows of several requests carries
     the first one's in row order, or the first that has a context (a sampled request
     in opentelemetry mode); no trace at all: none."""
-    from orchestrator.runtime.request import RequestContext
+    from orchestrator.runtime.execution.deadlines import RequestContext
 
     fake = FakeBLS()
     engine = Engine(parse_policy({"version": 1, "root": model("fast")}), fake)

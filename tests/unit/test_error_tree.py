@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.runtime import errors, heads
-from orchestrator.runtime.deadlines import Deadlines
-from orchestrator.runtime.nodes.base import Item
-from orchestrator.runtime.request import RequestContext
+from orchestrator.runtime import errors
+from orchestrator.runtime.execution.deadlines import Deadlines, RequestContext
+from orchestrator.runtime.routing import heads
+from orchestrator.runtime.routing.nodes.base import Item
 
 RUNTIME = Path(errors.__file__).parent
 
@@ -59,7 +59,7 @@ def test_in_time_leaves_out_items_whose_request_had_a_late_answer():
 
 
 def test_the_engine_is_split_by_job():
-    text = (RUNTIME / "engine.py").read_text()
+    text = (RUNTIME / "execution" / "engine.py").read_text()
     assert len(text.splitlines()) < 250
     for moved in ("def classify", "def ensure_tokens", "def affordable", "def live", "ctx.cancelled", ".late = True"):
         assert moved not in text, moved

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc.model_config_pb2 import TYPE_FP32, ModelInstanceGroup
 
-from orchestrator.runtime.heads import read_head
+from orchestrator.runtime.routing.heads import read_head
 from orchestrator.tooling.modeling import export as E
 from orchestrator.tooling.repository import read_config, write_config
 from orchestrator.tooling.warmup import warmup_sample

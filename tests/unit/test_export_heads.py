@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import LEGACY, Head, head_of_parameters, read_head
+from orchestrator.runtime.routing.heads import LEGACY, Head, head_of_parameters, read_head
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import export as E
 from orchestrator.tooling.warmup import SAMPLE_TEXT

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import yaml
 
-from orchestrator.runtime.heads import Head
+from orchestrator.runtime.routing.heads import Head
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling.configs import write_head
 from orchestrator.tooling.repository import copy_model

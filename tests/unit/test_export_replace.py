@@ -137,6 +137,6 @@ def test_replace_keeps_the_edited_policy_and_fails_on_a_router_it_breaks(tmp_pat
 
 
 def guard_head(repo: Path, name: str):
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
 
     return read_head(repo / name)

@@ -9,8 +9,8 @@ import shutil
 import pytest
 import yaml
 
-from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import Head, read_head
+from orchestrator.runtime.routing import policy as P
+from orchestrator.runtime.routing.heads import Head, read_head
 from orchestrator.tooling.cli import main
 from orchestrator.tooling.modeling.configs import write_head
 from orchestrator.tooling.modeling.export.starter import STARTER_BESIDE, router_name, starter_policy, write_starter_router

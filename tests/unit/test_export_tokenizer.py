@@ -1,5 +1,5 @@
 """``orchestrator export`` always writes ``tokenizer.json``, the file the tokenizer model and the
-router serve from (``orchestrator.runtime.tokenize``): a fast tokenizer saves it, a slow one is
+router serve from (``orchestrator.runtime.execution.tokenize``): a fast tokenizer saves it, a slow one is
 converted with ``transformers``' converter, one without a converter is refused with a message
 that says what to do. No torch needed: ``save_tokenizer`` is the export's tokenizer step."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.runtime.tokenize import TextTokenizer
+from orchestrator.runtime.execution.tokenize import TextTokenizer
 from orchestrator.tooling.modeling.contract import ExportError, ExportValidationError
 from orchestrator.tooling.modeling.export.source import save_tokenizer, write_tokenizer_json
 from tests.byom import MAX_LENGTH, wordpiece_tokenizer

@@ -1,4 +1,4 @@
-"""Heads (runtime/heads.py): each rule computed here independently with numpy, boundaries
+"""Heads (runtime/routing/heads.py): each rule computed here independently with numpy, boundaries
 included, and the transformers config mapping."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import (
+from orchestrator.runtime.routing.heads import (
     BINARY,
     LEGACY,
     MULTICLASS,
@@ -17,7 +17,7 @@ from orchestrator.runtime.heads import (
     head_of_parameters,
     read_head,
 )
-from orchestrator.runtime.validation import InputError, check_thresholds
+from orchestrator.runtime.serving.request import InputError, check_thresholds
 
 LOGITS = np.array([[0.3, -1.2, 2.0], [1.5, 1.5, -0.5]], dtype=np.float32)
 

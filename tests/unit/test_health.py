@@ -1,4 +1,4 @@
-"""The circuit breaker (runtime/health.py) with a fake clock, alone and in front of the engine."""
+"""The circuit breaker (runtime/bls/health.py) with a fake clock, alone and in front of the engine."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
-from orchestrator.runtime.health import (
+from orchestrator.runtime.bls.health import (
     CLOSED,
     HALF_OPEN,
     OPEN,
@@ -20,8 +18,10 @@ from orchestrator.runtime.health import (
     classify,
     stub_is_dead,
 )
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS
 
 DEAD = "model 'm' failed: Stub process 'm_0_0' is not healthy."
@@ -58,6 +58,12 @@ def test_error_texts_and_codes_are_classified():
     assert classify("try later", "UNAVAILABLE") is Cause.NOT_READY and classify("gone", "NOT_FOUND") is Cause.NOT_READY
 
 
+async def guarded_call(breaker, model, make):
+    """One call ``make()`` under ``breaker``, as ``Downstream`` makes its BLS calls."""
+    async with breaker.guard(model):
+        return await make()
+
+
 def test_circuit_states_and_their_gauge_values():
     """The ``orchestrator_circuit_state`` values (docs: 0 closed, 1 open, 2 half-open) and the
     transition counter's labels."""
@@ -72,14 +78,14 @@ def test_the_breaker_raises_unavailable_for_a_model_that_cannot_serve_and_intern
         raise DownstreamError(message)
 
     with pytest.raises(UnavailableError) as info:
-        asyncio.run(b.call("m", lambda: fails("model 'm' failed: Model 'm' version 1 is not at ready state")))
+        asyncio.run(guarded_call(b, "m", lambda: fails("model 'm' failed: Model 'm' version 1 is not at ready state")))
     assert info.value.cause is Cause.NOT_READY and info.value.code == "UNAVAILABLE" and b.state("m") == OPEN
     with pytest.raises(DownstreamError) as plain:
-        asyncio.run(b.call("n", lambda: fails("model 'n' failed: boom")))
+        asyncio.run(guarded_call(b, "n", lambda: fails("model 'n' failed: boom")))
     assert not isinstance(plain.value, UnavailableError) and plain.value.code == "INTERNAL" and b.state("n") == CLOSED
     dead, _, _, unhealthy = make(consecutive_failures=3)
     with pytest.raises(UnavailableError) as stub:
-        asyncio.run(dead.call("m", lambda: fails(DEAD)))
+        asyncio.run(guarded_call(dead, "m", lambda: fails(DEAD)))
     assert stub.value.cause is Cause.STUB_DEAD and unhealthy == ["m"]
 
 
@@ -181,7 +187,7 @@ def test_breaker_in_front_of_the_engine_fails_fast_into_the_fallback():
     breaker = CircuitBreaker(policy.breaker)
 
     async def guarded(model, inputs, parameters, request_id, alone, options=None):
-        return await breaker.call(model, lambda: fake(model, inputs, parameters, request_id, alone))
+        return await guarded_call(breaker, model, lambda: fake(model, inputs, parameters, request_id, alone))
 
     engine = Engine(policy, guarded)
     work = Work(["good film"], np.full(1, 0.5, np.float32), {})
@@ -198,7 +204,7 @@ def _cancelled_calls(breaker, model, count):
 
     async def one():
         with pytest.raises(asyncio.TimeoutError):
-            await asyncio.wait_for(breaker.call(model, hang), 0.001)
+            await asyncio.wait_for(guarded_call(breaker, model, hang), 0.001)
 
     for _ in range(count):
         asyncio.run(one())

@@ -91,6 +91,13 @@ def test_the_runtime_imports_nothing_outside_itself():
     assert outside == set()
 
 
+def test_the_mock_imports_nothing_from_the_tooling():
+    graph = import_graph(type_checking=True)
+    outside = {(m, t) for m, ts in graph.items() if m.startswith("orchestrator.testing.mock") for t in ts
+               if t.startswith("orchestrator.tooling")}
+    assert outside == set()
+
+
 def test_no_import_circles():
     assert cycles(import_graph()) == []
 

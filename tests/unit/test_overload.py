@@ -1,5 +1,5 @@
 """The overload mode of a cascade (``nodes.cascade.overload_margin``, ``keep_for_load``) and
-the router's queue-delay estimate (``runtime.load.QueueDelay``), driven by a fake clock and
+the router's queue-delay estimate (``runtime.serving.router.QueueDelay``), driven by a fake clock and
 a fixed delay: no server."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.load import QueueDelay
-from orchestrator.runtime.nodes.cascade import OVERLOAD_METRIC, Overload, overload_margin
-from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.policy import parse_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.cascade import OVERLOAD_METRIC, Overload, overload_margin
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.serving.request import Work
+from orchestrator.runtime.serving.router import QueueDelay
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 from tests.unit.test_shadow import RecordingMetrics
 
@@ -49,7 +49,7 @@ def cascade_doc(overload=True, margin=MARGIN):
 def run(delay_ms, overload=True):
     fake, metrics = FakeBLS(), RecordingMetrics()
     engine = Engine(parse_policy(cascade_doc(overload)), fake, metrics)
-    engine.load = FixedDelay(delay_ms)
+    engine.queue_delay_ms = FixedDelay(delay_ms).delay_ms
     [result] = asyncio.run(engine.run([Work(list(TEXTS), np.full(len(TEXTS), 0.5, np.float32), {}, "")]))
     return result, fake, metrics
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 #: What the router's, the tokenizer's and the postprocess' model.py import (model_repository/*/1/model.py).
-MODEL_MODULES = ("orchestrator.runtime.router", "orchestrator.runtime.models.tokenizer", "orchestrator.runtime.models.postprocess")
+MODEL_MODULES = ("orchestrator.runtime.serving.router", "orchestrator.runtime.models.tokenizer", "orchestrator.runtime.models.postprocess")
 #: Packages of the extras that a model module must not load on the base install.
 HEAVY = ("transformers", "torch", "onnxruntime", "tritonclient", "pytriton")
 
@@ -50,7 +50,7 @@ def test_the_wheel_holds_the_package_and_no_lab_code(wheel):
     with zipfile.ZipFile(wheel) as zf:
         files = zf.namelist()
     modules = [n for n in files if n.endswith(".py")]
-    assert "orchestrator/runtime/router.py" in modules
+    assert "orchestrator/runtime/serving/router.py" in modules
     assert "orchestrator/runtime/models/tokenizer.py" in modules and "orchestrator/runtime/models/postprocess.py" in modules
     assert "orchestrator/tooling/cli.py" in modules
     assert [n for n in modules if not n.startswith("orchestrator/")] == []

@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.runtime.heads import read_head
+from orchestrator.runtime.routing.heads import read_head
 from orchestrator.tooling.modeling import parity as P
 from tests.byom import byom_checkpoints  # noqa: F401
 from tests.helpers import FIXTURES, REPO
@@ -165,7 +165,7 @@ def test_unreachable_target_and_shapes_raise():
 
 
 def test_threshold_logit_is_the_runtime_logit_and_none_at_0_and_1():
-    from orchestrator.runtime.scores import logit
+    from orchestrator.runtime.routing.heads import logit
 
     for t in (1e-6, 0.25, 0.5, 0.9, 1 - 1e-6):
         assert P.threshold_logit(t) == logit(t)
@@ -308,7 +308,7 @@ def test_parity_command_argument_errors(tmp_path, capsys):
 
 
 def head(kind, labels, positive=0, tokenizer="tokenizer"):
-    from orchestrator.runtime.heads import Head
+    from orchestrator.runtime.routing.heads import Head
 
     return Head(kind, tuple(labels), positive, tokenizer, 0, 48)
 
@@ -416,7 +416,7 @@ def test_parity_command_on_exported_heads(byom_checkpoints, tmp_path, capsys, na
     head: the report's probabilities are the head's, thresholds per label for multilabel."""
     import shutil
 
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
     from orchestrator.tooling.modeling import export as E
     from tests.byom import TEXTS
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from orchestrator.runtime import policy as P
-from orchestrator.runtime.nodes.cascade import CascadeNode
-from orchestrator.runtime.nodes.fallback import FallbackNode
-from orchestrator.runtime.nodes.sequence import SequenceNode
-from orchestrator.runtime.nodes.switch import SwitchNode
+from orchestrator.runtime.routing import policy as P
+from orchestrator.runtime.routing.nodes.cascade import CascadeNode
+from orchestrator.runtime.routing.nodes.fallback import FallbackNode
+from orchestrator.runtime.routing.nodes.sequence import SequenceNode
+from orchestrator.runtime.routing.nodes.switch import SwitchNode
 from orchestrator.tooling.cli import main
 from tests.helpers import ROOT
 

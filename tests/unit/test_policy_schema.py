@@ -1,4 +1,4 @@
-"""One declaration of the policy format (``orchestrator.runtime.schema``): the parser and the
+"""One declaration of the policy format (``orchestrator.runtime.routing.schema``): the parser and the
 published JSON Schema agree on valid and invalid documents, the generated docs are current,
 ``defaults`` per kind work, and a new kind is its module plus one table line."""
 
@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime import policy as P
-from orchestrator.runtime import policy_docs as D
-from orchestrator.runtime import schema as S
-from orchestrator.runtime.engine import Engine
-from orchestrator.runtime.heads import LEGACY, Head
-from orchestrator.runtime.nodes import KINDS, KindDefaults, defaultable
-from orchestrator.runtime.nodes.base import Answer, ModelCall, Node, NodeKind
-from orchestrator.runtime.nodes.chunk import ChunkNode
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing import policy as P
+from orchestrator.runtime.routing import policy_docs as D
+from orchestrator.runtime.routing import schema as S
+from orchestrator.runtime.routing.heads import LEGACY, Head
+from orchestrator.runtime.routing.nodes import KINDS, KindDefaults, defaultable
+from orchestrator.runtime.routing.nodes.base import Answer, ModelCall, Node, NodeKind
+from orchestrator.runtime.routing.nodes.chunk import ChunkNode
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import ROOT, FakeBLS, expected_logit, ids_of, sig
 
 SHIPPED = [ROOT / "model_repository" / "router" / "policy.yaml", *sorted((ROOT / "docs" / "policies").glob("*.yaml"))]
@@ -231,7 +231,7 @@ def test_head_dependent_values_are_a_number_or_a_list_in_the_schema():
 @pytest.mark.parametrize("name", ["policy.schema.json", "reference/policy.md"])
 def test_generated_docs_are_current(name):
     path = ROOT / "docs" / name
-    assert path.read_text(encoding="utf-8") == D.generated_docs()[name], "run: python -m orchestrator.runtime.policy_docs"
+    assert path.read_text(encoding="utf-8") == D.generated_docs()[name], "run: python -m orchestrator.runtime.routing.policy_docs"
 
 
 def test_docs_table_gives_each_default_from_its_dataclass():
@@ -293,7 +293,7 @@ def test_required_fields_have_no_stand_in_default():
 
 
 def test_engine_and_policy_never_test_a_kind_by_name():
-    for name in ("engine.py", "policy.py"):
+    for name in ("execution/engine.py", "routing/policy.py"):
         source = (ROOT / "orchestrator" / "runtime" / name).read_text()
         for pattern in ("kind ==", "kind !=", '"chunk"', '"model"', '"shadow"', '"switch"', '"sequence"', "ModelNode",
                         "nodes.chunk", "nodes.model import split", "nodes.model import truncate"):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.runtime.control import ServerOptions
+from orchestrator.runtime.bls.control import ServerOptions
 from orchestrator.tooling import production
 
 

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from orchestrator.runtime.control import ControlError, ServerOptions
-from orchestrator.runtime.ondemand import ModelManager, _RepairLock
-from orchestrator.runtime.stubs import StubWatch
+from orchestrator.runtime.bls.control import ControlError, ServerOptions
+from orchestrator.runtime.bls.ondemand import ModelManager, _RepairLock
+from orchestrator.runtime.bls.stubs import StubWatch
 from tests.helpers import Log
 from tests.unit.test_stubs import FakeProc
 
@@ -297,7 +297,7 @@ def test_a_late_failure_from_the_old_instance_right_after_a_repair_is_not_repair
 
 
 def test_the_breaker_holds_the_circuit_open_while_the_repair_runs():
-    from orchestrator.runtime.health import HALF_OPEN, OPEN, REPAIRING_OPEN_S, BreakerSettings, CircuitBreaker
+    from orchestrator.runtime.bls.health import HALF_OPEN, OPEN, REPAIRING_OPEN_S, BreakerSettings, CircuitBreaker
 
     class Clock:
         t = 0.0

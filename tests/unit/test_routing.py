@@ -8,13 +8,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, PolicyError
-from orchestrator.runtime.heads import BINARY, LEGACY, MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.switch import label_probability, top_label
-from orchestrator.runtime.policy import bind_heads, parse_policy
-from orchestrator.runtime.policy import describe as describe_policy
-from orchestrator.runtime.request import Work
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.heads import BINARY, LEGACY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.switch import label_probability, top_label
+from orchestrator.runtime.routing.policy import bind_heads, parse_policy
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 TWO = Head(BINARY, ("neg", "pos"), positive_index=1)
@@ -123,7 +123,7 @@ def test_quorum_above_the_nodes_is_refused():
 def test_the_hierarchical_example_binds_with_a_language_model_and_refuses_one_without_its_labels():
     from pathlib import Path
 
-    from orchestrator.runtime.policy import load_policy
+    from orchestrator.runtime.routing.policy import load_policy
 
     path = Path(__file__).resolve().parents[2] / "docs" / "policies" / "hierarchical.yaml"
     heads = {m: LEGACY for m in ("classifier_fast", "classifier", "sentiment_de", "sentiment_multi")}

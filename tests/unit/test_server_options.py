@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime import control as control_module
-from orchestrator.runtime.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
+from orchestrator.runtime.bls import control as control_module
+from orchestrator.runtime.bls.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
+from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.errors import Cause, UnavailableError
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.nodes.model import OnDemand
-from orchestrator.runtime.ondemand import ModelManager
+from orchestrator.runtime.routing.nodes.model import OnDemand
 from tests.helpers import Log
 
 
@@ -87,14 +87,14 @@ def test_of_parent_reads_a_parent_named_tritonserver(tmp_path):
         pytest.skip("needs Linux /proc, which Triton's own platform has")
     server = tmp_path / "tritonserver"
     os.symlink(sys.executable, server)
-    child = "from orchestrator.runtime.control import ServerOptions; print(ServerOptions.of_parent())"
+    child = "from orchestrator.runtime.bls.control import ServerOptions; print(ServerOptions.of_parent())"
     parent = textwrap.dedent(f"""
         import subprocess, sys
         sys.exit(subprocess.run([{sys.executable!r}, "-c", {child!r}]).returncode)
     """)
     # argv[0] of the parent is the symlink's path, as for a real tritonserver binary
     out = subprocess.run([str(server), "-c", parent, "--model-repository=repo", "--model-control-mode=explicit"],
-                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+                         cwd=tmp_path, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])})
     assert out.returncode == 0, out.stderr
     expected = ServerOptions("explicit", ((tmp_path / "repo").resolve(),), ("127.0.0.1", 8000), ("127.0.0.1", 8001))
     assert out.stdout.strip() == str(expected)

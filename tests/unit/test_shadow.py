@@ -11,13 +11,13 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from orchestrator.runtime.engine import Engine
 from orchestrator.runtime.errors import DownstreamError, PolicyError
-from orchestrator.runtime.nodes.model import split_target, target
-from orchestrator.runtime.nodes.split import split_fraction
-from orchestrator.runtime.policy import describe, parse_policy
-from orchestrator.runtime.request import Work
-from orchestrator.runtime.router import warmup_executes
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.routing.nodes.model import split_target, target
+from orchestrator.runtime.routing.nodes.split import split_fraction
+from orchestrator.runtime.routing.policy import describe, parse_policy
+from orchestrator.runtime.serving.request import Work
+from orchestrator.runtime.serving.router import warmup_executes
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 TEXTS = ["good good film", "bad plot", "good bad", "a long tale of good things", "bad bad bad good"]
@@ -39,6 +39,13 @@ class RecordingMetrics:
 
     def set(self, family, value, **labels):
         self.gauges[(family, tuple(sorted(labels.items())))] = value
+
+    def record(self, counts, observations, gauges):
+        for key, value in counts.items():
+            self.counts[key] += value
+        for key, values in observations.items():
+            self.observations[key].extend(values)
+        self.gauges.update(gauges)
 
     def count(self, family, **labels):
         return self.counts.get((family, tuple(sorted(labels.items()))), 0.0)

@@ -1,17 +1,20 @@
-"""runtime.stubs.StubWatch on a fake /proc: a stub that exited is seen before a call; a
+"""runtime.bls.stubs.StubWatch on a fake /proc: a stub that exited is seen before a call; a
 reload, an unload, another model or another server's stub is not reported."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.runtime import stubs
+from orchestrator.runtime.bls import stubs
+from orchestrator.runtime.bls.downstream import Downstream
+from orchestrator.runtime.bls.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
+from orchestrator.runtime.bls.stubs import StubWatch
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
-from orchestrator.runtime.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
-from orchestrator.runtime.stubs import StubWatch
+from orchestrator.runtime.execution.deadlines import CallOptions
 
 SERVER = 4242
 
@@ -123,19 +126,25 @@ def test_models_without_stubs_and_other_servers_are_never_reported(proc):
 
 
 def test_the_breaker_fails_a_call_to_a_dead_stub_at_once():
+    """``Downstream._call``: the stub watch is asked once the circuit lets a call through;
+    a dead stub fails the call at once, and its circuit opens for a repair."""
     dead = {"m": None}
     unhealthy, called = [], []
-    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=5), on_unhealthy=unhealthy.append,
-                             stub_check=lambda m: dead[m])
+    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=5), on_unhealthy=unhealthy.append)
 
-    async def call():
+    async def bls(model, inputs, parameters, request_id, alone, options):
         called.append(1)
-        return "answer"
+        return {"out": "answer"}
 
-    assert asyncio.run(breaker.call("m", call)) == "answer"
+    client = SimpleNamespace(_stub_dead=lambda m: dead[m], _bls=bls)
+
+    def call():
+        return Downstream._call(client, breaker, "m", {}, None, "", True, CallOptions())
+
+    assert asyncio.run(call()) == {"out": "answer"}
     dead["m"] = "Stub process 'm_0_0' is not healthy (process 7 has exited; seen in /proc before the call)"
     with pytest.raises(DownstreamError, match=r"Stub process 'm_0_0' is not healthy") as info:
-        asyncio.run(breaker.call("m", call))
+        asyncio.run(call())
     assert isinstance(info.value, UnavailableError) and info.value.cause is Cause.STUB_DEAD
     assert called == [1]  # no call was made
     assert breaker.state("m") == OPEN and unhealthy == ["m"]
@@ -143,7 +152,7 @@ def test_the_breaker_fails_a_call_to_a_dead_stub_at_once():
 
 def test_the_policy_switches_the_watch_and_checks_its_type():
     from orchestrator.runtime.errors import PolicyError
-    from orchestrator.runtime.policy import parse_policy
+    from orchestrator.runtime.routing.policy import parse_policy
 
     def policy(breaker):
         return parse_policy({"version": 1, "circuit_breaker": breaker, "root": {"kind": "model", "model": "m"}})
@@ -165,7 +174,7 @@ R2508 = ["/models/classifier_fast/triton_python_backend_stub", "/models/classifi
 
 
 def test_stub_command_lines_of_both_releases_name_model_and_instance():
-    from orchestrator.runtime.stubs import parse_stub_argv
+    from orchestrator.runtime.bls.stubs import parse_stub_argv
 
     assert parse_stub_argv(R2410) == ("classifier_fast", "classifier_fast_0_0")
     assert parse_stub_argv(R2508) == ("classifier_fast", "classifier_fast_1_3")
@@ -202,7 +211,7 @@ def test_a_stub_reaped_by_a_readiness_check_is_not_reported_but_a_repair_still_s
 def test_clock_ticks_read_uptime(tmp_path):
     import os
 
-    from orchestrator.runtime.stubs import clock_ticks
+    from orchestrator.runtime.bls.stubs import clock_ticks
 
     (tmp_path / "uptime").write_text("12.34 56.78\n")
     assert clock_ticks(tmp_path) == int(12.34 * os.sysconf("SC_CLK_TCK"))

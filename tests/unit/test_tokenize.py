@@ -1,4 +1,4 @@
-"""``orchestrator.runtime.tokenize`` against ``transformers.AutoTokenizer`` on the same files:
+"""``orchestrator.runtime.execution.tokenize`` against ``transformers.AutoTokenizer`` on the same files:
 WordPiece BERT and DistilBERT, byte-level BPE RoBERTa (tests/byom.py's tokenizers), the demo's
 ``model_repository/tokenizer/1``, and variants whose ``tokenizer_config.json`` changes sides,
 casing, prefix spaces and special-token splitting. Ids, masks, truncation, padding and the
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.runtime.nodes.chunk import token_windows
-from orchestrator.runtime.tokenize import TextTokenizer, TokenizerFilesError
+from orchestrator.runtime.execution.tokenize import TextTokenizer, TokenizerFilesError
+from orchestrator.runtime.routing.nodes.chunk import token_windows
 from tests.byom import MAX_LENGTH, bpe_tokenizer, wordpiece_tokenizer
 from tests.helpers import REPO
 

@@ -14,8 +14,8 @@ import yaml
 
 from lab.bench.long_texts import turning_long_texts
 from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head
-from orchestrator.runtime.nodes.chunk import ChunkNode
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head
+from orchestrator.runtime.routing.nodes.chunk import ChunkNode
 from orchestrator.tooling import tune as T
 
 BIN = Head(BINARY, ("positive",))
@@ -269,7 +269,7 @@ def test_tune_end_to_end_on_an_exported_checkpoint_pair(tmp_path, checkpoint):
                       "      node: {kind: model, name: m_large, model: large}\n")
     data = _labeled(tmp_path / "val.tsv", 400, 0)
     # the BYOM path: calibrate the exported model, head.json and its ensemble's postprocess config
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
     from orchestrator.tooling import repository
     from orchestrator.tooling.modeling.parity.calibration import calibrate
 

@@ -1,3 +1,3 @@
-"""Triton Python-backend adapter; the implementation is orchestrator.runtime.router."""
+"""Triton Python-backend adapter; the implementation is orchestrator.runtime.serving.router."""
 
-from orchestrator.runtime.router import TritonPythonModel  # noqa: F401
+from orchestrator.runtime.serving.router import TritonPythonModel  # noqa: F401

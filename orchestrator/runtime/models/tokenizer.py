@@ -6,7 +6,7 @@ Inputs and outputs (full shapes, batch first):
     attention_mask  TYPE_INT64  [N, L]  1 for real tokens, 0 for padding
 
 The tokenizer files (``tokenizer.json``, ``tokenizer_config.json``, ...) are read from the
-model's version directory with :class:`orchestrator.runtime.tokenize.TextTokenizer` (the
+model's version directory with :class:`orchestrator.runtime.execution.tokenize.TextTokenizer` (the
 ``tokenizers`` library; the ids ``transformers.AutoTokenizer`` gives); lower-casing, the
 truncation length (``model_max_length``), sides and pad token come from those files.
 
@@ -31,9 +31,9 @@ from typing import Any, Dict, List, Tuple
 import triton_python_backend_utils as pb_utils
 from numpy.typing import NDArray
 
+from orchestrator.runtime.execution.tokenize import TextTokenizer, TokenizerFilesError
 from orchestrator.runtime.models._triton import error_response, model_config, model_directory
-from orchestrator.runtime.tokenize import TextTokenizer, TokenizerFilesError
-from orchestrator.runtime.validation import (
+from orchestrator.runtime.serving.request import (
     InputError,
     config_parameters,
     decode_texts,

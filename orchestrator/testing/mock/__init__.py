@@ -17,8 +17,8 @@ tested in milliseconds, without a ``tritonserver``. It has two parts:
   (python_backend ``pb_stub.cc``, ``infer_request.cc``, ``request_executor.cc``; core
   ``infer_request.cc``). Only the names the real module exposes are exposed.
 * :class:`MockTriton`, a mini server with explicit model control: it parses the model
-  configurations (with Triton's ``model_config.proto``, through
-  :mod:`orchestrator.tooling.repository`), imports each Python model, calls
+  configurations (with Triton's ``model_config.proto`` and protobuf ``text_format``; the
+  mock imports nothing from the tooling), imports each Python model, calls
   ``initialize``/``execute``/``finalize`` as the stub does, validates requests the way
   Triton's core does, runs ensembles, and records what happened (``calls``, ``logs``,
   ``metrics()``).
@@ -81,7 +81,7 @@ Modules, by concern::
     pb_utils    load_model/unload_model/is_model_ready/get_model_dir, install()
     host        Host: the server as the other modules see it (no module imports server)
     context     which server/model the running code belongs to
-    config      reading (tooling.repository), normalizing, checking configurations
+    config      reading (model_config.proto, protobuf text_format), normalizing, checking configurations
     instances   a loaded model, its instance and event loop
     loading     importing model.py, auto_complete_config, initialize/finalize
     ensemble    ensemble checks at load time and the step-by-step run

@@ -1,9 +1,9 @@
 """Model configurations as the mock loads them: read, filled in, checked.
 
-Files are parsed into Triton's ``ModelConfig`` message by
-:mod:`orchestrator.tooling.repository` (``model_config.proto`` from tritonclient,
-protobuf ``text_format``: the parser Triton's core uses), so a misspelled field fails
-here as in the server. What Triton fills in before the backend sees the configuration
+Files are parsed into Triton's ``ModelConfig`` message (``model_config.proto`` from
+tritonclient, protobuf ``text_format``: the parser Triton's core uses, as the tooling's
+``repository.read_config`` does; the mock imports nothing from the tooling), so a
+misspelled field fails here as in the server. What Triton fills in before the backend sees the configuration
 (default version policy and instance group, ``KIND_AUTO`` -> ``KIND_CPU``) is filled in
 here; the dict handed to the model is protobuf's JSON with default fields printed and
 int64 values as numbers, like the core's ``ModelConfigToJson``.
@@ -14,18 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
-from google.protobuf import json_format
+from google.protobuf import json_format, text_format
+from tritonclient.grpc import model_config_pb2
 
 from orchestrator.testing.mock.errors import LoadError
-from orchestrator.tooling.errors import ConfigError
-from orchestrator.tooling.repository import ModelConfig, config_path, read_config
+
+ModelConfig = model_config_pb2.ModelConfig
 
 
 def config_file(model_dir: Path, config_name: Optional[str]) -> Path:
     """The file Triton reads for ``--model-config-name=config_name``
     (``configs/<name>.pbtxt`` where it exists, else ``config.pbtxt``, which may be
     missing)."""
-    return config_path(model_dir, config_name) or model_dir / "config.pbtxt"
+    if config_name:
+        candidate = model_dir / "configs" / f"{config_name}.pbtxt"
+        if candidate.is_file():
+            return candidate
+    return model_dir / "config.pbtxt"
 
 
 def read(name: str, model_dir: Path, config_name: Optional[str],
@@ -52,8 +57,13 @@ def read(name: str, model_dir: Path, config_name: Optional[str],
                 "not auto-generate configurations)"
             )
         try:
-            config = read_config(path)
-        except (ConfigError, UnicodeDecodeError) as exc:
+            config = ModelConfig()
+            text_format.Parse(path.read_text(encoding="utf-8"), config)
+        except OSError as exc:
+            raise LoadError(f"failed to load '{name}': cannot parse {path}: cannot read model configuration: {exc.strerror}") from exc
+        except text_format.ParseError as exc:
+            raise LoadError(f"failed to load '{name}': cannot parse {path}:{exc}") from exc
+        except UnicodeDecodeError as exc:
             raise LoadError(f"failed to load '{name}': cannot parse {exc}") from exc
     if not config.name:
         config.name = name

@@ -64,7 +64,7 @@ DEFAULT_IMPORTS = (
     "orchestrator.runtime.models.tokenizer",
     "orchestrator.runtime.models.onnx_classifier",
     "orchestrator.runtime.models.postprocess",
-    "orchestrator.runtime.router",
+    "orchestrator.runtime.serving.router",
 )
 
 

@@ -34,7 +34,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from tritonclient.grpc import model_config_pb2 as pb
 
-from orchestrator.runtime.heads import BINARY, HEAD_FILE, LABEL_FILE, LEGACY, Head, HeadError, read_head
+from orchestrator.runtime.routing.heads import BINARY, HEAD_FILE, LABEL_FILE, LEGACY, Head, HeadError, read_head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.contract import INPUT_NAMES, OUTPUT_NAME, check_onnx_contract

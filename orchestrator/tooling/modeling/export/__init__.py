@@ -20,7 +20,7 @@ weights, tokenizer files; a directory without tokenizer files is refused:
 ``huggingface_hub.snapshot_download`` when the hub can be reached (:class:`SourceError`
 otherwise, naming both readings of ``SOURCE``).
 
-The model's head (``orchestrator.runtime.heads.head_from_hf_config``: binary, multiclass or
+The model's head (``orchestrator.runtime.routing.heads.head_from_hf_config``: binary, multiclass or
 multilabel from ``problem_type``, ``num_labels``, ``id2label``; ``--positive-label`` for two
 labels; regression is refused with :class:`ExportError`) decides what it writes around the
 model. Under ``<repo>``, for ``NAME`` (docs/guides/bring-your-own-model.md has the table):

@@ -141,7 +141,7 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
 
 def _head_of(model_dir: Path):
     """The head of the model in ``model_dir`` before the export; None without one."""
-    from orchestrator.runtime.heads import HeadError, read_head
+    from orchestrator.runtime.routing.heads import HeadError, read_head
 
     try:
         return read_head(model_dir) if model_dir.is_dir() else None
@@ -150,7 +150,7 @@ def _head_of(model_dir: Path):
 
 
 def _add_router(result: ExportResult, repo: Path, console, previous=()) -> None:
-    from orchestrator.runtime.heads import read_head
+    from orchestrator.runtime.routing.heads import read_head
     from orchestrator.tooling.modeling.export.starter import STARTER_BESIDE, write_starter_router
 
     router = write_starter_router(repo, result.name, read_head(repo / result.name), previous=previous)

@@ -1,6 +1,6 @@
 """The models an exported classifier is served with, and what the export changes around it.
 
-For model ``NAME`` with head ``head`` (``orchestrator.runtime.heads``):
+For model ``NAME`` with head ``head`` (``orchestrator.runtime.routing.heads``):
 
 - ``NAME_tokenizer``: the checkpoint's own tokenizer as a tokenizer model
   (:func:`orchestrator.tooling.modeling.export.source.save_tokenizer`);
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from orchestrator.runtime import policy as P
-from orchestrator.runtime.heads import Head
+from orchestrator.runtime.routing import policy as P
+from orchestrator.runtime.routing.heads import Head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.configs import ensemble_config, postprocess_config, write_head, write_label_file

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from orchestrator.runtime.heads import BINARY, LEGACY, Head, HeadError, head_from_hf_config, read_head
+from orchestrator.runtime.routing.heads import BINARY, LEGACY, Head, HeadError, head_from_hf_config, read_head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import sha256_file, write_atomic
 from orchestrator.tooling.modeling.configs import export_comment, write_classifier_configs

@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
-from orchestrator.runtime.tokenize import TOKENIZER_FILE
+from orchestrator.runtime.execution.tokenize import TOKENIZER_FILE
 from orchestrator.tooling.files import write_atomic
 from orchestrator.tooling.modeling.configs import tokenizer_config
 from orchestrator.tooling.modeling.contract import ExportError, ExportValidationError, SourceError, encode
@@ -137,14 +137,14 @@ def save_tokenizer(tokenizer, tok_dir: Path, max_length: int, texts: Sequence[st
 
     The files are saved to a temporary directory and read back first, both with
     ``AutoTokenizer`` and with what serves them
-    (:class:`orchestrator.runtime.tokenize.TextTokenizer`, ``tokenizers`` alone):
+    (:class:`orchestrator.runtime.execution.tokenize.TextTokenizer`, ``tokenizers`` alone):
     :class:`ExportValidationError` (``tok_dir`` untouched) if either encodes one of
     ``texts`` (and an empty text) differently from ``tokenizer`` truncating to
     ``max_length``; :class:`ExportError` from :func:`write_tokenizer_json`.
     """
     from transformers import AutoTokenizer
 
-    from orchestrator.runtime.tokenize import TextTokenizer, TokenizerFilesError
+    from orchestrator.runtime.execution.tokenize import TextTokenizer, TokenizerFilesError
     from orchestrator.tooling.warmup import add_model_features, write_warmup_files
 
     tokenizer.model_max_length = max_length

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import Sequence
 
-from orchestrator.runtime.heads import MULTICLASS, Head
+from orchestrator.runtime.routing.heads import MULTICLASS, Head
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import PROJECT_ROOT

@@ -47,7 +47,7 @@ class InProcessBackend:
                  tokenizer: str = "tokenizer"):
         import onnxruntime as ort
 
-        from orchestrator.runtime.tokenize import TextTokenizer
+        from orchestrator.runtime.execution.tokenize import TextTokenizer
 
         self.repo = Path(repo)
         tok_dir = self.repo / tokenizer / "1"

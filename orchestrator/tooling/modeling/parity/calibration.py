@@ -17,7 +17,7 @@
    ..., "ece_before": ..., "ece_after": ...}`` as ``calibration`` in ``MODEL_DIR/head.json``
    and in the ``head`` parameter of the postprocess model that follows the model in each
    ensemble of the repository, so the router and the ensemble answer alike
-   (``orchestrator.runtime.heads``).
+   (``orchestrator.runtime.routing.heads``).
 
 ``--data`` / ``--eval-data`` take a labeled file (``.jsonl`` or TSV, ``labeled.read_labeled``)
 or ``split:validation`` / ``split:test``: the project's corpus split
@@ -43,7 +43,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from orchestrator.runtime.heads import BINARY, MULTICLASS, MULTILABEL, Head, read_head
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head, read_head
 from orchestrator.tooling.errors import ToolingError
 from orchestrator.tooling.modeling.parity.labeled import LabeledData, read_labeled
 from orchestrator.tooling.paths import PROJECT_ROOT

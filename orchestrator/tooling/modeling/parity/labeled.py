@@ -67,7 +67,7 @@ def _parse_labels(value, where: str, labels: Sequence[str]) -> list:
 
 
 def label_parser(head=None):
-    """``parse(value, where)`` of one text's label for ``head`` (``orchestrator.runtime.heads``;
+    """``parse(value, where)`` of one text's label for ``head`` (``orchestrator.runtime.routing.heads``;
     None or binary: 0/1)."""
     if head is None or head.kind == "binary":
         return _parse_label

@@ -7,8 +7,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from orchestrator.runtime.heads import BINARY, MULTICLASS, Head
-from orchestrator.runtime.scores import logit, sigmoid
+from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, Head, logit, sigmoid
 from orchestrator.tooling.modeling.parity.labeled import ParityError
 
 DEFAULT_TARGET_PRECISION = 0.9
@@ -37,7 +36,7 @@ def probabilities(scores: np.ndarray) -> np.ndarray:
 
 
 def threshold_logit(t: float) -> Optional[float]:
-    """The logit of threshold ``t`` (:func:`orchestrator.runtime.scores.logit`); None for a
+    """The logit of threshold ``t`` (:func:`orchestrator.runtime.routing.heads.logit`); None for a
     threshold of 0 or 1 (or outside), which no finite score reaches or misses."""
     t = float(t)
     return logit(t) if 0.0 < t < 1.0 else None

@@ -13,7 +13,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from orchestrator.runtime.heads import BINARY, Head, HeadError, repository_heads
+from orchestrator.runtime.routing.heads import BINARY, Head, HeadError, repository_heads
 from orchestrator.tooling.files import sha256_file
 from orchestrator.tooling.modeling.parity.backends import BATCH_SIZE, InProcessBackend, TritonBackend, onnx_file, score_all
 from orchestrator.tooling.modeling.parity.labeled import LabeledData, ParityError, held_out_data, read_labeled, write_labeled

@@ -71,7 +71,7 @@ from orchestrator.tooling.paths import PROJECT_ROOT
 REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m lab.bench.overload --out docs/results)"
 MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
-#: ``router_admit``: the shipped router with this ``admission`` (runtime/admission.py): 30 ms
+#: ``router_admit``: the shipped router with this ``admission`` (runtime/serving/admission.py): 30 ms
 #: is :data:`P99_GOAL` times the router's unloaded p99 as measured on the embedded server
 #: (about 10 ms, docs/results/benchmarks.md), the bound of the answered-requests goal.
 ADMISSION = {"max_wait_ms": 30}

@@ -13,7 +13,8 @@ import threading
 import pytest
 
 from orchestrator.runtime.bls import control
-from orchestrator.runtime.bls.control import ControlError, RepositoryControl, ServerOptions
+from orchestrator.runtime.bls.control import RepositoryControl, ServerOptions
+from orchestrator.runtime.errors import ControlError
 
 pytest.importorskip("tritonclient.grpc")
 

@@ -239,14 +239,6 @@ def test_one_compatibility_table_and_every_recipe_agrees_with_it():
 #: outside docs/ (env/README.md, stub_build/README.md, the model card).
 SOURCE_SUFFIXES = (".py", ".sh", ".toml", ".yaml", ".yml", ".pbtxt", ".cfg", ".md")
 
-#: Files that still name issue numbers and are left for now: orchestrator/runtime/ is being
-#: restructured elsewhere, and these mentions go with that work. Delete an entry once its file
-#: is rewritten (the test fails on an entry whose file no longer names one), and this constant
-#: with the last.
-ISSUE_ALLOWLIST = frozenset({
-    "orchestrator/runtime/bls/control.py",
-    "orchestrator/runtime/routing/nodes/chunk.py",
-})
 
 
 def tracked_sources() -> list:
@@ -271,17 +263,11 @@ def test_no_issue_number_in_source_or_build_files():
     """Code, comments, docstrings, test names, config and build files say what a change means
     (the feature, the goal, the reason); which issue asked for it is the team's workflow and
     goes to CHANGELOG.md."""
-    found, named = [], set()
+    found = []
     for name in tracked_sources():
-        hits = [f"{name}:{n}: {line.strip()[:120]}"
-                for n, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1) if ISSUE.search(line)]
-        if hits:
-            named.add(name)
-        if hits and name not in ISSUE_ALLOWLIST:
-            found += hits
+        found += [f"{name}:{n}: {line.strip()[:120]}"
+                  for n, line in enumerate((ROOT / name).read_text(errors="replace").splitlines(), 1) if ISSUE.search(line)]
     assert not found, "say what the issue meant instead of its number:\n" + "\n".join(found)
-    stale = sorted(ISSUE_ALLOWLIST - named)
-    assert not stale, f"ISSUE_ALLOWLIST: {stale} name no issue any more; delete them from the list"
 
 
 def python_prose(text: str) -> dict:

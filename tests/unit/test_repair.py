@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from orchestrator.runtime.bls.control import ControlError, ServerOptions
+from orchestrator.runtime.bls.control import ServerOptions
 from orchestrator.runtime.bls.ondemand import ModelManager, _RepairLock
 from orchestrator.runtime.bls.stubs import StubWatch
+from orchestrator.runtime.errors import ControlError
 from tests.helpers import Log
 from tests.unit.test_stubs import FakeProc
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.runtime.bls import control as control_module
-from orchestrator.runtime.bls.control import ControlError, RepositoryControl, ServerOptions, parse_restriction, repair_config
+from orchestrator.runtime.bls.control import RepositoryControl, ServerOptions, parse_restriction, repair_config
 from orchestrator.runtime.bls.ondemand import ModelManager
-from orchestrator.runtime.errors import Cause, UnavailableError
+from orchestrator.runtime.errors import Cause, ControlError, UnavailableError
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.routing.nodes.model import OnDemand
 from tests.helpers import Log

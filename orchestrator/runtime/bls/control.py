@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from orchestrator.runtime.errors import ControlError as ControlError  # its home until issue 19; still importable here
+from orchestrator.runtime.errors import ControlError
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::", "[::]")
 

@@ -119,8 +119,8 @@ def window_weights(tokens: int, max_length: int, stride: int) -> List[int]:
     the windows overlap. A text of at most ``max_length`` tokens: one window, weight
     ``tokens``.
 
-    (Every window has exactly ``max_length`` tokens, so weighting by window length, the
-    rule before issue 19, was the plain mean.)
+    (Every window has exactly ``max_length`` tokens, so weighting by window length would be
+    the plain mean.)
     """
     if tokens <= max_length:
         return [tokens]

@@ -55,7 +55,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from orchestrator.runtime import policy as P
+from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import MULTICLASS, Head
 from orchestrator.runtime.routing.nodes.base import Answer, truncate
 from orchestrator.runtime.routing.nodes.cascade import CascadeNode

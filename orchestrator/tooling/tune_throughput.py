@@ -161,7 +161,7 @@ def served_cascade(protocol: str, address: str, router: str, cascade: str,
     """The cascade node named ``cascade`` in the policy ``router`` serves (its
     ``describe_policy`` answer), or None and why not; ``cascades``: a policy's cascade nodes
     (``tune.cascades``)."""
-    from orchestrator.runtime import policy as P
+    from orchestrator.runtime.routing import policy as P
     from orchestrator.tooling.policy_cli import fetch_policy
 
     try:

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from lab.bench.long_texts import turning_long_texts
-from orchestrator.runtime import policy as P
+from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.routing.nodes.chunk import ChunkNode
 from orchestrator.tooling import tune as T

@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, Iterable, List
 
-from orchestrator.runtime import policy as P
+from orchestrator.runtime.routing import policy as P
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.modeling.export import pipeline
 from orchestrator.tooling.modeling.export.starter import router_name

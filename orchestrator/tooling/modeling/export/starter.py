@@ -134,7 +134,7 @@ def _edited_policy(path: Path, model: str, heads: Sequence[Head]) -> bytes | Non
 
 def _kept_head(repo: Path, path: Path) -> Head | None:
     """The head a kept policy answers with, None when it does not bind (the export says why)."""
-    from orchestrator.runtime import policy as P
+    from orchestrator.runtime.routing import policy as P
     from orchestrator.tooling.policy_cli import bind_repository
 
     try:

@@ -175,6 +175,8 @@ MUTATIONS: Tuple[Mutation, ...] = (
              Target(R + "bls/health.py", "CircuitBreaker.on_failure", "cause is not None"), "False", ("tests/unit/test_health.py", ERRORS)),
     Mutation("shadow candidates share the primary's breakers",
              Target(R + "bls/downstream.py", "Downstream.shadow_infer", "self.shadow_breaker"), "self.breaker", (ERRORS,)),
+    Mutation("a node's timeout counts against its model without count_timeouts",
+             Target(R + "bls/health.py", "CallGuard.__aexit__", "breaker.settings.count_timeouts"), "True", ("tests/unit/test_health.py",)),
     Mutation("circuit_state gauge values swapped", Target(R + "bls/health.py", "", "{CLOSED: 0, OPEN: 1, HALF_OPEN: 2}"),
              "{CLOSED: 0, OPEN: 2, HALF_OPEN: 1}", ("tests/unit/test_health.py", ERRORS)),
     Mutation("circuit_state never updated",

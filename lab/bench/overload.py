@@ -2,17 +2,15 @@
 capacity (``--capacity-model``, default the shipped ``router``'s own) against ``ensemble``,
 ``router`` (the shipped one: no queue policy on Triton 2.51), ``router_admit`` (with the
 router's own admission control, :data:`ADMISSION`), ``router_queue`` (with the recommended
-queue policy, ``repository.QUEUE_POLICY``), ``router_overload`` (that with the cascade's
-overload mode), ``router_timeout`` and ``router_two``, in one run of one server
+queue policy, ``repository.QUEUE_POLICY``), ``router_timeout`` and ``router_two``, in one
+run of one server
 (``--models``: fewer).
 
 ``make bench-overload`` or ``python -m lab.bench.overload [--quick] [--out docs/results]``:
 
 1. copies ``model_repository/`` and adds ``router_admit``: the shipped router whose policy
    gets ``admission`` = :data:`ADMISSION`; ``router_queue``: the shipped router with
-   ``repository.QUEUE_POLICY``; ``router_overload``: that router whose cascade node gets
-   ``overload`` = :data:`OVERLOAD` (``docs/policies/overload.yaml`` is the same policy, for
-   users); ``router_timeout``: ``router_queue`` with its queue bounded by time instead of
+   ``repository.QUEUE_POLICY``; ``router_timeout``: ``router_queue`` with its queue bounded by time instead of
    size (:data:`TIMEOUT_QUEUE`); ``router_two``: ``router_queue`` with two instances
    (:data:`TWO_INSTANCES`);
 2. starts one embedded server with every model the three need;
@@ -70,13 +68,13 @@ from orchestrator.tooling.paths import PROJECT_ROOT
 
 REPO = PROJECT_ROOT / "model_repository"
 COMMAND = "make bench-overload  (python -m lab.bench.overload --out docs/results)"
-MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_overload", "router_timeout", "router_two")
+MODELS = ("ensemble", "router", "router_admit", "router_queue", "router_timeout", "router_two")
 #: ``router_admit``: the shipped router with this ``admission`` (runtime/serving/admission.py): 30 ms
 #: is :data:`P99_GOAL` times the router's unloaded p99 as measured on the embedded server
 #: (about 10 ms, docs/results/benchmarks.md), the bound of the answered-requests goal.
 ADMISSION = {"max_wait_ms": 30}
 #: The routers given ``repository.QUEUE_POLICY`` (the shipped ``router`` has none).
-QUEUED = ("router_queue", "router_overload", "router_timeout", "router_two")
+QUEUED = ("router_queue", "router_timeout", "router_two")
 #: ``router_timeout``: ``router_queue`` with its queue bounded by time instead of size
 #: (Triton 2.51's batcher can stall up to 500 ms while a size-bounded queue is full;
 #: docs/guides/reliability.md "Overload"): these ``default_queue_policy`` fields replaced.
@@ -86,8 +84,6 @@ TIMEOUT_QUEUE = {"max_queue_size": 1024, "default_timeout_microseconds": 40000}
 TWO_INSTANCES = 2
 MULTIPLIERS = (1.0, 2.0, 4.0)
 CAPACITY_CONCURRENCY = 16
-#: The cascade's overload mode in ``router_overload`` (and docs/policies/overload.yaml).
-OVERLOAD = {"target_ms": 40, "cap_ms": 120}
 THRESHOLD = 0.5
 #: The p99 goal: under load, the router's p99 at most this times its unloaded p99 (the
 #: every-request goal, :func:`goal`: at 4x, every request; the answered-requests goal,
@@ -192,7 +188,7 @@ def _unloaded_p99(results: Mapping[str, Any], model: str) -> tuple:
     return p99, bool(p99 and p50 and p99 > 10 * p50)
 
 
-def goal(results: Mapping[str, Any], model: str = "router_overload") -> Dict[str, Any]:
+def goal(results: Mapping[str, Any], model: str = "router_admit") -> Dict[str, Any]:
     """The every-request goal for ``model``: its p99 at 4x over its unloaded p99, against
     :data:`P99_GOAL`; ``{"model", "ratio", "bound", "met", "stalled"}``. ``met`` is None
     when not measured, or when the unloaded p99 is over 10x the unloaded p50 (``stalled``:
@@ -259,8 +255,7 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"`router_admit`: the shipped router with admission control, `admission: {json.dumps(r.get('admission', ADMISSION))}` "
           "(docs/guides/reliability.md \"Admission control\"). "
           "`router_queue`: the shipped router with the recommended queue policy (`repository.QUEUE_POLICY`: a queue "
-          "of 16, a 5 s REJECT timeout, two priority levels). `router_overload`: `router_queue` with the "
-          f"cascade's `overload: {json.dumps(r['overload'])}` (docs/policies/overload.yaml). `router_timeout`: "
+          "of 16, a 5 s REJECT timeout, two priority levels). `router_timeout`: "
           f"`router_queue` with its queue bounded by time instead of size ({json.dumps(r.get('timeout_queue', TIMEOUT_QUEUE))}). "
           f"`router_two`: `router_queue` with {r.get('two_instances', TWO_INSTANCES)} instances. Why the shipped "
           "router has no queue policy, and why those variants: docs/guides/reliability.md, \"Overload\" (under any queue "
@@ -300,29 +295,6 @@ def render_section(r: Mapping[str, Any]) -> str:
         L += ["", "Refusal texts seen: " + "; ".join(f"`{m}`" for m in msgs[:3]) + "."]
     L += ["", OVERLOAD_END]
     return "\n".join(L)
-
-
-def overload_policy(shipped: Mapping[str, Any], overload: Mapping[str, Any] = OVERLOAD) -> Dict[str, Any]:
-    """``shipped`` (a policy document) with ``overload`` set on every cascade node.
-    Raises BenchError when it has none."""
-    doc = json.loads(json.dumps(shipped))
-    found = []
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("kind") == "cascade":
-                node["overload"] = dict(overload)
-                found.append(node)
-            for v in node.values():
-                walk(v)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v)
-
-    walk(doc.get("root"))
-    if not found:
-        raise BenchError("the policy has no cascade node to put in overload mode")
-    return doc
 
 
 def set_queue_policy(config_path: Path, fields: Mapping[str, int]) -> None:
@@ -563,7 +535,6 @@ def make_overload_repository(dest: Path, shipped: Mapping[str, Any]) -> Path:
     repo = make_bench_repository(dest, REPO, variants={
         "router_admit": {"base": "router", "policy_extra": {"admission": dict(ADMISSION)}},
         "router_queue": {"base": "router"},
-        "router_overload": {"base": "router", "policy_root": overload_policy(dict(shipped))["root"]},
         "router_timeout": {"base": "router"}, "router_two": {"base": "router"}})
     for name in QUEUED:
         set_queue_policy(repo / name / "config.pbtxt", TIMEOUT_QUEUE if name == "router_timeout" else {})
@@ -584,7 +555,7 @@ def run(out: Path, quick: bool = False, urls: Sequence[str] = (), models: Sequen
     started = time.monotonic()
     results: Dict[str, Any] = {"started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                                "load_start": _load(), "machine": machine_info(), "command": COMMAND, "quick": quick,
-                               "models": list(models), "admission": ADMISSION, "overload": OVERLOAD, "timeout_queue": TIMEOUT_QUEUE, "two_instances": TWO_INSTANCES,
+                               "models": list(models), "admission": ADMISSION, "timeout_queue": TIMEOUT_QUEUE, "two_instances": TWO_INSTANCES,
                                "level_s": 5.0 if quick else 10.0, "grace_s": 5.0 if quick else 10.0}
     held_out = data.held_out_examples()
     order = np.random.RandomState(20).permutation(len(held_out))

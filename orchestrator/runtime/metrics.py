@@ -74,8 +74,6 @@ class Metrics:
         orchestrator_requests_total{outcome}        requests answered (success | error)
         orchestrator_texts_total{route}             texts answered, per ROUTE value
         orchestrator_escalations_total{node}        texts a cascade sent to a later stage
-        orchestrator_overload_kept_total{node}      texts a cascade in overload mode kept at
-                                                    an earlier stage (ROUTE ends ``:overload``)
         orchestrator_budget_kept_total{node}        texts a cascade's escalation budget kept at
                                                     an earlier stage (ROUTE ends ``:budget``)
         orchestrator_cascade_margin{node}           gauge: the margin a cascade with a budget
@@ -138,7 +136,6 @@ class Metrics:
         "orchestrator_requests_total": "Requests answered by the router, by outcome",
         "orchestrator_texts_total": "Texts answered by the router, by route",
         "orchestrator_escalations_total": "Texts a cascade node sent on to a later stage",
-        "orchestrator_overload_kept_total": "Texts a cascade node in overload mode kept at an earlier stage for load",
         "orchestrator_budget_kept_total": "Texts a cascade node's escalation budget kept at an earlier stage",
         "orchestrator_parallel_partial_total": "Texts a parallel node with a quorum answered without every branch",
         "orchestrator_chunked_texts_total": "Texts a chunk node split into windows",

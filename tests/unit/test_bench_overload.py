@@ -1,6 +1,6 @@
 """The pure parts of the overload benchmark (``lab.bench.overload``): the
 rate plan, Poisson arrivals, one level's summary, the goal, the section and its place in
-benchmarks.md, and the overload policy it measures."""
+benchmarks.md."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ import pytest
 import yaml
 
 from lab.bench.overload import (
-    OVERLOAD,
     Record,
     goal,
-    overload_policy,
     poisson_arrivals,
     rate_plan,
     render_section,
@@ -19,7 +17,7 @@ from lab.bench.overload import (
 )
 from lab.bench.plan import BenchError
 from lab.bench.report import OVERLOAD_END, OVERLOAD_START, render_report, replace_section
-from tests.helpers import REPO, ROOT
+from tests.helpers import REPO
 
 
 def test_rate_plan_is_multiples_of_the_capacity():
@@ -68,31 +66,31 @@ def test_summarize_counts_every_outcome_and_bounds_the_percentiles():
 
 def results():
     level = lambda m: {"multiplier": m, "rate": 100.0 * m, "models": {  # noqa: E731
-        name: summarize(records(), 2.0) for name in ("ensemble", "router", "router_overload", "router_timeout", "router_two")}}
+        name: summarize(records(), 2.0) for name in ("ensemble", "router", "router_queue", "router_timeout", "router_two")}}
     r = {"started_utc": "2026-11-23 23:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_start": [1.0],
-         "load_end": [2.0], "quick": True, "models": ["ensemble", "router", "router_overload", "router_timeout", "router_two"], "overload": OVERLOAD,
+         "load_end": [2.0], "quick": True, "models": ["ensemble", "router", "router_queue", "router_timeout", "router_two"],
          "level_s": 5.0, "grace_s": 5.0,
          "capacity": {"concurrency": 8, "throughput": 100.0, "answered": 500, "seconds": 5.0},
-         "unloaded": {m: {"p50_ms": 5.0, "p99_ms": 10.0, "accuracy_pct": 80.0} for m in ("ensemble", "router", "router_overload", "router_timeout", "router_two")},
+         "unloaded": {m: {"p50_ms": 5.0, "p99_ms": 10.0, "accuracy_pct": 80.0} for m in ("ensemble", "router", "router_queue", "router_timeout", "router_two")},
          "levels": [level(1.0), level(2.0), level(4.0)]}
-    r["goals"] = [goal(r, m) for m in ("router", "router_overload", "router_timeout", "router_two")]
+    r["goals"] = [goal(r, m) for m in ("router", "router_queue", "router_timeout", "router_two")]
     return r
 
 
 def test_goal_is_the_4x_p99_over_the_unloaded_p99():
     r = results()
-    p99 = r["levels"][-1]["models"]["router_overload"]["p99_ms"]
-    assert r["goals"][1] == {"model": "router_overload", "ratio": round(p99 / 10.0, 2), "bound": 3.0, "met": False,
+    p99 = r["levels"][-1]["models"]["router_queue"]["p99_ms"]
+    assert r["goals"][1] == {"model": "router_queue", "ratio": round(p99 / 10.0, 2), "bound": 3.0, "met": False,
                              "stalled": False}
     assert goal(r, "router")["ratio"] == round(p99 / 10.0, 2)
-    r["unloaded"]["router_overload"]["p99_ms"] = None
-    assert goal(r, "router_overload")["met"] is None
+    r["unloaded"]["router_queue"]["p99_ms"] = None
+    assert goal(r, "router_queue")["met"] is None
 
 
 def test_the_section_has_every_level_and_model_and_is_kept_by_make_bench(tmp_path):
     section = render_section(results())
     assert section.startswith(OVERLOAD_START) and section.endswith(OVERLOAD_END)
-    assert section.count("| `router_overload` |") == 4  # unloaded + 3 levels
+    assert section.count("| `router_queue` |") == 4  # unloaded + 3 levels
     assert "| 4x | `router` | 400.0 | 6 | 1.5 |" in section and "&ge; " in section
     assert section.count("**not met**") == 4 and "`router_two`'s p99" in section and "a stall" not in section
     stalled = results()
@@ -147,17 +145,6 @@ def test_the_two_instance_variant_changes_only_the_count(tmp_path):
     assert changed.instance_group[0].count == 2 and shipped.instance_group[0].count == 1
     changed.instance_group[0].count = 1
     assert changed == shipped
-
-
-def test_the_measured_overload_policy_is_the_documented_example():
-    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
-    measured = overload_policy(shipped)
-    example = yaml.safe_load((ROOT / "docs" / "policies" / "overload.yaml").read_text())
-    measured.pop("description"), example.pop("description")
-    assert measured == example
-    assert "overload" not in yaml.safe_dump(shipped)  # the shipped policy itself is untouched
-    with pytest.raises(BenchError, match="no cascade"):
-        overload_policy({"version": 1, "root": {"kind": "model", "model": "m"}})
 
 
 def test_the_answered_requests_goal_is_their_p99_at_2x_and_4x_with_none_lost():

@@ -161,12 +161,10 @@ def model(name):
     return {"kind": "model", "name": name, "model": name}
 
 
-def cascade_doc(budget=None, overload=None):
+def cascade_doc(budget=None):
     root = {"kind": "cascade", "name": "cas", "margin": MARGIN, "stages": [model("fast"), model("accurate")]}
     if budget is not None:
         root["budget"] = budget
-    if overload:
-        root["overload"] = overload
     return {"version": 1, "root": root}
 
 
@@ -216,22 +214,6 @@ def test_the_engine_holds_the_budget_end_to_end_and_says_so():
     assert sum(c["rows"] for c in fake.calls if c["model"] == "accurate") == escalated.sum()
     assert metrics.gauges[(RATE_GAUGE, (("node", "cas"),))] == pytest.approx(escalated[-WINDOW:].mean())
     assert 0.0 <= metrics.gauges[(MARGIN_GAUGE, (("node", "cas"),))] <= MARGIN
-
-
-def test_budget_and_overload_together_say_which_kept_a_text():
-    class Delay:
-        def delay_ms(self):
-            return 60.0  # halfway from target 20 to cap 100: the overload margin is MARGIN / 2
-
-    doc = cascade_doc({"max_escalation_rate": 0.25, "window": 8}, {"target_ms": 20, "cap_ms": 100})
-    engine = Engine(parse_policy(doc), FakeBLS(), RecordingMetrics(), clock=Clock())
-    engine.queue_delay_ms = Delay().delay_ms
-    d = np.array([0.001, 0.002, 0.03, 0.04, 0.06, 0.07, 0.2, 0.3])
-    t = thresholds_for(d, seed=1)
-    [result] = asyncio.run(engine.run([Work(["film"] * 8, t.reshape(-1, 1), {}, "")]))
-    # budget: 2 of 8 (the two most unsure); overload: below 0.05; the margin: 0.1
-    assert result.routes == ["accurate", "accurate", "fast:budget", "fast:budget", "fast:overload", "fast:overload",
-                             "fast", "fast"]
 
 
 def test_policy_reads_describes_and_refuses_a_budget():

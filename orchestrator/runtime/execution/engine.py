@@ -53,8 +53,6 @@ class Engine:
         logger: ``pb_utils.Logger`` for the shadow worker's warnings (None: silent).
         clock: seconds of a monotonic clock (default ``time.monotonic``); deadlines
             (``RequestContext.deadline``) are on it. Tests pass a fake one.
-        queue_delay_ms: the router's estimated queue delay, ms (``serving.router.QueueDelay``,
-            the cascade's overload mode; default: none, 0).
 
     Attributes:
         costs: node name -> estimated run time, seconds (``Deadlines.estimate``), shared
@@ -63,7 +61,7 @@ class Engine:
 
     def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
                  model_dir: Optional[Path] = None, shadow_infer: Optional[InferFn] = None, logger: Any = None,
-                 clock: Callable[[], float] = time.monotonic, queue_delay_ms: Optional[Callable[[], float]] = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.policy = policy
         self.clock = clock
         if policy.head is None:  # not bound to a repository: every model has the legacy head
@@ -76,7 +74,6 @@ class Engine:
         self.costs: Dict[str, float] = {}
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
-        self.queue_delay_ms: Callable[[], float] = queue_delay_ms or (lambda: 0.0)  # tests replace it
         self.mirror_runner: Optional[Mirror] = None
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self, shadow_infer or infer, metrics, logger)
@@ -152,10 +149,6 @@ class Run:
             return np.asarray(answer.verdict, dtype=bool)
         verdicts: NDArray[Any] = self.head.verdicts(answer.probabilities.reshape(1, -1), item.threshold.reshape(1, -1))[0]
         return verdicts
-
-    def queue_delay_ms(self) -> float:
-        """The router's estimated queue delay, ms (``serving.router.QueueDelay``)."""
-        return self.engine.queue_delay_ms()
 
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""

@@ -442,13 +442,16 @@ class Struct(Type):
         always: read (with every default) when the key holding it is absent.
         nonempty: the message when the mapping is empty (then it must have a key).
         one_of: ``(names, message)``: exactly one of these keys must be given.
+        removed: keys a policy may no longer hold -> the message that says what replaces it.
         doc: one line for the docs.
     """
 
     def __init__(self, name: str, keys: Sequence[Key], target: Optional[type] = None, build: Optional[Callable[..., Any]] = None,
                  always: bool = False, nonempty: Optional[str] = None,
-                 one_of: Optional[Tuple[Tuple[str, ...], str]] = None, doc: str = ""):
+                 one_of: Optional[Tuple[Tuple[str, ...], str]] = None, doc: str = "",
+                 removed: Optional[Mapping[str, str]] = None):
         self.name, self.target, self.build, self.always = name, target, build, always
+        self.removed: Mapping[str, str] = dict(removed or {})
         self.nonempty, self.one_of, self.doc = nonempty, one_of, doc
         self.keys: Tuple[Key, ...] = tuple(_resolve(k, target) for k in keys)
         self.has_nodes = any(k.type.has_nodes for k in self.keys)
@@ -461,11 +464,15 @@ class Struct(Type):
         """``value`` checked to be a mapping without keys outside :attr:`keys`.
 
         Raises:
-            PolicyError: not a mapping, or an unknown key (the first one).
+            PolicyError: not a mapping, a removed key (saying what replaces it), or an
+                unknown key (the first one).
         """
         if not isinstance(value, Mapping):
             raise PolicyError(f"{where}: expected a mapping, got {_type_name(value)}")
         names = [k.name for k in self.keys]
+        gone = [k for k in value if k in self.removed]
+        if gone:
+            raise PolicyError(f"{where}.{gone[0]}: {self.removed[gone[0]]}")
         unknown = [k for k in value if k not in names]
         if unknown:
             raise PolicyError(f"{where}.{unknown[0]}: unknown key (expected one of: {', '.join(names)})")

@@ -283,7 +283,7 @@ class TritonPythonModel:
         self.load = QueueDelay()  # this instance's executes, marked by _timed_execute
         self.engine = Engine(
             self.policy, self.downstream.infer, self.metrics, self.models, model_dir,
-            shadow_infer=self.downstream.shadow_infer, logger=self.logger, queue_delay_ms=lambda: self.load.delay_ms(),
+            shadow_infer=self.downstream.shadow_infer, logger=self.logger,
         )
         self.admission = Admission(self.policy.admission) if self.policy.admission is not None else None
         self.warmups_left = warmup_executes(config)

@@ -269,9 +269,6 @@ class Engine(Protocol):
     def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
         """Queue ``items`` (answered with ``answers``) for a shadow node's candidate."""
 
-    def queue_delay_ms(self) -> float:
-        """The router's estimated queue delay, ms (``orchestrator.runtime.serving.router.QueueDelay``)."""
-
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
 
@@ -377,6 +374,8 @@ class NodeKind:
         reads_only: ``node -> (child, ...)``: children whose answers the node only reads
             (to route) and never returns; such a child that is one ``model`` node may have
             another head than the policy's (``policy.bind_heads``).
+        removed: ``(key, message)`` of keys the kind no longer has: a policy holding one is
+            refused with the message (what replaces it).
         spec: (derived) the kind's mapping: common keys and ``keys``, defaults resolved.
     """
 
@@ -396,10 +395,12 @@ class NodeKind:
     reads_only: Callable[[Any], Tuple[Node, ...]] = _reads_nothing
     background: bool = False
     accepts_declining: bool = False
+    removed: Tuple[Tuple[str, str], ...] = ()
     spec: Struct = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "spec", Struct(self.name, COMMON_KEYS + tuple(self.keys), target=self.node_type, doc=self.doc))
+        object.__setattr__(self, "spec", Struct(self.name, COMMON_KEYS + tuple(self.keys), target=self.node_type, doc=self.doc,
+                                                removed=dict(self.removed)))
 
 
 #: kind name -> its definition; filled by ``orchestrator.runtime.routing.nodes`` (its ``KINDS``).

@@ -11,54 +11,10 @@ from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.runtime.errors import DownstreamError, PolicyError
+from orchestrator.runtime.errors import DownstreamError
 from orchestrator.runtime.routing.heads import MULTICLASS, Head
 from orchestrator.runtime.routing.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.routing.schema import REQUIRED, Int, Key, Nodes, Number, Struct
-
-#: Appended to the ``ROUTE`` of a text the overload mode kept at an earlier stage.
-OVERLOAD_SUFFIX = ":overload"
-#: Counter of those texts, label ``node`` (``orchestrator.runtime.metrics``).
-OVERLOAD_METRIC = "orchestrator_overload_kept_total"
-
-
-@dataclass
-class Overload:
-    """The overload mode of a cascade (docs/reference/policy.md, docs/guides/reliability.md "Overload").
-
-    Attributes:
-        target_ms: queue delay (ms, ``orchestrator.runtime.serving.router.QueueDelay``) up to which
-            the cascade escalates as without overload (delay ``<= target_ms``).
-        cap_ms: queue delay (ms) from which it escalates nothing (delay ``>= cap_ms``);
-            between the two the margin shrinks linearly, so the most unsure texts are the
-            last ones still escalated.
-    """
-
-    target_ms: float = REQUIRED
-    cap_ms: float = REQUIRED
-
-
-def _overload(values: Dict[str, Any], where: str) -> Overload:
-    if values["cap_ms"] <= values["target_ms"]:
-        raise PolicyError(f"{where}.cap_ms: {values['cap_ms']:g} must be greater than target_ms {values['target_ms']:g}")
-    return Overload(**values)
-
-
-OVERLOAD = Struct(
-    "cascade.overload",
-    [
-        Key("target_ms", Number(low=0.0, high=3.6e6), "the router's queue delay, ms, up to which the cascade escalates as "
-            "without overload", required=True),
-        Key("cap_ms", Number(above=0.0, high=3.6e6), "the queue delay, ms, from which it escalates no text (greater than "
-            "`target_ms`); in between, the margin shrinks linearly to 0", required=True),
-    ],
-    target=Overload,
-    build=_overload,
-    doc="Escalate fewer texts as the router's queue delay grows (estimated from its own executes, "
-        "`orchestrator.runtime.serving.router.QueueDelay`); a text kept at an earlier stage for load has `:overload` appended to "
-        "its ROUTE and counts in `orchestrator_overload_kept_total{node}`.",
-)
-
 
 #: Appended to the ``ROUTE`` of a text the escalation budget kept at an earlier stage.
 BUDGET_SUFFIX = ":budget"
@@ -212,22 +168,20 @@ class CascadeNode(Node):
     within ``margin`` of the threshold; multiclass, the top two probabilities less than
     ``margin`` apart; multilabel, some label strictly within ``margin`` of its threshold.
     With ``budget``, the margin is at most what keeps the escalation rate within it
-    (:class:`EscalationBudget`); with ``overload`` (deprecated), it shrinks as the router's
-    queue delay grows (:func:`overload_margin`); with both, the smaller one holds.
+    (:class:`EscalationBudget`).
     Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
     stages: List[Node] = REQUIRED
     margin: float = REQUIRED
     budget: Optional[Budget] = None
-    overload: Optional[Overload] = None
     controller: Optional[EscalationBudget] = field(default=None, compare=False, repr=False)
 
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
     budget = values.get("budget")
     return CascadeNode(**common, stages=values["stages"], margin=values["margin"], budget=budget,
-                       overload=values.get("overload"), controller=EscalationBudget(budget) if budget else None)
+                       controller=EscalationBudget(budget) if budget else None)
 
 
 def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers,
@@ -243,29 +197,16 @@ def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers,
     return [it for it, u in zip(open_, head.unsure(probs, thresholds, m)) if u]
 
 
-def overload_margin(margin: float, overload: Optional[Overload], delay_ms: float) -> float:
-    """The margin a cascade uses at queue delay ``delay_ms`` (ms): ``margin`` while
-    ``delay_ms <= target_ms`` (or without ``overload``), 0 once ``delay_ms >= cap_ms``,
-    linear in between. A smaller margin escalates a subset of the texts a larger one does,
-    the most unsure first, for every head (``heads.Head.unsure``: strict ``<`` distance)."""
-    if overload is None or delay_ms <= overload.target_ms:
-        return margin
-    if delay_ms >= overload.cap_ms:
-        return 0.0
-    return margin * (overload.cap_ms - delay_ms) / (overload.cap_ms - overload.target_ms)
-
-
-def keep_for_load(engine: Engine, node: CascadeNode, kept: List[Item], answers: Answers,
-                  suffix: str = OVERLOAD_SUFFIX, metric: str = OVERLOAD_METRIC) -> None:
+def keep_for_load(engine: Engine, node: CascadeNode, kept: List[Item], answers: Answers) -> None:
     """Mark ``kept`` (texts the full margin would have escalated) as answered by their
-    current stage for load: ``ROUTE`` + ``suffix`` (:data:`OVERLOAD_SUFFIX`, or
-    :data:`BUDGET_SUFFIX`), one count each in ``metric``."""
+    current stage for the escalation budget: ``ROUTE`` + :data:`BUDGET_SUFFIX`, one count
+    each in :data:`BUDGET_METRIC`."""
     if not kept:
         return
     for it in kept:
         a = answers[it.idx]
-        answers[it.idx] = Answer(a.probabilities, a.route + suffix, a.verdict)
-    engine.count(metric, len(kept), node=node.name)
+        answers[it.idx] = Answer(a.probabilities, a.route + BUDGET_SUFFIX, a.verdict)
+    engine.count(BUDGET_METRIC, len(kept), node=node.name)
 
 
 def _distances(engine: Engine, items: List[Item], answers: Answers) -> NDArray[Any]:
@@ -280,10 +221,10 @@ def _distances(engine: Engine, items: List[Item], answers: Answers) -> NDArray[A
 
 
 def _margins(engine: Engine, node: CascadeNode, first: List[Item], answers: Answers) -> Tuple[float, float]:
-    """``(cap, budget_margin)``: the margin without the budget (``margin``, or less under
-    ``overload``) and the budget's (``inf`` without one); a batch escalates at the smaller.
-    Sets the node's gauges when it has a budget."""
-    cap = overload_margin(node.margin, node.overload, engine.queue_delay_ms()) if node.overload else node.margin
+    """``(cap, budget_margin)``: the margin without the budget (``margin``) and the budget's
+    (``inf`` without one); a batch escalates at the smaller. Sets the node's gauges when it
+    has a budget."""
+    cap = node.margin
     if node.controller is None:
         return cap, float("inf")
     allowed, rate = node.controller.plan(_distances(engine, first, answers).tolist(), cap, engine.deadlines.now())
@@ -301,11 +242,7 @@ async def _run(engine: Engine, node: CascadeNode, items: List[Item]) -> Answers:
         escalate = candidates if margin == node.margin else unsure(engine.head, node, candidates, answers, margin)
         if len(escalate) < len(candidates):
             chosen = {it.idx for it in escalate}
-            kept = [it for it in candidates if it.idx not in chosen]
-            # overload keeps what its margin would keep; the budget the rest
-            by_budget = {it.idx for it in unsure(engine.head, node, kept, answers, cap)}
-            keep_for_load(engine, node, [it for it in kept if it.idx in by_budget], answers, BUDGET_SUFFIX, BUDGET_METRIC)
-            keep_for_load(engine, node, [it for it in kept if it.idx not in by_budget], answers)
+            keep_for_load(engine, node, [it for it in candidates if it.idx not in chosen], answers)
         escalate = still_wanted(engine, node, stage, escalate, answers)
         if not escalate:
             break
@@ -357,8 +294,6 @@ def _describe(node: CascadeNode) -> str:
     if node.budget:
         b = node.budget
         text += f" budget={b.max_escalation_rate:g} of the last {b.window} texts" + (f" within {b.window_s:g}s" if b.window_s else "")
-    if node.overload:
-        text += f" overload={node.overload.target_ms:g}..{node.overload.cap_ms:g}ms"
     return text
 
 
@@ -372,9 +307,9 @@ KIND = NodeKind(
             "does not fix a verdict for (multiclass: the top two probabilities closer than this)"),
         Key("budget", BUDGET, "the escalation budget: the margin is at most what keeps the share of texts escalated "
             "within `max_escalation_rate` over the latest texts (absent: `margin` holds at any rate)", nullable=True),
-        Key("overload", OVERLOAD, "deprecated (use `budget`): the margin shrinks from `margin` at `target_ms` of "
-            "queue delay to 0 at `cap_ms` (absent: escalate at any load)", nullable=True),
     ),
+    removed=(("overload", "the cascade's overload mode was removed: use `budget` (an escalation budget over the "
+              "latest texts) and the policy's `admission` (refuse what would wait too long) instead"),),
     build=_build,
     run=_run,
     describe=_describe,

@@ -202,7 +202,8 @@ def _order_interval(n: int, confidence: float = 0.95) -> Optional[Tuple[int, int
 def rounds_to_decide(values: Sequence[float], goal: float, at_most: bool, limit: int = 400,
                      confidence: float = 0.95) -> Optional[int]:
     """An estimate of how many rounds would decide a goal that ``values`` (this run's per-round
-    ratios) leave undecided: the smallest ``n`` whose distribution-free interval of the
+    ratios) leave undecided: the smallest ``n`` over ``len(values)`` (these rounds did not
+    decide it) and at least 6 whose distribution-free interval of the
     median, its ends read as this run's quantiles at ranks ``k/(n+1)`` and
     ``(n-k+1)/(n+1)``, lies on one side of ``goal``; None when none up to ``limit`` does
     (the median too close to the goal for this spread), or with fewer than 2 values.
@@ -211,7 +212,7 @@ def rounds_to_decide(values: Sequence[float], goal: float, at_most: bool, limit:
     if len(values) < 2:
         return None
     x = np.asarray(values, dtype=float)
-    for n in range(6, limit + 1):
+    for n in range(max(6, len(x) + 1), limit + 1):
         ranks = _order_interval(n, confidence)
         if ranks is None:
             continue

@@ -123,6 +123,8 @@ def test_decisions_at_least_and_at_most():
     assert few["verdict"] == "not decided" and few["low"] is None and few["rounds_needed"] == 6
     wide = F.decide([0.9, 1.0, 1.1, 0.95, 1.05, 1.2, 0.97, 1.03], 1.06, at_most=True)
     assert wide["verdict"] == "not decided" and wide["rounds_needed"] > 8
+    # never fewer rounds than the run had: they did not decide it
+    assert F.rounds_to_decide([1.09, 2.16, 1.24, 1.21, 1.18, 1.33, 0.89, 1.32, 1.08, 1.0], 1.05, True) > 10
     assert F.rounds_to_decide([1.0, 1.0], 1.0, True) is None  # the median on the goal: never
     assert F.rounds_to_decide([1.0], 2.0, True) is None
 

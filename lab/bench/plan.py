@@ -57,7 +57,9 @@ VARIANTS: Dict[str, dict] = {
 }
 
 #: The models compared at every concurrency, in plot/table order.
-GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls")
+#: ``hand_bls``: the platform's floor beside ``router_single`` (``python -m lab.bench.instances
+#: --compare floor`` judges the pair by intervals over rounds).
+GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls", "hand_bls")
 CONCURRENCIES = (1, 4, 16)
 #: Rounds per grid concurrency in a full run (default 1; ``--quick``: 1 everywhere): every
 #: model once per round, rounds one after another, so each round compares the models under

@@ -463,7 +463,7 @@ def router_routes(url: str, texts: Sequence[str], batch: int = 32) -> List[str]:
 
 
 def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_rounds: int = 5,
-        soak_report: Optional[Path] = None, window_ms: int = 1000) -> Dict[str, Any]:
+        soak_report: Optional[Path] = None, window_ms: int = 1000, command: str = COMMAND) -> Dict[str, Any]:
     """The whole benchmark (module docstring); writes ``<out>/bench/floor.json`` and the
     section of ``<out>/benchmarks.md``; returns the results."""
     import datetime
@@ -486,7 +486,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
     started = time.monotonic()
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_before": load_average(), "machine": machine_info(), "command": COMMAND, "quick": quick,
+        "load_before": load_average(), "machine": machine_info(), "command": command, "quick": quick,
         "rounds": rounds, "window_ms": window_ms, "models": [*FLOOR_MODELS, *CLASSIFIERS], "pad_group": PAD_GROUP}
     binary = install_perf_analyzer()
     held_out = data.held_out_examples()

@@ -375,8 +375,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.compare == "floor":
             from lab.bench import floor
 
+            command = " ".join(["python -m lab.bench.instances", *(sys.argv[1:] if argv is None else argv)])
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
-                                                 soak_report=args.soak_report, window_ms=args.window_ms)))
+                                                 soak_report=args.soak_report, window_ms=args.window_ms, command=command)))
             return 0
         print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare)))
     except BenchError as exc:

@@ -161,6 +161,15 @@ bench-flush: $(STAMP)
 bench-single: $(STAMP)
 	$(PY) -m lab.bench.instances --compare single --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# The router against its physics (about 10 minutes on 2 cores): router_single beside the
+# hand-written BLS floor (lab/bench/hand_bls) at c=1 and c=16 in 8 rounds, the cascade's cost
+# model, load-to-ready of router/tokenizer/postprocess, and the soak's router-repair downtime
+# (from docs/results/bench/soak_short.json unless BENCH_ARGS="--soak-report ..."). Writes the
+# "bench-floor" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/floor.json.
+.PHONY: bench-floor
+bench-floor: $(STAMP)
+	$(PY) -m lab.bench.instances --compare floor --soak-report docs/results/bench/soak_short.json --out $(BENCH_OUT) $(BENCH_ARGS)
+
 # The overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
 # variants (admission control, queue policies, two instances), one server. Writes the

@@ -40,7 +40,7 @@ MODELS = ("postprocess", "tokenizer", "router")
 
 def stub_facts(server_pid: int, model: str) -> Tuple[int, bool]:
     """(RSS bytes, libtorch mapped) of the model's first stub process; (0, False) if none."""
-    from orchestrator.tooling.soak.procs import find_stub, rss_bytes
+    from lab.soak.procs import find_stub, rss_bytes
 
     pid = find_stub(server_pid, f"{model}_0_0")
     if pid is None:
@@ -80,6 +80,38 @@ def one_round(name: str, root: Path, repo: Path, order: List[str], log_dir: Path
     return records
 
 
+def measure_loads(variants: List[Tuple[str, Path]], rounds: int, warmup_rounds: int = 1, echo: bool = True) -> List[dict]:
+    """The rounds of :func:`main` for ``variants`` ``(name, checkout)``: the counted records
+    (``round`` 0-based), each load printed when ``echo``. Runs in a temporary working
+    directory (module docstring) and returns to the current one."""
+    records: List[dict] = []
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="load_time-") as tmp:
+        # The stubs' sys.path starts with '' (the server's working directory): run from a
+        # directory without an orchestrator package, so each variant's PYTHONPATH decides.
+        os.chdir(tmp)
+        try:
+            repos = {}
+            for name, root in variants:
+                repos[name] = Path(tmp) / name / "model_repository"
+                shutil.copytree(root / "model_repository", repos[name], ignore=shutil.ignore_patterns("__pycache__"))
+            for r in range(warmup_rounds + rounds):
+                counted = r >= warmup_rounds
+                order = list(MODELS[r % 3:] + MODELS[: r % 3])
+                for name, root in (variants if r % 2 == 0 else list(reversed(variants))):
+                    for rec in one_round(name, root, repos[name], order, Path(tmp)):
+                        rec["round"] = r - warmup_rounds
+                        if echo:
+                            print(f"{'round' if counted else 'warmup'} {rec['round']:2d} {name:8} {rec['model']:12} "
+                                  f"{rec['seconds']:6.2f} s  rss {rec['rss_mb']:5.0f} MB  libtorch {rec['libtorch']!s:5}  "
+                                  f"load {rec['load1_before']:.2f}->{rec['load1_after']:.2f}", flush=True)
+                        if counted:
+                            records.append(rec)
+        finally:
+            os.chdir(cwd)
+    return records
+
+
 def summarize(records: List[dict], variants: List[str]) -> None:
     """Print per variant and model the median, min and max seconds, the ratio to
     postprocess, and each later variant's medians over the first's."""
@@ -115,27 +147,8 @@ def main() -> None:
     load_start = os.getloadavg()
     print(f"load average before: {load_start[0]:.2f} {load_start[1]:.2f} {load_start[2]:.2f} (1/5/15 min), "
           f"{os.cpu_count()} CPUs")
-    records: List[dict] = []
     json_path = args.json.resolve() if args.json else None
-    with tempfile.TemporaryDirectory(prefix="load_time-") as tmp:
-        # The stubs' sys.path starts with '' (the server's working directory): run from a
-        # directory without an orchestrator package, so each variant's PYTHONPATH decides.
-        os.chdir(tmp)
-        repos = {}
-        for name, root in variants:
-            repos[name] = Path(tmp) / name / "model_repository"
-            shutil.copytree(root / "model_repository", repos[name], ignore=shutil.ignore_patterns("__pycache__"))
-        for r in range(args.warmup_rounds + args.rounds):
-            counted = r >= args.warmup_rounds
-            order = list(MODELS[r % 3:] + MODELS[: r % 3])
-            for name, root in (variants if r % 2 == 0 else list(reversed(variants))):
-                for rec in one_round(name, root, repos[name], order, Path(tmp)):
-                    rec["round"] = r - args.warmup_rounds
-                    print(f"{'round' if counted else 'warmup'} {rec['round']:2d} {name:8} {rec['model']:12} "
-                          f"{rec['seconds']:6.2f} s  rss {rec['rss_mb']:5.0f} MB  libtorch {rec['libtorch']!s:5}  "
-                          f"load {rec['load1_before']:.2f}->{rec['load1_after']:.2f}", flush=True)
-                    if counted:
-                        records.append(rec)
+    records = measure_loads(variants, args.rounds, args.warmup_rounds)
     during = [r["load1_after"] for r in records]
     load_end = os.getloadavg()
     print(f"\nload average (1 min) during the counted loads: median {statistics.median(during):.2f}, "

@@ -21,6 +21,18 @@ GOALS = (
         "bound": 0.95,
     },
     {
+        "key": "router_single_p50_c1_vs_hand_bls",
+        "goal": "router (single-classifier) p50 latency at c=1 within 1.05x of the hand-written BLS floor (hand_bls)",
+        "op": "<=",
+        "bound": 1.05,
+    },
+    {
+        "key": "router_single_throughput_c16_vs_hand_bls",
+        "goal": "router (single-classifier) throughput at c=16 >= 0.95x the hand-written BLS floor (hand_bls)",
+        "op": ">=",
+        "bound": 0.95,
+    },
+    {
         "key": "router_throughput_c16_vs_ensemble_pad512",
         "goal": "default router throughput at c=16 >= 3x ensemble_pad512 (the seeds')",
         "op": ">=",
@@ -102,6 +114,8 @@ def compute_ratios(measurements: Sequence[Mapping], accuracy: Mapping[str, Mappi
         "router_single_p50_c1_vs_ensemble": paired_median(g, "router_single", "ensemble", "p50_ms", concurrency=1),
         "router_single_p50_c1_vs_ensemble_rounds": paired_ratios(g, "router_single", "ensemble", "p50_ms", concurrency=1),
         "router_single_throughput_c16_vs_ensemble": ratio(val("router_single", "throughput", 16), val("ensemble", "throughput", 16)),
+        "router_single_p50_c1_vs_hand_bls": paired_median(g, "router_single", "hand_bls", "p50_ms", concurrency=1),
+        "router_single_throughput_c16_vs_hand_bls": ratio(val("router_single", "throughput", 16), val("hand_bls", "throughput", 16)),
         "router_throughput_c16_vs_ensemble_pad512": ratio(val("router", "throughput", 16), val("ensemble_pad512", "throughput", 16)),
         "router_throughput_c16_vs_ensemble": ratio(val("router", "throughput", 16), val("ensemble", "throughput", 16)),
         "ensemble_throughput_c16_vs_ensemble_pad512": ratio(val("ensemble", "throughput", 16), val("ensemble_pad512", "throughput", 16)),

@@ -360,12 +360,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.bench.instances",
                                      description=(__doc__ or "").split("\n")[0])
     add_out_argument(parser)
-    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="instances",
-                        help="which variant to put beside the shipped router (default: instances)")
+    parser.add_argument("--compare", choices=sorted([*COMPARISONS, "floor"]), default="instances",
+                        help="which variant to put beside the shipped router (default: instances); floor: the "
+                             "router against hand_bls, the cascade's cost model, load and repair time (lab.bench.floor)")
     parser.add_argument("--quick", action="store_true", help="one round, short windows (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default: the comparison's; --quick: 1)")
+    parser.add_argument("--load-rounds", type=int, default=5,
+                        help="floor: fresh server starts for the load-to-ready times (0: none; default 5)")
+    parser.add_argument("--soak-report", type=Path, default=Path("docs/results/soak/report.json"),
+                        help="floor: the soak report whose router reload downtime is reported")
+    parser.add_argument("--window-ms", type=int, default=1000, help="floor: perf_analyzer window length, ms (default 1000)")
     args = parser.parse_args(argv)
     try:
+        if args.compare == "floor":
+            from lab.bench import floor
+
+            command = " ".join(["python -m lab.bench.instances", *(sys.argv[1:] if argv is None else argv)])
+            print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
+                                                 soak_report=args.soak_report, window_ms=args.window_ms, command=command)))
+            return 0
         print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare)))
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -36,7 +36,8 @@ NO_INLINE: dict = {}
 #: The benchmark-only models added to the copy of the repository. ``base``: the model
 #: directory copied; ``parameters``: config ``parameters`` whose ``string_value`` is replaced
 #: (the base config must have them); ``replace_models``: ``model_name`` values replaced in
-#: an ensemble's steps; ``policy_root``: a routing-policy tree that replaces the ``root``
+#: an ensemble's steps; ``source``: instead of ``base``, a model directory kept outside
+#: the repository (relative to the project root), copied unchanged; ``policy_root``: a routing-policy tree that replaces the ``root``
 #: of the base's policy file (the one the config's ``policy`` parameter names);
 #: ``policy_extra``: top-level policy keys set as well (e.g. ``inline``).
 VARIANTS: Dict[str, dict] = {
@@ -50,10 +51,15 @@ VARIANTS: Dict[str, dict] = {
     # (the shipped policy tokenizes and post-processes in the router's process: ``inline``)
     "router_single_bls": {"base": "router", "policy_root": SINGLE_CLASSIFIER_ROOT, "policy_extra": {"inline": NO_INLINE}},
     "router_bls": {"base": "router", "policy_extra": {"inline": NO_INLINE}},
+    # the platform's floor: the smallest hand-written BLS model (tokenize in-process, one
+    # exec of classifier, sigmoid, respond), answering as router_single for short texts
+    "hand_bls": {"source": "lab/bench/hand_bls"},
 }
 
 #: The models compared at every concurrency, in plot/table order.
-GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls")
+#: ``hand_bls``: the platform's floor beside ``router_single`` (``python -m lab.bench.instances
+#: --compare floor`` judges the pair by intervals over rounds).
+GRID_MODELS = ("ensemble_pad512", "ensemble", "router_single", "router_single_bls", "router", "router_bls", "hand_bls")
 CONCURRENCIES = (1, 4, 16)
 #: Rounds per grid concurrency in a full run (default 1; ``--quick``: 1 everywhere): every
 #: model once per round, rounds one after another, so each round compares the models under

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-from lab.bench.plan import REPO, VARIANTS, BenchError
+from lab.bench.plan import REPO, ROOT, VARIANTS, BenchError
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import sha256_file
 from orchestrator.tooling.repository import copy_model, get_parameter, read_config, rename_steps, set_parameter, write_config
@@ -18,7 +18,9 @@ def make_bench_repository(dest: Path | str, source: Path | str = REPO,
                           variants: Mapping[str, dict] = VARIANTS) -> Path:
     """Copy ``source`` to ``dest`` and add ``variants`` (see :data:`VARIANTS`); returns ``dest``.
 
-    Each variant is a copy of its base model's directory (:func:`orchestrator.tooling.repository.copy_model`:
+    A variant with ``source`` is a model directory kept outside the repository (relative to
+    the project root), copied as it is (:func:`copy_source_model`). Any other variant is a
+    copy of its base model's directory (:func:`orchestrator.tooling.repository.copy_model`:
     ``name`` set in ``config.pbtxt`` and every ``configs/*.pbtxt``) with its parameters and
     ensemble step models changed there, through ``model_config.proto``.
     Raises BenchError if a base model or a parameter or step it changes is missing, a
@@ -29,31 +31,57 @@ def make_bench_repository(dest: Path | str, source: Path | str = REPO,
         raise BenchError(f"{dest} already exists")
     shutil.copytree(source, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     for name, spec in variants.items():
-        base = spec["base"]
-        where = f"variant {name} (base {base})"
-        if not (dest / base / "config.pbtxt").is_file():
-            raise BenchError(f"{where}: {source / base / 'config.pbtxt'} not found")
         target = dest / name
-        if target.exists():
-            raise BenchError(f"{where}: the repository already has a model {name!r}")
-        header = [f"Benchmark variant {name} of {base} (lab.bench.VARIANTS)."]
-        try:
-            for path in copy_model(dest / base, target, header):
-                config = read_config(path)
-                for key, value in spec.get("parameters", {}).items():
-                    if get_parameter(config, key) is None:
-                        raise BenchError(f"{where}, {path.name}: the base config has no parameter {key!r}; "
-                                         "update lab.bench.VARIANTS")
-                    set_parameter(config, key, value)
-                for old, new in spec.get("replace_models", {}).items():
-                    if not rename_steps(config, {old: new}):
-                        raise BenchError(f"{where}, {path.name}: no ensemble step with model_name {old!r}")
-                write_config(path, config, header)
-        except ConfigError as exc:
-            raise BenchError(f"{where}: {exc}") from None
-        if "policy_root" in spec or "policy_extra" in spec:
-            _replace_policy_root(target, spec.get("policy_root"), where, spec.get("policy_extra"))
+        if "source" in spec:
+            copy_source_model(name, spec["source"], target)
+            continue
+        _copy_variant(dest, source, name, spec, target)
     return dest
+
+
+def _copy_variant(dest: Path, source: Path, name: str, spec: Mapping, target: Path) -> None:
+    """One ``base`` variant of :func:`make_bench_repository`, written to ``target``."""
+    base = spec["base"]
+    where = f"variant {name} (base {base})"
+    if not (dest / base / "config.pbtxt").is_file():
+        raise BenchError(f"{where}: {source / base / 'config.pbtxt'} not found")
+    if target.exists():
+        raise BenchError(f"{where}: the repository already has a model {name!r}")
+    header = [f"Benchmark variant {name} of {base} (lab.bench.VARIANTS)."]
+    try:
+        for path in copy_model(dest / base, target, header):
+            config = read_config(path)
+            for key, value in spec.get("parameters", {}).items():
+                if get_parameter(config, key) is None:
+                    raise BenchError(f"{where}, {path.name}: the base config has no parameter {key!r}; "
+                                     "update lab.bench.VARIANTS")
+                set_parameter(config, key, value)
+            for old, new in spec.get("replace_models", {}).items():
+                if not rename_steps(config, {old: new}):
+                    raise BenchError(f"{where}, {path.name}: no ensemble step with model_name {old!r}")
+            write_config(path, config, header)
+    except ConfigError as exc:
+        raise BenchError(f"{where}: {exc}") from None
+    if "policy_root" in spec or "policy_extra" in spec:
+        _replace_policy_root(target, spec.get("policy_root"), where, spec.get("policy_extra"))
+
+
+def copy_source_model(name: str, source: Path | str, target: Path) -> None:
+    """Copy a model directory kept outside the model repository (a :data:`VARIANTS` entry's
+    ``source``, relative to the project root, e.g. ``lab/bench/hand_bls``) to ``target``,
+    named ``name`` in its ``config.pbtxt``. Raises BenchError when ``source`` has no
+    ``config.pbtxt``, its config is invalid, or ``target`` exists."""
+    path = Path(source)
+    path = path if path.is_absolute() else ROOT / path
+    where = f"variant {name} (source {source})"
+    if not (path / "config.pbtxt").is_file():
+        raise BenchError(f"{where}: {path / 'config.pbtxt'} not found")
+    if target.exists():
+        raise BenchError(f"{where}: the repository already has a model {name!r}")
+    try:
+        copy_model(path, target, [f"Benchmark model {name}, copied from {source} (lab.bench.VARIANTS)."])
+    except ConfigError as exc:
+        raise BenchError(f"{where}: {exc}") from None
 
 
 def _replace_policy_root(model_dir: Path, root: Optional[Mapping], where: str, extra: Optional[Mapping] = None) -> None:

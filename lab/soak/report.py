@@ -142,6 +142,35 @@ def recovery(records: Sequence[Record], kill_time: Optional[float], pool, margin
             "to_fast_s": round(min(to_fast), 3) if to_fast else None}
 
 
+#: The router-repair goal: at most this many seconds without an answer around a router reload.
+ROUTER_REPAIR_S = 3.0
+
+
+def router_repair(records: Sequence[Record], window: Optional[Sequence[float]]) -> dict:
+    """The router reload's downtime, from ``window`` = (the reload sent, the reload returned),
+    ``time.monotonic`` seconds. ``first_answer_after_s``: from the reload's return to the
+    first successful answer to a request sent after it returned (the repaired router's
+    first answer); ``downtime_s``: the longest stretch without any successful answer from
+    the reload being sent to that first answer (the gaps between successive answers,
+    counted from the reload's sending); ``reload_s``: the reload call's duration;
+    ``errors``: error or lost outcomes of requests sent in the window or until that first
+    answer. All None without a reload (or without an answer after it)."""
+    none = {"reload_s": None, "first_answer_after_s": None, "downtime_s": None, "errors": None}
+    if not window:
+        return none
+    began, returned = float(window[0]), float(window[1])
+    after = [r.done for r in records if r.outcome == "ok" and r.done is not None and r.sent >= returned]
+    if not after:
+        return {**none, "reload_s": round(returned - began, 3)}
+    first = min(after)
+    answers = sorted(r.done for r in records if r.outcome == "ok" and r.done is not None and began <= r.done <= first)
+    marks = [began, *answers]
+    gap = max(b - a for a, b in zip(marks, marks[1:])) if len(marks) > 1 else first - began
+    errors = sum(1 for r in records if r.outcome in ("error", "lost") and began <= r.sent <= first)
+    return {"reload_s": round(returned - began, 3), "first_answer_after_s": round(first - returned, 3),
+            "downtime_s": round(gap, 3), "errors": errors}
+
+
 def oversized_summary(items: Sequence[Mapping], front_door: bool = False) -> dict:
     """The oversized requests: how many, refused with INVALID_ARG (or, through the front
     door, its size refusal), their latency, the messages, and the probes sent while one
@@ -181,6 +210,7 @@ def goals(summary: Mapping) -> List[dict]:
     def at_most(x, bound):
         return None if x is None else x <= bound
 
+    repair = summary.get("router_repair") or {}
     out = [
         {"goal": "0 lost, duplicated, mismatched or wrong answers through every fault",
          "measured": ", ".join(f"{k} {v}" for k, v in bad.items()), "bound": "0 each", "met": not any(bad.values()),
@@ -211,6 +241,11 @@ def goals(summary: Mapping) -> List[dict]:
          "measured": None if probe_max is None or not healthy_all else f"{probe_max:.0f} ms vs healthy p99 {healthy_all:.0f} ms",
          "bound": f"<= {LATENCY_RATIO:g}x",
          "met": None if probe_max is None or not healthy_all else probe_max <= LATENCY_RATIO * healthy_all},
+        {"goal": "router reloaded: the longest stretch without an answer, until the reloaded router's first answer",
+         "measured": None if repair.get("downtime_s") is None else
+         f"{repair['downtime_s']:.2f} s (first answer {repair['first_answer_after_s']:.2f} s after the "
+         f"{repair['reload_s']:.2f} s reload returned, {repair['errors']} errors)",
+         "bound": f"<= {ROUTER_REPAIR_S:g} s", "met": at_most(repair.get("downtime_s"), ROUTER_REPAIR_S)},
     ]
     return out
 
@@ -255,6 +290,7 @@ def summarize(result: Mapping, command: str = "python -m lab.soak") -> dict:
                                 for r in records if r.mismatched_ids][:10],
         "recovery": {**recovery(records, result.get("kill_time"), pool, result.get("margin")),
                      "new_stub": result.get("new_stub"), "heals": list(result.get("heals") or [])},
+        "router_repair": router_repair(records, result.get("reload_window")),
         "oversized": oversized_summary(result.get("oversized") or [], bool((result.get("config") or {}).get("front_door"))),
         "rss": dict(result.get("rss") or {}),
         "events": result["events"],

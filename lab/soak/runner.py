@@ -327,6 +327,7 @@ class Soak:
         before = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         t = time.monotonic()
         self.control("reload", "router")
+        self.reload_window = (t, time.monotonic())
         after = procs.find_stub(self.server.pid, ROUTER_INSTANCE)
         self.event("router reloaded", took_s=round(time.monotonic() - t, 3), stub_pid_before=before, stub_pid_after=after)
         self._sleep(self.config.settle_s)
@@ -431,6 +432,7 @@ class Soak:
             "events": self.events,
             "phase_starts": {k: v - self.t0 for k, v in self.phase_starts.items()},
             "kill_time": self.kill_time,
+            "reload_window": getattr(self, "reload_window", None),
             "new_stub": self.new_stub,
             "heals": self.heals,
             "oversized": self.oversized,

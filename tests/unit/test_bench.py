@@ -199,7 +199,7 @@ def test_compute_ratios_and_goals():
         ("ensemble", 1): (200.0, 5.0), ("router_single", 1): (180.0, 5.4), ("router", 1): (150.0, 6.0),
         ("ensemble_pad512", 1): (10.0, 90.0),
         ("ensemble", 16): (400.0, 40.0), ("router_single", 16): (390.0, 41.0), ("router", 16): (100.0, 160.0),
-        ("ensemble_pad512", 16): (20.0, 800.0),
+        ("ensemble_pad512", 16): (20.0, 800.0), ("hand_bls", 1): (190.0, 5.2), ("hand_bls", 16): (400.0, 40.0),
     })
     meas.append({"section": "grid", "model": "router", "concurrency": 16, "error": "boom"})  # ignored
     acc = {"ensemble": {"accuracy_pct": 80.0}, "router": {"accuracy_pct": 79.5}}
@@ -214,6 +214,8 @@ def test_compute_ratios_and_goals():
     assert r["ensemble_p50_c1_vs_raw"] == pytest.approx(2.5)
     assert r["ensemble_pad512_p50_c1_vs_raw"] == pytest.approx(2.0)
     assert r["router_p50_c1_vs_raw"] == pytest.approx(12.0)
+    assert r["router_single_p50_c1_vs_hand_bls"] == pytest.approx(5.4 / 5.2)
+    assert r["router_single_throughput_c16_vs_hand_bls"] == pytest.approx(0.975)
     goals = {g["key"]: g for g in evaluate_goals(r)}
     assert all(g["met"] for g in goals.values())
     r2 = dict(r, router_single_p50_c1_vs_ensemble=1.2, router_accuracy_points_vs_ensemble=-1.5,
@@ -222,6 +224,8 @@ def test_compute_ratios_and_goals():
     assert goals == {
         "router_single_p50_c1_vs_ensemble": False,
         "router_single_throughput_c16_vs_ensemble": True,
+        "router_single_p50_c1_vs_hand_bls": True,
+        "router_single_throughput_c16_vs_hand_bls": True,
         "router_throughput_c16_vs_ensemble_pad512": None,
         "router_accuracy_points_vs_ensemble": False,
     }

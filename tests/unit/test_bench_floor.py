@@ -1,0 +1,211 @@
+"""The pure parts of the floor benchmark (``lab.bench.floor``): the hand-written BLS model
+copied into the benchmark repository, the plan, the classifier inputs, the escalation rate,
+the cascade's cost model, the goals' decisions, load time and the section."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab.bench import floor as F
+from lab.bench.plan import VARIANTS, BenchError
+from lab.bench.report import FLOOR_END, FLOOR_START, KEPT_SECTIONS
+from lab.bench.variants import copy_source_model, make_bench_repository
+from orchestrator.tooling.repository import read_config
+from tests.helpers import ROOT
+
+
+def test_hand_bls_is_copied_from_lab_bench_into_the_benchmark_repository(tmp_path):
+    assert VARIANTS["hand_bls"] == {"source": "lab/bench/hand_bls"}
+    repo = make_bench_repository(tmp_path / "repo", variants={"hand_bls": VARIANTS["hand_bls"],
+                                                               "floor2": VARIANTS["hand_bls"]})
+    assert read_config(repo / "hand_bls" / "config.pbtxt").name == "hand_bls"
+    assert (repo / "hand_bls" / "1" / "model.py").read_bytes() == (ROOT / "lab/bench/hand_bls/1/model.py").read_bytes()
+    assert read_config(repo / "floor2" / "config.pbtxt").name == "floor2"  # renamed like any copy
+    assert not (repo / "hand_bls" / "1" / "__pycache__").exists()
+    with pytest.raises(BenchError, match="not found"):
+        copy_source_model("x", tmp_path / "nowhere", tmp_path / "x")
+    with pytest.raises(BenchError, match="already has a model"):
+        copy_source_model("hand_bls", "lab/bench/hand_bls", repo / "hand_bls")
+
+
+def test_the_floor_repository_has_both_variants(tmp_path):
+    repo = F.make_floor_repository(tmp_path / "repo")
+    assert (repo / "hand_bls" / "config.pbtxt").is_file() and (repo / "router_single" / "config.pbtxt").is_file()
+    assert not (repo / "router_bls").exists()
+
+
+def test_the_plan_rotates_the_models_and_adds_the_classifiers_at_c16():
+    specs = F.floor_plan(2)
+    first = [(s.model, s.concurrency, s.dataset) for s in specs if s.round == 0]
+    assert first[:4] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
+    assert first[-2:] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
+    second = [s.model for s in specs if s.round == 1]
+    assert second[:4] == ["router", "router_single", "hand_bls", "ensemble"]
+    assert second[-2:] == ["classifier", "classifier_fast"]
+    assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 2)
+
+
+def test_classifier_inputs_are_padded_to_the_longest_of_each_group():
+    data = F.classifier_input_json([[101, 7, 102], [101, 102], [101, 5, 6, 7, 102]], pad_id=0, group=2)["data"]
+    assert [d["input_ids"]["shape"] for d in data] == [[3], [3], [5]]
+    assert data[1]["input_ids"]["content"] == [101, 102, 0]
+    assert data[1]["attention_mask"]["content"] == [1, 1, 0]
+    assert data[2]["attention_mask"]["content"] == [1] * 5
+    with pytest.raises(ValueError):
+        F.classifier_input_json([])
+    with pytest.raises(ValueError):
+        F.classifier_input_json([[1], []])
+
+
+def test_escalation_counts_routes_by_model():
+    e = F.escalation(["classifier_fast", "classifier", "classifier", "empty", "chunked:classifier_fast:windows=1/3",
+                      "chunked:classifier:degraded", "constant"])
+    assert e == {"texts": 7, "empty": 1, "fast": 2, "accurate": 3, "other": 1, "e": 0.6}
+    assert F.escalation(["empty"])["e"] is None
+
+
+def test_the_cost_model_on_known_inputs():
+    # c_fast 1 ms, c_accurate 4 ms, router_single 5 ms/text -> overhead 1 ms; e 0.25 -> 1 + 1 + 1 = 3 ms
+    c = F.cost_model(t_fast=1000.0, t_accurate=250.0, t_single=200.0, t_router=300.0, e=0.25)
+    assert c["c_fast"] == pytest.approx(0.001) and c["c_accurate"] == pytest.approx(0.004)
+    assert c["overhead"] == pytest.approx(0.001)
+    assert c["predicted"] == pytest.approx(1000.0 / 3)
+    assert c["ratio"] == pytest.approx(0.9)
+    with pytest.raises(ValueError):
+        F.cost_model(0.0, 1.0, 1.0, 1.0, 0.5)
+    with pytest.raises(ValueError):
+        F.cost_model(1.0, 1.0, 1.0, 1.0, 1.5)
+
+
+def m(model, c, r, thr, p50, error=None):
+    return {"model": model, "concurrency": c, "round": r, "throughput": thr, "p50_ms": p50, "p99_ms": 2 * p50, "error": error}
+
+
+def rounds_of(n, ratio=0.9):
+    out = []
+    for r in range(n):
+        out += [m("classifier_fast", 16, r, 1000.0, 10.0), m("classifier", 16, r, 250.0, 40.0),
+                m("router_single", 16, r, 200.0, 50.0), m("router", 16, r, 1000.0 / 3 * ratio, 30.0),
+                m("ensemble", 16, r, 250.0, 40.0), m("hand_bls", 16, r, 210.0, 48.0),
+                m("router_single", 1, r, 100.0, 10.0 + r * 0.01), m("hand_bls", 1, r, 110.0, 10.0),
+                m("ensemble", 1, r, 100.0, 10.0), m("router", 1, r, 100.0, 10.0)]
+    return out
+
+
+def test_round_cost_models_and_summary_need_every_model_in_a_round():
+    ms = rounds_of(3) + [m("classifier", 16, 3, 250.0, 40.0)]  # round 3 lacks the others
+    rs = F.round_cost_models(ms, 0.25)
+    assert [r["round"] for r in rs] == [0, 1, 2]
+    s = F.cost_summary(ms, 0.25)
+    assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "overhead_ms": 1.0, "predicted": 333.3, "measured": 300.0}
+    assert s["goal"]["per_round"] == [0.9, 0.9, 0.9]
+    assert s["router_vs_ensemble_c16"] == pytest.approx(1.2)
+    assert F.cost_summary(ms, None)["median"] is None
+
+
+def test_pair_ratios_leave_out_failures_and_unpaired_rounds():
+    ms = [m("a", 1, 0, 10.0, 2.0), m("b", 1, 0, 5.0, 1.0), m("a", 1, 1, 10.0, 2.0), m("b", 1, 1, 5.0, 1.0, error="x"),
+          m("a", 1, 2, 9.0, 3.0)]
+    assert F.pair_ratios(ms, "a", "b", 1, "p50_ms") == [2.0]
+    assert F.pair_ratios(ms, "a", "b", 16, "p50_ms") == []
+
+
+def test_decisions_at_least_and_at_most():
+    assert F.judge_at_least((1.0, 0.96, 1.1), 0.95) == "met"
+    assert F.judge_at_least((0.9, 0.85, 0.94), 0.95) == "not met"
+    assert F.judge_at_least((0.95, 0.9, 1.0), 0.95) == "not decided"
+    assert F.judge_at_least(None, 0.95) == "not decided"
+    met = F.decide([1.0, 1.01, 1.02, 0.99, 1.0, 1.01, 1.0, 1.02], 1.05, at_most=True)
+    assert met["verdict"] == "met" and met["rounds_needed"] is None and met["n"] == 8
+    few = F.decide([1.0, 1.01, 1.02], 1.05, at_most=True)  # under 6 rounds: no interval
+    assert few["verdict"] == "not decided" and few["low"] is None and few["rounds_needed"] == 6
+    wide = F.decide([0.9, 1.0, 1.1, 0.95, 1.05, 1.2, 0.97, 1.03], 1.06, at_most=True)
+    assert wide["verdict"] == "not decided" and wide["rounds_needed"] > 8
+    # never fewer rounds than the run had: they did not decide it
+    assert F.rounds_to_decide([1.09, 2.16, 1.24, 1.21, 1.18, 1.33, 0.89, 1.32, 1.08, 1.0], 1.05, True) > 10
+    assert F.rounds_to_decide([1.0, 1.0], 1.0, True) is None  # the median on the goal: never
+    assert F.rounds_to_decide([1.0], 2.0, True) is None
+
+
+def test_the_floor_goals_read_router_single_over_hand_bls():
+    g = F.floor_goals(rounds_of(8))
+    assert g["p50_c1"]["per_round"][0] == 1.0 and g["p50_c1"]["verdict"] == "met"  # at most 1.007 <= 1.05
+    assert g["throughput_c16"]["median"] == pytest.approx(0.952, abs=1e-3)  # 200 / 210
+    assert g["throughput_c16"]["verdict"] == "met"
+
+
+def test_load_summary_ratios_to_postprocess_and_goal():
+    recs = [{"model": "postprocess", "seconds": s} for s in (1.0, 2.0, 3.0)] + \
+           [{"model": "router", "seconds": s} for s in (3.0, 4.0, 5.0)] + [{"model": "tokenizer", "seconds": 2.8}]
+    s = F.load_summary(recs)
+    assert s["postprocess"] == {"median_s": 2.0, "min_s": 1.0, "max_s": 3.0, "n": 3, "vs_postprocess": 1.0}
+    assert s["router"]["vs_postprocess"] == 2.0 and s["router"]["met"] is False
+    assert s["tokenizer"]["vs_postprocess"] == 1.4 and s["tokenizer"]["met"] is True
+
+
+def test_read_repair_from_a_soak_report(tmp_path):
+    path = tmp_path / "report.json"
+    assert F.read_repair(path) is None
+    path.write_text(json.dumps({"command": "python -m lab.soak", "date_utc": "d", "machine": {"loadavg": [1, 2, 3]}}))
+    assert F.read_repair(path) is None  # a report from before the downtime was recorded
+    path.write_text(json.dumps({"command": "c", "date_utc": "d", "machine": {"loadavg": [1, 2, 3]},
+                                "router_repair": {"reload_s": 6.0, "first_answer_after_s": 0.5, "downtime_s": 1.2, "errors": 0}}))
+    assert F.read_repair(path)["downtime_s"] == 1.2 and F.read_repair(path)["loadavg"] == [1, 2, 3]
+
+
+def results(n=8):
+    ms = rounds_of(n)
+    return {"command": F.COMMAND, "started_utc": "2026-01-01 00:00", "machine": {"cores": 2, "cpu_model": "cpu"},
+            "load_before": [1.0, 2.0, 3.0], "load_max_during": 4.0, "rounds": n, "window_ms": 1000, "quick": False,
+            "stack": None, "measurements": ms + [m("router", 1, 0, 1.0, 1.0, error="boom")],
+            "escalation": {"texts": 10, "empty": 0, "fast": 7, "accurate": 3, "other": 0, "e": 0.3},
+            "floor_goals": F.floor_goals(ms), "cost": F.cost_summary(ms, 0.25),
+            "load_time": {"rounds": 3, "load_during": [1.0, 2.0], "summary": F.load_summary(
+                [{"model": "postprocess", "seconds": 2.0}, {"model": "router", "seconds": 2.5}])},
+            "repair": {"source": "r.json", "command": "python -m lab.soak --short", "date_utc": "d", "loadavg": [1, 1, 1],
+                       "reload_s": 6.0, "first_answer_after_s": 0.5, "downtime_s": 1.2, "errors": 0}}
+
+
+def test_the_section_is_kept_and_reports_every_part():
+    assert (FLOOR_START, FLOOR_END) in KEPT_SECTIONS
+    text = F.render_section(results())
+    assert text.startswith(FLOOR_START) and text.endswith(FLOOR_END)
+    for needle in ("| 1 | `router_single` |", "| 16 | `hand_bls` |", "p50 at c=1 at most 1.05x", "**met**",
+                   "| 1.0 | 4.0 | 0.25 | 1.0 | 333.3 | 300.0 | 0.9x |", "Router / ensemble throughput at c=16",
+                   "| `router` | 2.5 |", "1.25x", "**1.2 s**", "goal at most 3 s **met**", "1 measurement(s) failed",
+                   "load average [1.0, 2.0, 3.0] before"):
+        assert needle in text, needle
+
+
+def test_the_section_says_what_is_undecided_and_what_is_missing():
+    r = results(3)
+    r.update(load_time=None, repair=None)
+    text = F.render_section(r)
+    assert "none (under 6 rounds)" in text and "**not decided**" in text and "about 6 rounds would decide it" in text
+    assert "Load time not measured" in text and "no soak report" in text
+
+
+def test_no_prediction_when_the_cost_is_not_positive():
+    c = F.cost_model(t_fast=1000.0, t_accurate=100.0, t_single=1000.0, t_router=300.0, e=0.0)  # overhead -9 ms
+    assert c["predicted"] is None and c["ratio"] is None
+    assert F.classifier_input_json([[1, 2, 3], [1]])["data"][1]["input_ids"]["shape"] == [1]  # default: unpadded
+
+
+def test_the_soak_measures_the_router_reload_downtime():
+    from lab.soak.ledger import Record
+    from lab.soak.report import router_repair
+    from lab.soak.workload import RequestSpec
+
+    def rec(sent, done, outcome="ok"):
+        return Record(RequestSpec(f"r{sent}", (0,), (0.5,), None, "http"), "router_reload", frozenset(), sent, done, outcome)
+
+    assert router_repair([], None)["downtime_s"] is None
+    # reload sent at 10, returned at 16; answers at 10.5, 12.0 (a 1.5 s gap), 15.0 (3.0 s), the first
+    # request sent after the return answered at 16.4; one error meanwhile
+    records = [rec(9.0, 10.5), rec(11.0, 12.0), rec(11.5, 15.0), rec(12.0, 12.5, "error"), rec(16.1, 16.4), rec(17.0, 17.2)]
+    r = router_repair(records, (10.0, 16.0))
+    assert r == {"reload_s": 6.0, "first_answer_after_s": 0.4, "downtime_s": 3.0, "errors": 1}
+    assert router_repair([rec(9.0, 10.5)], (10.0, 16.0)) == {"reload_s": 6.0, "first_answer_after_s": None,
+                                                             "downtime_s": None, "errors": None}

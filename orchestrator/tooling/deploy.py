@@ -21,7 +21,7 @@ The checks (docs/guides/kubernetes.md, "What was validated here"):
 - **checkov**: a security scan of the rendered manifests and ``deploy/Dockerfile``; a
   waiver (``checkov.io/skipN`` annotation, ``# checkov:skip=``) must give a reason. checkov
   knows no KServe kinds: each ``ServingRuntime`` is scanned as the Pod KServe makes of it
-  (:func:`servingruntime_as_pod`);
+  (``kserve_pod.servingruntime_as_pod``);
 - **security**: the admin key comes from a Secret file; the NetworkPolicy admits labelled
   namespaces only and limits egress; readiness is the router's own; the ServingRuntime has
   the Deployment's security context, ``/dev/shm`` and probes (:func:`check_security`);
@@ -64,7 +64,7 @@ from orchestrator.runtime.routing.heads import HeadError, repository_heads
 from orchestrator.runtime.routing.policy import PolicyError, bind_heads, load_policy
 from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
-from orchestrator.tooling.kserve_pod import predictor_pod, servingruntime_as_pod  # noqa: F401 (servingruntime_as_pod: its home before)
+from orchestrator.tooling.kserve_pod import predictor_pod
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.prod_overlay import check_prod_images
 from orchestrator.tooling.repository import get_parameter, read_config

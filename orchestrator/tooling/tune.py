@@ -375,11 +375,10 @@ def long_texts(models: Models, tokenizer: str, texts: Sequence[str], labels: np.
     t = [texts[i] for i in order]
     ys = [labels[i] for i in order]
     keys = [tuple(bool(v) for v in y) if np.ndim(y) else int(y) for y in ys]
-    tok = models.tokenizers[tokenizer]
-    lengths = [len(x) for x in tok(t, truncation=False, padding=False, verbose=False)["input_ids"]]
+    lengths = [len(x) for x in models.ids(tokenizer, t)]
 
     def count(s: str) -> int:
-        return len(tok(s, truncation=False, verbose=False)["input_ids"])
+        return len(models.ids(tokenizer, [s])[0])
 
     out = {}
     same_pairs = same_label_long_texts(t, [hash(k) for k in keys], lengths, count, n=n) if keys else []

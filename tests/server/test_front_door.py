@@ -16,13 +16,11 @@ another client is served.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import threading
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -350,23 +348,10 @@ def test_a_control_character_in_the_path_is_refused_at_the_door(stack):
 
 def _pss_bytes(root_pid: int) -> int:
     """Proportional set size of ``root_pid`` and its children (nginx's master and workers)."""
-    pids = [root_pid] + [int(p) for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == root_pid]
-    total = 0
-    for pid in pids:
-        try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1]) * 1024
-        except OSError:
-            pass
-    return total
+    from lab.soak.memory import pss_bytes
+    from lab.soak.procs import children
 
-
-def _ppid(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
+    return sum(pss_bytes(pid) or 0 for pid in [root_pid] + [c.pid for c in children(root_pid)])
 
 
 def _manifest_memory_limit() -> int:

@@ -35,7 +35,7 @@ from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
-from orchestrator.tooling.repository import ModelConfig, check_repository, config_path, get_parameter, is_python_model, read_config
+from orchestrator.tooling.repository import ModelConfig, config_path, get_parameter, is_python_model, read_config, repository_problems
 
 POLICY_FILE = "policy.yaml"
 
@@ -160,14 +160,10 @@ def router_policies(repo: Path, config_name: Optional[str] = "embedded") -> Dict
 
 
 def repository_errors(repo: Path) -> List[str]:
-    """What Triton would refuse in ``repo`` when it loads it (:func:`check_repository`: a
-    config whose ``name`` is not its directory's, a missing label file, a Python model
-    without its ``model.py``, an ensemble step that does not fit), one message each."""
-    try:
-        check_repository(repo)
-    except ConfigError as exc:
-        return [f"the repository: {line}" for line in str(exc).splitlines()]
-    return []
+    """What Triton would refuse in ``repo`` when it loads it (:func:`repository_problems`: a
+    config whose ``name`` is not its directory's, a missing label file, a Python model without
+    its ``model.py``, an ensemble step that does not fit), one message each."""
+    return [f"the repository: {line}" for line in repository_problems(repo)]
 
 
 def read_labels(path: Path) -> Optional[List[str]]:

@@ -52,6 +52,7 @@ __all__ = [
     "rename_steps",
     "copy_model",
     "check_repository",
+    "repository_problems",
 ]
 
 
@@ -240,6 +241,16 @@ def check_repository(model_repository: PathLike) -> Dict[Path, ModelConfig]:
     if problems:
         raise ConfigError("\n".join(problems))
     return configs
+
+
+def repository_problems(model_repository: PathLike) -> List[str]:
+    """What :func:`check_repository` refuses in ``model_repository``, one message a line
+    (a config that does not parse too); empty when Triton would load it."""
+    try:
+        check_repository(model_repository)
+    except ConfigError as exc:
+        return str(exc).splitlines()
+    return []
 
 
 def _ensemble_problems(path: Path, config: ModelConfig, models: Mapping[str, List[Path]],

@@ -64,7 +64,7 @@ from orchestrator.tooling.env.inspection import EnvInfo, inspect_env
 from orchestrator.tooling.env.install import env_install_command, models_missing_env_config
 from orchestrator.tooling.env.stubs import StubInfo, dispatcher_target, embedded_library_path, embedded_stub, inspect_stub
 from orchestrator.tooling.errors import ConfigError, ToolingError
-from orchestrator.tooling.repository import check_repository, config_path, get_parameter, is_python_model, list_models, read_config
+from orchestrator.tooling.repository import config_path, get_parameter, is_python_model, list_models, read_config, repository_problems
 
 __all__ = ["Finding", "ModelReport", "check_env", "diagnose", "add_doctor_arguments", "doctor_command"]
 
@@ -277,16 +277,6 @@ def _diagnose_model(model_dir: Path, name: str, config_name: str | None, server:
     missing = next((f for f in report.findings if f.kind == "libpython" and f.is_problem), None)
     report.libpython = libline or (f"{stub.libpython} => not found" if missing else (stub.libpython or "none"))
     return report
-
-
-def repository_problems(repo: Path) -> list[str]:
-    """What Triton would refuse in ``repo`` at load (``repository.check_repository``), one
-    message each; empty when nothing."""
-    try:
-        check_repository(repo)
-    except ConfigError as exc:
-        return str(exc).splitlines()
-    return []
 
 
 def _stub_to_run(model_dir: Path, server_stub: Path, info: EnvInfo | None) -> Path:

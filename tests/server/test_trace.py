@@ -113,8 +113,11 @@ def test_triton_mode_child_traces_point_to_the_routers_request(test_repository, 
         start, end = stamps[router["id"]]["REQUEST_START"], stamps[router["id"]]["REQUEST_END"]
         for child in (h for h in heads.values() if h.get("parent_id") == router["id"]):
             assert child["request_id"] == router["request_id"]  # the router passes its ids on
-            # each call ran while the router's request did
-            assert start <= stamps[child["id"]]["REQUEST_START"] <= stamps[child["id"]]["REQUEST_END"] <= end
+            # each call started while the router's request ran; its REQUEST_END is the BLS
+            # request's release, reported from the stub's process after its response came back,
+            # which can land after the router's own end (seen: 1.0 ms later), so it is not bounded by it
+            assert start <= stamps[child["id"]]["REQUEST_START"] <= end
+            assert stamps[child["id"]]["REQUEST_START"] <= stamps[child["id"]]["REQUEST_END"]
 
 
 def check_batched(records: List[Dict[str, Any]]) -> None:

@@ -189,7 +189,7 @@ def build_probe_env(tmp: Path, numpy_version: str, verify: bool, project: bool =
         pip_args=["--no-index", "--find-links", str(probe.parent), "--find-links", str(numpy_wheel.parent)],
         install_project=project,
         imports=["numpy", "envprobe", "triton_python_backend_utils"]
-        + (["orchestrator.runtime.serving.request", "orchestrator.runtime.models.postprocess"] if project else []),
+        + (["orchestrator.runtime.request", "orchestrator.runtime.models.postprocess"] if project else []),
         verify=verify,
         output=tmp / "out" / ENV_TARBALL_NAME,
         quiet=True,

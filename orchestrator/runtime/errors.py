@@ -83,7 +83,7 @@ class Cause(Enum):
     STUB_DEAD = "stub_dead"
     #: The server reports it not ready, unloaded or unknown.
     NOT_READY = "not_ready"
-    #: Its circuit is open (``health.CircuitBreaker``): it failed just now.
+    #: Its circuit is open (``downstream.CircuitBreaker``): it failed just now.
     CIRCUIT_OPEN = "circuit_open"
     #: An on-demand load failed, or on-demand loading is unavailable (``ondemand``).
     NOT_LOADED = "not_loaded"
@@ -92,7 +92,7 @@ class Cause(Enum):
 class UnavailableError(DownstreamError):
     """A model cannot serve now (``cause``); retrying the same call at once cannot help.
 
-    Raised by ``health.CircuitBreaker`` (open circuit, dead stub, an error text that says
+    Raised by ``downstream.CircuitBreaker`` (open circuit, dead stub, an error text that says
     the model is not ready), ``downstream.Downstream`` and ``ondemand.ModelManager`` (a
     failed load). The router answers ``UNAVAILABLE`` (clients may retry later) unless a
     ``fallback`` node answers instead; the router's per-request retries after a failed

@@ -55,9 +55,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from orchestrator.runtime.execution.tokenize import truncate
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import MULTICLASS, Head
-from orchestrator.runtime.routing.nodes.base import Answer, truncate
+from orchestrator.runtime.routing.nodes.base import Answer
 from orchestrator.runtime.routing.nodes.cascade import CascadeNode
 from orchestrator.runtime.routing.nodes.chunk import ChunkNode, ChunkText, _combine, _stop_reason, token_windows, window_weights
 from orchestrator.runtime.routing.nodes.fallback import FallbackNode

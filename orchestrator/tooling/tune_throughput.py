@@ -193,7 +193,7 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
     Raises:
         TuneError: a bad ``url``, or a stage model with no successful request.
     """
-    from orchestrator.runtime.routing.nodes.base import truncate
+    from orchestrator.runtime.execution.tokenize import truncate
 
     protocol, address = parse_url(url)
     out: Dict[str, Any] = {"url": url, "concurrency": concurrency, "duration_s": duration_s, "formula": FORMULA,

@@ -60,7 +60,7 @@ def test_the_variant_changes_only_the_instance_count(tmp_path):
 
 def test_the_flush_variant_changes_only_the_timing_sample(tmp_path):
     from orchestrator.runtime.metrics import SAMPLE_PARAMETER, timing_sample
-    from orchestrator.runtime.serving.request import config_parameters
+    from orchestrator.runtime.request import config_parameters
     from orchestrator.tooling.repository import read_config
 
     repo = I.make_flush_repository(tmp_path / "repo")

@@ -17,11 +17,11 @@ import pytest
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.routing.nodes.cascade import BUDGET_METRIC, MARGIN_GAUGE, RATE_GAUGE, Budget, EscalationBudget, distances
 from orchestrator.runtime.routing.policy import describe as describe_policy
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 from tests.unit.test_shadow import RecordingMetrics
 

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.errors import DeadlineExceeded, DownstreamError, RequestCancelled
-from orchestrator.runtime.execution.deadlines import COST_WEIGHT, RequestContext
-from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.execution.engine import COST_WEIGHT, Engine
+from orchestrator.runtime.request import RequestContext, Result, Work
 from orchestrator.runtime.routing.nodes.base import Item
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.runtime.serving.request import Result, Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 

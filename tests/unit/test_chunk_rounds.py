@@ -17,10 +17,10 @@ import pytest
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.heads import LEGACY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.routing.nodes.chunk import settled_verdicts, token_windows, window_weights
 from orchestrator.runtime.routing.policy import bind_heads, parse_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, ids_of
 from tests.unit.test_engine_heads import HEADS, KFake, fake_logits, softmax
 from tests.unit.test_shadow import RecordingMetrics

@@ -11,12 +11,12 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, LimitError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.heads import logit
 from orchestrator.runtime.routing.nodes import KINDS
 from orchestrator.runtime.routing.nodes.chunk import token_windows
 from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 
@@ -202,7 +202,7 @@ def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carri
     from one request carry its trace; a call batching rows of several requests carries
     the first one's in row order, or the first that has a context (a sampled request
     in opentelemetry mode); no trace at all: none."""
-    from orchestrator.runtime.execution.deadlines import RequestContext
+    from orchestrator.runtime.request import RequestContext
 
     fake = FakeBLS()
     engine = Engine(parse_policy({"version": 1, "root": model("fast")}), fake)

@@ -11,9 +11,9 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.heads import BINARY, LEGACY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.routing.policy import bind_heads, parse_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, ids_of, word_id
 from tests.unit.test_shadow import RecordingMetrics
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from orchestrator.runtime.request import InputError, check_thresholds
 from orchestrator.runtime.routing.heads import (
     BINARY,
     LEGACY,
@@ -17,7 +18,6 @@ from orchestrator.runtime.routing.heads import (
     head_of_parameters,
     read_head,
 )
-from orchestrator.runtime.serving.request import InputError, check_thresholds
 
 LOGITS = np.array([[0.3, -1.2, 2.0], [1.5, 1.5, -0.5]], dtype=np.float32)
 

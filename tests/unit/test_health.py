@@ -1,4 +1,4 @@
-"""The circuit breaker (runtime/bls/health.py) with a fake clock, alone and in front of the engine."""
+"""The circuit breaker (runtime/bls/downstream.py) with a fake clock, alone and in front of the engine."""
 
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import asyncio
 import numpy as np
 import pytest
 
+from orchestrator.runtime.bls.downstream import CircuitBreaker
 from orchestrator.runtime.bls.health import (
     CLOSED,
     HALF_OPEN,
     OPEN,
     STATE_VALUES,
     BreakerSettings,
-    CircuitBreaker,
     CircuitState,
     classify,
     stub_is_dead,
 )
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS
 
 DEAD = "model 'm' failed: Stub process 'm_0_0' is not healthy."

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing import policy_docs as D
 from orchestrator.runtime.routing import schema as S
@@ -23,7 +24,6 @@ from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes import KINDS, KindDefaults, defaultable
 from orchestrator.runtime.routing.nodes.base import Answer, ModelCall, Node, NodeKind
 from orchestrator.runtime.routing.nodes.chunk import ChunkNode
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import ROOT, FakeBLS, expected_logit, ids_of, sig
 
 SHIPPED = [ROOT / "model_repository" / "router" / "policy.yaml", *sorted((ROOT / "docs" / "policies").glob("*.yaml"))]

@@ -10,11 +10,11 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.heads import BINARY, LEGACY, MULTICLASS, MULTILABEL, Head
 from orchestrator.runtime.routing.nodes.switch import label_probability, top_label
 from orchestrator.runtime.routing.policy import bind_heads, parse_policy
 from orchestrator.runtime.routing.policy import describe as describe_policy
-from orchestrator.runtime.serving.request import Work
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 TWO = Head(BINARY, ("neg", "pos"), positive_index=1)

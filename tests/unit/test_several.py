@@ -15,9 +15,9 @@ import pytest
 from orchestrator.runtime.bls import control
 from orchestrator.runtime.bls.control import RepositoryControl, ServerOptions, parse_restriction
 from orchestrator.runtime.errors import PolicyError, RequestCancelled
+from orchestrator.runtime.request import Result
 from orchestrator.runtime.routing.heads import BINARY, MULTICLASS, Head
 from orchestrator.runtime.routing.policy import bind_heads, parse_policy
-from orchestrator.runtime.serving.request import Result
 from orchestrator.runtime.serving.router import check_label_file
 from tests.unit.test_cancel_deadline import Clock, TimedBLS, cascade, engine_for, work
 

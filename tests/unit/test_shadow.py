@@ -13,10 +13,10 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.nodes.model import split_target, target
 from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.runtime.routing.policy import describe, parse_policy
-from orchestrator.runtime.serving.request import Work
 from orchestrator.runtime.serving.router import warmup_executes
 from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 

@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 from orchestrator.runtime.bls import stubs
-from orchestrator.runtime.bls.downstream import Downstream
-from orchestrator.runtime.bls.health import OPEN, BreakerSettings, CircuitBreaker, stub_is_dead
+from orchestrator.runtime.bls.downstream import CircuitBreaker, Downstream
+from orchestrator.runtime.bls.health import OPEN, BreakerSettings, stub_is_dead
 from orchestrator.runtime.bls.stubs import StubWatch
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
-from orchestrator.runtime.execution.deadlines import CallOptions
+from orchestrator.runtime.request import CallOptions
 
 SERVER = 4242
 

@@ -1,7 +1,7 @@
 """The router's downstream client: every BLS call it makes, behind one narrow interface.
 
 :class:`Downstream` owns what a call to another model needs: the blocking or asynchronous
-BLS request, a circuit breaker per model (``health.CircuitBreaker``; the candidates of
+BLS request, a circuit breaker per model (:class:`CircuitBreaker`, below; the candidates of
 ``shadow`` nodes get breakers of their own, so their failures never open a circuit the
 answers depend on), the look in ``/proc`` for a dead Python-backend stub
 (``stubs.StubWatch``), readiness, and the repair of a model whose stub died
@@ -11,20 +11,53 @@ answers depend on), the look in ``/proc`` for a dead Python-backend stub
 ``is_ready()`` hook on releases that call it). The engine sees only its :meth:`Downstream.infer`
 (``engine.InferFn``), the seam the tests fake; the router parses, runs, responds and warms
 up (``router``).
+
+The circuit breaker is the pattern Triton users know from Envoy/Istio outlier detection:
+after ``consecutive_failures`` failed calls in a row to one model, the model's circuit OPENS and
+calls to it fail at once (a ``fallback`` node answers instead) for ``open_s`` seconds; then
+the circuit is HALF-OPEN and a single probe call decides: success closes it, failure opens
+it again. A failure that says the model cannot serve at all opens the circuit at once:
+its stub process is not healthy (Triton 2.51 keeps such a model READY and fails every call
+to it after about 1 s, see docs/guides/reliability.md), or the model is not ready, unloaded or
+unknown. Such failures are raised as ``errors.UnavailableError`` with their
+``errors.Cause``; other failures stay ``errors.DownstreamError``.
+
+When a circuit opens because the model's stub is not healthy, ``on_unhealthy`` is called
+with the model's name (the router reloads the model there, see ``ondemand.ModelManager``);
+while that repair is under way the circuit stays open (no probe reaches the old instance),
+and its end ends the cool-down. A circuit opened because the model was not ready
+(unloaded) asks ``ready_check`` (``pb_utils.is_model_ready``, at most every 0.5 s) while
+open, so it probes as soon as an operator loads the model again.
+
+State is per router instance (per replica): nothing is shared between processes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type
 
 from numpy.typing import NDArray
 
-from orchestrator.runtime.bls.health import CircuitBreaker, CircuitState, classify
+from orchestrator.runtime.bls.health import (
+    CLOSED,
+    HALF_OPEN,
+    OPEN,
+    READY_CHECK_INTERVAL_S,
+    REPAIRING_OPEN_S,
+    BreakerSettings,
+    CircuitState,
+    cause_of,
+    classify,
+)
 from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.bls.stubs import StubWatch
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
-from orchestrator.runtime.execution.deadlines import CallOptions
 from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.nodes.model import split_target
 from orchestrator.runtime.routing.nodes.shadow import ShadowNode
@@ -90,7 +123,7 @@ class Downstream:
     async def _call(self, breaker: CircuitBreaker, model: str, inputs: Dict[str, NDArray[Any]],
                     parameters: Optional[Dict[str, Any]], request_id: str, alone: bool,
                     options: CallOptions) -> Dict[str, NDArray[Any]]:
-        """One BLS call to ``model`` under ``breaker`` (``health.CallGuard``), failed at once
+        """One BLS call to ``model`` under ``breaker`` (:class:`CallGuard`), failed at once
         when the stub watch saw its stub exit (raises DownstreamError)."""
         async with breaker.guard(model):
             dead = self._stub_dead(model)
@@ -170,6 +203,200 @@ class Downstream:
         if self.policy.breaker.reload_unhealthy and model in self.policy.models() and name != self.router:
             return self.models.repair(name)  # True: under way, the breaker holds the circuit open
         return False
+
+
+@dataclass
+class _Circuit:
+    state: CircuitState = CLOSED
+    failures: int = 0
+    opened_at: float = 0.0
+    last_error: str = ""
+    last_cause: Optional[Cause] = None
+    probing: bool = False
+    checked_at: float = float("-inf")
+    repairing: bool = False
+
+
+class CircuitBreaker:
+    """Circuit state per downstream model.
+
+    Args:
+        settings: thresholds and cool-down.
+        on_change: ``(model, old_state, new_state, reason)`` after every state change
+            (logging and metrics).
+        on_unhealthy: ``(model) -> bool`` when a circuit opens because the model's stub is
+            dead; True means a repair is under way, and the circuit then stays open until
+            :meth:`half_open` (at most :data:`REPAIRING_OPEN_S`).
+        ready_check: ``(model) -> bool``, whether the server reports the model ready.
+        clock: monotonic seconds (tests pass a fake one).
+    """
+
+    def __init__(
+        self,
+        settings: BreakerSettings,
+        on_change: Optional[Callable[[str, CircuitState, CircuitState, str], None]] = None,
+        on_unhealthy: Optional[Callable[[str], bool]] = None,
+        ready_check: Optional[Callable[[str], bool]] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.settings = settings
+        self.on_change = on_change
+        self.on_unhealthy = on_unhealthy
+        self.ready_check = ready_check
+        self.clock = clock
+        self.circuits: Dict[str, _Circuit] = {}
+        self.lock = threading.Lock()
+
+    def state(self, model: str) -> CircuitState:
+        """The model's circuit state now (an open circuit whose cool-down is over reads
+        ``half_open``)."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is None:
+                return CLOSED
+            if c.state == OPEN and self.clock() - c.opened_at >= self._cool_down(c):
+                return HALF_OPEN
+            return c.state
+
+    def _cool_down(self, c: _Circuit) -> float:
+        return max(self.settings.open_s, REPAIRING_OPEN_S) if c.repairing else self.settings.open_s
+
+    def before_call(self, model: str) -> None:
+        """Let a call to ``model`` through, or fail it fast.
+
+        Raises:
+            UnavailableError: (``Cause.CIRCUIT_OPEN``) the circuit is open, or half-open
+                with its probe call in flight.
+        """
+        change: Optional[Tuple[CircuitState, CircuitState]] = None
+        with self.lock:
+            c = self.circuits.setdefault(model, _Circuit())
+            if c.state == CLOSED:
+                return
+            now = self.clock()
+            left = self._cool_down(c) - (now - c.opened_at)
+            if c.state == OPEN and left > 0 and self._back(model, c, now):
+                left = 0.0
+            if c.state == OPEN and left <= 0:
+                change = (c.state, HALF_OPEN)
+                c.state = HALF_OPEN
+            if c.state == HALF_OPEN and not c.probing:
+                c.probing = True
+            else:
+                wait = f"next probe in {left:.1f} s" if c.state == OPEN else "a probe call is in flight"
+                raise UnavailableError(
+                    f"model '{model}' is unavailable (circuit open, {wait}; last error: {c.last_error})", Cause.CIRCUIT_OPEN
+                )
+        if change:
+            self._changed(model, *change, "cool-down over, probing")
+
+    def _back(self, model: str, c: _Circuit, now: float) -> bool:
+        """True when a circuit opened for a not-ready model finds it ready again."""
+        if self.ready_check is None or c.last_cause is not Cause.NOT_READY:
+            return False
+        if now - c.checked_at < READY_CHECK_INTERVAL_S:
+            return False
+        c.checked_at = now
+        try:
+            return bool(self.ready_check(model))
+        except Exception:  # a failing check must not fail the call path
+            return False
+
+    def on_success(self, model: str) -> None:
+        """Record a successful call: the circuit closes."""
+        change: Optional[Tuple[CircuitState, CircuitState]] = None
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is None:
+                return
+            c.failures, c.probing = 0, False
+            if c.state != CLOSED:
+                change = (c.state, CLOSED)
+                c.state = CLOSED
+        if change:
+            self._changed(model, *change, "a call succeeded")
+
+    def on_failure(self, model: str, message: str, cause: Optional[Cause] = None) -> None:
+        """Record a failed call (``message``: the error text; ``cause``: why the model
+        cannot serve, None: read from the text, :func:`classify`)."""
+        cause = classify(message) if cause is None else cause
+        opened: Optional[CircuitState] = None
+        with self.lock:
+            c = self.circuits.setdefault(model, _Circuit())
+            c.failures += 1
+            c.last_error, c.last_cause = message, cause
+            c.probing = False
+            if c.state == HALF_OPEN or cause is not None or c.failures >= self.settings.consecutive_failures:
+                if c.state != OPEN:
+                    opened = c.state
+                c.state, c.opened_at = OPEN, self.clock()
+        if opened is not None:
+            self._changed(model, opened, OPEN, message)
+        if opened is not None and cause is Cause.STUB_DEAD and self.on_unhealthy:
+            if self.on_unhealthy(model):
+                with self.lock:
+                    c.repairing = c.state == OPEN
+
+    def on_cancelled(self, model: str) -> None:
+        """Record a call cancelled before its answer: no verdict on the model. A cancelled
+        probe frees the half-open circuit for the next call to probe."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is not None:
+                c.probing = False
+
+    def half_open(self, model: str) -> None:
+        """End the cool-down now (the model was repaired): the next call probes it."""
+        with self.lock:
+            c = self.circuits.get(model)
+            if c is not None:
+                c.repairing = False
+                if c.state == OPEN:
+                    c.opened_at = self.clock() - self.settings.open_s
+
+    def _changed(self, model: str, old: CircuitState, new: CircuitState, reason: str) -> None:
+        if self.on_change:
+            self.on_change(model, old, new, reason)
+
+    def guard(self, model: str) -> "CallGuard":
+        """``async with breaker.guard(model): <one downstream call>``: the call runs only
+        when the circuit lets it through (:meth:`before_call`); leaving the block records
+        its outcome (:class:`CallGuard`)."""
+        return CallGuard(self, model)
+
+
+class CallGuard:
+    """One downstream call under a :class:`CircuitBreaker`, as an ``async with`` block: on
+    entry the circuit lets the call through or fails it fast; on exit a DownstreamError
+    counts as a failure, a cancellation (a node's ``timeout_ms``) only with
+    ``count_timeouts``, and a block left without an error as a success.
+
+    Raises:
+        UnavailableError: (entry) failed fast, circuit open; (exit) the call failed with an
+            error that says the model cannot serve (:func:`cause_of`), raised in its place
+            when it was a plain DownstreamError.
+    """
+
+    def __init__(self, breaker: CircuitBreaker, model: str) -> None:
+        self.breaker, self.model = breaker, model
+
+    async def __aenter__(self) -> None:
+        self.breaker.before_call(self.model)
+
+    async def __aexit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Any) -> None:
+        breaker, model = self.breaker, self.model
+        if exc is None:
+            breaker.on_success(model)
+        elif isinstance(exc, DownstreamError):
+            cause = cause_of(exc)
+            breaker.on_failure(model, str(exc), cause)
+            if cause is not None and not isinstance(exc, UnavailableError):
+                raise UnavailableError(str(exc), cause) from exc
+        elif isinstance(exc, asyncio.CancelledError):
+            if breaker.settings.count_timeouts:
+                breaker.on_failure(model, "the call was cancelled (node timeout)")
+            else:
+                breaker.on_cancelled(model)
 
 
 def _answer_models(policy: Policy) -> Tuple[List[str], List[str]]:

@@ -6,7 +6,7 @@ The router answers one ``execute`` at a time, so that second is paid by every re
 behind the first call. The stubs are children of the router's own parent, ``tritonserver``,
 visible in ``/proc`` (Linux, Triton's platform): a stub that has exited (a zombie, or gone)
 is seen in microseconds, and the call fails at once with the same message, which opens the
-circuit and starts the repair as the real error would (``health.CircuitBreaker``).
+circuit and starts the repair as the real error would (``downstream.CircuitBreaker``).
 
 A stub's command line (python_backend ``StubLauncher::Launch``, the same arguments in r24.10
 = Triton 2.51 and in r25.08 and later)::

@@ -2,36 +2,117 @@
 
 Texts become :class:`~orchestrator.runtime.routing.nodes.base.Item` objects that enter the
 policy's root node; each node's handler is found in ``routing.nodes.KINDS``. The
-:class:`Engine` is made once, at load; each execute is a :class:`Run` (``Engine.start``).
-What the engine sets up for a policy comes from what its kinds declare
-(``NodeKind.tokens``, ``windows``, ``calls``, ``background``), never from their names.
-Downstream calls go through the ``infer`` function a run is given (``calls.InferFn``), so
-tests drive it with a fake one.
+:class:`Engine` is made once, at load; each execute is a :class:`Run` (``Engine.start``),
+whose :class:`ModelCalls` tokenize texts with each model's own tokenizer (in-process from
+the tokenizer model's files, or one batched BLS call to the tokenizer model) and classify
+them (rows sorted by length, padded per call with the head's pad id, split at
+``bls_max_batch_size`` rows, sent concurrently). What the engine sets up for a policy comes
+from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``, ``background``),
+never from their names. Every downstream call goes through the ``infer`` function a run is
+given (:data:`InferFn`; the router's is ``Downstream.infer``), with the trace and timeout
+``request.Deadlines.call_options`` gives its rows, so tests drive it with a fake one.
+
+Concurrency on the router's event loop: a BLS call that is the only one in flight may use
+the blocking ``InferenceRequest.exec`` (no thread hand-offs); calls that run beside others
+(branches under :func:`gather`) or under a timeout (``asyncio.wait_for`` must be able to
+give up on them) must use ``async_exec``. A context variable says which case a call is in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import random
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, TypeVar, Union
 
 import numpy as np
 from numpy.typing import NDArray
 
 from orchestrator.runtime.bls.ondemand import ModelManager
-from orchestrator.runtime.errors import DownstreamError, InputError, RequestStopped
-from orchestrator.runtime.execution.calls import InferFn, ModelCalls, inline_tokenizers
-from orchestrator.runtime.execution.concurrency import as_concurrent
-from orchestrator.runtime.execution.deadlines import Deadlines
+from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
 from orchestrator.runtime.execution.mirror import Mirror
+from orchestrator.runtime.execution.tokenize import TextTokenizer, truncate
 from orchestrator.runtime.metrics import Key, Metrics
+from orchestrator.runtime.request import CallOptions, Deadlines, Result, Work
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
-from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, route_label, window_error
-from orchestrator.runtime.routing.policy import Policy, bind_heads
-from orchestrator.runtime.serving.request import Result, Work
+from orchestrator.runtime.routing.nodes.base import Answer, Answers, Item, Node, Windows, split_target
+from orchestrator.runtime.routing.policy import Policy, bind_heads, inline_tokenizer_dirs
+
+T = TypeVar("T")
+
+# infer(target, inputs, parameters, request_id, alone, options) -> outputs; raises DownstreamError.
+# ``target``: a model name, or ``name@version`` (``nodes.model.target``) for a pinned version.
+# ``alone``: no other downstream call of this execute can be in flight meanwhile, so the call
+# may block the event loop (the router then uses the blocking BLS ``exec``).
+# ``options``: the call's trace and timeout (``CallOptions``).
+InferFn = Callable[
+    [str, Dict[str, NDArray[Any]], Optional[Dict[str, Any]], str, bool, CallOptions], Awaitable[Dict[str, NDArray[Any]]]
+]
+
+#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
+#: its run times, :meth:`Engine.measured`, read by ``Deadlines.estimate``): about the last 5
+#: runs count. A choice, not a measured optimum: it follows a load change within a few requests.
+COST_WEIGHT = 0.3
+
+# True inside a branch that runs beside others or under a timeout.
+_CONCURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("orchestrator_concurrent", default=False)
+
+
+def in_concurrent_branch() -> bool:
+    """True when the current task runs beside others or under a timeout."""
+    return _CONCURRENT.get()
+
+
+async def as_concurrent(coro: Awaitable[T]) -> T:
+    """Await ``coro`` marked concurrent (its downstream calls must not block the loop)."""
+    token = _CONCURRENT.set(True)  # reset: Python 3.12's wait_for awaits in the caller's task
+    try:
+        return await coro
+    finally:
+        _CONCURRENT.reset(token)
+
+
+async def gather(coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
+    """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one;
+    ``settle``: failures are returned in their places (``return_exceptions``)."""
+    coros = list(coros)
+    if len(coros) == 1 and not settle:
+        return [await coros[0]]
+    return await asyncio.gather(*(as_concurrent(c) for c in coros), return_exceptions=settle)
+
+
+def route_label(route: str) -> str:
+    """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
+    it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
+    label, so its values stay one per route rather than one per count."""
+    return ":".join(part for part in route.split(":") if "=" not in part)
+
+
+def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int) -> Optional[LimitError]:
+    """A LimitError when a text of ``items`` (one request's) would make more than ``cap``
+    windows (``limits.max_windows_per_text``) in any of the ``windowing`` nodes."""
+    for i, it in enumerate(items):
+        counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
+                  for w in windowing if w.tokenizer in it.tokens]
+        windows, tokens = max(counts, default=(1, 0))
+        if windows > cap:
+            return LimitError(
+                f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
+                "(policy limits.max_windows_per_text)",
+                "max_windows_per_text",
+            )
+    return None
+
+
+def inline_tokenizers(policy: Policy, model_dir: Optional[Path]) -> Dict[str, TextTokenizer]:
+    """The in-process tokenizers of ``policy`` (``inline.tokenizer``) by tokenizer model,
+    read from their files (paths relative to the router's ``model_dir``); none without."""
+    if not policy.inline_tokenizer:
+        return {}
+    return {name: TextTokenizer(path) for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items()}
 
 
 class Engine:
@@ -55,8 +136,8 @@ class Engine:
             (``RequestContext.deadline``) are on it. Tests pass a fake one.
 
     Attributes:
-        costs: node name -> estimated run time, seconds (``Deadlines.estimate``), shared
-            by every run.
+        costs: node name -> estimated run time, seconds (:meth:`measured`; read by
+            ``Deadlines.estimate``), shared by every run.
     """
 
     def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
@@ -90,6 +171,12 @@ class Engine:
         metrics, with the shadow queue."""
         return await self.start(self.infer, self.models, self.metrics, background=True).run(works)
 
+    def measured(self, node: Node, seconds: float) -> None:
+        """A successful run of ``node`` took ``seconds`` on the engine clock: its cost
+        estimate (:attr:`costs`) moves towards it by :data:`COST_WEIGHT`."""
+        old = self.costs.get(node.name)
+        self.costs[node.name] = seconds if old is None else old + COST_WEIGHT * (seconds - old)
+
     def close(self) -> None:
         """Stop the shadow worker, if any (what is still queued is dropped)."""
         if self.mirror_runner is not None:
@@ -98,14 +185,15 @@ class Engine:
 
 class Run:
     """What belongs to one ``execute`` (a warmup sample, a shadow comparison): the ``infer``
-    its model calls use (``calls``), deadlines and cancellation (``deadlines``), window ids,
+    its model calls use (``calls``: :class:`ModelCalls`), deadlines and cancellation
+    (``deadlines``: ``request.Deadlines``), window ids,
     random draws, its metrics and the shadow queue. Node handlers get it (``nodes.base.Engine``)."""
 
     def __init__(self, engine: Engine, infer: InferFn, models: Optional[ModelManager], metrics: Optional[Metrics],
                  mirror_runner: Optional[Mirror]) -> None:
         self.engine, self.head, self.metrics, self.mirror_runner = engine, engine.head, metrics, mirror_runner
         self.deadlines = Deadlines(engine.clock, metrics, engine.costs)
-        self.calls = ModelCalls(engine.policy, infer, models, self.deadlines, engine.tokenizers, metrics)
+        self.calls = ModelCalls(engine.policy, infer, models, self.deadlines, engine.tokenizers, self.stage)
         self.counter, self.rng = 0, random.Random()
         self.counts: Dict[Key, float] = {}  # (family, labels) -> value: handed to ``metrics`` at the end (flush)
         self.observations: Dict[Key, List[float]] = {}
@@ -162,6 +250,10 @@ class Run:
             self.mirror_runner.submit(node, items, [(answers[it.idx].probabilities, self.final_verdicts(answers[it.idx], it))
                                                     for it in items])
 
+    async def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
+        """:func:`gather`: ``coros`` side by side, their downstream calls through ``async_exec``."""
+        return await gather(coros, settle)
+
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run ``node``'s handler on ``items``; counts errors and latency, applies its
         timeout; a successful run's time on the engine clock feeds ``Deadlines.estimate``.
@@ -181,7 +273,7 @@ class Run:
                     raise DownstreamError(f"node '{node.name}' timed out after {node.timeout_ms:g} ms") from None
             else:
                 answers = await coro
-            self.deadlines.measured(node, self.engine.clock() - began)
+            self.engine.measured(node, self.engine.clock() - began)
             return answers
         except DownstreamError:
             self.count("orchestrator_node_errors_total", node=node.name)
@@ -240,3 +332,136 @@ class Run:
             return results
         finally:  # the metrics of this execute, also when it failed
             self.flush()
+
+
+class ModelCalls:
+    """Tokenize and classify through ``infer`` (module docstring).
+
+    Args:
+        policy: the validated policy (``bls_max_batch_size``, inline tokenizers).
+        infer: the downstream call (:data:`InferFn`); raises DownstreamError.
+        models: the on-demand model manager (None: every model counts as loaded).
+        deadlines: marks requests started and late around each call.
+        tokenizers: :class:`~orchestrator.runtime.execution.tokenize.TextTokenizer` by tokenizer
+            model (inline tokenizers only: :func:`inline_tokenizers`, made once per engine).
+        stage: ``(stage, began)``: the run's :meth:`Run.stage`, where each batched group's
+            round trip goes (``orchestrator_stage_seconds{stage="bls"}``).
+    """
+
+    def __init__(self, policy: Policy, infer: InferFn, models: Optional[ModelManager], deadlines: Deadlines,
+                 tokenizers: Dict[str, TextTokenizer], stage: Callable[[str, float], None]) -> None:
+        self.policy, self.infer, self.models, self.deadlines, self.stage = policy, infer, models, deadlines, stage
+        self.tokenizers = tokenizers
+
+    async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
+        """Tokenize with tokenizer model ``tokenizer`` (in-process with its files, or one
+        batched BLS call to it without truncation) the items that have no ids of it yet."""
+        todo = [it for it in items if tokenizer not in it.tokens]
+        if not todo:
+            return
+        local = self.tokenizers.get(tokenizer)
+        if local is not None:  # in-process: the same files and encoding as the tokenizer model
+            for it, ids in zip(todo, local.encode([it.text for it in todo], truncation=False)):
+                it.tokens[tokenizer] = ids
+            return
+
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
+            return {"TEXT": np.array([todo[i].text.encode("utf-8") for i in part], dtype=np.object_).reshape(-1, 1)}
+
+        outs = await self.batched(tokenizer, todo, inputs, {"truncation": False})
+        k = 0
+        for out in outs:
+            ids, lengths = out["input_ids"], out["attention_mask"].sum(axis=1)
+            for row in range(ids.shape[0]):
+                todo[k].tokens[tokenizer] = ids[row, : int(lengths[row])]
+                k += 1
+
+    async def classify(self, model: str, items: Sequence[Item], max_length: int, head: Head) -> NDArray[Any]:
+        """Logits (float32 [len(items), head.num_logits]) of ``model`` (a name or
+        ``name@version``): the ids of the head's tokenizer, truncated to ``max_length``
+        tokens, rows sorted by length and padded per call with the head's ``pad_token_id``.
+
+        Raises:
+            DownstreamError: the model failed, answered another number of rows than it
+                was sent or another number of logit columns than its head has, or (on
+                demand) could not be loaded.
+        """
+        seqs = [truncate(it.tokens[head.tokenizer], max_length) for it in items]
+        order = sorted(range(len(seqs)), key=lambda i: seqs[i].shape[0])
+        ordered = [items[i] for i in order]
+
+        def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
+            width = max(seqs[order[i]].shape[0] for i in part)
+            ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
+            mask = np.zeros((len(part), width), dtype=np.int64)
+            for row, i in enumerate(part):
+                s = seqs[order[i]]
+                ids[row, : s.shape[0]] = s
+                mask[row, : s.shape[0]] = 1
+            return {"input_ids": ids, "attention_mask": mask}
+
+        if not self.models:
+            outs = await self.batched(model, ordered, inputs, None)
+        else:
+            name, _ = split_target(model)  # on-demand loading is per model, every version at once
+            await self.models.acquire(name)
+            try:
+                outs = await self.batched(model, ordered, inputs, None)
+            finally:
+                self.models.release(name)
+        columns = head.num_logits
+        logits = np.empty((len(seqs), columns), dtype=np.float32)
+        parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
+        for part in parts:
+            if part.shape[1] != columns:
+                raise DownstreamError(
+                    f"model '{model}' answered {part.shape[1]} logit columns, but its head has {columns} "
+                    f"({head.describe()}); a model without head.json is served as one logit: export it with "
+                    "'orchestrator export' or write its head.json"
+                )
+        logits[order] = np.concatenate(parts)
+        return logits
+
+    async def batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
+                      parameters: Optional[Dict[str, Any]]) -> List[Dict[str, NDArray[Any]]]:
+        """Send ``items`` to ``model`` in concurrent calls of at most ``bls_max_batch_size``
+        rows; ``make_inputs(row indices)`` builds one call's tensors.
+
+        Each call carries the Triton request ids of its rows, and, when all its rows come
+        from one request, that request's parameters too (ours win), so a trace can follow a
+        request downstream.
+
+        Raises:
+            DownstreamError: a call failed, or an output has another number of rows than
+                the call sent. Triton's response cache keys on the model, version, input
+                names and input bytes, not shapes (core r24.10 ``TritonCache::Hash``), so
+                rows ``[2, 310, 3, 2, 538, 3]`` sent as one text of 6 tokens and as two
+                of 3 share a key: this check turns such a cached answer into an error
+                instead of broadcasting one row's logit over two texts.
+        """
+        size = self.policy.bls_max_batch_size
+        parts = [list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size)]
+        alone = len(parts) == 1 and not in_concurrent_branch()
+        calls = []
+        for part in parts:
+            rows = [items[i] for i in part]
+            ids = ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
+            forwarded = {}
+            if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
+                forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
+            forwarded.update(parameters or {})
+            calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self.deadlines.call_options(rows)))
+        began = time.perf_counter()
+        outs = await gather(calls)
+        self.stage("bls", began)
+        self.deadlines.arrived(items)
+        for part, out in zip(parts, outs):
+            for output, value in out.items():
+                answered = value.shape[0] if np.ndim(value) else 0
+                if answered != len(part):
+                    raise DownstreamError(
+                        f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "
+                        "(with Triton's response cache: a cached answer of a request with the same input bytes "
+                        "and another shape)"
+                    )
+        return outs

@@ -28,7 +28,7 @@ from tokenizers import Tokenizer, normalizers
 
 from orchestrator.runtime.errors import TokenizerFilesError
 
-__all__ = ["NO_MAX_LENGTH", "TOKENIZER_FILE", "TextTokenizer", "TokenizerFilesError"]
+__all__ = ["NO_MAX_LENGTH", "TOKENIZER_FILE", "TextTokenizer", "TokenizerFilesError", "truncate"]
 
 #: The file that holds the whole backend tokenizer (``transformers``' fast-tokenizer file).
 TOKENIZER_FILE = "tokenizer.json"
@@ -202,3 +202,11 @@ class TextTokenizer:
             ids[row, span] = s
             mask[row, span] = 1
         return ids, mask
+
+
+def truncate(ids: NDArray[Any], max_length: int) -> NDArray[Any]:
+    """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
+    truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
+    if ids.shape[0] <= max_length:
+        return ids
+    return np.concatenate([ids[: max_length - 1], ids[-1:]])

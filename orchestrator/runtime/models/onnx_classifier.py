@@ -29,7 +29,7 @@ import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.models._triton import error_response, model_config, model_directory
-from orchestrator.runtime.serving.request import config_parameters
+from orchestrator.runtime.request import config_parameters
 
 
 class TritonPythonModel:

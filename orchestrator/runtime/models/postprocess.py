@@ -27,8 +27,8 @@ from typing import Any, Dict, List
 import triton_python_backend_utils as pb_utils
 
 from orchestrator.runtime.models._triton import error_response, model_config
+from orchestrator.runtime.request import InputError, check_thresholds, config_parameters
 from orchestrator.runtime.routing.heads import HeadError, head_of_parameters
-from orchestrator.runtime.serving.request import InputError, check_thresholds, config_parameters
 
 
 class TritonPythonModel:

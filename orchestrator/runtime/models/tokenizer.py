@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from orchestrator.runtime.execution.tokenize import TextTokenizer, TokenizerFilesError
 from orchestrator.runtime.models._triton import error_response, model_config, model_directory
-from orchestrator.runtime.serving.request import (
+from orchestrator.runtime.request import (
     InputError,
     config_parameters,
     decode_texts,

@@ -43,13 +43,13 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from orchestrator.runtime.bls.health import BreakerSettings
 from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.request import Limits
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing import schema as S
 from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes.base import BindContext, ModelCall, Node, ParseContext, Windows
 from orchestrator.runtime.routing.nodes.model import OnDemand
 from orchestrator.runtime.serving.admission import AdmissionSettings
-from orchestrator.runtime.serving.request import Limits
 
 __all__ = [
     "Policy", "PolicyError", "OnDemand", "TOP", "parse_policy", "read_document", "load_policy", "describe", "bind_heads",

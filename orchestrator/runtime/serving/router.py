@@ -43,7 +43,7 @@ may retry later; any other downstream failure gives an INTERNAL error naming the
 unless a ``fallback`` node answers instead. When requests batched together fail, each is
 retried alone, all concurrently, so only the requests that need the failing model get the
 error; a model that cannot serve is not called again by those retries (its circuit is
-open, ``health.CircuitBreaker``, or its load is in back-off). A request its client cancelled
+open, ``downstream.CircuitBreaker``, or its load is in back-off). A request its client cancelled
 (``request.is_cancelled()``, asked before a later stage) gets CANCELLED and no further
 stage; a request's ``timeout()`` is the budget of its downstream calls, counted from the
 start of ``execute`` (docs/guides/reliability.md "Cancellation", "Deadlines").
@@ -98,18 +98,11 @@ from orchestrator.runtime.errors import (
     PolicyError,
     RequestStopped,
 )
-from orchestrator.runtime.execution.concurrency import gather
-from orchestrator.runtime.execution.deadlines import RequestContext
-from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.execution.engine import Engine, gather
 from orchestrator.runtime.metrics import Metrics, observe_stage, timing_sample
-from orchestrator.runtime.routing.heads import HeadError, repository_heads
-from orchestrator.runtime.routing.nodes.model import ModelNode
-from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
-from orchestrator.runtime.routing.policy import describe as describe_policy
-from orchestrator.runtime.serving.admission import Admission
-from orchestrator.runtime.serving.releases import has_response_parameters, route_parameters
-from orchestrator.runtime.serving.request import (
+from orchestrator.runtime.request import (
     POLICY_OUTPUT,
+    RequestContext,
     Result,
     Work,
     config_parameters,
@@ -117,6 +110,12 @@ from orchestrator.runtime.serving.request import (
     policy_path,
     request_parameters,
 )
+from orchestrator.runtime.routing.heads import HeadError, repository_heads
+from orchestrator.runtime.routing.nodes.model import ModelNode
+from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
+from orchestrator.runtime.routing.policy import describe as describe_policy
+from orchestrator.runtime.serving.admission import Admission
+from orchestrator.runtime.serving.releases import has_response_parameters, route_parameters
 
 # ----------------------------------------------------------------------------- the queue delay
 #

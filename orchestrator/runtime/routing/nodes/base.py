@@ -12,15 +12,15 @@ declarations and never test a kind's name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Optional, Protocol, Sequence, Tuple, TypeVar
 
-import numpy as np
 from numpy.typing import NDArray
 
-from orchestrator.runtime.errors import LimitError
-from orchestrator.runtime.execution.deadlines import RequestContext
+from orchestrator.runtime.request import RequestContext
 from orchestrator.runtime.routing.heads import Head
 from orchestrator.runtime.routing.schema import Key, Number, Str, Struct, check_required
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,21 +76,6 @@ def split_target(name: str) -> Tuple[str, Optional[int]]:
     return name, None
 
 
-def route_label(route: str) -> str:
-    """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
-    it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
-    label, so its values stay one per route rather than one per count."""
-    return ":".join(part for part in route.split(":") if "=" not in part)
-
-
-def truncate(ids: NDArray[Any], max_length: int) -> NDArray[Any]:
-    """Keep the first ``max_length - 1`` tokens and the last (special) one, as a tokenizer's
-    truncation does; int64 [T] in, int64 [min(T, max_length)] out."""
-    if ids.shape[0] <= max_length:
-        return ids
-    return np.concatenate([ids[: max_length - 1], ids[-1:]])
-
-
 @dataclass(frozen=True)
 class ModelCall:
     """A downstream model a node calls itself (not through its children).
@@ -126,22 +111,6 @@ class Windows:
     count: Callable[[int], int]
 
 
-def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int) -> Optional[LimitError]:
-    """A LimitError when a text of ``items`` (one request's) would make more than ``cap``
-    windows (``limits.max_windows_per_text``) in any of the ``windowing`` nodes."""
-    for i, it in enumerate(items):
-        counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
-                  for w in windowing if w.tokenizer in it.tokens]
-        windows, tokens = max(counts, default=(1, 0))
-        if windows > cap:
-            return LimitError(
-                f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
-                "(policy limits.max_windows_per_text)",
-                "max_windows_per_text",
-            )
-    return None
-
-
 @dataclass
 class Item:
     """One text, or one window of a text, travelling through the policy.
@@ -158,7 +127,7 @@ class Item:
             window), special tokens included; a tokenizer is missing until the text was
             tokenized with it (a window has only its chunk node's tokenizer).
         context: the request's trace, deadline and cancellation
-            (``deadlines.RequestContext``; shared by all items of one request, windows too).
+            (``request.RequestContext``; shared by all items of one request, windows too).
     """
 
     idx: int
@@ -193,7 +162,7 @@ Answers = Dict[int, Answer]
 
 class ModelCallView(Protocol):
     """What a node handler may use of the engine's model calls (``engine.calls``,
-    ``orchestrator.runtime.execution.calls.ModelCalls``)."""
+    ``orchestrator.runtime.execution.engine.ModelCalls``)."""
 
     async def ensure_tokens(self, items: Sequence[Item], tokenizer: str) -> None:
         """Tokenize with tokenizer model ``tokenizer`` the items that have no ids of it yet."""
@@ -205,7 +174,7 @@ class ModelCallView(Protocol):
 
 class DeadlineView(Protocol):
     """What a node handler may use of cancellation and deadlines (``engine.deadlines``,
-    ``orchestrator.runtime.execution.deadlines.Deadlines``; docs/guides/reliability.md): a node that runs a
+    ``orchestrator.runtime.request.Deadlines``; docs/guides/reliability.md): a node that runs a
     further stage or round for some items asks ``live`` (once per stage) and ``affordable``
     first. Nodes never read a request's context flags themselves."""
 
@@ -253,6 +222,11 @@ class Engine(Protocol):
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run a child node on ``items`` (raises DownstreamError)."""
+
+    async def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
+        """Await ``coros`` side by side (``asyncio.gather``; their downstream calls must not
+        block the event loop); ``settle``: a failure is returned in its place instead of
+        raised (``return_exceptions``)."""
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to the counter ``family``."""

@@ -372,7 +372,7 @@ def _still_wanted(engine: Engine, node: ChunkNode, r: int, texts: List[ChunkText
 
 
 #: What a chunk node appends to ``ROUTE`` when it left windows unclassified (a route
-#: detail, ``nodes.base.route_label``).
+#: detail, ``engine.route_label``).
 WINDOWS_SUFFIX = ":windows="
 
 

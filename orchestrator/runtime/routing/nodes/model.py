@@ -22,12 +22,11 @@ from orchestrator.runtime.routing.nodes.base import (
     ParseContext,
     split_target,
     target,
-    truncate,
 )
 from orchestrator.runtime.routing.schema import REQUIRED, Int, Key, Number, Probabilities, Str, Struct, TrueOr
 
-# target, split_target and truncate live in base (the engine uses them); kept importable here.
-__all__ = ["ModelNode", "OnDemand", "KIND", "VERSION_SEP", "target", "split_target", "truncate"]
+# target and split_target live in base (the engine uses them); kept importable here.
+__all__ = ["ModelNode", "OnDemand", "KIND", "VERSION_SEP", "target", "split_target"]
 
 
 @dataclass

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
 from orchestrator.runtime.errors import DownstreamError, PolicyError, UnavailableError
-from orchestrator.runtime.execution.concurrency import as_concurrent, gather
 from orchestrator.runtime.routing.nodes.base import Answer, Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.routing.schema import REQUIRED, Choice, Int, Key, Nodes
 
@@ -54,9 +52,8 @@ async def _branches(engine: Engine, node: ParallelNode, items: List[Item]) -> Li
             branches answered (UnavailableError when every failure was one).
     """
     if node.quorum is None:
-        return await gather(engine.run_node(n, items) for n in node.nodes)
-    settled: List[Union[Answers, BaseException]] = await asyncio.gather(
-        *(as_concurrent(engine.run_node(n, items)) for n in node.nodes), return_exceptions=True)
+        return await engine.gather(engine.run_node(n, items) for n in node.nodes)
+    settled: List[Union[Answers, BaseException]] = await engine.gather((engine.run_node(n, items) for n in node.nodes), settle=True)
     for r in settled:  # only a branch's failure is tolerated; anything else is a bug
         if isinstance(r, BaseException) and not isinstance(r, DownstreamError):
             raise r

@@ -6,7 +6,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Dict, List, Sequence, Tuple
 
-from orchestrator.runtime.execution.concurrency import gather
 from orchestrator.runtime.routing.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.routing.schema import REQUIRED, Key, ListOf, NodeRef, Number, Struct
 
@@ -69,7 +68,7 @@ async def _run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
             choice[it.req] = branch_of(weights, x)
         groups[choice[it.req]].append(it)
     answers: Answers = {}
-    for part in await gather(engine.run_node(n, g) for (_, n), g in zip(node.branches, groups) if g):
+    for part in await engine.gather(engine.run_node(n, g) for (_, n), g in zip(node.branches, groups) if g):
         answers.update(part)
     return answers
 

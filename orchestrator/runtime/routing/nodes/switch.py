@@ -9,7 +9,6 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
-from orchestrator.runtime.execution.concurrency import gather
 from orchestrator.runtime.routing.heads import BINARY, Head
 from orchestrator.runtime.routing.nodes.base import REGISTRY, Answer, Answers, BindContext, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.routing.schema import REQUIRED, Bool, Int, Key, ListOf, NodeRef, Number, Str, Strings, Struct
@@ -262,7 +261,7 @@ async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     answers: Answers = {}
     if node.score and not node.default:
         answers.update({it.idx: scores[it.idx] for it in rest})
-    for part in await gather(jobs):
+    for part in await engine.gather(jobs):
         answers.update(part)
     return answers
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import yaml
 
-from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
+from orchestrator.runtime.routing.settings import AdmissionSettings
+from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.router import QueueDelay
 from orchestrator.testing.mock import InferError, MockTriton
 from tests.helpers import REPO, add_router_variant

@@ -11,7 +11,8 @@ import yaml
 from orchestrator.runtime import errors
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.routing.policy import describe, parse_policy
-from orchestrator.runtime.serving.admission import Admission, AdmissionSettings
+from orchestrator.runtime.routing.settings import AdmissionSettings
+from orchestrator.runtime.serving.admission import Admission
 from tests.helpers import REPO
 
 

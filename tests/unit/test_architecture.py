@@ -155,3 +155,32 @@ def test_the_size_caps_are_the_ones_the_layout_test_applies():
         f"docs/development/architecture.md, '### Size caps': state the caps tests/unit/test_layout.py applies ({runtime_cap} lines "
         f"for a runtime file, {package_cap} for any file of the package)"
     )
+
+
+#: The runtime's layers, top first (docs/development/architecture.md, "Package"): a module
+#: imports from its own subpackage or from layers below its own, never above.
+LAYERS = ("serving", "models", "execution", "bls", "routing", "request", "metrics", "errors")
+
+
+def test_the_runtime_subpackages_import_downward_only():
+    from tests.unit.test_layout import import_graph
+
+    def layer(module: str):
+        parts = module.split(".")
+        if parts[:2] != ["orchestrator", "runtime"] or len(parts) < 3:
+            return None
+        return parts[2]
+
+    upward = []
+    for module, targets in import_graph().items():
+        own = layer(module)
+        if own is None:
+            continue
+        assert own in LAYERS, f"orchestrator/runtime/{own}: add it to LAYERS in tests/unit/test_architecture.py and to the layers in architecture.md"
+        for target in targets:
+            other = layer(target)
+            if other is not None and other != own and LAYERS.index(other) < LAYERS.index(own):
+                upward.append(f"{module} -> {target}")
+    assert not upward, f"runtime imports against the layers {' > '.join(LAYERS)}: {sorted(upward)}"
+    text = " ".join(ARCH.read_text().split())
+    assert " > ".join(f"`{name}`" for name in LAYERS) in text, "docs/development/architecture.md states the layers in LAYERS' order"

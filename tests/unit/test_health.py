@@ -13,7 +13,6 @@ from orchestrator.runtime.bls.health import (
     HALF_OPEN,
     OPEN,
     STATE_VALUES,
-    BreakerSettings,
     CircuitState,
     classify,
     stub_is_dead,
@@ -22,6 +21,7 @@ from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.execution.engine import Engine
 from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing.policy import parse_policy
+from orchestrator.runtime.routing.settings import BreakerSettings
 from tests.helpers import FakeBLS
 
 DEAD = "model 'm' failed: Stub process 'm_0_0' is not healthy."

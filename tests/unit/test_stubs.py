@@ -11,10 +11,11 @@ import pytest
 
 from orchestrator.runtime.bls import stubs
 from orchestrator.runtime.bls.downstream import CircuitBreaker, Downstream
-from orchestrator.runtime.bls.health import OPEN, BreakerSettings, stub_is_dead
+from orchestrator.runtime.bls.health import OPEN, stub_is_dead
 from orchestrator.runtime.bls.stubs import StubWatch
 from orchestrator.runtime.errors import Cause, DownstreamError, UnavailableError
 from orchestrator.runtime.request import CallOptions
+from orchestrator.runtime.routing.settings import BreakerSettings
 
 SERVER = 4242
 

@@ -6,7 +6,7 @@ BLS request, a circuit breaker per model (:class:`CircuitBreaker`, below; the ca
 answers depend on), the look in ``/proc`` for a dead Python-backend stub
 (``stubs.StubWatch``), readiness, and the repair of a model whose stub died
 (``ondemand.ModelManager.repair``). Every BLS request asks for its outputs in CPU memory
-(``releases.cpu_outputs``): a ``KIND_GPU`` model would otherwise answer in GPU memory, which
+(``serving.releases.cpu_outputs``, given by the router): a ``KIND_GPU`` model would otherwise answer in GPU memory, which
 ``as_numpy()`` refuses. :meth:`Downstream.not_ready` is the router's readiness (its
 ``is_ready()`` hook on releases that call it). The engine sees only its :meth:`Downstream.infer`
 (``engine.InferFn``), the seam the tests fake; the router parses, runs, responds and warms
@@ -48,7 +48,6 @@ from orchestrator.runtime.bls.health import (
     OPEN,
     READY_CHECK_INTERVAL_S,
     REPAIRING_OPEN_S,
-    BreakerSettings,
     CircuitState,
     cause_of,
     classify,
@@ -62,7 +61,7 @@ from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.nodes.model import split_target
 from orchestrator.runtime.routing.nodes.shadow import ShadowNode
 from orchestrator.runtime.routing.policy import Policy
-from orchestrator.runtime.serving.releases import cpu_outputs
+from orchestrator.runtime.routing.settings import BreakerSettings
 
 NO_OPTIONS = CallOptions()
 
@@ -76,12 +75,14 @@ class Downstream:
         metrics: where circuit states, transitions and on-demand loads are counted.
         logger: ``pb_utils.Logger``.
         router: the router model's own name (never repaired, never watched).
+        cpu_memory: the ``preferred_memory`` of every BLS request (``serving.releases.cpu_outputs``:
+            outputs in CPU memory).
 
     Attributes:
         models: the on-demand model manager (loads, idle unloads, repairs).
     """
 
-    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str):
+    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str, cpu_memory: Any):
         self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
         settings = policy.breaker
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
@@ -89,7 +90,7 @@ class Downstream:
             settings, on_change=self._circuit_changed, on_unhealthy=self._unhealthy, ready_check=self._ready,
         )
         self.shadow_breaker = CircuitBreaker(settings, ready_check=self._ready)
-        self.cpu_memory = cpu_outputs(pb)  # one PreferredMemory for every BLS request
+        self.cpu_memory = cpu_memory  # one PreferredMemory for every BLS request
         self.targets = {m: split_target(m) for m in policy.models()}  # call target -> (model, version), once
         self.models = ModelManager(
             pb, policy.on_demand(), metrics, logger,

@@ -1,8 +1,8 @@
-"""What a downstream model's failure means, and the circuit breaker's settings.
+"""What a downstream model's failure means, and its circuit's states.
 
-:class:`CircuitState` (with its gauge value), :class:`BreakerSettings` (the policy's
-``circuit_breaker`` block) and :func:`classify`: which BLS errors say a model cannot serve
-(``errors.Cause``). The breaker itself, in front of every BLS call, is
+:class:`CircuitState` (with its gauge value) and :func:`classify`: which BLS errors say a
+model cannot serve (``errors.Cause``). The breaker's settings are the policy's
+``circuit_breaker`` block (``routing.settings.BreakerSettings``). The breaker itself, in front of every BLS call, is
 ``downstream.CircuitBreaker``.
 
 Classifying a BLS error: Triton 2.51's python_backend (r24.10) gives every BLS error
@@ -14,7 +14,6 @@ response the code ``INTERNAL`` (``request_executor.cc`` and ``infer_request.cc``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import Enum
 from typing import Dict, Optional
 
@@ -80,35 +79,3 @@ def cause_of(error: BaseException) -> Optional[Cause]:
     if isinstance(error, UnavailableError):
         return error.cause
     return classify(str(error))
-
-
-@dataclass(frozen=True)
-class BreakerSettings:
-    """The policy's ``circuit_breaker`` block.
-
-    Attributes:
-        consecutive_failures: failed calls in a row that open a model's circuit (default 3;
-            an "unavailable" failure opens it at once).
-        open_s: seconds a circuit stays open before one probe call is let through
-            (default 5).
-        reload_unhealthy: reload a model whose stub is not healthy (needs
-            ``--model-control-mode=explicit``; default true).
-        reload_interval_s: seconds (default 30): the longest wait between two attempts of
-            a repair that keeps failing, and how long a repaired model must stay up before
-            its next repair starts without extra delay (``ondemand.ModelManager.repair``).
-        watch_stubs: before each call, look in ``/proc`` whether the model's
-            Python-backend stub has exited, and fail the call at once if so instead of
-            waiting python_backend's 1 s health timeout (``stubs.StubWatch``; default true).
-        count_timeouts: count a call cancelled before its answer (a node's ``timeout_ms``,
-            the request's deadline, the client's cancellation) as a failure of its model
-            (default false: a node's deadline is that node's, and three expiries of one
-            tightly timed node must not close a healthy model to every other node; a model
-            that hangs is still caught by the nodes' fallbacks and by its errors).
-    """
-
-    consecutive_failures: int = 3
-    open_s: float = 5.0
-    reload_unhealthy: bool = True
-    reload_interval_s: float = 30.0
-    watch_stubs: bool = True
-    count_timeouts: bool = False

@@ -21,7 +21,7 @@ Top-level keys (:data:`TOP`; every key's type, bounds, default and meaning, gene
 ``version``, ``description``, ``root`` (required), ``tokenizer``, ``inline``,
 ``max_sequence_length``, ``bls_max_batch_size``, ``request_parameters``,
 ``ignored_parameters``, ``limits`` (``request.Limits``), ``circuit_breaker``
-(``health.BreakerSettings``), ``admission`` (``admission.AdmissionSettings``) and ``defaults`` (kind -> keys every node of that kind gets
+(``settings.BreakerSettings``), ``admission`` (``settings.AdmissionSettings``) and ``defaults`` (kind -> keys every node of that kind gets
 unless it sets them: ``defaults: {chunk: {window: 128, stride: 96}}``). Both files are
 written by ``python -m orchestrator.runtime.routing.policy_docs`` (``--check`` compares).
 
@@ -41,7 +41,6 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from orchestrator.runtime.bls.health import BreakerSettings
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.request import Limits
 from orchestrator.runtime.routing import nodes as N
@@ -49,7 +48,7 @@ from orchestrator.runtime.routing import schema as S
 from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes.base import BindContext, ModelCall, Node, ParseContext, Windows
 from orchestrator.runtime.routing.nodes.model import OnDemand
-from orchestrator.runtime.serving.admission import AdmissionSettings
+from orchestrator.runtime.routing.settings import AdmissionSettings, BreakerSettings
 
 __all__ = [
     "Policy", "PolicyError", "OnDemand", "TOP", "parse_policy", "read_document", "load_policy", "describe", "bind_heads",
@@ -183,7 +182,7 @@ LIMITS = S.Struct(
     doc="Input sizes the router accepts; a request over one gets INVALID_ARG naming the text, its size and the limit.",
 )
 
-#: The ``circuit_breaker`` mapping (defaults: ``health.BreakerSettings``).
+#: The ``circuit_breaker`` mapping (defaults: ``settings.BreakerSettings``).
 BREAKER = S.Struct(
     "circuit_breaker",
     [
@@ -207,7 +206,7 @@ BREAKER = S.Struct(
     doc="Per downstream model (docs/guides/reliability.md).",
 )
 
-#: The ``admission`` mapping (``admission.AdmissionSettings``).
+#: The ``admission`` mapping (``settings.AdmissionSettings``).
 ADMISSION = S.Struct(
     "admission",
     [

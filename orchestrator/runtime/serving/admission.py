@@ -35,10 +35,9 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import dataclass
 from typing import Tuple
 
-from orchestrator.runtime.routing.schema import REQUIRED
+from orchestrator.runtime.routing.settings import AdmissionSettings
 
 #: Weight of the newest execute in the cost model: each fit forgets older executes by
 #: ``1 - FORGET``, so about the last 10 count and the model follows a load change within a
@@ -47,18 +46,6 @@ FORGET = 0.1
 #: The least weighted variance of the recent executes' sizes (requests^2) for which the
 #: cost is fitted as a line: executes of 1 and 2 requests, half each, have 0.25.
 MIN_SIZE_VARIANCE = 0.1
-
-
-@dataclass(frozen=True)
-class AdmissionSettings:
-    """The policy's ``admission`` mapping.
-
-    Attributes:
-        max_wait_ms: milliseconds: the longest a request should take from its arrival to
-            its answer; requests the router expects to exceed it are refused.
-    """
-
-    max_wait_ms: float = REQUIRED
 
 
 class Admission:

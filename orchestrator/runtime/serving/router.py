@@ -115,7 +115,7 @@ from orchestrator.runtime.routing.nodes.model import ModelNode
 from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
 from orchestrator.runtime.routing.policy import describe as describe_policy
 from orchestrator.runtime.serving.admission import Admission
-from orchestrator.runtime.serving.releases import has_response_parameters, route_parameters
+from orchestrator.runtime.serving.releases import cpu_outputs, has_response_parameters, route_parameters
 
 # ----------------------------------------------------------------------------- the queue delay
 #
@@ -277,7 +277,7 @@ class TritonPythonModel:
         self.name = args.get("model_name", config.get("name", "router"))
         self.outputs = {o["name"] for o in config.get("output", [])}
         self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
-        self.downstream = Downstream(pb_utils, self.policy, self.metrics, self.logger, self.name)
+        self.downstream = Downstream(pb_utils, self.policy, self.metrics, self.logger, self.name, cpu_outputs(pb_utils))
         self.models = self.downstream.models
         self.load = QueueDelay()  # this instance's executes, marked by _timed_execute
         self.engine = Engine(

@@ -1,7 +1,7 @@
 """Trace context through the router on the in-process mock: every BLS call the router makes
 for a traced request carries that request's ``trace()``, so Triton spawns the call's trace
 as a child of it (python_backend r24.10 ``RequestExecutor``); a call batching rows of
-several requests is traced under one of them (``deadlines.call_trace``). The mock records
+several requests is traced under one of them (``request.call_trace``). The mock records
 each traced request as Triton's trace file names it (``TraceRecord``: id, parent_id)."""
 
 from __future__ import annotations

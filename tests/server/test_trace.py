@@ -114,15 +114,16 @@ def test_triton_mode_child_traces_point_to_the_routers_request(test_repository, 
         for child in (h for h in heads.values() if h.get("parent_id") == router["id"]):
             assert child["request_id"] == router["request_id"]  # the router passes its ids on
             # each call started while the router's request ran; its REQUEST_END is the BLS
-            # request's release, reported from the stub's process after its response came back,
-            # which can land after the router's own end (seen: 1.0 ms later), so it is not bounded by it
+            # request's release, which the server's core calls on its own thread after the
+            # response callback that wakes the router (python_backend's InferRequestComplete
+            # beside InferResponseComplete), so it can land after the router's own end
             assert start <= stamps[child["id"]]["REQUEST_START"] <= end
             assert stamps[child["id"]]["REQUEST_START"] <= stamps[child["id"]]["REQUEST_END"]
 
 
 def check_batched(records: List[Dict[str, Any]]) -> None:
     """A call serving texts of several requests is traced under one of them
-    (deadlines.call_trace; in triton mode no trace has a context: the first in row order, the
+    (request.call_trace; in triton mode no trace has a context: the first in row order, the
     first of the call's comma-separated request ids); no call hangs under a request it did
     not serve. Seen here: ``"request_id":"c2,c4,c5,c6,c0","parent_id":10`` with trace 10
     the router's request ``c2``."""
@@ -329,7 +330,7 @@ def test_opentelemetry_mode_a_batched_call_follows_a_sampled_request(test_reposi
     """rate=2: every other request is sampled. A sampled request's ``trace().get_context()``
     holds its traceparent (Triton sets it at REQUEST_START, before ``execute``), so a call
     that merges it with an unsampled request is traced under the sampled one
-    (deadlines.call_trace): every sampled request's texts went through a tokenizer call that
+    (request.call_trace): every sampled request's texts went through a tokenizer call that
     has a span, its request id among the call's. Under "the first request's trace" a sampled
     request batched behind an unsampled one has none: with that rule this failed in 1 of 2
     runs here (it needs the batcher to put an unsampled request first; the deterministic

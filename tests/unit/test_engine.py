@@ -198,7 +198,7 @@ class Trace:
 
 
 def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carries_one():
-    """A BLS request carries one trace (deadlines.call_trace): calls whose rows all come
+    """A BLS request carries one trace (request.call_trace): calls whose rows all come
     from one request carry its trace; a call batching rows of several requests carries
     the first one's in row order, or the first that has a context (a sampled request
     in opentelemetry mode); no trace at all: none."""

@@ -362,6 +362,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
         results["instances"] = INSTANCES
     if before:
         baseline, results["checkouts"] = runtime.prepare(baseline)
+        results["command"] = command or f"python -m lab.bench.instances --compare runtime --baseline {baseline}"
     binary = install_perf_analyzer()
     held_out = data.held_out_examples()
     texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]

@@ -170,6 +170,20 @@ bench-single: $(STAMP)
 bench-floor: $(STAMP)
 	$(PY) -m lab.bench.instances --compare floor --soak-report docs/results/bench/soak_short.json --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# The runtime before and after a change (15 rounds, up to 1.7 minutes each on 2 cores: about 25
+# minutes, measured at a load of 2 to 6; less where perf_analyzer's windows settle at once):
+# this checkout's router beside the router of BASELINE, a checkout of another
+# commit (git worktree add ../before HEAD~1), served as router_before in the same server with
+# this checkout's policy and importing BASELINE's orchestrator, at c=1 and c=16 (order alternating
+# each round); the median per-round ratio after / before (p50 at c=1, throughput at c=16) and its
+# 95% interval judge "speed unchanged" (within 0.95-1.05). Writes the "bench-runtime" section of
+# $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/runtime.json.
+# Usage: make bench-runtime BASELINE=../before [BENCH_ARGS="--rounds 20"]
+.PHONY: bench-runtime
+bench-runtime: $(STAMP)
+	@test -n "$(BASELINE)" || { echo "make bench-runtime: set BASELINE=DIR, a checkout of the commit to compare with" >&2; exit 2; }
+	$(PY) -m lab.bench.instances --compare runtime --baseline $(BASELINE) --out $(BENCH_OUT) $(BENCH_ARGS)
+
 # The overload benchmark (about 7 minutes): open-loop Poisson load at 1x, 2x
 # and 4x the router's own closed-loop capacity against the ensemble, the shipped router and its
 # variants (admission control, queue policies, two instances), one server. Writes the

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -209,17 +209,32 @@ def rounds_to_decide(values: Sequence[float], goal: float, at_most: bool, limit:
     (the median too close to the goal for this spread), or with fewer than 2 values.
     ``at_most`` only names the goal's direction; either side decides it."""
     del at_most  # met or not met: both are decisions
+    return first_deciding_rounds(values, lambda lo, hi: hi < goal or lo > goal, limit, confidence)
+
+
+def projected_intervals(values: Sequence[float], limit: int = 400,
+                        confidence: float = 0.95) -> Iterator[Tuple[int, float, float]]:
+    """``(n, low, high)`` for ``n`` from past ``len(values)`` (and at least 6) to ``limit``:
+    the distribution-free interval of the median of ``n`` rounds, its ends read as the
+    quantiles of ``values`` (this run's per-round ratios) at ranks ``k/(n+1)`` and
+    ``(n-k+1)/(n+1)``: the interval ``n`` rounds would give at this run's spread. Nothing
+    for fewer than 2 values."""
     if len(values) < 2:
-        return None
+        return
     x = np.asarray(values, dtype=float)
     for n in range(max(6, len(x) + 1), limit + 1):
         ranks = _order_interval(n, confidence)
         if ranks is None:
             continue
         lo, hi = np.quantile(x, [ranks[0] / (n + 1), ranks[1] / (n + 1)])
-        if hi < goal or lo > goal:
-            return n
-    return None
+        yield n, float(lo), float(hi)
+
+
+def first_deciding_rounds(values: Sequence[float], decides: Callable[[float, float], bool], limit: int = 400,
+                          confidence: float = 0.95) -> Optional[int]:
+    """The first ``n`` of :func:`projected_intervals` whose ``(low, high)`` ``decides``; None
+    when none up to ``limit`` does, or with fewer than 2 values."""
+    return next((n for n, lo, hi in projected_intervals(values, limit, confidence) if decides(lo, hi)), None)
 
 
 def decide(values: Sequence[float], goal: float, at_most: bool) -> Dict[str, Any]:

@@ -1,5 +1,5 @@
 """Side-by-side router variants: the shipped router against one variant of it and
-the ensemble, closed loop, in one run of one server. Three comparisons:
+the ensemble, closed loop, in one run of one server. The comparisons:
 
 - ``instances`` (``make bench-instances``): ``router_x2``, the shipped router with
   :data:`INSTANCES` instances (``instance_group`` count), at concurrency 1, 4, 16 and 64
@@ -14,9 +14,14 @@ the ensemble, closed loop, in one run of one server. Three comparisons:
   concurrency 1 only, :data:`SINGLE_ROUNDS` rounds: enough for a distribution-free 95%
   interval of the median per-round p50 ratio to the ensemble (:func:`median_interval`), so
   the routing-overhead goal (at most :data:`SINGLE_P50_GOAL`) is judged met, not met, or not
-  decided by the run, instead of by one noisy median of five.
+  decided by the run, instead of by one noisy median of five;
+- ``runtime`` (``make bench-runtime BASELINE=DIR``): ``router_before``, the router of another
+  checkout of this project (``--baseline DIR``, e.g. a worktree of the previous commit)
+  importing that checkout's ``orchestrator``, beside ``router`` at concurrency 1 and 16,
+  :data:`lab.bench.runtime.ROUNDS` rounds, no ensemble: after / before per round, judged
+  "speed unchanged" by the interval of the median ratio (:mod:`lab.bench.runtime`).
 
-``python -m lab.bench.instances [--compare instances|flush|single] [--quick] [--out docs/results]``:
+``python -m lab.bench.instances [--compare instances|flush|single|runtime] [--baseline DIR] [--quick] [--out docs/results]``:
 
 1. writes the benchmark repository (``make bench``'s, ``variants.make_bench_repository``)
    and adds the variant (nothing else changed);
@@ -55,11 +60,16 @@ from lab.bench.report import (
     FLUSH_START,
     INSTANCES_END,
     INSTANCES_START,
+    RUNTIME_END,
+    RUNTIME_START,
     SINGLE_END,
     SINGLE_START,
     add_out_argument,
     write_kept_outputs,
 )
+from lab.bench.runtime import CONCURRENCIES as RUNTIME_CONCURRENCIES
+from lab.bench.runtime import MODELS as RUNTIME_MODELS
+from lab.bench.runtime import ROUNDS as RUNTIME_ROUNDS
 from lab.bench.stack import header_line, read_stack
 
 #: ``router_x2``'s instance count.
@@ -124,15 +134,24 @@ class Comparison:
     start: str
     end: str
     p50_goal: Optional[float] = None  # the variant's p50 over the ensemble's, judged by its interval
+    served: Optional[Tuple[str, ...]] = None  # the models measured, when not the ensemble, router and variant
 
     @property
-    def models(self) -> Tuple[str, str, str]:
-        return ("ensemble", "router", self.variant)
+    def models(self) -> Tuple[str, ...]:
+        return self.served or ("ensemble", "router", self.variant)
 
     @property
     def command(self) -> str:
         flag = "" if self.name == "instances" else f" --compare {self.name}"
         return f"make {self.make}  (python -m lab.bench.instances{flag} --out docs/results)"
+
+
+def make_runtime_repository(dest: Path, baseline: Path) -> Path:
+    """The benchmark repository with ``router_before`` from the checkout ``baseline``
+    (:func:`lab.bench.runtime.make_runtime_repository`), written to ``dest``."""
+    from lab.bench import runtime
+
+    return runtime.make_runtime_repository(dest, baseline)
 
 
 COMPARISONS = {
@@ -151,6 +170,11 @@ COMPARISONS = {
         "router_single", "`make bench`'s single-classifier policy (the empty-text guard, then `classifier` in a "
         "chunk node): the ensemble's compute, so its ratio to the ensemble is the routing overhead alone",
         make_single_repository, (1,), SINGLE_ROUNDS, SINGLE_START, SINGLE_END, SINGLE_P50_GOAL),
+    "runtime": Comparison(
+        "runtime", "bench-runtime", "The runtime before and after", "router_before",
+        "the router of the baseline checkout (`--baseline DIR`) importing that checkout's `orchestrator`, "
+        "with this checkout's policy", make_runtime_repository, RUNTIME_CONCURRENCIES, RUNTIME_ROUNDS,
+        RUNTIME_START, RUNTIME_END, served=RUNTIME_MODELS),
 }
 #: The default comparison's models (kept for callers of the instances benchmark).
 MODELS = COMPARISONS["instances"].models
@@ -251,6 +275,10 @@ def _cell(x: Any, suffix: str = "") -> str:
 def render_section(r: Mapping[str, Any]) -> str:
     """The ``benchmarks.md`` section of one run's results ``r`` (pure); ``r["comparison"]``
     names its :data:`COMPARISONS` entry (absent in runs before there were two: instances)."""
+    if r.get("comparison") == "runtime":
+        from lab.bench import runtime
+
+        return runtime.render_section(r)
     cmp = COMPARISONS[r.get("comparison", "instances")]
     L = [cmp.start, f"## {cmp.title}", ""]
     L.append(f"One run of `{cmp.command}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
@@ -308,33 +336,53 @@ def per_round_ratios(measurements: Sequence[Mapping[str, Any]], variant: str) ->
     return out
 
 
-def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: str = "instances") -> Dict[str, Any]:
+def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: str = "instances",
+        baseline: Optional[Path] = None, command: Optional[str] = None) -> Dict[str, Any]:
     """The whole benchmark (module docstring) for comparison ``compare``; writes the outputs
-    and returns the results."""
+    and returns the results. ``baseline``: the other checkout (``runtime`` only, required
+    there); ``command``: the command line recorded (default: the comparison's make target)."""
+    from lab.bench import runtime
     from lab.bench.measurement import expected_latency_ms, write_input_data
     from lab.bench.perf_analyzer import install_perf_analyzer, measure
     from orchestrator.tooling.modeling import data
-    from orchestrator.tooling.server import TritonServer
+    from orchestrator.tooling.server import ServerError, TritonServer
 
     cmp = COMPARISONS[compare]
+    before = cmp.name == "runtime"
+    if before != (baseline is not None):
+        raise BenchError("--baseline DIR goes with --compare runtime, and only there")
     settings = QUICK_SETTINGS if quick else FULL_SETTINGS
     rounds = rounds or (1 if quick else cmp.rounds)
     started = time.monotonic()
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_before": load_average(), "machine": machine_info(), "command": cmp.command, "quick": quick,
+        "load_before": load_average(), "machine": machine_info(), "command": command or cmp.command, "quick": quick,
         "comparison": cmp.name, "rounds": rounds, "concurrencies": list(cmp.concurrencies), "models": list(cmp.models)}
     if cmp.name == "instances":
         results["instances"] = INSTANCES
+    if before:
+        baseline, results["checkouts"] = runtime.prepare(baseline)
+        results["command"] = command or f"python -m lab.bench.instances --compare runtime --baseline {baseline}"
     binary = install_perf_analyzer()
     held_out = data.held_out_examples()
     texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
     with tempfile.TemporaryDirectory(prefix=f"bench-{cmp.name}-") as tmp:
-        repo = cmp.make_repository(Path(tmp) / "model_repository")
+        dest = Path(tmp) / "model_repository"
+        repo = cmp.make_repository(dest, baseline) if before else cmp.make_repository(dest)
         input_data = write_input_data(Path(tmp) / "input.json", texts)
         server_models = ["tokenizer", "postprocess", "classifier", "classifier_fast", *cmp.models]
-        with TritonServer(repo, models=server_models) as server:
+        try:
+            server = TritonServer(repo, models=server_models).start()
+        except ServerError as exc:
+            if not before:
+                raise
+            raise BenchError(f"the server did not start with {runtime.BEFORE} from the baseline {baseline} "
+                             f"(its router with this checkout's policy): {exc}") from exc
+        with server:
             results["stack"] = read_stack(server, embedded=True)
+            if before:
+                results["orchestrator_files"] = runtime.served_from(server.log_path.read_text(errors="replace"),
+                                                                    Path(baseline or ""))
             measurements: List[Dict[str, Any]] = []
             # a guess of one text's latency, ms, that sizes each model's first windows only;
             # later ones follow its measured latency (measurement.expected_latency_ms)
@@ -349,9 +397,12 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
                      + (f"FAILED {m['error']}" if m.get("error") else
                         f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"))
     during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
-    results.update(measurements=measurements, summary=summarize(measurements),
-                   per_round_ratios=per_round_ratios(measurements, cmp.variant),
-                   load_max_during=max(during) if during else None, wall_s=round(time.monotonic() - started, 1))
+    results.update(measurements=measurements, load_max_during=max(during) if during else None,
+                   wall_s=round(time.monotonic() - started, 1))
+    if before:
+        results["summary"] = runtime.runtime_summary(measurements)
+    else:
+        results.update(summary=summarize(measurements), per_round_ratios=per_round_ratios(measurements, cmp.variant))
     write_kept_outputs(out, cmp.name, results, render_section(results), cmp.start, cmp.end)
     return results
 
@@ -365,6 +416,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              "router against hand_bls, the cascade's cost model, load and repair time (lab.bench.floor)")
     parser.add_argument("--quick", action="store_true", help="one round, short windows (a smoke run)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default: the comparison's; --quick: 1)")
+    parser.add_argument("--baseline", type=Path, default=None, metavar="DIR",
+                        help="runtime: a checkout of the commit to compare with (e.g. git worktree add DIR HEAD~1); "
+                             "its router is served as router_before beside this checkout's")
     parser.add_argument("--load-rounds", type=int, default=5,
                         help="floor: fresh server starts for the load-to-ready times (0: none; default 5)")
     parser.add_argument("--soak-report", type=Path, default=Path("docs/results/soak/report.json"),
@@ -372,6 +426,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--window-ms", type=int, default=1000, help="floor: perf_analyzer window length, ms (default 1000)")
     args = parser.parse_args(argv)
     try:
+        if args.baseline is not None and args.compare != "runtime":
+            raise BenchError("--baseline DIR goes with --compare runtime, and only there")
         if args.compare == "floor":
             from lab.bench import floor
 
@@ -379,7 +435,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
                                                  soak_report=args.soak_report, window_ms=args.window_ms, command=command)))
             return 0
-        print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare)))
+        command = None
+        if args.compare == "runtime":
+            command = " ".join(["python -m lab.bench.instances", *(sys.argv[1:] if argv is None else argv)])
+        print(render_section(run(args.out, quick=args.quick, rounds=args.rounds, compare=args.compare,
+                                 baseline=args.baseline, command=command)))
     except BenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

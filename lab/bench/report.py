@@ -43,9 +43,13 @@ SINGLE_END = "<!-- bench-single:end -->"
 #: The section ``python -m lab.bench.instances --compare floor`` writes (``lab.bench.floor``), kept across runs.
 FLOOR_START = "<!-- bench-floor:start (written by `python -m lab.bench.instances --compare floor`) -->"
 FLOOR_END = "<!-- bench-floor:end -->"
+#: The section ``make bench-runtime`` writes (``--compare runtime``, ``lab.bench.runtime``), kept across runs.
+RUNTIME_START = "<!-- bench-runtime:start (written by `make bench-runtime`) -->"
+RUNTIME_END = "<!-- bench-runtime:end -->"
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
                  (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (FLUSH_START, FLUSH_END),
-                 (SINGLE_START, SINGLE_END), (FLOOR_START, FLOOR_END), (STACKS_START, STACKS_END))
+                 (SINGLE_START, SINGLE_END), (FLOOR_START, FLOOR_END), (RUNTIME_START, RUNTIME_END),
+                 (STACKS_START, STACKS_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

@@ -398,6 +398,11 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
+    # what the fit and the plot need, before the classifier runs over the data: a missing
+    # 'tune' extra is said at once (cli.missing_extra), not after minutes of inference
+    import matplotlib  # noqa: F401
+    import scipy.optimize  # noqa: F401
+
     try:
         r = calibrate(args.model_dir, args.data, args.eval_data, args.report, args.write)
     except (ToolingError, OSError, ValueError) as exc:

@@ -131,8 +131,7 @@ def router_policy(repo: Path, router: str):
     try:
         config = read_config(Path(repo) / router / "config.pbtxt")
         policy = load_policy(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
-        bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
-        return policy
+        return bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
     except (ConfigError, PolicyError, HeadError, OSError) as exc:
         raise DeployError(f"router {router!r}: {exc}") from None
 

@@ -126,18 +126,19 @@ def repository_heads(policy: P.Policy, repo: Path) -> Dict[str, Head]:
 
 
 def bind_repository(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> tuple:
-    """``(head, errors)``: the policy's head when every model it names is in ``repo`` and
-    it binds to their heads (:func:`orchestrator.runtime.routing.policy.bind_heads`), else None
-    and the located errors."""
+    """``(plan, errors)``: the policy bound to the heads of ``repo``'s models
+    (:func:`orchestrator.runtime.routing.policy.bind_heads`; its ``head`` answers every text)
+    when every model it names is in ``repo`` and it binds to them, else None and the located
+    errors."""
     errors = model_errors(policy, repo, config_name)
     if errors:
         return None, errors
     try:
-        head = P.bind_heads(policy, repository_heads(policy, repo))
+        plan = P.bind_heads(policy, repository_heads(policy, repo))
     except P.PolicyError as exc:
         return None, [str(exc)]
-    errors = tokenizer_errors(policy, repo, config_name)
-    return (None, errors) if errors else (head, [])
+    errors = tokenizer_errors(plan, repo, config_name)
+    return (None, errors) if errors else (plan, [])
 
 
 def router_policies(repo: Path, config_name: Optional[str] = "embedded") -> Dict[str, Path]:
@@ -256,9 +257,10 @@ def check_command(args) -> int:
     router_dir = path.resolve().parent if _beside_a_model(path) else None
     write = getattr(args, "write_labels", False)
     if getattr(args, "repo", None) or router_dir is not None or write:
-        head, bind_errors = bind_repository(policy, repo, config_name)
+        plan, bind_errors = bind_repository(policy, repo, config_name)
         errors += [e for e in bind_errors if e not in errors]
-        if head is not None:
+        if plan is not None:
+            head = plan.head
             models = sorted({n.model for n in policy.model_nodes()})
             print(f"models {', '.join(models)} are in {repo}; every answer: {head.describe()}")
             labels_path = path.resolve().parent / LABEL_FILE

@@ -676,9 +676,10 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
     except P.PolicyError as exc:
         raise TuneError(f"{policy_path}: {exc}") from None
     repo = _repository_for(policy_path, str(repo) if repo else None)
-    head, errors = bind_repository(policy, repo, "embedded")
-    if head is None:
+    bound, errors = bind_repository(policy, repo, "embedded")
+    if bound is None:
         raise TuneError(f"{policy_path} with {repo}: " + "; ".join(errors))
+    policy, head = bound, bound.head  # the plan: its model nodes carry their heads
     found = cascades(policy)
     if not found:
         raise TuneError(f"{policy_path}: no cascade node to tune")
@@ -713,8 +714,8 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
         tuned = P.parse_policy(yaml.safe_load(text))
     except P.PolicyError as exc:
         raise TuneError(f"the tuned policy is invalid (a bug in tune; nothing written): {exc}") from None
-    check_head, check_errors = bind_repository(tuned, repo, "embedded")
-    if check_head is None:
+    checked, check_errors = bind_repository(tuned, repo, "embedded")
+    if checked is None:
         raise TuneError("the tuned policy does not bind to the repository: " + "; ".join(check_errors))
     (out / "policy.yaml").write_text(text, encoding="utf-8")
     result["tuned_policy"] = str(out / "policy.yaml")

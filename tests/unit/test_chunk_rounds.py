@@ -172,8 +172,7 @@ def test_a_cascade_does_not_escalate_a_text_stopped_for_being_sure():
 def engine_for(chunk, head_model):
     root = {"kind": "chunk", "name": "ch", "window": 10, "stride": 8,
             "node": {"kind": "model", "name": head_model, "model": head_model}, **chunk}
-    policy = parse_policy({"version": 1, "root": root})
-    bind_heads(policy, HEADS)
+    policy = bind_heads(parse_policy({"version": 1, "root": root}), HEADS)
     fake = KFake()
     return Engine(policy, fake), fake
 

@@ -79,8 +79,7 @@ def sig(z):
 
 
 def engine_for(root, heads=HEADS, metrics=None, **top):
-    policy = parse_policy({"version": 1, "root": root, **top})
-    bind_heads(policy, heads)
+    policy = bind_heads(parse_policy({"version": 1, "root": root, **top}), heads)
     fake = KFake()
     return Engine(policy, fake, metrics), fake
 
@@ -237,5 +236,5 @@ def test_binding_refuses_policies_the_heads_cannot_answer(root, message):
 
 def test_heads_that_agree_bind_with_label_case_ignored():
     policy = parse_policy({"version": 1, "root": {"kind": "fallback", "nodes": [model("fast"), model("fast_b")]}})
-    head = bind_heads(policy, HEADS)
-    assert head == LEGACY and policy.tokenizers() == ["tokenizer", "tok_b"]
+    plan = bind_heads(policy, HEADS)
+    assert plan.head == LEGACY and plan.tokenizers() == ["tokenizer", "tok_b"]

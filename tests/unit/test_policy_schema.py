@@ -8,7 +8,7 @@ import asyncio
 import copy
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import jsonschema
 import numpy as np
@@ -300,7 +300,7 @@ def test_engine_and_policy_never_test_a_kind_by_name():
             assert pattern not in source, f"{name}: {pattern}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrefixNode(Node):
     """The toy kind: classify the first ``keep`` content tokens of each text with ``model``."""
 
@@ -324,7 +324,7 @@ PREFIX = NodeKind(
     build=lambda values, ctx, common: PrefixNode(**common, **values),
     run=_prefix_run,
     describe=lambda node: f"prefix {node.model} keep={node.keep}",
-    bind=lambda node, ctx: setattr(node, "head", ctx.heads[node.model]),
+    bind=lambda node, ctx: replace(node, head=ctx.heads[node.model]),
     tokens=lambda node: (node.head.tokenizer,),
     calls=lambda node: (ModelCall(node.model, None, node.where),),
 )

@@ -56,8 +56,9 @@ HEADS = {"lang": MC, "fast": LEGACY, "accurate": LEGACY}
 def test_labels_are_checked_against_the_score_models_head_at_bind(when, message):
     policy = parse_policy(switch_doc(when))
     if message is None:
-        assert bind_heads(policy, HEADS) == LEGACY  # the answering models' head, not the score's
-        assert "when score" in describe_policy(policy)
+        plan = bind_heads(policy, HEADS)
+        assert plan.head == LEGACY  # the answering models' head, not the score's
+        assert "when score" in describe_policy(plan)
     else:
         with pytest.raises(PolicyError, match=message):
             bind_heads(policy, HEADS)
@@ -75,8 +76,7 @@ def test_parse_refuses_a_band_upside_down_and_answer_conditions_without_a_score(
 
 def test_a_switch_routes_on_the_score_models_label_with_the_fake_bls():
     # the fake's models answer one logit: "fast" as the router (binary, legacy head), label "positive" at p >= 0.5
-    policy = parse_policy(switch_doc({"label": "positive"}, score="fast"))
-    bind_heads(policy, {"fast": LEGACY, "accurate": LEGACY})
+    policy = bind_heads(parse_policy(switch_doc({"label": "positive"}, score="fast")), {"fast": LEGACY, "accurate": LEGACY})
     texts = ["good good", "bad bad", "good", "bad"]
     [result] = asyncio.run(Engine(policy, FakeBLS()).run([Work(texts, np.full((4, 1), 0.5, np.float32), {}, "")]))
     pos = [sig(expected_logit("fast", ids_of(t))) >= 0.5 for t in texts]
@@ -127,6 +127,6 @@ def test_the_hierarchical_example_binds_with_a_language_model_and_refuses_one_wi
 
     path = Path(__file__).resolve().parents[2] / "docs" / "policies" / "hierarchical.yaml"
     heads = {m: LEGACY for m in ("classifier_fast", "classifier", "sentiment_de", "sentiment_multi")}
-    assert bind_heads(load_policy(path), {**heads, "lang_id": Head(MULTICLASS, ("en", "de", "fr"))}) == LEGACY
+    assert bind_heads(load_policy(path), {**heads, "lang_id": Head(MULTICLASS, ("en", "de", "fr"))}).head == LEGACY
     with pytest.raises(PolicyError, match=r"root.steps\[1\].cases\[1\].when: label 'de' is not in the score's head"):
         bind_heads(load_policy(path), {**heads, "lang_id": Head(MULTICLASS, ("en", "fr", "es"))})

@@ -97,14 +97,14 @@ def test_two_binary_models_whose_positive_labels_differ_do_not_stand_in_for_each
     with pytest.raises(PolicyError, match=r"root.stages\[1\].model: 'spam_b' has a binary \(2 logits, positive label 'ham'\) head"):
         bind_heads(binary_policy(), {"spam_a": spam, "spam_b": ham})
     same = Head(BINARY, ("not_spam", "SPAM"), positive_index=1)  # another negative label, the positive's case
-    assert bind_heads(binary_policy(), {"spam_a": spam, "spam_b": same}) is spam
+    assert bind_heads(binary_policy(), {"spam_a": spam, "spam_b": same}).head is spam
 
 
 def test_a_label_file_with_the_right_labels_in_another_order_is_refused(tmp_path):
     """Triton's classification extension names column i after line i: the same labels in
     another order would name every column wrongly."""
-    policy = parse_policy({"version": 1, "root": {"kind": "model", "name": "m", "model": "mc"}})
-    bind_heads(policy, {"mc": Head(MULTICLASS, ("neg", "neutral", "pos"))})
+    policy = bind_heads(parse_policy({"version": 1, "root": {"kind": "model", "name": "m", "model": "mc"}}),
+                        {"mc": Head(MULTICLASS, ("neg", "neutral", "pos"))})
     config = {"output": [{"name": "PROBABILITIES", "label_filename": "labels.txt"}]}
     (tmp_path / "labels.txt").write_text("neg\nneutral\npos\n")
     check_label_file(tmp_path, config, policy, tmp_path / "policy.yaml")  # the right order loads

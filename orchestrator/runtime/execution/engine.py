@@ -146,7 +146,7 @@ class Engine:
         self.policy = policy
         self.clock = clock
         if policy.head is None:  # not bound to a repository: every model has the legacy head
-            bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
+            policy = self.policy = bind_heads(policy, {c.model: LEGACY for c in policy.calls()})
         assert policy.head is not None, "bind_heads sets it"
         self.head: Head = policy.head
         self.token_kinds = policy.tokenizers()

@@ -27,7 +27,10 @@ written by ``python -m orchestrator.runtime.routing.policy_docs`` (``--check`` c
 
 Every answer of a policy has its models' head (``heads.Head``, from ``<model>/head.json``):
 :func:`bind_heads` checks the policy against the repository's heads when the router loads
-(and in ``orchestrator policy check --repo``).
+(and in ``orchestrator policy check --repo``) and compiles it into the plan the engine runs:
+a new, bound policy. Policies and their nodes are immutable (frozen dataclasses); what
+changes while the router serves (a cascade's escalation budget) is held by the engine
+(``nodes.base.Engine.state``).
 
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
@@ -36,7 +39,7 @@ Errors: :class:`PolicyError`, whose message starts with the location of the bad 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
@@ -55,14 +58,16 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Policy:
-    """A validated policy.
+    """A validated policy: as parsed (:func:`parse_policy`, ``head`` None), or the plan
+    :func:`bind_heads` compiles from it (``head`` set, every node bound). Immutable
+    (assigning a field raises ``dataclasses.FrozenInstanceError``).
 
     Attributes:
         root: the node every text enters.
         tokenizer: the tokenizer model of ``switch`` ``tokens`` conditions (None: the
-            first model's, set by :func:`bind_heads`).
+            first model's, from its head).
         max_sequence_length: default token limit of model and chunk nodes (tokens).
         bls_max_batch_size: rows per BLS call.
         request_parameters: request parameter name -> the values clients may send.
@@ -73,7 +78,8 @@ class Policy:
         breaker: circuit breaker settings.
         admission: admission control (None: every request runs; ``admission``).
         source: the validated document, for ``policy show``.
-        head: the head of every answer, set by :func:`bind_heads` (None before).
+        head: the head of every answer: set in the plan :func:`bind_heads` returns (None
+            in a parsed policy).
         version: the policy format's version.
     """
 
@@ -290,9 +296,11 @@ def parse_policy(document: Any) -> Policy:
     )
 
 
-def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
-    """Give every ``model`` node its model's head and check that the policy can answer with
-    them; returns the policy's head (the one every answer has; set as ``policy.head``).
+def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Policy:
+    """Compile ``policy`` into the plan the engine runs: check that the policy can answer
+    with its models' heads and return a new policy whose ``head`` is the one every answer
+    has and whose nodes are bound (``NodeKind.bind``: every ``model`` node has its model's
+    head, switch and chunk nodes their tokenizer). ``policy`` is left as it is.
 
     Args:
         policy: a parsed policy.
@@ -316,13 +324,15 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
           one for all) for multilabel heads, none for multiclass heads;
         - a constant's ``probability`` has one value or one per output column.
 
+    Returns:
+        The plan: ``policy`` with ``head`` set and its tree bound (``nodes.bind_tree``).
+
     Raises:
         PolicyError: the first problem found, with its location.
     """
     calls = policy.calls()
     if not calls:  # constants only: one column, as a binary head answers
-        policy.head = LEGACY
-        return LEGACY
+        return replace(policy, head=LEGACY)
     for call in calls:
         if call.model not in heads:
             raise PolicyError(f"{call.where}.model: model '{call.model}' is not in the model repository")
@@ -341,10 +351,7 @@ def bind_heads(policy: Policy, heads: Mapping[str, Head]) -> Head:
                 f"({first.where}) has a {head.describe()} head; a router answers every text with one head"
             )
     ctx = BindContext(head, policy.tokenizer or head.tokenizer, {c.model: heads[c.model] for c in calls})
-    for node in reversed(policy.nodes()):  # children first: a chunk reads its models' heads
-        N.KINDS[node.kind].bind(node, ctx)
-    policy.head = head
-    return head
+    return replace(policy, root=N.bind_tree(policy.root, ctx), head=head)
 
 
 def inline_tokenizer_dirs(policy: Policy, model_dir: Path) -> Dict[str, Path]:

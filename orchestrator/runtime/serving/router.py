@@ -269,8 +269,9 @@ class TritonPythonModel:
         model_dir = Path(args["model_repository"])
         path = policy_path(model_dir, config_parameters(config))
         try:
-            self.policy = load_policy(path)
-            bind_heads(self.policy, repository_heads(model_dir.parent, [cast(ModelNode, n).model for n in self.policy.model_nodes()]))
+            parsed = load_policy(path)
+            models = [cast(ModelNode, n).model for n in parsed.model_nodes()]
+            self.policy = bind_heads(parsed, repository_heads(model_dir.parent, models))
         except (PolicyError, HeadError) as exc:
             raise ValueError(f"router: invalid routing policy: {exc}") from None
         check_label_file(model_dir, config, self.policy, path)

@@ -31,6 +31,7 @@ from orchestrator.runtime.routing.nodes.base import (
     COMMON_KEYS,
     REGISTRY,
     Answer,
+    BindContext,
     Item,
     ModelCall,
     Node,
@@ -54,7 +55,7 @@ KINDS.update(
 
 __all__ = [
     "KINDS", "COMMON_KEYS", "Answer", "Item", "ModelCall", "Node", "NodeKind", "Windows", "parse_node", "children", "walk",
-    "may_decline", "describe", "KindDefaults", "defaultable",
+    "bind_tree", "may_decline", "describe", "KindDefaults", "defaultable",
 ]
 
 
@@ -142,6 +143,28 @@ def walk(node: Node) -> Iterator[Node]:
     yield node
     for child in children(node):
         yield from walk(child)
+
+
+def bind_tree(node: Node, ctx: BindContext) -> Node:
+    """``node``'s tree bound: a new tree in which every node is its kind's ``bind`` of the
+    node rebuilt with its bound children (``NodeKind.with_children``); ``node`` and its
+    descendants are left as they are (a kind's bind may return a node unchanged, shared).
+    Nodes are bound in the reverse of :func:`walk`'s order (the last child first, a node
+    after its children), so of several problems the same one is reported first whatever
+    the kinds.
+
+    Raises:
+        PolicyError: the first problem found, with its location.
+        TypeError: a kind's ``with_children`` did not place the children it was given.
+    """
+    kind = KINDS[node.kind]
+    given = children(node)
+    if given:
+        bound = [bind_tree(c, ctx) for c in reversed(given)][::-1]
+        node = kind.with_children(node, bound)
+        if [id(c) for c in children(node)] != [id(c) for c in bound]:
+            raise TypeError(f"{kind.name}: with_children did not place the children it was given")
+    return kind.bind(node, ctx)
 
 
 def describe(node: Node) -> str:

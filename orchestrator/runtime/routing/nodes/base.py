@@ -23,9 +23,10 @@ from orchestrator.runtime.routing.schema import Key, Number, Str, Struct, check_
 T = TypeVar("T")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Node:
-    """Fields every node has.
+    """Fields every node has. Nodes are immutable: binding (``policy.bind_heads``) makes new
+    ones.
 
     Attributes:
         kind: the node kind (a key of ``orchestrator.runtime.routing.nodes.KINDS``).
@@ -38,6 +39,7 @@ class Node:
 
     Raises:
         TypeError: (construction) a field whose default is ``schema.REQUIRED`` was not given.
+        dataclasses.FrozenInstanceError: a field assigned.
     """
 
     kind: str
@@ -293,8 +295,14 @@ class BindContext:
     heads: Mapping[str, Head] = field(default_factory=dict)
 
 
-def _binds_anything(node: Node, ctx: BindContext) -> None:
-    return None
+def _binds_nothing(node: Node, ctx: BindContext) -> Node:
+    return node
+
+
+def _has_no_children(node: Node, children: Sequence[Node]) -> Node:
+    if children:
+        raise TypeError(f"{node.kind}: it declares children but no with_children to rebuild it with them")
+    return node
 
 
 def _no_tokens(node: Node) -> Tuple[str, ...]:
@@ -331,10 +339,14 @@ class NodeKind:
         run: ``async (engine, node, items) -> answers``: the handler.
         describe: one line for ``orchestrator policy check`` (without name and timeout).
         children: ``node -> [(label, child)]`` in rendering order (label may be "").
+        with_children: ``(node, children) -> node``: a copy of ``node`` whose children are
+            ``children`` (one per entry of ``children(node)``, in its order); every kind
+            with children declares it (``policy.bind_heads`` rebuilds the tree with it).
         declines: True when the node can leave texts unanswered.
-        bind: ``(node, BindContext) -> None``: checks the node against the policy's head
-            once the repository's heads are known (``policy.bind_heads``; children are
-            bound before their parent); raises PolicyError.
+        bind: ``(node, BindContext) -> node``: checks the node against the policy's head
+            once the repository's heads are known and returns it with what binding sets
+            (a copy, ``dataclasses.replace``; the node itself when nothing is set); its
+            children are already bound (``policy.bind_heads``); raises PolicyError.
         tokens: ``node -> tokenizer models`` whose ids the node reads; the engine tokenizes
             every text with them once per ``execute`` ("": the policy's ``tokenizer``).
         windows: ``node -> Windows or None``: the node splits texts into windows (the
@@ -361,8 +373,9 @@ class NodeKind:
     run: Handler
     describe: Callable[[Any], str]
     children: Callable[[Any], List[Tuple[str, Node]]] = _no_children
+    with_children: Callable[[Any, Sequence[Node]], Node] = _has_no_children
     declines: Callable[[Any], bool] = _never_declines
-    bind: Callable[[Any, BindContext], None] = _binds_anything
+    bind: Callable[[Any, BindContext], Node] = _binds_nothing
     tokens: Callable[[Any], Tuple[str, ...]] = _no_tokens
     windows: Callable[[Any], Optional[Windows]] = _no_windows
     calls: Callable[[Any], Tuple[ModelCall, ...]] = _no_calls

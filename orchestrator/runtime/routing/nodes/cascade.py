@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -26,7 +26,7 @@ MARGIN_GAUGE = "orchestrator_cascade_margin"
 RATE_GAUGE = "orchestrator_escalation_rate"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Budget:
     """The escalation budget of a cascade (docs/reference/policy.md ``cascade.budget``).
 
@@ -161,7 +161,7 @@ BUDGET = Struct(
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class CascadeNode(Node):
     """Every text goes to the first stage; texts whose answer is unsure go on to the next
     stage, and so on. Unsure (``heads.Head.unsure``): binary, the probability strictly
@@ -172,7 +172,7 @@ class CascadeNode(Node):
     Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
-    stages: List[Node] = REQUIRED
+    stages: Tuple[Node, ...] = REQUIRED
     margin: float = REQUIRED
     budget: Optional[Budget] = None
     controller: Optional[EscalationBudget] = field(default=None, compare=False, repr=False)
@@ -180,7 +180,7 @@ class CascadeNode(Node):
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
     budget = values.get("budget")
-    return CascadeNode(**common, stages=values["stages"], margin=values["margin"], budget=budget,
+    return CascadeNode(**common, stages=tuple(values["stages"]), margin=values["margin"], budget=budget,
                        controller=EscalationBudget(budget) if budget else None)
 
 
@@ -314,4 +314,5 @@ KIND = NodeKind(
     run=_run,
     describe=_describe,
     children=_children,
+    with_children=lambda node, children: replace(node, stages=tuple(children)),
 )

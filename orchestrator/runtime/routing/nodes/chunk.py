@@ -13,7 +13,7 @@ policy sends two at once, since one window can never settle it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -47,7 +47,7 @@ STOP_DECIDED, STOP_MARGIN, STOP_MAX_WINDOWS = "decided", "margin", "max_windows"
 STOP_CANCELLED, STOP_DEADLINE = "cancelled", "deadline"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ChunkNode(Node):
     """Texts longer than ``window`` tokens are split into overlapping windows (see
     :func:`token_windows`) that ``node`` classifies; the text's probability aggregates the
@@ -65,7 +65,7 @@ class ChunkNode(Node):
     stop_when_decided: bool = False
     stop_margin: Optional[float] = None
     max_windows: Optional[int] = None
-    tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer (``policy.bind_heads``)
+    tokenizer: str = ""  # whose tokens are windowed: its models' one tokenizer, in the plan (``policy.bind_heads``)
 
     @property
     def stops_early(self) -> bool:
@@ -142,7 +142,7 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
                      max_windows=values["max_windows"])
 
 
-def _bind(node: ChunkNode, ctx: BindContext) -> None:
+def _bind(node: ChunkNode, ctx: BindContext) -> ChunkNode:
     calls = [c for n in descendants(node) for c in REGISTRY[n.kind].calls(n)]
     heads = {c.model: ctx.heads.get(c.model, ctx.head) for c in calls}
     tokenizers = sorted({h.tokenizer for h in heads.values()})
@@ -151,7 +151,7 @@ def _bind(node: ChunkNode, ctx: BindContext) -> None:
             f"{node.name}: its models use different tokenizers ({', '.join(tokenizers)}); a chunk node windows one "
             "tokenizer's tokens, so give each tokenizer its own chunk node"
         )
-    node.tokenizer = tokenizers[0] if tokenizers else ctx.tokenizer
+    node = replace(node, tokenizer=tokenizers[0] if tokenizers else ctx.tokenizer)
     for model, head in heads.items():
         if node.window > head.max_length:
             raise PolicyError(
@@ -164,6 +164,7 @@ def _bind(node: ChunkNode, ctx: BindContext) -> None:
             "is renormalized to sum 1, so no window answered so far bounds the text's answer; use aggregation "
             "'mean' or 'length_weighted_mean', or stop_margin"
         )
+    return node
 
 
 # ----------------------------------------------------------------------------- stopping rules
@@ -458,6 +459,7 @@ KIND = NodeKind(
     run=_run,
     describe=_describe,
     children=_children,
+    with_children=lambda node, children: replace(node, node=children[0]),
     bind=_bind,
     tokens=lambda node: (node.tokenizer,),
     windows=lambda node: Windows(node.tokenizer, partial(window_count, max_length=node.window, stride=node.stride)),

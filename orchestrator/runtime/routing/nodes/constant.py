@@ -12,7 +12,7 @@ from orchestrator.runtime.routing.nodes.base import Answer, Answers, BindContext
 from orchestrator.runtime.routing.schema import REQUIRED, Bool, Key, Probabilities, Str
 
 
-@dataclass
+@dataclass(frozen=True)
 class ConstantNode(Node):
     """Answer every text with fixed probabilities (keys: :data:`KIND` ``.keys``, docs/reference/policy.md).
 
@@ -32,13 +32,14 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
     return ConstantNode(**common, probability=tuple(probability), verdict=values["verdict"], route=values["route"] or common["name"])
 
 
-def _bind(node: ConstantNode, ctx: BindContext) -> None:
+def _bind(node: ConstantNode, ctx: BindContext) -> ConstantNode:
     head = ctx.head
     if len(node.probability) not in (1, head.columns):
         raise PolicyError(
             f"{node.name}.probability: {len(node.probability)} values, but the policy's head ({head.describe()}) "
             f"answers {head.columns} column(s)"
         )
+    return node
 
 
 async def _run(engine: Engine, node: ConstantNode, items: List[Item]) -> Answers:

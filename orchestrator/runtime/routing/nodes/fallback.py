@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.errors import DownstreamError, UnavailableError
@@ -10,17 +10,17 @@ from orchestrator.runtime.routing.nodes.base import Answers, Engine, Item, Node,
 from orchestrator.runtime.routing.schema import REQUIRED, Key, Nodes
 
 
-@dataclass
+@dataclass(frozen=True)
 class FallbackNode(Node):
     """Try ``nodes`` in order; the next one answers when one fails, times out or its
     model is not ready (any ``DownstreamError``). Keys: :data:`KIND` ``.keys``.
     """
 
-    nodes: List[Node] = REQUIRED
+    nodes: Tuple[Node, ...] = REQUIRED
 
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> FallbackNode:
-    return FallbackNode(**common, nodes=values["nodes"])
+    return FallbackNode(**common, nodes=tuple(values["nodes"]))
 
 
 async def _run(engine: Engine, node: FallbackNode, items: List[Item]) -> Answers:
@@ -50,4 +50,5 @@ KIND = NodeKind(
     run=_run,
     describe=lambda node: "fallback",
     children=_children,
+    with_children=lambda node, children: replace(node, nodes=tuple(children)),
 )

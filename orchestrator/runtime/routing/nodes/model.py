@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -29,7 +29,7 @@ from orchestrator.runtime.routing.schema import REQUIRED, Int, Key, Number, Prob
 __all__ = ["ModelNode", "OnDemand", "KIND", "VERSION_SEP", "target", "split_target"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class OnDemand:
     """Load a model with ``pb_utils.load_model`` on first use, unload it when idle (the
     ``on_demand`` key; its keys' meanings: :data:`ON_DEMAND`).
@@ -85,7 +85,7 @@ CALIBRATION = Struct(
 )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelNode(Node):
     """Classify every text with one model (its keys: :data:`KIND` ``.keys``, docs/reference/policy.md).
 
@@ -98,8 +98,8 @@ class ModelNode(Node):
         logit_shift: added to the model's logits: ``logit(reference_threshold) -
             logit(threshold)`` from ``calibration`` (0 without), so comparing with the
             client's threshold gives the reference model's verdicts.
-        head: the model's head (``heads.Head``), bound from the repository's
-            ``<model>/head.json`` by ``policy.bind_heads`` (default: the legacy one-logit head).
+        head: the model's head (``heads.Head``): in the plan, the repository's
+            ``<model>/head.json`` (``policy.bind_heads``); the legacy one-logit head before.
     """
 
     model: str = REQUIRED
@@ -148,14 +148,15 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
     )
 
 
-def _bind(node: ModelNode, ctx: BindContext) -> None:
-    node.head = ctx.heads.get(node.model, node.head)
+def _bind(node: ModelNode, ctx: BindContext) -> ModelNode:
+    node = replace(node, head=ctx.heads.get(node.model, node.head))
     if node.max_length > node.head.max_length:
         raise PolicyError(
             f"{node.where}.max_length: {node.max_length} tokens, over model '{node.model}''s maximum of "
             f"{node.head.max_length} (its head.json max_length); lower max_sequence_length or the node's max_length"
         )
     node.check_calibration()
+    return node
 
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -16,7 +16,7 @@ COMBINES = ("mean", "max", "vote")
 PARTIAL_METRIC = "orchestrator_parallel_partial_total"
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelNode(Node):
     """All ``nodes`` run concurrently on every text; ``combine`` joins their answers column
     by column (``heads.Head.combine``): ``mean`` or ``max`` of the probabilities, or
@@ -32,7 +32,7 @@ class ParallelNode(Node):
     Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
-    nodes: List[Node] = REQUIRED
+    nodes: Tuple[Node, ...] = REQUIRED
     combine: str = "mean"
     quorum: Optional[int] = None
 
@@ -41,7 +41,7 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
     quorum, n = values["quorum"], len(values["nodes"])
     if quorum is not None and quorum > n:
         raise PolicyError(f"{common['where']}.quorum: {quorum} is more than the node's {n} nodes")
-    return ParallelNode(**common, nodes=values["nodes"], combine=values["combine"], quorum=quorum)
+    return ParallelNode(**common, nodes=tuple(values["nodes"]), combine=values["combine"], quorum=quorum)
 
 
 async def _branches(engine: Engine, node: ParallelNode, items: List[Item]) -> List[Answers]:
@@ -114,4 +114,5 @@ KIND = NodeKind(
     run=_run,
     describe=_describe,
     children=_children,
+    with_children=lambda node, children: replace(node, nodes=tuple(children)),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Tuple
 
 from orchestrator.runtime.routing.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
@@ -10,7 +10,7 @@ from orchestrator.runtime.routing.nodes.split import split_fraction
 from orchestrator.runtime.routing.schema import REQUIRED, Int, Key, NodeRef, Number
 
 
-@dataclass
+@dataclass(frozen=True)
 class ShadowNode(Node):
     """Every text is answered by ``primary``; the texts of a sampled fraction of the
     requests also go to ``candidate`` in the background, and the two answers are
@@ -81,6 +81,7 @@ KIND = NodeKind(
     run=_run,
     describe=lambda node: f"shadow sample={node.sample:g} queue_size={node.queue_size}",
     children=_children,
+    with_children=lambda node, children: replace(node, primary=children[0], candidate=children[1]),
     declines=lambda node: False,
     background=True,
 )

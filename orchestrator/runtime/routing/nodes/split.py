@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Sequence, Tuple
 
 from orchestrator.runtime.routing.nodes.base import Answers, Engine, Item, Node, NodeKind, ParseContext
 from orchestrator.runtime.routing.schema import REQUIRED, Key, ListOf, NodeRef, Number, Struct
 
 
-@dataclass
+@dataclass(frozen=True)
 class SplitNode(Node):
     """Send each request's texts to one branch, chosen by weight: deterministic per
     request id (:func:`split_fraction`) when the request has one, random otherwise.
@@ -20,7 +20,7 @@ class SplitNode(Node):
         branches: ``(weight, node)`` pairs; weights are normalized by their sum.
     """
 
-    branches: List[Tuple[float, Node]] = REQUIRED
+    branches: Tuple[Tuple[float, Node], ...] = REQUIRED
 
 
 #: One ``{weight, node}`` entry of ``branches``.
@@ -55,7 +55,7 @@ def branch_of(weights: Sequence[float], x: float) -> int:
 
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> SplitNode:
-    return SplitNode(**common, branches=values["branches"])
+    return SplitNode(**common, branches=tuple(values["branches"]))
 
 
 async def _run(engine: Engine, node: SplitNode, items: List[Item]) -> Answers:
@@ -78,6 +78,10 @@ def _children(node: SplitNode) -> List[Tuple[str, Node]]:
     return [(f"{100 * w / total:.1f}%: ", n) for w, n in node.branches]
 
 
+def _with_children(node: SplitNode, children: Sequence[Node]) -> SplitNode:
+    return replace(node, branches=tuple((w, c) for (w, _), c in zip(node.branches, children)))
+
+
 KIND = NodeKind(
     name="split",
     node_type=SplitNode,
@@ -87,4 +91,5 @@ KIND = NodeKind(
     run=_run,
     describe=lambda node: "split",
     children=_children,
+    with_children=_with_children,
 )

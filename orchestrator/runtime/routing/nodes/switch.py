@@ -3,8 +3,8 @@ answer (its margin, its top label, or a label's probability band)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from orchestrator.runtime.routing.nodes.base import REGISTRY, Answer, Answers, B
 from orchestrator.runtime.routing.schema import REQUIRED, Bool, Int, Key, ListOf, NodeRef, Number, Str, Strings, Struct
 
 
-@dataclass
+@dataclass(frozen=True)
 class Condition:
     """A case's condition; every key given must hold.
 
@@ -120,7 +120,7 @@ def label_probability(head: Head, probabilities: Any, label: str) -> float:
     return float(p[head.output_labels().index(label)])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Case:
     """One ``{when, then}`` entry of a switch: ``then`` answers the texts ``when`` matches."""
 
@@ -128,31 +128,32 @@ class Case:
     then: Node
 
 
-@dataclass
+@dataclass(frozen=True)
 class SwitchNode(Node):
     """First matching case wins. Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md); without
     ``default`` (and ``score``) the rest stays unanswered, so such a switch may only be a
     step of a ``sequence``; ``margin_below`` needs ``score``.
     """
 
-    cases: List[Case] = REQUIRED
+    cases: Tuple[Case, ...] = REQUIRED
     default: Optional[Node] = None
     score: Optional[Node] = None
-    tokenizer: str = ""  # counts ``tokens``: the policy's ``tokenizer`` (set by ``policy.bind_heads``)
-    score_head: Optional[Head] = None  # the score's answers' head (set by ``policy.bind_heads``)
+    tokenizer: str = ""  # counts ``tokens``: the policy's ``tokenizer``, in the plan (``policy.bind_heads``)
+    score_head: Optional[Head] = None  # the score's answers' head, in the plan (``policy.bind_heads``)
 
 
 def _condition(values: Dict[str, Any], where: str) -> Condition:
     tokens, param = values["tokens"] or {}, values["param"]
-    cond = Condition(empty=values["empty"], tokens_min=tokens.get("min"), tokens_max=tokens.get("max"),
-                     margin_below=values["margin_below"], label=values["label"], band=values["probability"])
+    name, allowed = None, ()
     if param is not None:  # exactly one of equals / in (the struct's one_of)
-        cond.param_name = param["name"]
-        cond.param_values = (param["equals"],) if param["equals"] is not None else tuple(param["in"])
-    return cond
+        name = param["name"]
+        allowed = (param["equals"],) if param["equals"] is not None else tuple(param["in"])
+    return Condition(empty=values["empty"], tokens_min=tokens.get("min"), tokens_max=tokens.get("max"),
+                     param_name=name, param_values=allowed, margin_below=values["margin_below"], label=values["label"],
+                     band=values["probability"])
 
 
-@dataclass
+@dataclass(frozen=True)
 class Band:
     """A ``probability`` condition's keys (read as ``(label, min, max)``)."""
 
@@ -242,7 +243,7 @@ def _check_case(case: Case, where: str, ctx: ParseContext, has_score: bool) -> N
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> SwitchNode:
     for i, case in enumerate(values["cases"]):
         _check_case(case, f"{common['where']}.cases[{i}]", ctx, values["score"] is not None)
-    return SwitchNode(**common, **values)
+    return SwitchNode(**common, **{**values, "cases": tuple(values["cases"])})
 
 
 async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
@@ -272,6 +273,14 @@ def _children(node: SwitchNode) -> List[Tuple[str, Node]]:
     return out + ([("default: ", node.default)] if node.default else [])
 
 
+def _with_children(node: SwitchNode, children: Sequence[Node]) -> SwitchNode:
+    """``children`` in :func:`_children`'s order: the score, each case's ``then``, the default."""
+    rest = list(children)
+    score = rest.pop(0) if node.score is not None else None
+    default = rest.pop() if node.default is not None else None
+    return replace(node, score=score, cases=tuple(replace(c, then=t) for c, t in zip(node.cases, rest)), default=default)
+
+
 def _score_head(node: SwitchNode, ctx: BindContext) -> Head:
     """The head of the score's answers: a lone model node's own (it may differ from the
     policy's when the switch has a default: ``policy.bind_heads``), else the policy's."""
@@ -282,18 +291,18 @@ def _score_head(node: SwitchNode, ctx: BindContext) -> Head:
     return ctx.head
 
 
-def _bind(node: SwitchNode, ctx: BindContext) -> None:
-    """Set the tokenizer and the score's head; check the labels the cases name exist in it,
-    and that ``margin_below`` (which reads the client's thresholds, given for the policy's
-    head) has a score with the policy's head.
+def _bind(node: SwitchNode, ctx: BindContext) -> SwitchNode:
+    """The node with the tokenizer and the score's head; checks the labels the cases name
+    exist in it, and that ``margin_below`` (which reads the client's thresholds, given for
+    the policy's head) has a score with the policy's head.
 
     Raises:
         PolicyError: naming the case's location and the labels the score's head has.
     """
-    node.tokenizer = ctx.tokenizer
     if node.score is None:
-        return
-    head = node.score_head = _score_head(node, ctx)
+        return replace(node, tokenizer=ctx.tokenizer)
+    head = _score_head(node, ctx)
+    node = replace(node, tokenizer=ctx.tokenizer, score_head=head)
     for i, case in enumerate(node.cases):
         where = f"{node.where}.cases[{i}].when"
         for label in case.when.labels:
@@ -304,6 +313,7 @@ def _bind(node: SwitchNode, ctx: BindContext) -> None:
             raise PolicyError(f"{where}.margin_below: the score has a {head.describe()} head, not the policy's "
                               f"{ctx.head.describe()}: the client's thresholds are for the policy's head; route on "
                               "its 'label' or 'probability'")
+    return node
 
 
 KIND = NodeKind(
@@ -324,6 +334,7 @@ KIND = NodeKind(
     run=_run,
     describe=lambda node: "switch",
     children=_children,
+    with_children=_with_children,
     declines=lambda node: node.default is None and node.score is None,
     bind=_bind,
     reads_only=lambda node: (node.score,) if node.score is not None and node.default is not None else (),

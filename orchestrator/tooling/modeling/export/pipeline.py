@@ -192,7 +192,8 @@ def check_routers(repo: Path, names: Iterable[str]) -> List[RouterCheck]:
         used = sorted({n.model for n in policy.model_nodes()})
         if not names & set(used):
             continue
-        head, errors = bind_repository(policy, repo)
+        plan, errors = bind_repository(policy, repo)
+        head = plan.head if plan is not None else None
         try:
             heads = repository_heads(policy, repo)
         except P.PolicyError:

@@ -138,7 +138,7 @@ def _kept_head(repo: Path, path: Path) -> Head | None:
     from orchestrator.tooling.policy_cli import bind_repository
 
     try:
-        head, _ = bind_repository(P.load_policy(path), repo)
+        plan, _ = bind_repository(P.load_policy(path), repo)
     except P.PolicyError:
         return None
-    return head
+    return plan.head if plan is not None else None

@@ -241,6 +241,10 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("the flush sends every timing observation",
              Target(R + "metrics.py", "Metrics.flush", "len(values) > self.max_sampled"), "False",
              ("tests/unit/test_metrics_flush.py",)),
+    # the immutable plan: run-time state with the engine
+    Mutation("a node's state made afresh each execute",
+             Target(R + "execution/engine.py", "Run.state", "self.engine.states[node.name]"), "make()",
+             ("tests/unit/test_plan.py",)),
 )
 
 

@@ -1,18 +1,25 @@
-"""The policy compiled once, at load, into an immutable plan (``policy.bind_heads``): every
-node kind's dataclass is frozen, and binding builds a new tree and leaves the parsed one as
-it was. No server.
+"""The policy compiled once, at load, into an immutable plan (``policy.bind_heads``), and the
+nodes' run-time state held by the engine (``Engine.states``, ``Run.state``): every node kind's dataclass is
+frozen, binding builds a new tree and leaves the parsed one as it was, and a cascade's
+escalation budget lives in the engine, per node, from one execute to the next. No server.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+import numpy as np
 import pytest
 
+from orchestrator.runtime.execution.engine import Engine
+from orchestrator.runtime.request import Work
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import BINARY, LEGACY, MULTICLASS, Head
 from orchestrator.runtime.routing.nodes import base
+from orchestrator.runtime.routing.nodes.cascade import EscalationBudget
 from orchestrator.runtime.routing.policy import bind_heads, parse_policy
+from tests.helpers import FakeBLS, expected_logit, ids_of, sig
 
 BIN = Head(BINARY, ("positive",), tokenizer="tok_b", max_length=256)
 LANG = Head(MULTICLASS, ("en", "de", "fr"))
@@ -123,3 +130,49 @@ def test_a_kind_with_children_must_rebuild_with_the_children_given(monkeypatch):
     monkeypatch.setitem(N.KINDS, "fallback", dropped)
     with pytest.raises(TypeError, match="fallback: with_children did not place the children it was given"):
         bind_heads(parse_policy(doc), HEADS)
+
+
+# ----------------------------------------------------------------------------- run-time state
+
+P_FILM = sig(expected_logit("fast", ids_of("film")))  # every text is "film": its threshold sets its distance
+
+
+def two_cascades():
+    """Two cascades with budgets, chosen per request by the parameter ``route``: ``a``
+    (at most half the texts escalated) and ``b`` (every unsure text)."""
+    def cascade(name, rate):
+        return {"kind": "cascade", "name": name, "margin": 0.1, "budget": {"max_escalation_rate": rate},
+                "stages": [model(f"fast_{name}", "fast"), model(f"acc_{name}", "accurate")]}
+    return parse_policy({"version": 1, "request_parameters": {"route": ["a", "b"]}, "root": {
+        "kind": "switch", "name": "pick", "cases": [{"when": {"param": {"name": "route", "equals": "a"}}, "then": cascade("a", 0.5)}],
+        "default": cascade("b", 1.0)}})
+
+
+def execute(engine, route, distance):
+    """One execute of one text "film" whose threshold is ``distance`` from its first stage's answer."""
+    t = np.array([[P_FILM + distance]], np.float32)
+    [result] = asyncio.run(engine.run([Work(["film"], t, {"route": route}, "")]))
+    return result.routes[0]
+
+
+def test_the_budget_is_state_the_engine_holds_per_node_across_executes():
+    engine = Engine(two_cascades(), FakeBLS())
+    assert all("controller" not in {f.name for f in dataclasses.fields(n)} for n in engine.policy.nodes())
+    assert engine.states == {}  # made on first use
+    # a's first text: a window of one text allows no escalation (floor(0.5 * 1) = 0)
+    assert execute(engine, "a", 0.05) == "fast:budget"
+    held = engine.states["a"]
+    assert isinstance(held, EscalationBudget) and held.budget.max_escalation_rate == 0.5
+    # b's own budget (rate 1): with a's state it would be kept (a window of two, one allowed,
+    # and 0.05 not below the quantile 0.05)
+    assert execute(engine, "b", 0.05) == "accurate"
+    assert engine.states["b"] is not held and engine.states["b"].budget.max_escalation_rate == 1.0
+    # a's second text: its window now holds two texts, one escalation allowed; a state made
+    # afresh for this execute would keep it as the first
+    assert execute(engine, "a", 0.01) == "accurate"
+    assert engine.states["a"] is held and set(engine.states) == {"a", "b"}
+    # every run of the engine (warmup, the shadow worker: another infer) shares it
+    node = next(n for n in engine.policy.nodes() if n.name == "a")
+    assert engine.start(FakeBLS()).state(node, lambda: pytest.fail("made again")) is held
+    # another engine (another router instance) starts empty
+    assert execute(Engine(two_cascades(), FakeBLS()), "a", 0.01) == "fast:budget"

@@ -153,6 +153,7 @@ class Engine:
         self.infer, self.models, self.metrics = infer, models, metrics
         self.tokenizers = inline_tokenizers(policy, model_dir)
         self.costs: Dict[str, float] = {}
+        self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
         self.mirror_runner: Optional[Mirror] = None
@@ -241,6 +242,12 @@ class Run:
     def random(self) -> float:
         """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
         return self.rng.random()
+
+    def state(self, node: Node, make: Callable[[], T]) -> T:
+        """``node``'s state across executes, made by ``make`` on first use: the engine's (``Engine.states``), so every
+        run shares it; ``setdefault`` keeps one of two first uses at once (the shadow worker's thread)."""
+        held: T = self.engine.states[node.name] if node.name in self.engine.states else self.engine.states.setdefault(node.name, make())
+        return held
 
     def mirror(self, node: Node, items: List[Item], answers: Answers) -> None:
         """Queue ``items`` for ``node``'s shadow candidate (``mirror.Mirror.submit``);

@@ -26,7 +26,7 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Node:
     """Fields every node has. Nodes are immutable: binding (``policy.bind_heads``) makes new
-    ones.
+    ones, and what changes while the router serves lives with the engine (``Engine.state``).
 
     Attributes:
         kind: the node kind (a key of ``orchestrator.runtime.routing.nodes.KINDS``).
@@ -247,6 +247,11 @@ class Engine(Protocol):
 
     def final_verdicts(self, answer: Answer, item: Item) -> NDArray[Any]:
         """The verdicts bool [C] the router reports for ``answer`` of ``item``."""
+
+    def state(self, node: Node, make: Callable[[], T]) -> T:
+        """The state of ``node`` that lasts from one execute to the next (a cascade's
+        escalation budget), made by ``make`` on first use; held by the engine, keyed by the
+        node's name, and shared by all its runs (warmup, the shadow worker)."""
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Deque, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -82,7 +82,8 @@ class EscalationBudget:
     Args:
         budget: the policy's settings.
 
-    Thread-safe (the shadow worker's twin engine shares nodes).
+    One per cascade node and router instance, held by the engine (``Engine.state``), so
+    every run shares it; thread-safe (the shadow worker's runs use it from their thread).
     """
 
     def __init__(self, budget: Budget) -> None:
@@ -168,20 +169,17 @@ class CascadeNode(Node):
     within ``margin`` of the threshold; multiclass, the top two probabilities less than
     ``margin`` apart; multilabel, some label strictly within ``margin`` of its threshold.
     With ``budget``, the margin is at most what keeps the escalation rate within it
-    (:class:`EscalationBudget`).
+    (:class:`EscalationBudget`, the node's state in the engine: ``Engine.state``).
     Keys: :data:`KIND` ``.keys`` (docs/reference/policy.md).
     """
 
     stages: Tuple[Node, ...] = REQUIRED
     margin: float = REQUIRED
     budget: Optional[Budget] = None
-    controller: Optional[EscalationBudget] = field(default=None, compare=False, repr=False)
 
 
 def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) -> CascadeNode:
-    budget = values.get("budget")
-    return CascadeNode(**common, stages=tuple(values["stages"]), margin=values["margin"], budget=budget,
-                       controller=EscalationBudget(budget) if budget else None)
+    return CascadeNode(**common, stages=tuple(values["stages"]), margin=values["margin"], budget=values.get("budget"))
 
 
 def unsure(head: Head, node: CascadeNode, items: List[Item], answers: Answers,
@@ -224,10 +222,11 @@ def _margins(engine: Engine, node: CascadeNode, first: List[Item], answers: Answ
     """``(cap, budget_margin)``: the margin without the budget (``margin``) and the budget's
     (``inf`` without one); a batch escalates at the smaller. Sets the node's gauges when it
     has a budget."""
-    cap = node.margin
-    if node.controller is None:
+    cap, budget = node.margin, node.budget
+    if budget is None:
         return cap, float("inf")
-    allowed, rate = node.controller.plan(_distances(engine, first, answers).tolist(), cap, engine.deadlines.now())
+    controller = engine.state(node, lambda: EscalationBudget(budget))
+    allowed, rate = controller.plan(_distances(engine, first, answers).tolist(), cap, engine.deadlines.now())
     engine.gauge(MARGIN_GAUGE, min(cap, allowed), node=node.name)
     engine.gauge(RATE_GAUGE, rate, node=node.name)
     return cap, allowed

@@ -75,8 +75,9 @@ clean:
 # README "Tests" says which tests to run for which change; `make test` still runs everything.
 FAST := not server and not slow and not network
 .PHONY: test-fast mutations
+# On every core (pytest-xdist): the tests' own waits overlap.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "$(FAST)" tests/unit tests/mock
+	$(PY) -m pytest -q -n auto -m "$(FAST)" tests/unit tests/mock
 
 # Every mutation of lab/mutations.py (targets found by AST, not by text) run
 # against the fast tests that cover it; fails when one is not caught or a target is gone.

@@ -237,7 +237,8 @@ def test_dispatcher_picks_the_stub_per_config(tmp_path, packed_fake_env):
     assert default.stub == str(stubs.embedded_stub(sys.version_info[:2]))
 
 
-def test_cli_exit_code_and_message_on_problems(tmp_path, capsys):
+def test_cli_exit_code_and_message_on_problems(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # rich folds a long temporary path inside its words at 80
     envhelpers.fake_env(tmp_path / "repo" / "probe" / "env", OTHER_PY, numpy="2.1.0")
     repo = model_with_env(tmp_path, "$$TRITON_MODEL_DIRECTORY/env")
     parser = doctor.add_doctor_arguments(argparse.ArgumentParser())

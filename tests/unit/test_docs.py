@@ -77,6 +77,14 @@ def test_no_lab_diary_outside_the_results_pages(page):
                        "or CHANGELOG.md (the change):\n" + "\n".join(found))
 
 
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_no_issue_number_in_any_page(page):
+    """Not on the results pages either: a run is dated there, but which issue asked for it is
+    the team's workflow; a goal is named by what it asks."""
+    found = [f"{rel(page)}:{n}: {line.strip()[:120]}" for n, line in enumerate(page.read_text().splitlines(), 1) if ISSUE.search(line)]
+    assert not found, "say what the goal or change was instead of its issue's number:\n" + "\n".join(found)
+
+
 #: Issue mentions the pattern must catch, ``N`` standing for the number so that this file
 #: passes its own check (:func:`test_no_issue_number_in_source_or_build_files`).
 ISSUE_SHAPES = ["issue N's goal", "issues N and 25", "Issue #N", "(issue N)", "def test_issue_Ns_goal", "#overload-issue-N"]

@@ -153,6 +153,7 @@ class Engine:
         self.infer, self.models, self.metrics = infer, models, metrics
         self.tokenizers = inline_tokenizers(policy, model_dir)
         self.costs: Dict[str, float] = {}
+        self.rng = random.Random()  # every run's draws (Run.random)
         self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
@@ -195,7 +196,7 @@ class Run:
         self.engine, self.head, self.metrics, self.mirror_runner = engine, engine.head, metrics, mirror_runner
         self.deadlines = Deadlines(engine.clock, metrics, engine.costs)
         self.calls = ModelCalls(engine.policy, infer, models, self.deadlines, engine.tokenizers, self.stage)
-        self.counter, self.rng = 0, random.Random()
+        self.counter = 0
         self.counts: Dict[Key, float] = {}  # (family, labels) -> value: handed to ``metrics`` at the end (flush)
         self.observations: Dict[Key, List[float]] = {}
         self.gauges: Dict[Key, float] = {}
@@ -204,16 +205,20 @@ class Run:
 
     def count(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to counter ``family`` with ``labels`` (see ``metrics.Metrics``; at :meth:`flush`)."""
+        if self.metrics is None:
+            return
         key = (family, tuple(sorted(labels.items())))
         self.counts[key] = self.counts.get(key, 0.0) + value
 
     def gauge(self, family: str, value: float, **labels: str) -> None:
         """Set gauge ``family`` with ``labels`` to ``value`` (see ``metrics.Metrics``; at :meth:`flush`)."""
-        self.gauges[(family, tuple(sorted(labels.items())))] = value
+        if self.metrics is not None:
+            self.gauges[(family, tuple(sorted(labels.items())))] = value
 
     def observe(self, family: str, value: float, **labels: str) -> None:
         """Add one observation to histogram ``family`` (see ``metrics.Metrics``; at :meth:`flush`)."""
-        self.observations.setdefault((family, tuple(sorted(labels.items()))), []).append(value)
+        if self.metrics is not None:
+            self.observations.setdefault((family, tuple(sorted(labels.items()))), []).append(value)
 
     def stage(self, stage: str, began: float) -> None:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
@@ -240,8 +245,9 @@ class Run:
         return verdicts
 
     def random(self) -> float:
-        """A uniform draw in [0, 1) (split and shadow nodes, requests without an id)."""
-        return self.rng.random()
+        """A uniform draw in [0, 1) (split and shadow nodes, requests without an id), from
+        the engine's generator (seeding one per run would cost each execute ~20 us)."""
+        return self.engine.rng.random()
 
     def state(self, node: Node, make: Callable[[], T]) -> T:
         """``node``'s state across executes, made by ``make`` on first use: the engine's (``Engine.states``), so every
@@ -257,9 +263,9 @@ class Run:
             self.mirror_runner.submit(node, items, [(answers[it.idx].probabilities, self.final_verdicts(answers[it.idx], it))
                                                     for it in items])
 
-    async def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
-        """:func:`gather`: ``coros`` side by side, their downstream calls through ``async_exec``."""
-        return await gather(coros, settle)
+    def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> Awaitable[List[Any]]:
+        """:func:`gather` (to await): ``coros`` side by side, their downstream calls through ``async_exec``."""
+        return gather(coros, settle)
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run ``node``'s handler on ``items``; counts errors and latency, applies its

@@ -225,8 +225,8 @@ class Engine(Protocol):
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
         """Run a child node on ``items`` (raises DownstreamError)."""
 
-    async def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
-        """Await ``coros`` side by side (``asyncio.gather``; their downstream calls must not
+    def gather(self, coros: Iterable[Awaitable[T]], settle: bool = False) -> Awaitable[List[Any]]:
+        """To await: ``coros`` side by side (``asyncio.gather``; their downstream calls must not
         block the event loop); ``settle``: a failure is returned in its place instead of
         raised (``return_exceptions``)."""
 

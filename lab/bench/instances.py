@@ -400,7 +400,10 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
     results.update(measurements=measurements, load_max_during=max(during) if during else None,
                    wall_s=round(time.monotonic() - started, 1))
     if before:
-        results["summary"] = runtime.runtime_summary(measurements)
+        _log(f"the engine alone, {rounds} rounds")
+        results["engine"] = runtime.engine_rounds(runtime.ROOT, Path(baseline or ""), rounds,
+                                                  runs=300 if quick else runtime.ENGINE_RUNS)
+        results["summary"] = runtime.runtime_summary(measurements, results["engine"])
     else:
         results.update(summary=summarize(measurements), per_round_ratios=per_round_ratios(measurements, cmp.variant))
     write_kept_outputs(out, cmp.name, results, render_section(results), cmp.start, cmp.end)

@@ -24,6 +24,11 @@ and of the throughput at c=16, by its distribution-free 95% interval
 outside -> changed (faster or slower); else undecided, with an estimate of the rounds that
 would decide it (``lab.bench.floor.first_deciding_rounds``).
 
+Then the engine alone (:func:`engine_rounds`): ``engine_time.py`` times each checkout's own
+``Engine.run`` of one short text through the shipped policy with an instant fake BLS, in a
+fresh interpreter importing only that checkout, as many rounds, the order alternating: the
+runtime's own CPU time per execute, judged the same way and counted in the overall verdict.
+
 Units: throughput in inferences (texts) per second, latency in milliseconds; ratios
 dimensionless.
 """
@@ -31,6 +36,8 @@ dimensionless.
 from __future__ import annotations
 
 import ast
+import json
+import os
 import re
 import shutil
 import statistics
@@ -240,12 +247,12 @@ def overall(decisions: Sequence[Mapping[str, Any]]) -> str:
     return "unchanged" if kinds and all(k == "unchanged" for k in kinds) else "undecided"
 
 
-def runtime_summary(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+def runtime_summary(measurements: Sequence[Mapping[str, Any]], engine: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
     """Per concurrency (string key): each model's medians over the rounds (``throughput``,
     ``p50_ms``, ``p99_ms``, ``rounds``) and, per metric, the per-round ratios after / before
     (``per_round``, round order) with their :func:`verdict`; ``judged``: the metric of
-    :data:`JUDGED`. ``overall``: :func:`overall` of the judged verdicts. Failed measurements
-    (``error``) are left out."""
+    :data:`JUDGED`. ``overall``: :func:`overall` of the judged verdicts and of ``engine``'s
+    (:func:`engine_rounds`), if given. Failed measurements (``error``) are left out."""
     from lab.bench.floor import pair_ratios
 
     ok = [m for m in measurements if not m.get("error")]
@@ -266,8 +273,46 @@ def runtime_summary(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]
         if cell["judged"]:
             judged.append(cell["ratios"][cell["judged"]])
         out["concurrency"][str(c)] = cell
-    out["overall"] = overall(judged)
+    out["overall"] = overall(judged + ([engine] if engine else []))
     return out
+
+
+# ------------------------------------------------------------------------------ the engine alone
+
+#: ``Engine.run`` calls per engine measurement (their median is the round's figure).
+ENGINE_RUNS = 3000
+ENGINE_SCRIPT = Path(__file__).with_name("engine_time.py")
+
+
+def engine_time(checkout: Path | str, runs: int = ENGINE_RUNS) -> Dict[str, Any]:
+    """``{"median_us", "runs", "orchestrator"}``: ``engine_time.py`` on ``checkout`` in a fresh
+    interpreter whose ``PYTHONPATH`` is ``checkout`` alone (microseconds per ``Engine.run`` of
+    one short text, instant fake BLS); BenchError when it fails."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    try:
+        done = subprocess.run([sys.executable, str(ENGINE_SCRIPT), str(checkout), str(runs)], capture_output=True,
+                              text=True, env=env, cwd=str(checkout), timeout=900)
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"engine_time.py on {checkout}: no answer in {exc.timeout:.0f} s") from None
+    if done.returncode != 0:
+        raise BenchError(f"engine_time.py on {checkout} failed: {(done.stderr or done.stdout).strip()[-400:]}")
+    out: Dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
+def engine_rounds(after: Path | str, before: Path | str, rounds: int, runs: int = ENGINE_RUNS) -> Dict[str, Any]:
+    """The engine alone, after beside before: per round one :func:`engine_time` of each (the
+    order alternating), ``{"runs", "rounds": [{"after_us", "before_us"}], "per_round"}`` (the
+    ratios after / before, round order) and the :func:`verdict` of those ratios (a ratio over
+    1 is slower)."""
+    rows = []
+    for r in range(rounds):
+        pair = [(AFTER, after), (BEFORE, before)]
+        got = {name: engine_time(path, runs)["median_us"] for name, path in (pair if r % 2 == 0 else pair[::-1])}
+        rows.append({"after_us": got[AFTER], "before_us": got[BEFORE]})
+    ratios = [row["after_us"] / row["before_us"] for row in rows]
+    return {"runs": runs, "rounds": rows, "per_round": [round(v, 3) for v in ratios],
+            **verdict(ratios, higher_is_faster=False)}
 
 
 # ------------------------------------------------------------------------------ git and the section
@@ -356,6 +401,17 @@ def render_section(r: Mapping[str, Any]) -> str:
               f"within [{lo}, {hi}]: unchanged; entirely outside it: changed (p50: a ratio over 1 is slower; "
               "throughput: over 1 is faster); otherwise undecided. Rounds needed: the interval's ends read as this "
               "run's quantiles for a larger number of rounds (an estimate that assumes this run's spread)."]
+    engine = r.get("engine")
+    if engine:
+        med = lambda key: round(statistics.median(row[key] for row in engine["rounds"]), 1)  # noqa: E731
+        iv = f"{engine['low']}x to {engine['high']}x" if engine.get("low") is not None else "none (under 6 rounds)"
+        L += ["", f"The engine alone (`lab/bench/engine_time.py`: `Engine.run` of one short text through the shipped "
+                  f"policy, an instant fake BLS, the router's metrics; no server, no model; the median of {engine['runs']} "
+                  f"runs per checkout and round, {len(engine['rounds'])} rounds, the order alternating): after "
+                  f"{med('after_us')} us, before {med('before_us')} us.", "",
+              "| measure | median of per-round ratios | 95% interval | verdict |", "|---|---|---|---|",
+              f"| engine time after / before | {engine['median']}x | {iv} | {_decision(engine)} |", "",
+              "Per-round ratios of the engine alone: " + ", ".join(map(str, engine["per_round"])) + "."]
     rounds = [f"c={c} {_METRIC[k]} {', '.join(map(str, cell['ratios'][k]['per_round']))}"
               for c, cell in s["concurrency"].items() for k in ("p50_ms", "throughput")]
     if rounds:

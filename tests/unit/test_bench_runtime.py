@@ -210,3 +210,39 @@ def test_baseline_goes_only_with_the_runtime_comparison(tmp_path, capsys):
         I.run(tmp_path, compare="flush", baseline=tmp_path)
     assert I.main(["--compare", "floor", "--baseline", str(tmp_path), "--out", str(tmp_path)]) == 1
     assert "--baseline DIR goes with --compare runtime" in capsys.readouterr().err
+
+
+def test_the_engine_alone_is_timed_from_the_checkout_it_names(tmp_path):
+    """``engine_time.py`` runs this checkout's engine in a fresh interpreter and says where its
+    orchestrator came from; a checkout it cannot run is a BenchError naming it."""
+    got = R.engine_time(ROOT, runs=20)
+    assert got["runs"] == 20 and got["median_us"] > 0
+    assert Path(got["orchestrator"]).resolve() == (ROOT / "orchestrator" / "__init__.py").resolve()
+    other = fake_checkout(tmp_path / "other", "other")
+    with pytest.raises(BenchError, match=f"engine_time.py on {other} failed"):
+        R.engine_time(other, runs=5)
+
+
+def test_engine_rounds_alternate_and_judge_the_ratios(monkeypatch):
+    calls = []
+
+    def fake(path, runs):
+        calls.append(path)
+        return {"median_us": 500.0 if path == "after" else 400.0, "runs": runs, "orchestrator": path}
+
+    monkeypatch.setattr(R, "engine_time", fake)
+    e = R.engine_rounds("after", "before", 8, runs=10)
+    assert calls[:4] == ["after", "before", "before", "after"]  # the order alternates per round
+    assert e["per_round"] == [1.25] * 8 and e["verdict"] == "changed" and e["direction"] == "slower"
+    ms = [m("router", 1, r, 200.0, 4.0) for r in range(8)] + [m("router_before", 1, r, 200.0, 4.0) for r in range(8)]
+    assert R.runtime_summary(ms)["overall"] == "unchanged"
+    assert R.runtime_summary(ms, e)["overall"] == "changed"  # the engine's verdict counts too
+    r = {"started_utc": "2026-11-28 10:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [0.3, 0.5, 0.6],
+         "load_max_during": 1.5, "rounds": 8, "quick": False, "comparison": "runtime", "measurements": ms,
+         "summary": R.runtime_summary(ms, e), "engine": e, "command": "c",
+         "checkouts": {"after": {"path": "/a", "commit": "a" * 40, "dirty": False},
+                       "before": {"path": "/b", "commit": "b" * 40, "dirty": False}}}
+    text = I.render_section(r)
+    assert "the median of 10 runs per checkout and round, 8 rounds, the order alternating): after 500.0 us, before 400.0 us" in text
+    assert "| engine time after / before | 1.25x | 1.25x to 1.25x | **changed: slower** |" in text
+    assert "**Speed changed** by this run" in text

@@ -333,11 +333,12 @@ def stub_pid(server, instance: str) -> int:
     return pid
 
 
-def rss_bytes(pid: int) -> int:
-    """Resident set size of process ``pid`` in bytes. Raises LookupError when it is gone."""
+def rss_bytes(pid: int, field: str = "VmRSS") -> int:
+    """Resident set size of process ``pid`` in bytes (``field``: ``RssAnon`` for its private
+    anonymous part alone, ``lab.soak.procs.rss_bytes``). Raises LookupError when it is gone."""
     from lab.soak.procs import rss_bytes as rss
 
-    value = rss(pid)
+    value = rss(pid, field)
     if value is None:
         raise LookupError(f"process {pid} is gone")
     return value

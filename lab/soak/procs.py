@@ -73,13 +73,15 @@ def find_stub(server_pid: int, instance: str) -> Optional[int]:
     return max(live, key=lambda p: (p.start, p.pid)).pid if live else None
 
 
-def rss_bytes(pid: int) -> Optional[int]:
+def rss_bytes(pid: int, field: str = "VmRSS") -> Optional[int]:
     """Resident set size of ``pid`` in bytes (``VmRSS`` of ``/proc/<pid>/status``; pages of
-    shared memory the process touched count too); None when the process is gone."""
+    shared memory the process touched count too); ``field="RssAnon"``: its private anonymous
+    part alone (heap and stacks, without the shared memory a Python-backend stub maps for its
+    tensors). None when the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None

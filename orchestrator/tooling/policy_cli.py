@@ -33,9 +33,16 @@ from orchestrator.runtime.routing import heads as H
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
 from orchestrator.tooling.errors import ConfigError
-from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import default_model_repository
-from orchestrator.tooling.repository import ModelConfig, config_path, get_parameter, is_python_model, read_config, repository_problems
+from orchestrator.tooling.repository import (
+    ModelConfig,
+    config_path,
+    get_parameter,
+    is_python_model,
+    read_config,
+    repository_problems,
+    write_label_file,
+)
 
 POLICY_FILE = "policy.yaml"
 

@@ -29,6 +29,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Union
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
+from orchestrator.runtime.routing.heads import LABEL_FILE, Head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import write_atomic
 
@@ -313,3 +314,11 @@ def add_queue_policy(path: PathLike, fields: Optional[Mapping[str, int]] = None,
     config.dynamic_batching.priority_levels = priority_levels
     config.dynamic_batching.default_priority_level = priority_levels
     return write_config(path, config, header_lines(path) if header is None else header)
+
+
+def write_label_file(model_dir: Path, head: Head, filename: str = LABEL_FILE) -> Path:
+    """Write ``<model_dir>/<filename>``, the label file of Triton's classification
+    extension: ``head.output_labels()``, one a line, in output column order."""
+    path = Path(model_dir) / filename
+    write_atomic(path, "".join(f"{x}\n" for x in head.output_labels()).encode("utf-8"), 0o644)
+    return path

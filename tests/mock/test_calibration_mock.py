@@ -15,7 +15,8 @@ from orchestrator.runtime.routing.heads import MULTICLASS, MULTILABEL, Head, rea
 from orchestrator.testing.mock import MockTriton
 from orchestrator.tooling import repository
 from orchestrator.tooling.modeling import data
-from orchestrator.tooling.modeling.configs import ensemble_config, postprocess_config, write_label_file
+from orchestrator.tooling.modeling.configs import ensemble_config, postprocess_config
+from orchestrator.tooling.repository import write_label_file
 from tests.helpers import FIXTURES, REPO, add_router_variant
 
 CALIBRATED = {  # name -> (labels, kind, arith seed, temperature)

@@ -52,7 +52,6 @@ __all__ = [
     "postprocess_config",
     "ensemble_config",
     "write_head",
-    "write_label_file",
     "classifier_header",
     "classifier_files",
     "write_classifier_configs",
@@ -183,14 +182,6 @@ def write_head(model_dir: Path, head: Head) -> List[Path]:
     path = Path(model_dir) / HEAD_FILE
     write_atomic(path, head.to_json().encode("utf-8"), 0o644)
     return [path]
-
-
-def write_label_file(model_dir: Path, head: Head, filename: str = LABEL_FILE) -> Path:
-    """Write ``<model_dir>/<filename>``, the label file of Triton's classification
-    extension: ``head.output_labels()``, one a line, in output column order."""
-    path = Path(model_dir) / filename
-    write_atomic(path, "".join(f"{x}\n" for x in head.output_labels()).encode("utf-8"), 0o644)
-    return path
 
 
 #: Repository-relative file -> (generator, what the file is: its header lines).

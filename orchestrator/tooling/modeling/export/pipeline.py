@@ -26,9 +26,9 @@ from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import Head
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.files import write_atomic
-from orchestrator.tooling.modeling.configs import ensemble_config, postprocess_config, write_head, write_label_file
+from orchestrator.tooling.modeling.configs import ensemble_config, postprocess_config, write_head
 from orchestrator.tooling.modeling.contract import INPUT_NAMES, OUTPUT_NAME, ExportError
-from orchestrator.tooling.repository import header_lines, model_config_paths, read_config, write_config
+from orchestrator.tooling.repository import header_lines, model_config_paths, read_config, write_config, write_label_file
 
 POSTPROCESS_ADAPTER = ('"""Triton Python-backend adapter; the implementation is orchestrator.runtime.models.postprocess."""\n\n'
                        "from orchestrator.runtime.models.postprocess import TritonPythonModel  # noqa: F401\n")

@@ -25,8 +25,8 @@ from typing import Sequence
 
 from orchestrator.runtime.routing.heads import MULTICLASS, Head
 from orchestrator.tooling import repository
-from orchestrator.tooling.modeling.configs import write_label_file
 from orchestrator.tooling.paths import PROJECT_ROOT
+from orchestrator.tooling.repository import write_label_file
 
 POLICY = "policy.yaml"
 

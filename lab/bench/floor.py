@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 import numpy as np
 
+from lab.bench.measurement import failed_note, max_load
 from lab.bench.plan import REPO, Spec
 
 #: ``router_single`` p50 at c=1 over ``hand_bls``'s: at most.
@@ -454,11 +455,7 @@ def render_section(r: Mapping[str, Any]) -> str:
     if r.get("quick"):
         L += ["", "> **`--quick` run**: a smoke test, not a benchmark."]
     L += ["", *render_floor(r), *render_load_and_repair(r)]
-    failed = [m for m in r["measurements"] if m.get("error")]
-    if failed:
-        L += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
-            f"{m['model']} c={m['concurrency']} round {m['round'] + 1}: {m['error']}" for m in failed[:3])]
-    L += ["", FLOOR_END]
+    L += [*failed_note(r["measurements"]), "", FLOOR_END]
     return "\n".join(L)
 
 
@@ -490,8 +487,8 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
 
     from lab.bench.instances import _log
     from lab.bench.machine import load_average, machine_info
-    from lab.bench.measurement import expected_latency_ms, write_input_data
-    from lab.bench.perf_analyzer import install_perf_analyzer, measure
+    from lab.bench.measurement import measure_next, outcome, write_input_data
+    from lab.bench.perf_analyzer import install_perf_analyzer
     from lab.bench.plan import PASettings
     from lab.bench.report import write_kept_outputs
     from lab.bench.stack import read_stack
@@ -523,15 +520,10 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
             warm = {**{(m, "held_out"): 10.0 for m in FLOOR_MODELS}, **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
             specs = floor_plan(rounds)
             for i, spec in enumerate(specs, 1):
-                m = measure(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,
-                            latency_ms=expected_latency_ms(spec, measurements, warm))
-                m["load_1min"] = (load_average() or [None])[0]
-                measurements.append(m)
-                _log(f"[floor {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: "
-                     + (f"FAILED {m['error']}" if m.get("error") else
-                        f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"))
-    during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
-    results.update(measurements=measurements, load_max_during=max(during) if during else None,
+                m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,
+                                 measurements, warm)
+                _log(f"[floor {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
+    results.update(measurements=measurements, load_max_during=max_load(measurements),
                    floor_goals=floor_goals(measurements),
                    cost=cost_summary(measurements, (results.get("escalation") or {}).get("e")))
     if load_rounds:

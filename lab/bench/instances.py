@@ -54,6 +54,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from lab.bench.machine import load_average, machine_info
+from lab.bench.measurement import failed_note, max_load
 from lab.bench.plan import FULL_SETTINGS, QUICK_SETTINGS, REPO, BenchError, Spec
 from lab.bench.report import (
     FLUSH_END,
@@ -317,11 +318,7 @@ def render_section(r: Mapping[str, Any]) -> str:
         L += ["", "Per-round ratios to the shipped router's, in round order: " + "; ".join(
             f"c={c} throughput {', '.join(map(str, v['throughput']))}, p50 {', '.join(map(str, v['p50']))}"
             for c, v in rounds.items()) + "."]
-    failed = [m for m in r["measurements"] if m.get("error")]
-    if failed:
-        L += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
-            f"{m['model']} c={m['concurrency']}: {m['error']}" for m in failed[:3])]
-    L += ["", cmp.end]
+    L += [*failed_note(r["measurements"], rounds=False), "", cmp.end]
     return "\n".join(L)
 
 
@@ -342,8 +339,8 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
     and returns the results. ``baseline``: the other checkout (``runtime`` only, required
     there); ``command``: the command line recorded (default: the comparison's make target)."""
     from lab.bench import runtime
-    from lab.bench.measurement import expected_latency_ms, write_input_data
-    from lab.bench.perf_analyzer import install_perf_analyzer, measure
+    from lab.bench.measurement import measure_next, outcome, write_input_data
+    from lab.bench.perf_analyzer import install_perf_analyzer
     from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import ServerError, TritonServer
 
@@ -389,15 +386,9 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, compare: s
             warm = {(m, "held_out"): 10.0 for m in cmp.models}
             specs = plan(rounds, cmp.concurrencies, cmp.models)
             for i, spec in enumerate(specs, 1):
-                m = measure(binary, spec, server.grpc_url, input_data, Path(tmp) / "pa", settings,
-                            latency_ms=expected_latency_ms(spec, measurements, warm))
-                m["load_1min"] = (load_average() or [None])[0]
-                measurements.append(m)
-                _log(f"[{i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: "
-                     + (f"FAILED {m['error']}" if m.get("error") else
-                        f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"))
-    during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
-    results.update(measurements=measurements, load_max_during=max(during) if during else None,
+                m = measure_next(binary, spec, server.grpc_url, input_data, Path(tmp) / "pa", settings, measurements, warm)
+                _log(f"[{i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
+    results.update(measurements=measurements, load_max_during=max_load(measurements),
                    wall_s=round(time.monotonic() - started, 1))
     if before:
         _log(f"the engine alone, {rounds} rounds")

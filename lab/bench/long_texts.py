@@ -62,12 +62,12 @@ from lab.bench.measurement import (
     accuracy_summary,
     classify_all,
     combine_rounds,
-    expected_latency_ms,
     length_stats,
+    measure_next,
     token_lengths,
     write_input_data,
 )
-from lab.bench.perf_analyzer import install_perf_analyzer, measure
+from lab.bench.perf_analyzer import install_perf_analyzer
 from lab.bench.plan import (
     DEFAULT_TOOL_DIR,
     FULL_SETTINGS,
@@ -272,10 +272,7 @@ def _throughput(binary: Path, url: str, inputs: Mapping[str, Path], tmp: Path, s
             order = MODELS if r % 2 == 0 else tuple(reversed(MODELS))
             for model in order:
                 spec = Spec(SECTION, model, f"long_{kind}", SWEEP_CONCURRENCY, 1, r)
-                m = measure(binary, spec, url, inputs[kind], tmp / "pa", settings,
-                            latency_ms=expected_latency_ms(spec, measurements, warmup))
-                m["load_1min"] = (load_average() or [None])[0]
-                measurements.append(m)
+                m = measure_next(binary, spec, url, inputs[kind], tmp / "pa", settings, measurements, warmup)
                 print(f"[bench-long] round {r + 1} {kind} {model}: "
                       + (f"FAILED {m['error']}" if m.get("error") else
                          f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms "

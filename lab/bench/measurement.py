@@ -159,6 +159,44 @@ def expected_latency_ms(spec: Spec, measurements: Sequence[Mapping], warmup_ms: 
     return None if w is None else spec.concurrency * spec.batch_size * w
 
 
+def measure_next(binary: Path | str, spec: Spec, url: str, input_data: Path | str, workdir: Path | str, settings,
+                 measurements: List[dict], warmup_ms: Mapping[Tuple[str, str], float]) -> dict:
+    """``perf_analyzer.measure`` of ``spec``, its first windows sized by :func:`expected_latency_ms`
+    of the ``measurements`` so far, with the 1-minute load average at its end (``load_1min``);
+    appended to ``measurements`` and returned (a failure is a measurement with ``error``)."""
+    from lab.bench.machine import load_average
+    from lab.bench.perf_analyzer import measure
+
+    m = measure(binary, spec, url, input_data, workdir, settings, latency_ms=expected_latency_ms(spec, measurements, warmup_ms))
+    m["load_1min"] = (load_average() or [None])[0]
+    measurements.append(m)
+    return m
+
+
+def outcome(m: Mapping) -> str:
+    """One measurement for a progress line: ``FAILED <error>``, or throughput, p50 and p99."""
+    if m.get("error"):
+        return f"FAILED {m['error']}"
+    return f"{m['throughput']:.1f} infer/s, p50 {m['p50_ms']:.2f} ms, p99 {m['p99_ms']:.2f} ms"
+
+
+def max_load(measurements: Sequence[Mapping]) -> Optional[float]:
+    """The highest 1-minute load average recorded with ``measurements`` (``load_1min``); None without one."""
+    during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
+    return max(during) if during else None
+
+
+def failed_note(measurements: Sequence[Mapping], rounds: bool = True) -> List[str]:
+    """The report lines naming the failed measurements (the first three), or none; ``rounds``:
+    with each one's round."""
+    failed = [m for m in measurements if m.get("error")]
+    if not failed:
+        return []
+    where = (lambda m: f" round {m['round'] + 1}") if rounds else (lambda m: "")
+    return ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
+        f"{m['model']} c={m['concurrency']}{where(m)}: {m['error']}" for m in failed[:3])]
+
+
 
 def classify_all(url: str, model: str, texts: Sequence[str], threshold: float = THRESHOLD,
                  batch: int = 64) -> dict:

@@ -22,15 +22,16 @@ from lab.bench.measurement import (
     classify_all,
     combine_raw_rounds,
     combine_rounds,
-    expected_latency_ms,
     length_sets,
     length_stats,
+    max_load,
+    measure_next,
     raw_floor_batches,
     raw_floor_round,
     token_lengths,
     write_input_data,
 )
-from lab.bench.perf_analyzer import install_perf_analyzer, measure, perf_analyzer_version
+from lab.bench.perf_analyzer import install_perf_analyzer, perf_analyzer_version
 from lab.bench.plan import (
     BATCH_MODELS,
     BATCH_SIZES,
@@ -174,10 +175,7 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
                 warmup_ms[key] = float(np.median(lat[1:]))
             measurements = []
             for i, spec in enumerate(plan, 1):
-                m = measure(binary, spec, url, files[spec.dataset], tmp / "pa", settings,
-                            latency_ms=expected_latency_ms(spec, measurements, warmup_ms))
-                m["load_1min"] = (load_average() or [None])[0]
-                measurements.append(m)
+                m = measure_next(binary, spec, url, files[spec.dataset], tmp / "pa", settings, measurements, warmup_ms)
                 if m.get("error"):
                     _log(f"[{i}/{len(plan)}] {spec.section} {spec.model} {spec.dataset} c={spec.concurrency} "
                          f"b={spec.batch_size} round {spec.round + 1}: FAILED {m['error']}")
@@ -190,7 +188,6 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
     measurements = combine_rounds(measurements)
     raw = combine_raw_rounds(raw_rounds)
     ratios = compute_ratios(measurements, accuracy, raw)
-    during = [m["load_1min"] for m in measurements if m.get("load_1min") is not None]
 
     results = {
         "schema": 1,
@@ -199,7 +196,7 @@ def run_benchmark(out: Path | str = "docs", *, quick: bool = False, repo: Path |
         "created_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "wall_s": round(time.monotonic() - t_start, 1),
         "machine": machine_info(),
-        "load": {"before": load_before, "after": load_average(), "max_1min_during": max(during) if during else None},
+        "load": {"before": load_before, "after": load_average(), "max_1min_during": max_load(measurements)},
         "git": git_revision(),
         "triton": triton,
         "stack": stack,

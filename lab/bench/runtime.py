@@ -48,6 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lab.bench.measurement import failed_note
 from lab.bench.plan import REPO, ROOT, BenchError
 
 AFTER, BEFORE = "router", "router_before"
@@ -416,11 +417,7 @@ def render_section(r: Mapping[str, Any]) -> str:
               for c, cell in s["concurrency"].items() for k in ("p50_ms", "throughput")]
     if rounds:
         L += ["", "Per-round ratios after / before, in round order: " + "; ".join(rounds) + "."]
-    failed = [m for m in r["measurements"] if m.get("error")]
-    if failed:
-        L += ["", f"{len(failed)} measurement(s) failed: " + "; ".join(
-            f"{m['model']} c={m['concurrency']} round {m['round'] + 1}: {m['error']}" for m in failed[:3])]
-    L += ["", RUNTIME_END]
+    L += [*failed_note(r["measurements"]), "", RUNTIME_END]
     return "\n".join(L)
 
 

@@ -302,8 +302,8 @@ def test_a_late_failure_from_the_old_instance_right_after_a_repair_is_not_repair
 
 
 def test_the_breaker_holds_the_circuit_open_while_the_repair_runs():
-    from orchestrator.runtime.bls.downstream import CircuitBreaker
-    from orchestrator.runtime.bls.health import HALF_OPEN, OPEN, REPAIRING_OPEN_S
+    from orchestrator.runtime.bls.downstream import REPAIRING_OPEN_S, CircuitBreaker
+    from orchestrator.runtime.bls.health import HALF_OPEN, OPEN
     from orchestrator.runtime.routing.settings import BreakerSettings
 
     class Clock:

@@ -46,8 +46,6 @@ from orchestrator.runtime.bls.health import (
     CLOSED,
     HALF_OPEN,
     OPEN,
-    READY_CHECK_INTERVAL_S,
-    REPAIRING_OPEN_S,
     CircuitState,
     cause_of,
     classify,
@@ -64,6 +62,13 @@ from orchestrator.runtime.routing.policy import Policy
 from orchestrator.runtime.routing.settings import BreakerSettings
 
 NO_OPTIONS = CallOptions()
+
+#: Seconds between two ``ready_check`` calls for one open circuit.
+READY_CHECK_INTERVAL_S = 0.5
+#: The cool-down (seconds, if longer than ``open_s``) of a circuit whose model is being
+#: repaired: a probe during the reload would reach the old, dead instance (Triton routes to
+#: it until the new one is ready) and wait 1 s for nothing; the repair's end probes at once.
+REPAIRING_OPEN_S = 30.0
 
 
 class Downstream:

@@ -42,12 +42,6 @@ STATE_VALUES: Dict[CircuitState, int] = {CLOSED: 0, OPEN: 1, HALF_OPEN: 2}
 # code of a 2.51 BLS error is always INTERNAL (module docstring), so the text decides.
 _STUB_DEAD = ("is not healthy", "Failed to obtain the health mutex")
 _NOT_READY = ("is not ready", "not at ready state", "unavailable", "not found", "unknown model", "is not loaded")
-#: Seconds between two ``ready_check`` calls for one open circuit.
-READY_CHECK_INTERVAL_S = 0.5
-#: The cool-down (seconds, if longer than ``open_s``) of a circuit whose model is being
-#: repaired: a probe during the reload would reach the old, dead instance (Triton routes to
-#: it until the new one is ready) and wait 1 s for nothing; the repair's end probes at once.
-REPAIRING_OPEN_S = 30.0
 
 
 def stub_is_dead(message: str) -> bool:

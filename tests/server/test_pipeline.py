@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import time
 
 import numpy as np
 import pytest
@@ -107,6 +108,18 @@ def batch_sizes(triton, model) -> dict:
         client.close()
 
 
+def settled_batch_sizes(triton, model) -> dict:
+    """``batch_sizes`` once two reads 0.2 s apart agree: the statistics of calls answered
+    before now (a backend reports them after the client has its answer) are all counted."""
+    now = batch_sizes(triton, model)
+    for _ in range(50):
+        time.sleep(0.2)
+        now, last = batch_sizes(triton, model), now
+        if now == last:
+            break
+    return now
+
+
 def test_long_text_is_chunked_and_aggregated(triton, long_negative_text):
     out = call(triton, "router", [long_negative_text], parameters={"route": "fast"})  # every window
     assert routes(out) == ["chunked:classifier_fast"]
@@ -133,12 +146,16 @@ def test_a_long_text_stops_where_its_verdict_is_settled_and_sends_only_those_win
     could move the length-weighted mean across the threshold; with one fewer, some could."""
     from tests.helpers import eventually
 
-    probs, weights = direct_window_probs(triton, long_negative_text)
-    n = len(probs)
-
     def delta(before):
         now = batch_sizes(triton, "classifier_fast")
         return {b: c - before.get(b, 0) for b, c in now.items() if c != before.get(b, 0)}
+
+    before = settled_batch_sizes(triton, "classifier_fast")
+    probs, weights = direct_window_probs(triton, long_negative_text)
+    n = len(probs)
+    # the direct calls are counted when their backend reports, which can come after the
+    # client has the last answer: wait for all n before taking the router's baseline
+    assert eventually(lambda: delta(before), {1: n}, timeout=5) == {1: n}
 
     before = batch_sizes(triton, "classifier_fast")
     assert routes(call(triton, "router", [long_negative_text], parameters={"route": "fast"})) == ["chunked:classifier_fast"]

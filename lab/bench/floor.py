@@ -449,8 +449,8 @@ def render_section(r: Mapping[str, Any]) -> str:
     L = [FLOOR_START, "## The router against its physics: the platform's floor, the cascade's cost model, load and repair", "",
          f"One run of `{r['command']}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
          f"({r['machine']['cpu_model']}), 1-minute load average {r['load_before']} before, highest "
-         f"{r['load_max_during']} during the perf_analyzer rounds (the server and perf_analyzer share the cores; the "
-         f"machine was shared with other work), {r['rounds']} rounds, perf_analyzer windows of {r['window_ms']} ms "
+         f"{r['load_max_during']} during the perf_analyzer rounds (that counts the server and perf_analyzer "
+         f"themselves, which share the cores), {r['rounds']} rounds, perf_analyzer windows of {r['window_ms']} ms "
          f"(3 per measurement, no stability rule); raw figures in `bench/floor.json`.", "", header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: a smoke test, not a benchmark."]

@@ -58,6 +58,10 @@ CONCURRENCIES = (1, 16)
 #: the 4th to the 12th smallest (binomial, p=0.5), so an unchanged speed needs the middle
 #: half of the rounds within 5%.
 ROUNDS = 15
+#: The 1-minute load per core, read just before the first round, from which the report says
+#: other work was running. The load *during* the rounds cannot tell: the server and
+#: perf_analyzer alone keep every core busy (a load of 5 to 6 on 2 cores).
+OTHER_WORK_LOAD = 0.5
 #: After / before within this band (both ends included): speed unchanged. The 5% is the
 #: lab's bound for an overhead that does not matter (``SINGLE_P50_GOAL``, ``FLOOR_P50_GOAL``).
 UNCHANGED = (0.95, 1.05)
@@ -366,14 +370,17 @@ def render_section(r: Mapping[str, Any]) -> str:
     L = [RUNTIME_START, "## The runtime before and after: this checkout's router beside a baseline's", "",
          f"One run of `{r['command']}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
          f"({r['machine']['cpu_model']}), 1-minute load average {r['load_before']} before, highest "
-         f"{r['load_max_during']} during (the server and perf_analyzer share the cores), {r['rounds']} rounds; "
-         "raw figures in `bench/runtime.json`.", "", header_line(r.get("stack"))]
+         f"{r['load_max_during']} during (that counts the server and perf_analyzer themselves, which keep every core "
+         f"busy, so it cannot show other work), {r['rounds']} rounds; raw figures in `bench/runtime.json`.", "",
+         header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: one round, short windows; a smoke test, not a benchmark."]
     cores = r["machine"].get("cores") or 0
-    if r.get("load_max_during") is not None and cores and r["load_max_during"] > cores:
-        L += ["", f"> The 1-minute load exceeded the {cores} cores during the run: other work shared the machine, "
-                  "and ratios from a loaded machine can mislead."]
+    before = (r.get("load_before") or [None])[0]
+    if before is not None and cores and before >= OTHER_WORK_LOAD * cores:
+        L += ["", f"> Other work was running when the run began: a 1-minute load of {before} on {cores} cores (the "
+                  f"level this report flags: {OTHER_WORK_LOAD:g} per core). Ratios from a shared machine can mislead; "
+                  "re-run on a quiet one."]
     files = r.get("orchestrator_files") or {}
     L += ["", f"- after, `{AFTER}`: this checkout, {_commit(co['after'])}; its stub imported `orchestrator` from "
               f"`{files.get(AFTER, 'n/a')}`.",

@@ -177,7 +177,7 @@ def test_the_section_reports_the_ratios_verdicts_and_both_commits():
     assert c16["judged"] == "throughput" and c16["ratios"]["throughput"]["verdict"] == "changed"
     assert c16["ratios"]["throughput"]["direction"] == "faster" and c16["ratios"]["throughput"]["median"] == 1.2
     assert c16["models"]["router"]["rounds"] == 15 and s["overall"] == "changed"
-    r = {"started_utc": "2026-11-28 10:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [0.3, 0.5, 0.6],
+    r = {"started_utc": "2026-11-28 10:00", "machine": {"cores": 2, "cpu_model": "cpu"}, "load_before": [1.3, 0.5, 0.6],
          "load_max_during": 3.5, "rounds": 15, "quick": False, "comparison": "runtime", "measurements": ms, "summary": s,
          "command": "python -m lab.bench.instances --compare runtime --baseline /b",
          "checkouts": {"after": {"path": "/a", "commit": "a" * 40, "dirty": True},
@@ -191,13 +191,13 @@ def test_the_section_reports_the_ratios_verdicts_and_both_commits():
     assert "| 16 | `router_before` | 250.0 | 60.0 | 120.0 |" in text
     assert "| 1 | p50 | 1.0x | 0.99x to 1.01x | **unchanged** |" in text
     assert "| 16 | throughput | 1.2x | 1.2x to 1.2x | **changed: faster** |" in text
-    assert "**Speed changed** by this run" in text and "exceeded the 2 cores" in text
+    assert "**Speed changed** by this run" in text and "a 1-minute load of 1.3 on 2 cores" in text
     assert "1 measurement(s) failed: router c=16 round 16: perf_analyzer exited 1" in text
     # three rounds: no interval, undecided, six rounds at least; one round: no spread to tell
     few = [x for x in ms if x["round"] < 3]
-    text = I.render_section({**r, "rounds": 3, "load_max_during": 1.0, "measurements": few, "summary": R.runtime_summary(few)})
+    text = I.render_section({**r, "rounds": 3, "load_before": [0.9, 0.5, 0.6], "load_max_during": 5.5, "measurements": few, "summary": R.runtime_summary(few)})
     assert "none (under 6 rounds)" in text and "**Not decided** by this run" in text
-    assert "about 6 rounds would decide it" in text and "exceeded" not in text
+    assert "about 6 rounds would decide it" in text and "Other work" not in text
     one = [x for x in ms if x["round"] == 0]
     text = I.render_section({**r, "rounds": 1, "quick": True, "measurements": one, "summary": R.runtime_summary(one)})
     assert "`--quick` run" in text and "under 2 rounds there is no spread" in text

@@ -57,7 +57,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
-from lab.bench.machine import git_revision, load_average, machine_info, wait_quiet
+from lab.bench.machine import QUIET_LOAD_PER_CORE, git_revision, load_average, machine_info, wait_quiet
 from lab.bench.measurement import (
     accuracy_summary,
     classify_all,
@@ -296,7 +296,7 @@ def run(out: Path, quick: bool = False, tool_dir: Path = DEFAULT_TOOL_DIR, urls:
     settings = QUICK_SETTINGS if quick else FULL_SETTINGS
     binary = install_perf_analyzer(tool_dir)
     machine = machine_info()
-    quiet = 0.5 * machine.get("cores", 1)  # other load over half the cores distorts the ratios
+    quiet = QUIET_LOAD_PER_CORE * machine.get("cores", 1)
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "load_start": wait_quiet(quiet, log=lambda m: print(f"[bench-long] {m}", flush=True)),

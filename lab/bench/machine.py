@@ -60,6 +60,12 @@ def git_revision() -> Optional[str]:
     return f"{rev}{' (uncommitted changes)' if dirty else ''}" if rev else None
 
 
+#: Other work on the machine, as the benchmarks judge it: a 1-minute load over this much per
+#: core just before a run (it distorts side-by-side ratios). The load *during* a run cannot
+#: tell: the server and perf_analyzer alone keep every core busy (5 to 6 on 2 cores).
+QUIET_LOAD_PER_CORE = 0.5
+
+
 def wait_quiet(threshold: float, max_wait_s: float = 180.0, log=print) -> List[float]:
     """Wait (at most ``max_wait_s``) until the 1-minute load average is below ``threshold``,
     so that a benchmark does not start inside the tail of earlier work; returns the load

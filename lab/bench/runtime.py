@@ -48,6 +48,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from lab.bench.machine import QUIET_LOAD_PER_CORE
 from lab.bench.measurement import failed_note
 from lab.bench.plan import REPO, ROOT, BenchError
 
@@ -58,10 +59,6 @@ CONCURRENCIES = (1, 16)
 #: the 4th to the 12th smallest (binomial, p=0.5), so an unchanged speed needs the middle
 #: half of the rounds within 5%.
 ROUNDS = 15
-#: The 1-minute load per core, read just before the first round, from which the report says
-#: other work was running. The load *during* the rounds cannot tell: the server and
-#: perf_analyzer alone keep every core busy (a load of 5 to 6 on 2 cores).
-OTHER_WORK_LOAD = 0.5
 #: After / before within this band (both ends included): speed unchanged. The 5% is the
 #: lab's bound for an overhead that does not matter (``SINGLE_P50_GOAL``, ``FLOOR_P50_GOAL``).
 UNCHANGED = (0.95, 1.05)
@@ -377,9 +374,9 @@ def render_section(r: Mapping[str, Any]) -> str:
         L += ["", "> **`--quick` run**: one round, short windows; a smoke test, not a benchmark."]
     cores = r["machine"].get("cores") or 0
     before = (r.get("load_before") or [None])[0]
-    if before is not None and cores and before >= OTHER_WORK_LOAD * cores:
+    if before is not None and cores and before > QUIET_LOAD_PER_CORE * cores:
         L += ["", f"> Other work was running when the run began: a 1-minute load of {before} on {cores} cores (the "
-                  f"level this report flags: {OTHER_WORK_LOAD:g} per core). Ratios from a shared machine can mislead; "
+                  f"level this report flags: over {QUIET_LOAD_PER_CORE:g} per core). Ratios from a shared machine can mislead; "
                   "re-run on a quiet one."]
     files = r.get("orchestrator_files") or {}
     L += ["", f"- after, `{AFTER}`: this checkout, {_commit(co['after'])}; its stub imported `orchestrator` from "

@@ -216,6 +216,9 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("head binding ignores labels",
              Target(R + "routing/heads.py", "Head.compatible", "mine == tuple(x.lower() for x in other.output_labels())"), "True",
              (SEVERAL, "tests/unit/test_engine_heads.py")),
+    Mutation("a cascade escalates a text whose verdict its first stage fixed",
+             Target(R + "routing/nodes/cascade.py", "unsure", "answers[it.idx].verdict is None"), "True",
+             ("tests/unit/test_engine.py",)),
     # admission control
     Mutation("admission refuses a request that ends exactly at the bound",
              Target(R + "serving/admission.py", "Admission.admit", "math.floor(room / per + 1e-09)"), "math.ceil(room / per) - 1",

@@ -105,6 +105,23 @@ def test_cascade_escalates_only_unsure_texts():
     assert [c["rows"] for c in fake.calls if c["model"] == "accurate"] == [sum(unsure)]
 
 
+@pytest.mark.parametrize("first", [
+    # a constant at the threshold with its own verdict: unsure by probability, but settled
+    {"kind": "constant", "name": "fixed", "probability": 0.5, "verdict": False},
+    # a vote of two models and a constant: 1/3 or 2/3, within the margin of 0.5, yet a verdict
+    {"kind": "parallel", "name": "fixed", "combine": "vote",
+     "nodes": [model("fast"), model("third"), {"kind": "constant", "name": "half", "probability": 0.5}]},
+])
+def test_cascade_never_escalates_a_text_whose_verdict_its_first_stage_fixed(first):
+    doc = {"root": {"kind": "cascade", "margin": 0.49, "stages": [first, model("accurate")]}}
+    result, fake = run(doc, TEXTS)
+    assert "accurate" not in fake.models_called()
+    assert all(r == "fixed" or r.startswith("parallel:vote") for r in result.routes), result.routes
+    # the same cascade without a fixed verdict escalates them: the margin alone would have
+    assert run({"root": {"kind": "cascade", "margin": 0.49, "stages": [
+        {"kind": "constant", "name": "open", "probability": 0.5}, model("accurate")]}}, TEXTS)[1].models_called()[-1] == "accurate"
+
+
 def test_chunk_node_windows_and_aggregates():
     long = " ".join(["good"] * 9 + ["bad"] * 12)  # 23 tokens
     doc = {"root": {"kind": "chunk", "window": 8, "stride": 4, "aggregation": "length_weighted_mean", "node": model("fast")}}

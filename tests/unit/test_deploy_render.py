@@ -34,6 +34,10 @@ def renamed_copy(tmp: Path, routers=(RENAMED,)) -> tuple:
     for name in routers:
         copy_model(repo / "router", repo / name)
     (deploy / "routers.yaml").write_text(yaml.safe_dump({"routers": list(routers)}))
+    for src in D.copy_sources(deploy / "Dockerfile"):  # the rest of the image's build context
+        top = Path(src).parts[0]
+        if not (tmp / top).exists():
+            (tmp / top).symlink_to(ROOT / top)
     return deploy, repo
 
 

@@ -421,8 +421,8 @@ def _env_values(doc: dict, name: str) -> List[str]:
     ]
 
 
-def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
-                      routers: Optional[Sequence[str]] = None) -> List[Finding]:  # noqa: C901
+def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,  # noqa: C901
+                      routers: Optional[Sequence[str]] = None) -> List[Finding]:
     """``LOAD_MODELS`` everywhere equals :func:`always_on_models` of ``routers`` (default: those
     of ``<deploy_dir>/routers.yaml``), the image's ``HEALTHCHECK`` probes the first one,
     ``HTTP_MAX_INPUT_SIZE`` :func:`http_max_input_size`; the HPA's custom metrics are exactly the

@@ -702,7 +702,7 @@ def supply_tools():
 def test_the_sbom_lists_every_locked_package_with_its_hashes_and_the_base_image(supply_tools, tmp_path):
     sbom = json.loads(D.build_sbom(supply_tools, tmp_path / "sbom.cdx.json").read_text())
     assert sbom["bomFormat"] == "CycloneDX"
-    assert sbom["metadata"]["component"]["name"] == "orchestrator"
+    assert sbom["metadata"]["component"]["name"] == "triton-orchestrator"  # pyproject.toml's distribution name
     assert sbom["metadata"]["component"]["licenses"][0]["license"]["id"] == "BSD-3-Clause"
     packages = {c["name"].lower(): c for c in sbom["components"] if c["type"] == "library"}
     for e in D.lock_entries(DEPLOY / "requirements-image.lock"):

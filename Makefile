@@ -247,9 +247,13 @@ endif
 # files, model configs, the front door, the CVE gate); `make test` runs the same checks
 # (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
 # placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
-.PHONY: deploy-tools deploy-check
+# `make deploy-render`: write every piece of deploy/ that names a router from deploy/routers.yaml.
+.PHONY: deploy-tools deploy-check deploy-render
 deploy-tools: venv-client
 	$(ORCHESTRATOR) deploy tools
+
+deploy-render: venv-client
+	$(ORCHESTRATOR) deploy render
 
 deploy-check: venv-client
 	$(ORCHESTRATOR) deploy check $(if $(PROD),--prod)

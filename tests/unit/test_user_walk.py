@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 import yaml

@@ -102,3 +102,34 @@ def test_the_path_check_finds_a_moved_file(tmp_path):
     found = [m.group(1) for m in PATH.finditer(line)]
     assert found == ["orchestrator/tooling/preflight.py"] and not (ROOT / found[0]).exists()
     assert (ROOT / "lab" / "preflight.py").is_file()
+
+
+def _pins() -> dict:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins: dict = {}
+    for req in project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]:
+        m = re.match(r"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?==([^\s;,]+)", req)
+        if m:
+            pins.setdefault(m.group(1).lower().replace("_", "-"), set()).add(m.group(2))
+    return pins
+
+
+PIN = re.compile(r"(?<![\w.-])([A-Za-z][A-Za-z0-9_.-]*)==([0-9][0-9A-Za-z.+-]*[0-9A-Za-z])")
+
+
+@pytest.mark.parametrize("page", USER_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_pinned_version_a_page_names_is_pyprojects(page):
+    pins = _pins()
+    wrong = [f"{n}: {m.group(0)} (pyproject.toml: {sorted(pins[m.group(1).lower().replace('_', '-')])})"
+             for n, line in enumerate(page.read_text().splitlines(), 1) for m in PIN.finditer(line)
+             if m.group(1).lower().replace("_", "-") in pins and m.group(2) not in pins[m.group(1).lower().replace("_", "-")]]
+    assert wrong == [], f"{page.relative_to(ROOT)} names other versions than pyproject.toml pins: {wrong}"
+
+
+def test_the_pin_check_reads_the_pins():
+    pins = _pins()
+    assert pins["torch"] == {"2.13.0"} and "onnxruntime" in pins
+    assert [m.group(0) for m in PIN.finditer("install torch==2.12.0 --index-url x, `onnxruntime==1.31.1`")] == [
+        "torch==2.12.0", "onnxruntime==1.31.1"]

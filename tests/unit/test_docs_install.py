@@ -69,3 +69,21 @@ def test_the_readme_says_how_to_install_before_a_release_and_beside_the_unrelate
     assert f"dist/{DIST.replace('-', '_')}-{version}-py3-none-any.whl" in install  # the wheel pip wheel names
     assert 'pip install ".[serve]"' in install
     assert "pip uninstall orchestrator" in install
+
+
+def test_the_readme_says_which_extra_the_classifiers_embedded_models_need():
+    """The base install is the router's, tokenizer's and postprocess' runtime; the classifiers'
+    embedded model.py imports onnxruntime, which the serve extra brings."""
+    import ast
+
+    adapter = ROOT / "model_repository" / "classifier" / "1" / "model.py"
+    module = next(n.module for n in ast.walk(ast.parse(adapter.read_text())) if isinstance(n, ast.ImportFrom))
+    source = (ROOT / Path(*module.split("."))).with_suffix(".py").read_text()
+    imported = {a.name for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Import) for a in n.names}
+    assert "onnxruntime" in imported
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(r.startswith("onnxruntime") for r in extras["serve"])
+    lines = README.read_text().splitlines()
+    base = next(ln for ln in lines if ln.startswith(f"pip install {DIST} "))
+    serve = next(ln for ln in lines if ln.startswith(f'pip install "{DIST}[serve]"'))
+    assert "the models import" not in base and "onnxruntime" in serve

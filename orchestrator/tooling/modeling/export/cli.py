@@ -154,7 +154,7 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
         guard.discard(stage)
         if not isinstance(e, ExportError):
             raise
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"error: {type(e).__name__}: {str(e).replace(str(stage), str(repo))}", file=sys.stderr)
         print(f"nothing was changed in {repo}", file=sys.stderr)
         return 1
     lines = guard.breakage_lines(repo, before, after)

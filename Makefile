@@ -17,12 +17,14 @@ SETUP = $(PYTHON) lab/preflight.py --venv $(VENV)
 DEMO_EXTRAS := serve
 LAB_EXTRAS := serve,tune,env,test
 TEST_EXTRAS := serve,tune,env,test,client,export,train
-# make serve HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports (default
-# 8000/8001/8002 when free, else free ones; serve records where it listens in .cache/serve.json,
-# and `orchestrator classify` follows it).
+# make serve (or demo) HTTP_PORT=9000 [GRPC_PORT= METRICS_PORT=]: the embedded server's ports
+# (serve: 8000/8001/8002 when free, else free ones, recorded in .cache/serve.json, which
+# `orchestrator classify` follows; demo: free ones); a port given must be free.
 HTTP_PORT ?=
 GRPC_PORT ?=
 METRICS_PORT ?=
+PORT_ARGS = $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
+	$(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
 
 .PHONY: venv venv-demo venv-train venv-model venv-tune venv-client demo test model serve clean FORCE
 
@@ -56,7 +58,7 @@ model: venv-model
 	$(PY) -m lab.train
 
 demo: venv-demo
-	$(PY) -m orchestrator.tooling.demo
+	$(PY) -m orchestrator.tooling.demo $(PORT_ARGS)
 
 test: venv-train
 	$(PY) -m ruff check orchestrator lab tests
@@ -64,8 +66,7 @@ test: venv-train
 	ORCHESTRATOR_REQUIRE_TORCH=1 $(PY) -m pytest -q
 
 serve: venv-demo
-	$(ORCHESTRATOR) serve $(if $(HTTP_PORT),--http-port $(HTTP_PORT)) $(if $(GRPC_PORT),--grpc-port $(GRPC_PORT)) \
-	  $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT))
+	$(ORCHESTRATOR) serve $(PORT_ARGS)
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
@@ -246,9 +247,13 @@ endif
 # files, model configs, the front door, the CVE gate); `make test` runs the same checks
 # (tests/unit/test_deploy.py). `make deploy-check PROD=1` also refuses the prod overlay's
 # placeholder image digests (set yours first: deploy/k8s/overlays/prod/kustomization.yaml).
-.PHONY: deploy-tools deploy-check
+# `make deploy-render`: write every piece of deploy/ that names a router from deploy/routers.yaml.
+.PHONY: deploy-tools deploy-check deploy-render
 deploy-tools: venv-client
 	$(ORCHESTRATOR) deploy tools
+
+deploy-render: venv-client
+	$(ORCHESTRATOR) deploy render
 
 deploy-check: venv-client
 	$(ORCHESTRATOR) deploy check $(if $(PROD),--prod)

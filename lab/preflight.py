@@ -184,6 +184,28 @@ def run(cmd: List[str]) -> None:
         sys.exit(rc)
 
 
+#: The project's distribution name before ``triton-orchestrator`` (PyPI's ``orchestrator`` is
+#: another project); a virtualenv made before the rename still holds it.
+OLD_DIST = "orchestrator"
+
+
+def stale_old_install(venv: str) -> bool:
+    """True when *venv* holds this checkout installed under :data:`OLD_DIST` (its
+    ``direct_url.json`` points here): two editable installs would both claim the module
+    ``orchestrator``. The unrelated PyPI project of that name (no such URL) is left alone."""
+    import glob
+
+    for path in glob.glob(os.path.join(venv, "lib", "python*", "site-packages", OLD_DIST + "-*.dist-info", "direct_url.json")):
+        try:
+            with open(path) as f:
+                url = json.load(f).get("url", "")
+        except (OSError, ValueError):
+            continue
+        if url.rstrip("/") == "file://" + ROOT.rstrip("/"):
+            return True
+    return False
+
+
 def ensure_venv(venv: str, extras: List[str], version: str) -> int:
     """Create, rebuild or reuse *venv*, install the package with *extras*; 0, or 2 on a refusal."""
     verdict, why = venv_verdict(venv, version)
@@ -211,6 +233,9 @@ def ensure_venv(venv: str, extras: List[str], version: str) -> int:
     print("The first install downloads a few hundred MB%s; pip shows each package." %
           (" (several GB with torch)" if {"train", "export"} & set(installed) else ""), flush=True)
     run([py, "-m", "pip", "install", "--upgrade", "pip"])
+    if stale_old_install(venv):
+        print("Removing this checkout's install under its old name %r (now triton-orchestrator)." % OLD_DIST, flush=True)
+        run([py, "-m", "pip", "uninstall", "--yes", OLD_DIST])
     spec = ROOT + ("[%s]" % ",".join(installed) if installed else "")
     run([py, "-m", "pip", "install", "--progress-bar", "on", "-e", spec])
     with open(stamp_path, "w") as f:

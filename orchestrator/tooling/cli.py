@@ -1,6 +1,7 @@
 """The ``orchestrator`` command line: every user-facing tool is one of its verbs.
 
-``pip install orchestrator`` brings the runtime (numpy, PyYAML, tokenizers); each verb's
+``pip install triton-orchestrator`` (the distribution's name; the import package and the
+command are ``orchestrator``) brings the runtime (numpy, PyYAML, tokenizers); each verb's
 other packages come with an extra (pyproject.toml, ``[project.optional-dependencies]``).
 A verb whose extra is missing says which one to install, in one line, and exits 2.
 """
@@ -67,7 +68,7 @@ def missing_extra(verb: str, exc: ModuleNotFoundError) -> Optional[str]:
 
 def missing_extra_message(verb: str, extra: str) -> str:
     """The one line printed when ``verb`` needs ``extra``."""
-    return f"error: orchestrator {verb} needs the '{extra}' extra: pip install 'orchestrator[{extra}]'"
+    return f"error: orchestrator {verb} needs the '{extra}' extra: pip install 'triton-orchestrator[{extra}]'"
 
 
 def _classify(args) -> int:

@@ -97,13 +97,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repo", type=Path, default=REPO)
     parser.add_argument("--threshold", type=float, default=0.5)
+    for proto in ("http", "grpc", "metrics"):  # as `orchestrator serve` (make demo HTTP_PORT=...)
+        parser.add_argument(f"--{proto}-port", type=int, default=None,
+                            help=f"the server's {proto} port (default: a free one; a given port must be free)")
     args = parser.parse_args(argv)
     console = Console(width=max(Console().width, 130))
     rows = demo_texts()
     texts = [t for _, t, _ in rows]
     console.print(f"Starting the embedded Triton server on [bold]{args.repo}[/bold] ...")
     try:
-        with TritonServer(args.repo) as server:
+        with TritonServer(args.repo, http_port=args.http_port, grpc_port=args.grpc_port,
+                          metrics_port=args.metrics_port) as server:
             console.print(f"Server ready: HTTP {server.http_url}, gRPC {server.grpc_url}, log {server.log_path}")
             router = classify(texts, model="router", url=server.http_url, threshold=args.threshold)
             # a text the cascade escalates: the first candidate the router sends to `classifier`

@@ -63,6 +63,7 @@ import yaml
 from orchestrator.runtime.routing.heads import HeadError, repository_heads
 from orchestrator.runtime.routing.policy import PolicyError, bind_heads, load_policy
 from orchestrator.tooling import cves, frontdoor
+from orchestrator.tooling.deploy_render import check_router_names, deploy_routers, frontdoor_for, render_deploy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.kserve_pod import predictor_pod
 from orchestrator.tooling.paths import PROJECT_ROOT
@@ -420,12 +421,15 @@ def _env_values(doc: dict, name: str) -> List[str]:
     ]
 
 
-def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY) -> List[Finding]:  # noqa: C901
-    """``LOAD_MODELS`` everywhere equals :func:`always_on_models` of the routers of
-    ``deploy/routers.yaml``, the image's ``HEALTHCHECK`` probes the first one, ``HTTP_MAX_INPUT_SIZE``
-    :func:`http_max_input_size`; the HPA's custom metrics are exactly the Prometheus adapter
-    rules' names."""
-    expected = ",".join(always_on_models(repo, ROUTERS))
+def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,  # noqa: C901
+                      routers: Optional[Sequence[str]] = None) -> List[Finding]:
+    """``LOAD_MODELS`` everywhere equals :func:`always_on_models` of ``routers`` (default: those
+    of ``<deploy_dir>/routers.yaml``), the image's ``HEALTHCHECK`` probes the first one,
+    ``HTTP_MAX_INPUT_SIZE`` :func:`http_max_input_size`; the HPA's custom metrics are exactly the
+    Prometheus adapter rules' names."""
+    routers = tuple(routers or deploy_routers(deploy_dir))
+    ready_path = router_ready_path(routers)
+    expected = ",".join(always_on_models(repo, routers))
     findings = []
     seen = 0
     for rel, text in rendered.items():
@@ -436,9 +440,9 @@ def check_consistency(rendered: dict, deploy_dir: Path = DEPLOY_DIR, repo: Path 
                     findings.append(Finding("consistency", rel, f"{doc['kind']} LOAD_MODELS={value!r}, the policy asks for {expected!r}"))
     if not seen:
         findings.append(Finding("consistency", "deploy", "no manifest sets LOAD_MODELS"))
-    if not any(w[0] == "HEALTHCHECK" and READY_PATH in " ".join(w) for w in _instructions(deploy_dir / "Dockerfile")):
-        findings.append(Finding("consistency", "deploy/Dockerfile", f"HEALTHCHECK does not probe {READY_PATH} (deploy/routers.yaml)"))
-    size = str(http_max_input_size(repo, ROUTERS))
+    if not any(w[0] == "HEALTHCHECK" and ready_path in " ".join(w) for w in _instructions(deploy_dir / "Dockerfile")):
+        findings.append(Finding("consistency", "deploy/Dockerfile", f"HEALTHCHECK does not probe {ready_path} (deploy/routers.yaml)"))
+    size = str(http_max_input_size(repo, routers))
     for rel, text in rendered.items():
         for doc in documents(text):
             if _workloads(doc) is not None and _env_values(doc, "HTTP_MAX_INPUT_SIZE") != [size]:
@@ -480,6 +484,11 @@ def checkov_files(rendered: dict, where: Path) -> List[Path]:
 #: The readiness the manifests must probe: the router's own (``/v2/health/ready`` under
 #: --strict-readiness goes NotReady when an optional on-demand load fails).
 READY_PATH = f"/v2/models/{ROUTERS[0]}/ready"
+
+
+def router_ready_path(routers: Sequence[str]) -> str:
+    """The readiness every probe and the image's health check watch: the first router's."""
+    return f"/v2/models/{routers[0]}/ready"
 #: Liveness is the router's readiness too (/v2/health/live stays 200 with the router gone),
 #: failing for longer than a repair or a router reload takes (docs/guides/security.md, "Security").
 LIVENESS_MIN_S = 120
@@ -520,7 +529,7 @@ def _mounted_volume(container: dict, volumes: list, path: str) -> Optional[dict]
     return None
 
 
-def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one finding per property)
+def _check_workload(source: str, doc: dict, ready_path: str = READY_PATH) -> List[Finding]:  # noqa: C901 (one finding per property)
     found = _workloads(doc)
     if found is None:
         return []
@@ -544,11 +553,11 @@ def _check_workload(source: str, doc: dict) -> List[Finding]:  # noqa: C901 (one
         if "KEY" in (name or "").upper() and name != "TRITON_ADMIN_KEY_FILE" and "value" in e:
             bad(f"env {name} holds a literal value: keys come from a Secret")
     for probe in ("readinessProbe", "startupProbe"):
-        if _probe_path(container, probe) != READY_PATH:
-            bad(f"{probe} must be {READY_PATH} (the router's own readiness), not {_probe_path(container, probe)}")
+        if _probe_path(container, probe) != ready_path:
+            bad(f"{probe} must be {ready_path} (the router's own readiness), not {_probe_path(container, probe)}")
     live = container.get("livenessProbe") or {}
-    if _probe_path(container, "livenessProbe") != READY_PATH or live.get("periodSeconds", 10) * live.get("failureThreshold", 3) < LIVENESS_MIN_S:
-        bad(f"livenessProbe must be {READY_PATH} for at least {LIVENESS_MIN_S} s (periodSeconds x failureThreshold), not {_probe_path(container, 'livenessProbe')}")
+    if _probe_path(container, "livenessProbe") != ready_path or live.get("periodSeconds", 10) * live.get("failureThreshold", 3) < LIVENESS_MIN_S:
+        bad(f"livenessProbe must be {ready_path} for at least {LIVENESS_MIN_S} s (periodSeconds x failureThreshold), not {_probe_path(container, 'livenessProbe')}")
     shm = _mounted_volume(container, volumes, "/dev/shm")
     if not shm or (shm.get("emptyDir") or {}).get("medium") != "Memory":
         bad("/dev/shm is not a memory emptyDir (the Python backend's shared memory; the runtime's default is 64 MiB)")
@@ -612,11 +621,13 @@ def _check_network_policy(source: str, doc: dict) -> List[Finding]:  # noqa: C90
     return out
 
 
-def check_security(rendered: dict) -> List[Finding]:
+def check_security(rendered: dict, routers: Optional[Sequence[str]] = None) -> List[Finding]:
     """The control plane and the network, in every rendered kustomization: the admin key
     from a Secret file (no Secret with data in deploy/, no literal key), the router's
     readiness, the security context and ``/dev/shm`` of the Deployment and the ServingRuntime,
-    and a NetworkPolicy that admits labelled namespaces only and limits egress."""
+    and a NetworkPolicy that admits labelled namespaces only and limits egress. ``routers``:
+    default ``deploy/routers.yaml``'s."""
+    ready_path = router_ready_path(routers) if routers else READY_PATH
     findings = []
     for rel, text in rendered.items():
         docs = documents(text)
@@ -624,7 +635,7 @@ def check_security(rendered: dict) -> List[Finding]:
         for doc in docs:
             if doc.get("kind") == "Secret":
                 findings.append(Finding("security", rel, f"Secret/{doc['metadata'].get('name')}: a key committed to deploy/ (create the Secret on the cluster)"))
-            findings += _check_workload(rel, doc)
+            findings += _check_workload(rel, doc, ready_path)
             if doc.get("kind") == "NetworkPolicy":
                 findings += _check_network_policy(rel, doc)
         if kinds & {"Deployment", "ServingRuntime"} and "NetworkPolicy" not in kinds:
@@ -822,6 +833,7 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     ``progress``: called with the name of each check as it starts (``make deploy-check``
     prints them)."""
     say = progress or (lambda message: None)
+    routers = deploy_routers(deploy_dir)
     if tools is None:
         say("validators (the first run installs them into .cache/tools/deploy: about a minute)")
         tools = ensure_tools(deploy_dir=deploy_dir)
@@ -830,7 +842,14 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     say("checkov: manifests and Dockerfile")
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
+    with frontdoor_for(repo, routers):
+        findings += _check_rest(rendered, tools, deploy_dir, repo, routers, prod, say)
+    return findings
+
+
+def _check_rest(rendered: dict, tools: Tools, deploy_dir: Path, repo: Path, routers: Sequence[str], prod: bool, say) -> List[Finding]:
     base = base_image(deploy_dir / "Dockerfile")
+    findings: List[Finding] = []
     for name, run in (("hadolint: Dockerfiles", lambda: hadolint(deploy_dir / "Dockerfile", tools)
                        + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)),
                       ("front door: proxy sidecar, ports, config", lambda: [Finding("frontdoor", *f)
@@ -841,8 +860,10 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
                       ("production overlay: images by digest", lambda: [Finding("prod", *f) for f in check_prod_images(rendered, prod)]),
                       ("image files: what the Dockerfile copies and runs", lambda: check_image_files(deploy_dir)),
                       ("model configs", lambda: check_model_configs(repo)),
-                      ("consistency: manifests, image and model repository", lambda: check_consistency(rendered, deploy_dir, repo)),
-                      ("security: admin key, NetworkPolicy, base image", lambda: check_security(rendered)),
+                      ("consistency: manifests, image and model repository", lambda: check_consistency(rendered, deploy_dir, repo, routers)),
+                      ("router names: probes, PromQL matchers, dashboard variables", lambda: [
+                          Finding("routers", *f) for f in check_router_names(deploy_dir, routers)]),
+                      ("security: admin key, NetworkPolicy, base image", lambda: check_security(rendered, routers)),
                       ("supply chain: hashed lock, pinned base", lambda: check_supply_chain(deploy_dir))):
         say(name)
         findings += run()
@@ -855,8 +876,13 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     lm = sub.add_parser("load-models", help="print LOAD_MODELS: the routers and the models their policies keep loaded")
     lm.add_argument("--repo", default=str(MODEL_REPOSITORY))
     lm.add_argument("--router", action="append", default=None, help="router model (repeatable; default: deploy/routers.yaml)")
-    sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs)").add_argument(
-        "--prod", action="store_true", help="also refuse the production overlay's placeholder digests")
+    rd = sub.add_parser("render", help="write every piece of deploy/ that names a router from deploy/routers.yaml "
+                        "(probes, LOAD_MODELS, HEALTHCHECK, PromQL, dashboard, front door)")
+    ck = sub.add_parser("check", help="validate deploy/ offline (schemas, checkov, hadolint, image files, configs, router names)")
+    ck.add_argument("--prod", action="store_true", help="also refuse the production overlay's placeholder digests")
+    for p in (rd, ck):
+        p.add_argument("--deploy-dir", default=str(DEPLOY_DIR), help="the deploy/ directory (default: the checkout's)")
+        p.add_argument("--repo", default=str(MODEL_REPOSITORY), help="the model repository the image serves")
     sub.add_parser("tools", help="install the validators into .cache/tools/deploy")
     lk = sub.add_parser("lock", help=f"compile deploy/{IMAGE_REQUIREMENTS} into {IMAGE_LOCK} (pinned, hashed)")
     lk.add_argument("--out", default=str(PROJECT_ROOT / ".cache" / "deploy"),
@@ -867,8 +893,16 @@ def add_deploy_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
 
 
 def deploy_command(args: argparse.Namespace) -> int:
-    """Run ``orchestrator deploy <load-models|check|tools|lock|sbom>``: 0 done, 1 findings or an error (printed)."""
+    """Run ``orchestrator deploy <load-models|render|check|tools|lock|sbom>``: 0 done, 1 findings or an error (printed)."""
     try:
+        if args.deploy_command == "render":
+            deploy_dir = Path(args.deploy_dir)
+            changed = render_deploy(deploy_dir, Path(args.repo))
+            for path in changed:
+                print(f"wrote {path}")
+            print(f"deploy render: routers {', '.join(deploy_routers(deploy_dir))} (from {deploy_dir / 'routers.yaml'}); "
+                  f"{len(changed)} file(s) changed")
+            return 0
         if args.deploy_command == "load-models":
             print(",".join(always_on_models(Path(args.repo), args.router or ROUTERS)))
             return 0
@@ -885,8 +919,8 @@ def deploy_command(args: argparse.Namespace) -> int:
             out = build_sbom(ensure_supply_tools(), Path(args.out))
             print(f"{out}: {len(json.loads(out.read_text())['components'])} components")
             return 0
-        findings = check_all(prod=args.prod, progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
-    except (DeployError, frontdoor.FrontDoorError, cves.CveError) as exc:
+        findings = check_all(prod=args.prod, deploy_dir=Path(args.deploy_dir), repo=Path(args.repo), progress=lambda message: print(f"deploy check: {message} ...", file=sys.stderr, flush=True))
+    except (DeployError, ConfigError, frontdoor.FrontDoorError, cves.CveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     for f in findings:

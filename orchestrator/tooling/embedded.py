@@ -127,7 +127,7 @@ def find_embedded_server() -> EmbeddedServer:
     if spec is None or not spec.submodule_search_locations:
         raise ServerError(
             "the embedded Triton server needs the nvidia-pytriton wheel, which is not installed "
-            f"for {sys.executable}: pip install 'orchestrator[serve]' (in a checkout: `make demo`)"
+            f"for {sys.executable}: pip install 'triton-orchestrator[serve]' (in a checkout: `make demo`)"
         )
     package = Path(next(iter(spec.submodule_search_locations)))
     root = package / "tritonserver"

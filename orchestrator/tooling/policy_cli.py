@@ -174,6 +174,31 @@ def repository_errors(repo: Path) -> List[str]:
     return [f"the repository: {line}" for line in repository_problems(repo)]
 
 
+def label_file_problems(repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
+    """Each router of ``repo`` whose ``labels.txt`` (its ``PROBABILITIES``' label file) is not
+    the labels its policy answers with (``policy check`` compares the same), or is missing
+    while its config names it; one message each. Routers whose policies do not bind are
+    left out (``policy check`` names why)."""
+    out = []
+    for router, policy_path in router_policies(repo, config_name).items():
+        try:
+            plan, errors = bind_repository(P.load_policy(policy_path), repo, config_name)
+        except P.PolicyError:
+            continue
+        if plan is None:
+            continue
+        want = list(plan.head.output_labels())
+        labels_path = policy_path.parent / LABEL_FILE
+        have = read_labels(labels_path)
+        fix = f"orchestrator policy check {policy_path} --repo {repo} --write-labels"
+        if have is not None and have != want:
+            out.append(f"router {router}: {labels_path} lists {have}, but its policy answers {want} "
+                       f"(clients asking class_count get the wrong names): {fix}")
+        elif have is None and _labels_declared(policy_path.parent, config_name):
+            out.append(f"router {router}: {labels_path} does not exist (its config's label_filename): {fix}")
+    return out
+
+
 def read_labels(path: Path) -> Optional[List[str]]:
     """The labels of a label file, one a line; None when it does not exist."""
     return path.read_text(encoding="utf-8").splitlines() if path.is_file() else None

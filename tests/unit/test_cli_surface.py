@@ -75,7 +75,7 @@ def test_export_without_its_extra_is_one_line_and_exit_2(tmp_path):
     (tmp_path / "repo").mkdir()
     proc = _run_without(["transformers", "torch"], ["export", str(ckpt), "--name", "m", "--repo", str(tmp_path / "repo"), "--quiet"], tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr == "error: orchestrator export needs the 'export' extra: pip install 'orchestrator[export]'\n"
+    assert proc.stderr == "error: orchestrator export needs the 'export' extra: pip install 'triton-orchestrator[export]'\n"
     assert proc.stdout == ""
 
 
@@ -84,7 +84,7 @@ def test_a_verb_whose_module_needs_a_missing_extra_says_so_and_the_others_still_
     arguments, prints the one line and exits 2; ``--help`` still lists every verb."""
     proc = _run_without(["tritonclient"], ["policy", "check", str(REPO / "router" / "policy.yaml")], tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr == "error: orchestrator policy needs the 'client' extra: pip install 'orchestrator[client]'\n"
+    assert proc.stderr == "error: orchestrator policy needs the 'client' extra: pip install 'triton-orchestrator[client]'\n"
     helped = _run_without(["tritonclient"], ["--help"], tmp_path)
     assert helped.returncode == 0 and "Traceback" not in helped.stderr
     assert "policy" in helped.stdout and "(needs the 'client' extra)" in helped.stdout
@@ -93,7 +93,7 @@ def test_a_verb_whose_module_needs_a_missing_extra_says_so_and_the_others_still_
 def test_calibrate_without_scipy_names_the_tune_extra(tmp_path):
     proc = _run_without(["scipy", "matplotlib"], ["calibrate", str(REPO / "classifier"), "--data", "split:validation"], tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr == "error: orchestrator calibrate needs the 'tune' extra: pip install 'orchestrator[tune]'\n"
+    assert proc.stderr == "error: orchestrator calibrate needs the 'tune' extra: pip install 'triton-orchestrator[tune]'\n"
 
 
 def test_a_missing_module_no_extra_brings_is_a_real_error():

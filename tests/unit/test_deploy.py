@@ -702,7 +702,7 @@ def supply_tools():
 def test_the_sbom_lists_every_locked_package_with_its_hashes_and_the_base_image(supply_tools, tmp_path):
     sbom = json.loads(D.build_sbom(supply_tools, tmp_path / "sbom.cdx.json").read_text())
     assert sbom["bomFormat"] == "CycloneDX"
-    assert sbom["metadata"]["component"]["name"] == "orchestrator"
+    assert sbom["metadata"]["component"]["name"] == "triton-orchestrator"  # pyproject.toml's distribution name
     assert sbom["metadata"]["component"]["licenses"][0]["license"]["id"] == "BSD-3-Clause"
     packages = {c["name"].lower(): c for c in sbom["components"] if c["type"] == "library"}
     for e in D.lock_entries(DEPLOY / "requirements-image.lock"):
@@ -735,7 +735,7 @@ def test_check_all_names_each_check_as_it_runs(monkeypatch, capsys):
     """`make deploy-check` names each check as it starts: its checks take a minute, and a silent minute looks hung."""
     calls = []
     for name in ("check_schemas", "checkov", "hadolint", "check_image_files", "check_model_configs",
-                 "check_consistency", "check_security", "check_supply_chain"):
+                 "check_consistency", "check_router_names", "check_security", "check_supply_chain"):
         def fake(*args, _name=name, **kwargs):
             calls.append(_name)
             return ([], {}) if _name == "check_schemas" else []
@@ -848,7 +848,7 @@ def test_a_router_renamed_in_the_one_setting_is_named_in_every_piece_that_disagr
     monkeypatch.setattr(D, "ROUTERS", ("sentiment",))
     monkeypatch.setattr(D, "READY_PATH", "/v2/models/sentiment/ready")
     monkeypatch.setattr(F, "ROUTERS", ("sentiment",))
-    findings = [str(f) for f in D.check_consistency(rendered, repo=repo)]
+    findings = [str(f) for f in D.check_consistency(rendered, repo=repo, routers=("sentiment",))]
     assert any("LOAD_MODELS='router,classifier_fast,classifier', the policy asks for 'sentiment,classifier_fast,classifier'" in f
                for f in findings), findings
     assert any("deploy/Dockerfile: HEALTHCHECK does not probe /v2/models/sentiment/ready" in f for f in findings), findings

@@ -290,3 +290,22 @@ def test_a_copied_router_that_keeps_its_old_name_is_a_problem(tmp_path, capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "[repository]:" in out and "name 'router' is not the directory's name 'router_b'" in out
     assert "Python models healthy" not in out
+
+
+def test_a_router_whose_labels_disagree_with_its_heads_is_a_problem(tmp_path, capsys):
+    """As `policy check` does: the shipped router's labels.txt says 'positive'; one saying
+    'negative' (a copied file, a stale label set) would name the wrong class to clients."""
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "model_repository", repo, ignore=shutil.ignore_patterns("__pycache__", "*.onnx", "triton_env*"))
+    parser = doctor.add_doctor_arguments(argparse.ArgumentParser())
+    assert doctor._label_problems(repo, "embedded") == []
+    labels = repo / "router" / "labels.txt"
+    labels.write_text("negative\n")
+    out_lines = doctor._label_problems(repo, "embedded")
+    assert len(out_lines) == 1 and out_lines[0].startswith(f"router router: {labels} lists ['negative'], but its policy answers ['positive']")
+    assert out_lines[0].endswith("--write-labels")
+    assert doctor.doctor_command(parser.parse_args(["--repo", str(repo), "--models", "router"])) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[repository]: router router:" in out
+    labels.unlink()
+    assert "does not exist (its config's label_filename)" in doctor._label_problems(repo, "embedded")[0]

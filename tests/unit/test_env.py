@@ -42,7 +42,7 @@ def test_build_env_venv_fallback(packed_env, env_python):
     assert packed_env.python.startswith(ENV_PY + ".")
     assert packed_env.packages["numpy"] == "1.26.4"
     assert packed_env.packages["envprobe"] == "0.1.0"
-    assert packed_env.packages["orchestrator"] == "0.1.0"  # non-editable, or the packer refuses
+    assert packed_env.packages["triton-orchestrator"] == "0.1.0"  # non-editable, or the packer refuses
     manifest = json.loads(packed_env.path.with_name(packed_env.path.name + ".json").read_text())
     assert manifest["python"] == packed_env.python and manifest["tool"] == packed_env.tool
     with tarfile.open(packed_env.path) as tar:

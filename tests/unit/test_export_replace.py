@@ -117,9 +117,15 @@ def test_replace_keeps_the_edited_policy_and_fails_on_a_router_it_breaks(tmp_pat
     assert main(export[:-2] + ["--quiet", "--replace"]) == 0
     assert "note: routers sst_ab, sst_router use sst: a running server serves them" in capsys.readouterr().err
 
-    # a shorter max_length: the kept policy (48 tokens) no longer binds, and the command says so
+    # a shorter max_length: the kept policy (48 tokens) no longer binds, and the command says so;
+    # all or nothing: the repository is byte for byte as it was, no staging directory is left
+    before = tree(repo)
+    siblings = sorted(p.name for p in repo.parent.iterdir())
     assert main(export + ["--replace", "--max-length", "32"]) == 1
     err = capsys.readouterr().err
+    assert tree(repo) == before
+    assert sorted(p.name for p in repo.parent.iterdir()) == siblings
+    assert err.rstrip().endswith(f"nothing was changed in {repo}: the export was written beside it, checked, and removed")
     assert policy.read_text() == edited
     lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
     assert [ln.split(" cannot load:")[0] for ln in lines] == [
@@ -132,11 +138,38 @@ def test_replace_keeps_the_edited_policy_and_fails_on_a_router_it_breaks(tmp_pat
     err = capsys.readouterr().err
     assert ("error: after this export router router cannot load: root.steps[1].default.default.nodes[1].node.max_length: "
             "128 tokens, over model 'classifier''s maximum of 48") in err
-    assert "warning: router sst_ab could not load before this export either" in err
+    assert "sst_ab" not in err  # the failed export before changed nothing: sst_ab still loads
     assert "note: router" not in err  # the broken router is not told to reload
+    assert tree(repo) == before
 
 
 def guard_head(repo: Path, name: str):
     from orchestrator.runtime.routing.heads import read_head
 
     return read_head(repo / name)
+
+
+def test_router_name_names_the_router_and_a_clash_is_refused(tmp_path, repo, capsys):
+    pytest.importorskip("torch", reason="needs torch (the `train` extra)")
+    from tests.byom import build_checkpoint
+
+    ckpt = str(build_checkpoint("stars5", tmp_path / "stars5"))
+    before = tree(repo)
+    assert main(["export", ckpt, "--name", "stars", "--repo", str(repo), "--router-name", "stars_tokenizer", "--quiet"]) == 2
+    assert "error: --router-name stars_tokenizer is one of the models the export writes" in capsys.readouterr().err
+    assert main(["export", ckpt, "--name", "stars", "--repo", str(repo), "--router-name", "bad name", "--quiet"]) == 1
+    assert tree(repo) == before
+    capsys.readouterr()
+    assert main(["export", ckpt, "--name", "stars", "--repo", str(repo), "--router-name", "sentiment", "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert f"router: sentiment (policy {repo / 'sentiment' / 'policy.yaml'})" in err
+    assert not (repo / "stars_router").exists()
+    config = (repo / "sentiment" / "config.pbtxt").read_text()
+    assert 'name: "sentiment"' in config
+    assert tuple((repo / "sentiment" / "labels.txt").read_text().splitlines()) == tuple(guard_head(repo, "stars").labels)
+    assert guard.router_states(repo)["sentiment"] == []
+    assert [p.name for p in repo.parent.iterdir() if p.name.startswith(f".{repo.name}.")] == []  # nothing left beside
+    # --replace of the same export with the same router name: the router is replaced, its policy kept
+    assert main(["export", ckpt, "--name", "stars", "--repo", str(repo), "--router-name", "sentiment", "--quiet"]) == 2
+    assert "sentiment in" in capsys.readouterr().err
+    assert main(["export", ckpt, "--name", "stars", "--repo", str(repo), "--router-name", "sentiment", "--quiet", "--replace"]) == 0

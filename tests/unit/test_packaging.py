@@ -1,4 +1,4 @@
-"""What ``pip install orchestrator`` installs: the wheel holds the package and no lab code
+"""What ``pip install triton-orchestrator`` installs: the wheel holds the package and no lab code
 (benchmarks, soak, profiler, mutations, preflight, training), and with no extra the models'
 modules load none of the heavy packages the tools need."""
 
@@ -42,7 +42,7 @@ def wheel(tmp_path_factory):
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "-w", str(out),
                            str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    (path,) = out.glob("orchestrator-*.whl")
+    (path,) = out.glob("triton_orchestrator-*.whl")
     return path
 
 

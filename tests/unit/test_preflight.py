@@ -191,3 +191,22 @@ def test_makefile_runs_the_check_before_every_venv():
     assert {"export", "train"} <= set(extras["TEST_EXTRAS"].split(",")) and set(extras["LAB_EXTRAS"].split(",")) <= set(extras["TEST_EXTRAS"].split(","))
     assert re.search(r"^model: venv-model$", makefile, re.M) and re.search(r"^venv-model:\n\t@\$\(SETUP\) --extras train\n", makefile, re.M)
     assert "--quiet" not in makefile.split("# Benchmarks")[0]
+
+
+def test_this_checkout_installed_under_its_old_name_is_removed_first(tmp_path, monkeypatch, capsys):
+    """A virtualenv from before the rename holds `orchestrator` (editable, from this checkout):
+    it is uninstalled before `triton-orchestrator` goes in; PyPI's unrelated `orchestrator` is not."""
+    version = preflight.platform.python_version()
+    venv = _fake_venv(tmp_path / ".venv", version)
+    dist = venv / "lib" / "python3.11" / "site-packages" / "orchestrator-0.1.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "direct_url.json").write_text(json.dumps({"dir_info": {"editable": True}, "url": f"file://{PROJECT_ROOT}"}))
+    rec = _Recorder()
+    monkeypatch.setattr(preflight, "run", rec)
+    assert preflight.stale_old_install(str(venv))
+    assert preflight.ensure_venv(str(venv), [], version) == 0
+    names = [c[3:] for c in rec.cmds if c[1:3] == ["-m", "pip"]]
+    assert ["uninstall", "--yes", "orchestrator"] in names
+    assert names.index(["uninstall", "--yes", "orchestrator"]) < len(names) - 1  # before the install
+    (dist / "direct_url.json").write_text(json.dumps({"url": "https://files.pythonhosted.org/orchestrator-1.0.tar.gz"}))
+    assert not preflight.stale_old_install(str(venv))

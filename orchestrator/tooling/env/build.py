@@ -255,7 +255,7 @@ def build_env(  # noqa: C901 (the build's steps in order, each with its own erro
                 for name in ("pyproject.toml", "README.md"):
                     shutil.copy2(PROJECT_ROOT / name, source / name)
                 steps.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", wheel_dir, source], env=env)
-                wheels = sorted(wheel_dir.glob("orchestrator-*.whl"))
+                wheels = sorted(wheel_dir.glob("triton_orchestrator-*.whl"))
                 steps.run([*pip, "install", "--no-input", "--no-deps", "--force-reinstall", *wheels], env=env)
         with steps.step("pack" + (" with conda-pack" if use_conda else " with venv-pack (libpython copied into lib/)")):
             # Packed and verified in the work dir; only a verified env replaces `output`.

@@ -38,7 +38,9 @@ and diagnoses the failures seen with custom environments:
 - ``repository``: what Triton refuses when it loads the repository, for every model
   (``repository.check_repository``): a config whose ``name`` is not its directory's (a
   copied router), a missing label file, a Python model without its ``model.py``, an
-  ensemble whose steps do not fit.
+  ensemble whose steps do not fit; and a router whose ``labels.txt`` is not the labels its
+  policy answers with (``policy check``'s check: clients asking ``class_count`` would get
+  the wrong names).
 
 The static checks against the stub are :mod:`orchestrator.tooling.env.checks`; each
 diagnosis has a broken setup in ``tests/unit/test_doctor.py``.
@@ -382,7 +384,7 @@ def doctor_command(args: argparse.Namespace) -> int:
     if skipped:
         console.print(f"not Python-backend models (not checked): {', '.join(skipped)}")
     bad = 0
-    repository = repository_problems(Path(args.repo))
+    repository = repository_problems(Path(args.repo)) + _label_problems(Path(args.repo), args.config_name or None)
     for problem in repository:
         console.print(f"[red]{PROBLEM}[/red] {escape(f'[repository]: {problem}')}", highlight=False)
     for r in reports:
@@ -399,6 +401,13 @@ def doctor_command(args: argparse.Namespace) -> int:
         return 1
     console.print(f"[green]all {len(reports)} Python models healthy[/green]")
     return 0
+
+
+def _label_problems(repo: Path, config_name: str | None) -> list[str]:
+    """Routers whose ``labels.txt`` disagrees with their heads (``policy check``'s check)."""
+    from orchestrator.tooling.policy_cli import label_file_problems
+
+    return label_file_problems(repo, config_name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

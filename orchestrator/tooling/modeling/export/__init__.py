@@ -2,7 +2,7 @@
 
 Usage::
 
-    orchestrator export SOURCE --name NAME [--repo model_repository] [--fp16] [--router]
+    orchestrator export SOURCE --name NAME [--repo model_repository] [--fp16] [--router | --router-name ROUTER]
                         [--positive-label LABEL] [--max-length N] [--opset 17] [--replace]
     orchestrator export --fp16-from-onnx classifier [--repo model_repository] [--replace]
 

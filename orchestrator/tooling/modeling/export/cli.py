@@ -44,9 +44,13 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     parser.add_argument("--router", action="store_true",
                         help="also write NAME_router: the shipped router with a starter policy for this model "
                              "(any head; empty texts, chunking at the model's max_length)")
+    parser.add_argument("--router-name", default=None, metavar="ROUTER",
+                        help="with --router (implied): the router's model name, the name clients call "
+                             "(default: NAME_router)")
     parser.add_argument("--replace", action="store_true",
                         help="replace the model directories of that name that exist (refused without it); "
-                             "an edited NAME_router/policy.yaml is kept, the new starter written beside it")
+                             "an edited router policy.yaml is kept, the new starter written beside it. All or nothing: "
+                             "written beside the repository, checked, then moved in")
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     return parser
 
@@ -75,7 +79,8 @@ def _summary(result: ExportResult, console) -> None:
 def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals first, then the export and its checks)
     """Run ``orchestrator export``. Returns 0 on success; 2 on bad arguments and on existing
     models without ``--replace`` (nothing written); 1 on :class:`ExportError` or when the
-    export leaves a router unable to load (messages on stderr)."""
+    export would leave a router unable to load (messages on stderr; nothing written: the
+    export is staged beside the repository and moved in only once checked, :mod:`.guard`)."""
     from rich.console import Console
 
     from orchestrator.tooling.modeling.export import guard
@@ -93,50 +98,83 @@ def export_command(args: argparse.Namespace) -> int:  # noqa: C901 (refusals fir
         print("error: --name NAME is required with SOURCE: the model's name in the repository "
               "(export never picks one, so it never replaces a model you did not name)", file=sys.stderr)
         return 2
-    router = bool(getattr(args, "router", False)) and not args.fp16_from_onnx
+    router_model = getattr(args, "router_name", None)
+    if router_model and args.fp16_from_onnx:
+        print("error: --router-name goes with SOURCE (--fp16-from-onnx writes no router)", file=sys.stderr)
+        return 2
+    router = (bool(getattr(args, "router", False)) or bool(router_model)) and not args.fp16_from_onnx
     name = args.name or f"{args.fp16_from_onnx}_fp16"
+    router_model = router_model or router_name(name)
     texts = None
     try:
         if args.source:
             check_name(name)
-        planned = guard.planned_models(name, args.fp16, router) if args.source else [name]
+            if router:
+                check_name(router_model)
+        planned = guard.planned_models(name, args.fp16, router, router_model) if args.source else [name]
+        if router and planned.count(router_model) > 1:
+            print(f"error: --router-name {router_model} is one of the models the export writes ({', '.join(planned[:-1])})",
+                  file=sys.stderr)
+            return 2
         present = guard.existing(repo, planned) if repo.is_dir() else []
         if present and not getattr(args, "replace", False):
             variants = [name] + ([f"{name}_fp16"] if args.fp16 else [])
             repointed = guard.ensembles_calling(repo, variants, skip=planned) if args.source else []
             print(guard.replace_refusal(repo, present, repointed), file=sys.stderr)
             return 2
-        before = guard.router_states(repo) if repo.is_dir() else {}
+        if not repo.is_dir():
+            raise ExportError(f"model repository {repo} does not exist")
+        before = guard.router_states(repo)
         previous = _head_of(repo / name) if args.source else None
         if getattr(args, "validation_texts", None):
             texts = read_texts(args.validation_texts)
+        stage = guard.stage_repository(repo, planned)
+    except ExportError as e:
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: cannot write the export beside {repo} (it is written there, checked, then moved in): {e}", file=sys.stderr)
+        return 1
+    try:
         trt = False if getattr(args, "no_tensorrt", False) else None
         if args.fp16_from_onnx:
-            result = fp16_from_onnx(repo, args.fp16_from_onnx, out_name=args.name, texts=texts,
+            result = fp16_from_onnx(stage, args.fp16_from_onnx, out_name=args.name, texts=texts,
                                     fp16_tolerance=args.fp16_tolerance, tensorrt=trt,
                                     quiet=args.quiet, console=console)
         else:
             result = export_checkpoint(
-                args.source, repo, name, fp16=args.fp16, max_length=args.max_length, opset=args.opset,
+                args.source, stage, name, fp16=args.fp16, max_length=args.max_length, opset=args.opset,
                 positive_label=args.positive_label, texts=texts, fp16_tolerance=args.fp16_tolerance,
                 tensorrt=trt, revision=args.revision, quiet=args.quiet, console=console,
             )
         if router:
-            _add_router(result, repo, console, [previous] if previous else [])
-    except ExportError as e:
-        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
+            _add_router(result, stage, console, [previous] if previous else [], router_model, shown=repo)
+        after = {r: [e.replace(str(stage), str(repo)) for e in errors] for r, errors in guard.router_states(stage).items()}
+    except BaseException as e:
+        guard.discard(stage)
+        if not isinstance(e, ExportError):
+            raise
+        print(f"error: {type(e).__name__}: {str(e).replace(str(stage), str(repo))}", file=sys.stderr)
+        print(f"nothing was changed in {repo}", file=sys.stderr)
         return 1
+    lines = guard.breakage_lines(repo, before, after)
+    if guard.newly_broken(before, after):
+        guard.discard(stage)
+        for line in lines:
+            print(line, file=sys.stderr)
+        print(f"nothing was changed in {repo}: the export was written beside it, checked, and removed", file=sys.stderr)
+        return 1
+    guard.swap_in(repo, stage)
+    result.repo = str(repo)
     if not args.quiet:
         _summary(result, console)
     _warn_env(repo, result.models, console)
-    after = guard.router_states(repo)
     if name in present:  # a re-export: running routers keep the old tokenizer and head
-        rewritten = [router_name(name)] if router else []  # told above what it reads now
+        rewritten = [router_model] if router else []  # told above what it reads now
         _note_users(repo, result, rewritten + [r for r, errors in after.items() if errors], console)
-    lines = guard.breakage_lines(repo, before, after)
     for line in lines:
         print(line, file=sys.stderr)
-    return 1 if guard.newly_broken(before, after) else 0
+    return 0
 
 
 def _head_of(model_dir: Path):
@@ -149,20 +187,24 @@ def _head_of(model_dir: Path):
         return None
 
 
-def _add_router(result: ExportResult, repo: Path, console, previous=()) -> None:
+def _add_router(result: ExportResult, repo: Path, console, previous=(), router_model: Optional[str] = None,
+                shown: Optional[Path] = None) -> None:
+    """Write the starter router into ``repo``; messages name its place in ``shown`` (the
+    repository it is moved into; default ``repo``)."""
     from orchestrator.runtime.routing.heads import read_head
     from orchestrator.tooling.modeling.export.starter import STARTER_BESIDE, write_starter_router
 
-    router = write_starter_router(repo, result.name, read_head(repo / result.name), previous=previous)
+    router = write_starter_router(repo, result.name, read_head(repo / result.name), previous=previous, name=router_model)
     result.models.append(router.name)
     result.files.update({str(p.relative_to(repo)): p.stat().st_size for p in sorted(router.rglob("*"))
                          if p.is_file() and "__pycache__" not in p.parts})
+    final = Path(shown or repo) / router.name
     if (router / STARTER_BESIDE).is_file():
-        console.print(f"router: {router.name}: kept your edited {router / 'policy.yaml'}; the starter policy for the new "
-                      f"model is beside it in {router / STARTER_BESIDE}", highlight=False, soft_wrap=True)
-    console.print(f"router: {router.name} (policy {router / 'policy.yaml'}). A running server takes the new models when "
+        console.print(f"router: {router.name}: kept your edited {final / 'policy.yaml'}; the starter policy for the new "
+                      f"model is beside it in {final / STARTER_BESIDE}", highlight=False, soft_wrap=True)
+    console.print(f"router: {router.name} (policy {final / 'policy.yaml'}). A running server takes the new models when "
                   "restarted (`orchestrator serve` loads every model of the repository) or through a repository load "
-                  "(README, 'Route your own model')", highlight=False)
+                  "(README, 'Route your own model')", highlight=False, soft_wrap=True)
 
 
 def _note_users(repo: Path, result: ExportResult, skip, console) -> None:

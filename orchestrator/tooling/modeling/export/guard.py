@@ -9,12 +9,20 @@
 - :func:`routers_using`: the routers whose policies name a model; a running server keeps
   serving them with the model's old tokenizer and head until they are loaded again (a
   router reads both when it loads).
+- :func:`stage_repository`, :func:`swap_in`, :func:`discard`: the export is all-or-nothing.
+  It writes into a staging repository beside ``repo`` (the models it writes and every
+  ensemble, which it may re-point, copied; every other entry a symbolic link to the
+  original), is checked there, and only then are the changed model directories renamed
+  into ``repo``; on any failure the staging directory is removed and ``repo`` is as it was.
 """
 
 from __future__ import annotations
 
+import filecmp
+import shutil
+import tempfile
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from orchestrator.runtime.routing import policy as P
 from orchestrator.tooling.errors import ConfigError
@@ -26,12 +34,13 @@ from orchestrator.tooling.repository import model_config_paths, read_config
 REPOSITORY = "the repository"
 
 
-def planned_models(name: str, fp16: bool = False, router: bool = False) -> List[str]:
-    """The model directories ``orchestrator export SOURCE --name NAME`` writes."""
+def planned_models(name: str, fp16: bool = False, router: bool = False, router_model: Optional[str] = None) -> List[str]:
+    """The model directories ``orchestrator export SOURCE --name NAME`` writes (the router:
+    ``router_model``, default ``NAME_router``)."""
     variants = [name] + ([f"{name}_fp16"] if fp16 else [])
     models = [name, pipeline.tokenizer_name(name), pipeline.postprocess_name(name)]
     models += variants[1:] + [pipeline.ensemble_name(v) for v in variants]
-    return models + ([router_name(name)] if router else [])
+    return models + ([router_model or router_name(name)] if router else [])
 
 
 def existing(repo: Path, models: Iterable[str]) -> List[str]:
@@ -129,3 +138,82 @@ def breakage_lines(repo: Path, before: Dict[str, List[str]], after: Dict[str, Li
         if errors and router != REPOSITORY and before.get(router):
             lines.append(f"warning: router {router} could not load before this export either: {'; '.join(errors)}")
     return lines
+
+
+def _is_ensemble(model_dir: Path) -> bool:
+    for path in model_config_paths(model_dir):
+        try:
+            if read_config(path).platform == "ensemble":
+                return True
+        except ConfigError:
+            continue
+    return False
+
+
+def stage_repository(repo: Path, planned: Iterable[str]) -> Path:
+    """A staging repository beside ``repo`` (``.<repo>.export-*`` in its parent directory):
+    ``planned`` and every ensemble copied (the export writes or re-points them), every other
+    entry of ``repo`` a symbolic link to the original (read, never written). Raises OSError
+    when the parent directory is not writable."""
+    repo = Path(repo).resolve()
+    stage = Path(tempfile.mkdtemp(prefix=f".{repo.name}.export-", dir=repo.parent))
+    planned = set(planned)
+    try:
+        for entry in sorted(repo.iterdir()):
+            if entry.is_dir() and not entry.is_symlink() and (entry.name in planned or _is_ensemble(entry)):
+                shutil.copytree(entry, stage / entry.name, symlinks=True)
+            else:
+                (stage / entry.name).symlink_to(entry)
+    except BaseException:
+        discard(stage)
+        raise
+    return stage
+
+
+def _same_tree(a: Path, b: Path) -> bool:
+    if not b.is_dir():
+        return False
+    cmp = filecmp.dircmp(a, b, ignore=["__pycache__"])
+
+    def same(c: filecmp.dircmp) -> bool:
+        if c.left_only or c.right_only or c.funny_files:
+            return False
+        _, mismatch, errors = filecmp.cmpfiles(c.left, c.right, c.common_files, shallow=False)
+        return not mismatch and not errors and all(same(s) for s in c.subdirs.values())
+
+    return same(cmp)
+
+
+def swap_in(repo: Path, stage: Path) -> List[str]:
+    """Move the model directories of ``stage`` that differ from ``repo``'s (or are new) into
+    ``repo``, each a rename (the old one set aside, removed once all are in); returns their
+    names. On an error the ones already moved are put back and the error raised; ``stage``
+    is removed in every case."""
+    repo, stage = Path(repo).resolve(), Path(stage)
+    changed = [e.name for e in sorted(stage.iterdir())
+               if e.is_dir() and not e.is_symlink() and not _same_tree(e, repo / e.name)]
+    aside = Path(tempfile.mkdtemp(prefix=f".{repo.name}.replaced-", dir=repo.parent))
+    done: List[str] = []
+    try:
+        for name in changed:
+            if (repo / name).exists() or (repo / name).is_symlink():
+                (repo / name).rename(aside / name)
+            (stage / name).rename(repo / name)
+            done.append(name)
+    except BaseException:
+        for name in reversed(done):
+            shutil.rmtree(repo / name, ignore_errors=True)
+        for name in changed:
+            if (aside / name).exists() and not (repo / name).exists():
+                (aside / name).rename(repo / name)
+        raise
+    finally:
+        discard(stage)
+        if len(done) == len(changed) or not any(aside.iterdir()):
+            shutil.rmtree(aside, ignore_errors=True)
+    return changed
+
+
+def discard(stage: Path) -> None:
+    """Remove a staging repository (its links, never what they point to)."""
+    shutil.rmtree(stage, ignore_errors=True)

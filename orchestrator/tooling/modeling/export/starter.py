@@ -77,8 +77,8 @@ STARTER_BESIDE = "policy.starter.yaml"
 
 
 def write_starter_router(repo: Path, model: str, head: Head, source: Path | None = None,
-                         previous: Sequence[Head] = ()) -> Path:
-    """Write ``<repo>/<model>_router``: the shipped router (``source``, default the repository's
+                         previous: Sequence[Head] = (), name: str | None = None) -> Path:
+    """Write ``<repo>/<name>`` (default ``<model>_router``): the shipped router (``source``, default the repository's
     ``router``, else this checkout's) renamed, with :func:`starter_policy` and its
     ``labels.txt``. Returns its directory.
 
@@ -93,7 +93,7 @@ def write_starter_router(repo: Path, model: str, head: Head, source: Path | None
     repo = Path(repo)
     if source is None:
         source = repo / "router" if (repo / "router" / "config.pbtxt").is_file() else PROJECT_ROOT / "model_repository" / "router"
-    dest = repo / router_name(model)
+    dest = repo / (name or router_name(model))
     starter = starter_policy(model, head)
     edited = _edited_policy(dest / POLICY, model, (head, *previous))
     # the old router stays aside (hidden: no tool reads it) until the new one is complete

@@ -10,7 +10,7 @@ client of the router needs and bounds and meters every request:
 * gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata`` of
   ``inference.GRPCInferenceService``, and ``ModelReady``, ``ModelMetadata``, ``ModelInfer``
   for the router only. The model name is read from the protobuf body by a strict parser in
-  Lua (:data:`MODEL_CHECK_LUA`, nginx's Lua module) that admits only bodies every protobuf
+  Lua (``frontdoor_check.lua`` beside this module, nginx's Lua module) that admits only bodies every protobuf
   parser reads alike (minimal tags and varints, known fields with their wire types, singular
   fields once, valid UTF-8; :data:`PROTO_MESSAGES`): a malformed body answers
   INVALID_ARGUMENT naming what is wrong, another model PERMISSION_DENIED. Every other method
@@ -143,183 +143,25 @@ def lua_messages() -> str:
     return "\n".join(out) + "\n    }"
 
 
-#: The gRPC check (lua-nginx-module, nginx's access phase, after ``client_max_body_size`` has
-#: bounded the body). It reads the body as protobuf reads it and admits only what every
-#: protobuf parser reads the same way: one uncompressed gRPC message filling the body; every
-#: tag a minimal varint of at most 5 bytes naming a field of the message with that field's
-#: wire type (repeated numbers packed or not); every varint minimal and at most 64 bits, a bool
-#: 0 or 1; every length within its message; strings valid UTF-8; a singular field, and a oneof,
-#: at most once; nested messages read the same way. Anything else is refused, never skipped:
-#: ``"malformed"`` with the reason. Then field 1 (the model name) must be an admitted router,
-#: else ``"model"``. A body nginx kept in a file (over ``client_body_buffer_size``) is read from
-#: the file in 64 KiB chunks, so the memory a check holds does not grow with the body.
-MODEL_CHECK_LUA = r"""
-    frontdoor = {}
-    local byte, char, find, floor = string.byte, string.char, string.find, math.floor
-    local CHUNK = 65536
-    local WIRE = {string = 2, bytes = 2, message = 2, bool = 0, int = 0, fixed32 = 5, fixed64 = 1}
-    local SIZE = {fixed32 = 4, fixed64 = 8}
-    MESSAGES
+#: The gRPC check's Lua (lua-nginx-module, nginx's access phase, after ``client_max_body_size``
+#: has bounded the body): shipped beside this module; what it admits is described at its top.
+CHECK_LUA_FILE = Path(__file__).with_name("frontdoor_check.lua")
+#: The check's work budget per request: tags, packed varints and non-ASCII characters it may
+#: read (a request ``tritonclient`` serializes for the router holds a few dozen; texts travel
+#: in ``raw_input_contents``, one field). Past it: gRPC RESOURCE_EXHAUSTED naming the limit.
+#: It bounds a worker's CPU per request whatever the body holds (tests/unit/test_frontdoor_lua.py
+#: times a body at the budget).
+CHECK_BUDGET = 65536
 
-    -- verdict, reason: "admit", "model" (not an admitted router) or "malformed" and why.
-    local function parse(data, f, total, request, admitted)
-      local base, pos = 0, 0
-      local function getbyte()
-        local i = pos - base
-        if i < 0 or i >= #data then
-          if not f or pos >= total then return nil end
-          f:seek("set", pos)
-          data, base, i = f:read(CHUNK) or "", pos, 0
-          if #data == 0 then return nil end
-        end
-        pos = pos + 1
-        return byte(data, i + 1)
-      end
-      local function varint(stop, most)
-        local v, scale = 0, 1
-        for n = 1, most do
-          if pos >= stop then return nil, "a varint runs past its message" end
-          local c = getbyte()
-          if not c then return nil, "a varint runs past the body" end
-          if c < 128 then
-            if c == 0 and n > 1 then return nil, "a varint is not minimally encoded" end
-            if n == 10 and c > 1 then return nil, "a varint is over 64 bits" end
-            return v + c * scale
-          end
-          v, scale = v + (c - 128) * scale, scale * 128
-        end
-        return nil, (most == 5 and "a tag is" or "a varint is") .. " over " .. most .. " bytes"
-      end
-      local function utf8(stop)
-        while pos < stop do
-          if not getbyte() then return false end
-          pos = pos - 1
-          local i = pos - base + 1
-          local last = math.min(#data, stop - base)
-          local k = find(data, "[\128-\255]", i)
-          if not k or k > last then
-            pos = base + last
-          else
-            pos = base + k - 1
-            local c, n, lo, hi = getbyte(), 0, 0x80, 0xBF
-            if c >= 0xC2 and c <= 0xDF then n = 1
-            elseif c == 0xE0 then n, lo = 2, 0xA0
-            elseif c == 0xED then n, hi = 2, 0x9F
-            elseif c >= 0xE1 and c <= 0xEF then n = 2
-            elseif c == 0xF0 then n, lo = 3, 0x90
-            elseif c >= 0xF1 and c <= 0xF3 then n = 3
-            elseif c == 0xF4 then n, hi = 3, 0x8F
-            else return false end
-            for t = 1, n do
-              if pos >= stop then return false end
-              local d = getbyte()
-              if not d then return false end
-              if t > 1 then lo, hi = 0x80, 0xBF end
-              if d < lo or d > hi then return false end
-            end
-          end
-        end
-        return true
-      end
-      local function text(stop)
-        local out = {}
-        while pos < stop do out[#out + 1] = char(getbyte()) end
-        return table.concat(out)
-      end
-      local message
-      message = function(schema, stop, top)
-        local seen, model = {}, nil
-        while pos < stop do
-          local key, err = varint(stop, 5)
-          if not key then return nil, err end
-          local number, wire = floor(key / 8), key % 8
-          local spec = schema[number]
-          if not spec then return nil, "field " .. number .. " is not a field of the request" end
-          local want = WIRE[spec.k]
-          local packed = spec.r and want ~= 2 and wire == 2
-          if wire ~= want and not packed then
-            return nil, "field " .. number .. " has wire type " .. wire .. ", not " .. want
-          end
-          if not spec.r then
-            if seen[number] then return nil, "field " .. number .. " occurs twice" end
-            seen[number] = true
-            if spec.o then
-              if seen[spec.o] then return nil, "two fields of oneof " .. spec.o end
-              seen[spec.o] = true
-            end
-          end
-          if wire == 0 then
-            local v, e = varint(stop, 10)
-            if not v then return nil, e end
-            if spec.k == "bool" and v > 1 then return nil, "field " .. number .. " is a bool other than 0 or 1" end
-          elseif wire ~= 2 then
-            if pos + SIZE[spec.k] > stop then return nil, "field " .. number .. " runs past its message" end
-            pos = pos + SIZE[spec.k]
-          else
-            local len, e = varint(stop, 5)
-            if not len then return nil, e end
-            local finish = pos + len
-            if finish > stop then return nil, "field " .. number .. " runs past its message" end
-            if packed and SIZE[spec.k] then
-              if len % SIZE[spec.k] ~= 0 then return nil, "packed field " .. number .. " is not whole values" end
-            elseif packed then
-              while pos < finish do
-                local v, e2 = varint(finish, 10)
-                if not v then return nil, e2 end
-                if spec.k == "bool" and v > 1 then return nil, "field " .. number .. " is a bool other than 0 or 1" end
-              end
-            elseif spec.k == "message" then
-              local ok, e2 = message(frontdoor.messages[spec.m], finish, false)
-              if not ok then return nil, e2 end
-            elseif top and number == 1 then
-              model = len <= 256 and text(finish) or ""
-            elseif spec.k == "string" and not utf8(finish) then
-              return nil, "field " .. number .. " is not valid UTF-8"
-            end
-            pos = finish
-          end
-        end
-        return true, nil, model
-      end
-      if total < 5 then return "malformed", "not a gRPC message" end
-      local flag, b2, b3, b4, b5 = getbyte(), getbyte(), getbyte(), getbyte(), getbyte()
-      if flag ~= 0 then return "malformed", "a compressed gRPC message cannot be inspected" end
-      if ((b2 * 256 + b3) * 256 + b4) * 256 + b5 ~= total - 5 then
-        return "malformed", "the gRPC length prefix is not the length of the body"
-      end
-      local ok, err, model = message(frontdoor.messages[request], total, true)
-      if not ok then return "malformed", err end
-      if not model or not admitted[model] then return "model" end
-      return "admit"
-    end
 
-    -- The body in memory (data) or in nginx's temporary file (path).
-    function frontdoor.check(data, path, request, admitted)
-      local f, total = nil, data and #data
-      if not data then
-        if not path then return "malformed", "no request body" end
-        f = io.open(path, "rb")
-        if not f then return "malformed", "the request body could not be read" end
-        total, data = f:seek("end"), ""
-      end
-      local ok, verdict, why = pcall(parse, data, f, total, request, admitted)
-      if f then f:close() end
-      if not ok then
-        if ngx then ngx.log(ngx.ERR, "front door check failed: ", verdict) end
-        return "malformed", "the request could not be read"
-      end
-      return verdict, why
-    end
+def model_check_lua(budget: int = CHECK_BUDGET) -> str:
+    """The Lua that ``init_by_lua_block`` runs: the globals ``frontdoor.messages``
+    (:data:`PROTO_MESSAGES`) and ``frontdoor.budget``, then :data:`CHECK_LUA_FILE`, which
+    defines ``frontdoor.check(data, path, request, admitted) -> verdict, reason`` and
+    ``frontdoor.admit(request, admitted)`` (nginx only)."""
+    return (f"frontdoor = {{}}\nfrontdoor.budget = {budget}\n{lua_messages()}\n"
+            + CHECK_LUA_FILE.read_text(encoding="utf-8"))
 
-    function frontdoor.admit(request, admitted)
-      ngx.req.read_body()
-      local verdict, why = frontdoor.check(ngx.req.get_body_data(), ngx.req.get_body_file(), request, admitted)
-      if verdict == "admit" then return end
-      if verdict == "model" then return ngx.exit(403) end
-      ngx.var.frontdoor_reason = why
-      return ngx.exit(400)
-    end
-""".replace("MESSAGES", lua_messages())
 
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -548,7 +390,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  limit_req_log_level warn;",
         "  limit_conn_status 429;",
         "  limit_conn_log_level warn;",
-        *(["  init_by_lua_block {" + MODEL_CHECK_LUA.rstrip() + "\n  }"] if lua else []),
+        *(["  init_by_lua_block {\n" + model_check_lua().rstrip() + "\n  }"] if lua else []),
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.http};",
@@ -582,7 +424,8 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", {_lua_set(routers)}) }}")
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"
 
-    grpc_errors = "error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; error_page 429 = @quota;"
+    grpc_errors = ("error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; "
+                   "error_page 422 = @too_complex; error_page 429 = @quota;")
     if quotas.grpc:
         out += [
             "",
@@ -598,6 +441,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             f"    location @too_large_small {{ {_grpc_answer(8, f'request body over the front door limit of {SMALL_BODY} bytes for a call without tensors')} }}",
             f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_reason')} }}",
             f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only {only}')} }}",
+            f"    location @too_complex {{ {_grpc_answer(8, 'request over the front door limit of work per request: $frontdoor_reason')} }}",
             *[_grpc_location(m) for m in GRPC_METERED + GRPC_UNMETERED],
             f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
             "  }",

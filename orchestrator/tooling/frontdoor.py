@@ -192,6 +192,7 @@ class Quotas:
     model_check: bool = True
     in_flight_per_client: int = 32
     in_flight_total: int = 192
+    in_flight_per_address: int = 64
 
 
 def _quota(value: object, where: str) -> Quota:
@@ -209,7 +210,8 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     """:class:`Quotas` from the quotas file's YAML; :class:`FrontDoorError` naming the key."""
     if not isinstance(data, dict):
         raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
-    known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total"}
+    known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total",
+             "in_flight_per_address"}
     unknown = set(data) - known
     if unknown:
         raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -227,16 +229,24 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     for key, value in (("grpc", grpc), ("grpc_model_check", check)):
         if not isinstance(value, bool):
             raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
-    in_flight = {}
-    for key in ("in_flight_per_client", "in_flight_total"):
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check, **_in_flight(data, source))
+
+
+def _in_flight(data: dict, source: str) -> Dict[str, int]:
+    """The quotas file's in-flight limits, each 1 to 100000 and none over ``in_flight_total``."""
+    in_flight: Dict[str, int] = {}
+    for key in ("in_flight_per_client", "in_flight_total", "in_flight_per_address"):
         value = data.get(key, getattr(Quotas, key))
+        if key == "in_flight_per_address" and key not in data:
+            value = min(value, in_flight["in_flight_total"])  # the default never exceeds a smaller total
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100000:
             raise FrontDoorError(f"{source}: {key} must be an integer from 1 to 100000 (requests at once), not {value!r}")
         in_flight[key] = value
-    if in_flight["in_flight_per_client"] > in_flight["in_flight_total"]:
-        raise FrontDoorError(f"{source}: in_flight_per_client ({in_flight['in_flight_per_client']}) is over in_flight_total "
-                             f"({in_flight['in_flight_total']})")
-    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check, **in_flight)
+    for key in ("in_flight_per_client", "in_flight_per_address"):
+        if in_flight[key] > in_flight["in_flight_total"]:
+            raise FrontDoorError(f"{source}: {key} ({in_flight[key]}) is over in_flight_total ({in_flight['in_flight_total']})")
+    return in_flight
+
 
 
 def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
@@ -295,6 +305,16 @@ def _grpc_answer(status: int, message: str) -> str:
 SMALL_BODY = 4096
 #: Request bodies over this are kept in a file under the run directory, not in memory.
 BODY_BUFFER = 128 * 1024
+#: Seconds a client may take to send a request's header, and between two reads of its body
+#: (nginx's default is 60): how long a connection that never finishes its request is held.
+HEADER_TIMEOUT_S = 10
+BODY_TIMEOUT_S = 10
+#: Connections each nginx worker holds (idle, unfinished and busy together).
+WORKER_CONNECTIONS = 16384
+#: Health and readiness requests in flight (they carry no body and are not metered), per
+#: source address and in all: the kubelet's probes come one at a time from the node.
+PROBES_PER_ADDRESS = 8
+PROBES_TOTAL = 64
 
 
 def _lua_set(names: Sequence[str]) -> str:
@@ -305,7 +325,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
            routers: Optional[Sequence[str]] = None, workers: int = 2, modules_dir: str = MODULES_DIR) -> str:
     """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
     request-body buffers (an emptyDir in the pod); ``routers``: the models admitted (default:
-    :data:`ROUTERS`)."""
+    :data:`ROUTERS`); ``workers``: nginx worker processes."""
     routers = tuple(routers or ROUTERS)
     h = quotas.header.replace("-", "_")
     names = sorted(quotas.clients)
@@ -322,7 +342,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         f"pid {run_dir}/nginx.pid;",
         "error_log stderr warn;",
         "daemon off;",
-        "events { worker_connections 4096; }",
+        f"events {{ worker_connections {WORKER_CONNECTIONS}; }}",
         "http {",
         "  server_tokens off;",
         "  access_log off;",
@@ -338,6 +358,15 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  # Pooled client connections stay open: a close after nginx's default 1000 requests races",
         "  # the client's next request on it (HTTP clients see a reset, gRPC a GOAWAY).",
         "  keepalive_requests 1000000; keepalive_timeout 620s;",
+        "  # A request's header must arrive within this, its body keep moving: a connection that",
+        "  # never finishes its request is closed (nginx's default holds it 60 s), its memory freed.",
+        f"  client_header_timeout {HEADER_TIMEOUT_S}s; client_body_timeout {BODY_TIMEOUT_S}s; reset_timedout_connection on;",
+        "  # Only a body sent as it is: Triton before 2.65 inflates Content-Encoding: gzip without a",
+        "  # bound (the body limit would count compressed bytes); a gRPC message nginx cannot read.",
+        "  map $http_content_encoding $frontdoor_encoded { default 1; \"\" 0; \"~*^identity$\" 0; }",
+        "  map $http_grpc_encoding $frontdoor_grpc_encoded { default 1; \"\" 0; \"~*^identity$\" 0; }",
+        "  # A request with a body (a length over 0, or chunked): refused where none is read.",
+        "  map \"$http_content_length:$http_transfer_encoding\" $frontdoor_body { default 1; \":\" 0; \"~^0+:$\" 0; }",
         "  proxy_http_version 1.1;",
         "  proxy_set_header Connection \"\";",
         f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
@@ -366,6 +395,10 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  limit_conn_zone $frontdoor_in_flight_key zone=in_flight:10m;",
         "  map $scheme $frontdoor_everyone { default all; }",
         "  limit_conn_zone $frontdoor_everyone zone=in_flight_total:1m;",
+        "  # Per source address, whatever client name it sends (anyone can send a listed name).",
+        "  limit_conn_zone $binary_remote_addr zone=per_address:10m;",
+        "  limit_conn_zone $binary_remote_addr zone=probes:1m;",
+        "  limit_conn_zone $frontdoor_everyone zone=probes_total:1m;",
     ]
     metered = [f"limit_req zone=quota_default burst={quotas.default.burst} nodelay;"]
     for i, n in enumerate(names):
@@ -373,15 +406,27 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         out += [f"  map $http_{h} $quota_key_{i} {{ default \"\"; \"{n}\" \"{n}\"; }}",
                 f"  limit_req_zone $quota_key_{i} zone=quota_{i}:1m rate={q.rate}r/s;"]
         metered.append(f"limit_req zone=quota_{i} burst={q.burst} nodelay;")
-    held = f"limit_conn in_flight {quotas.in_flight_per_client}; limit_conn in_flight_total {quotas.in_flight_total};"
+    held = (f"limit_conn in_flight {quotas.in_flight_per_client}; limit_conn per_address {quotas.in_flight_per_address}; "
+            f"limit_conn in_flight_total {quotas.in_flight_total};")
+    probes = f"limit_conn probes {PROBES_PER_ADDRESS}; limit_conn probes_total {PROBES_TOTAL};"
     meter = " ".join(metered) + " " + held
     quota_text = f"quota exceeded: client $frontdoor_client ({quotas.header}) is over its quota of $frontdoor_quota (front door)"
-    busy_text = (f"too many requests at once: client $frontdoor_client ({quotas.header}) is over the front door's limit of "
-                 f"{quotas.in_flight_per_client} requests in flight per client ({quotas.in_flight_total} in all)")
+    # nginx does not say which limit_conn zone refused: the message names each and blames none.
+    busy_text = (f"too many requests at once: the front door holds at most {quotas.in_flight_per_client} requests in flight "
+                 f"per client (this one: $frontdoor_client, {quotas.header}), {quotas.in_flight_per_address} per source "
+                 f"address and {quotas.in_flight_total} in all, and one of these is reached")
+    probe_text = (f"too many health and readiness requests at once: the front door holds at most {PROBES_PER_ADDRESS} "
+                  f"per source address and {PROBES_TOTAL} in all")
     v = r"(/versions/[0-9]+)?"
+    encoded_text = ("Content-Encoding is not admitted by the front door: send the body as it is (the body limit counts "
+                    "the bytes Triton would read)")
+    no_body = ("if ($frontdoor_body) { return 413 '{\"error\":\"request body refused by the front door: "
+               "this endpoint takes no body\"}'; }")
+    # probes: their own in-flight limits and refusal (503 inside nginx, answered as 429)
+    probe = f"{probes} limit_conn_status 503;"
     too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
     out += [
-        "  # A 429 is either limit: say which.",
+        "  # A 429 is a quota or an in-flight limit: say which.",
         "  map $limit_conn_status $frontdoor_refusal {",
         f"    REJECTED \"{busy_text}\";",
         f"    default \"{quota_text}\";",
@@ -390,25 +435,33 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  limit_req_log_level warn;",
         "  limit_conn_status 429;",
         "  limit_conn_log_level warn;",
+        "  # Why a gRPC call was refused; a request nginx refuses before the door's own checks ran",
+        "  # (a bad header or frame, a duplicate :path) has no reason of its own.",
+        "  map $frontdoor_reason $frontdoor_why { \"\" \"the request cannot be read: a bad header or frame\"; default $frontdoor_reason; }",
         *(["  init_by_lua_block {\n" + model_check_lua().rstrip() + "\n  }"] if lua else []),
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.http};",
         f"    client_max_body_size {limits.http};",
+        "    default_type application/json;",
         "    # A control character in the decoded path (router/infer%0a) is refused, never passed on.",
         "    if ($uri ~ \"[\\x00-\\x1f\\x7f]\") { return 400; }",
-        "    error_page 400 @bad_path;",
+        f"    if ($frontdoor_encoded) {{ return 415 '{{\"error\":\"{encoded_text}\"}}'; }}",
+        "    # A URI, not a named location: a request line nginx cannot parse (%00) has no URI to carry.",
+        "    error_page 400 /.frontdoor/bad-request;",
         "    error_page 429 @quota;",
         "    error_page 413 @too_large;",
-        "    location @bad_path { default_type application/json; return 400 '{\"error\":\"bad request: a control character in "
+        "    error_page 503 @probes_busy;",
+        "    location = /.frontdoor/bad-request { internal; default_type application/json; return 400 '{\"error\":\"bad request: a control character in "
         "the path, or a request nginx cannot read (front door)\"}'; }",
         "    location @quota { default_type application/json; return 429 '{\"error\":\"$frontdoor_refusal\"}'; }",
+        f"    location @probes_busy {{ default_type application/json; return 429 '{{\"error\":\"{probe_text}\"}}'; }}",
         f"    location @too_large {{ default_type application/json; return 413 '{{\"error\":\"{too_large}\"}}'; }}",
-        "    location = /v2/health/live { limit_except GET { deny all; } proxy_pass http://triton_http; }",
-        "    location = /v2/health/ready { limit_except GET { deny all; } proxy_pass http://triton_http; }",
-        f"    location = /v2 {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http; }}",
-        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location = /v2/health/live {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
+        f"    location = /v2/health/ready {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
+        f"    location = /v2 {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http; }}",
+        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http$uri; }}",
         f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
         f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only {only} (infer, metadata, ready) and server health\"}}'; }}",
         "  }",
@@ -425,7 +478,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"
 
     grpc_errors = ("error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; "
-                   "error_page 422 = @too_complex; error_page 429 = @quota;")
+                   "error_page 415 = @compressed; error_page 422 = @too_complex; error_page 429 = @quota;")
     if quotas.grpc:
         out += [
             "",
@@ -434,14 +487,16 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             f"    client_max_body_size {limits.grpc};",
             "    # A client's streams on one connection: no more than it may have in flight.",
             f"    http2_max_concurrent_streams {quotas.in_flight_per_client};",
-            "    set $frontdoor_reason \"the request cannot be read\";",
+            "    set $frontdoor_reason \"\";",
+            "    if ($frontdoor_grpc_encoded) { return 415; }",
             f"    {grpc_errors}",
             f"    location @quota {{ {_grpc_answer(8, '$frontdoor_refusal')} }}",
             f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
             f"    location @too_large_small {{ {_grpc_answer(8, f'request body over the front door limit of {SMALL_BODY} bytes for a call without tensors')} }}",
-            f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_reason')} }}",
+            f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_why')} }}",
             f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only {only}')} }}",
-            f"    location @too_complex {{ {_grpc_answer(8, 'request over the front door limit of work per request: $frontdoor_reason')} }}",
+            f"    location @too_complex {{ {_grpc_answer(8, 'request over the front door limit of work per request: $frontdoor_why')} }}",
+            f"    location @compressed {{ {_grpc_answer(12, 'compressed gRPC messages (grpc-encoding) are not admitted by the front door')} }}",
             *[_grpc_location(m) for m in GRPC_METERED + GRPC_UNMETERED],
             f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
             "  }",
@@ -450,7 +505,10 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.metrics};",
-        f"    location = /metrics {{ limit_except GET {{ deny all; }} proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
+        f"    client_max_body_size {SMALL_BODY};",
+        "    default_type application/json;",
+        f"    location = /metrics {{ limit_except GET {{ deny all; }} {no_body} {probes} "
+        f"proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
         "    location / { return 404; }",
         "  }",
         "}",

@@ -187,15 +187,43 @@ def test_requests_in_flight_are_bounded_per_client_and_in_all():
     quotas = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "clients": {"a": {"rate_per_s": 1, "burst": 1}},
                              "in_flight_per_client": 5, "in_flight_total": 9})
     text = F.render(quotas, F.Limits(100, 100))
-    held = "limit_conn in_flight 5; limit_conn in_flight_total 9;"
+    held = "limit_conn in_flight 5; limit_conn per_address 9; limit_conn in_flight_total 9;"
+    probes = f"limit_conn probes {F.PROBES_PER_ADDRESS}; limit_conn probes_total {F.PROBES_TOTAL}; limit_conn_status 503;"
     for line in text.splitlines():
         if "grpc_pass" in line or "/infer$" in line or "location = /v2 " in line:
             assert held in line, line
         if "/health/" in line or "/ready$" in line:
-            assert "limit_conn" not in line, line  # the kubelet's probes are never refused
+            # the probes have their own limits: a busy client never takes the kubelet's place
+            assert probes in line and "limit_conn in_flight" not in line, line
     assert "http2_max_concurrent_streams 5;" in text
     assert '"a" "client:a";' in text and "default $remote_addr;" in text  # a listed name never collides with an address
-    assert "limit of 5 requests in flight per client (9 in all)" in text
+    assert "at most 5 requests in flight per client (this one: $frontdoor_client, x-client-id), 9 per source address and 9 in all" in text
+    assert "limit_conn_zone $binary_remote_addr zone=per_address:10m;" in text
+    narrow = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_address": 3})
+    assert "limit_conn per_address 3;" in F.render(narrow, F.Limits(100, 100))
+    with pytest.raises(F.FrontDoorError, match="in_flight_per_address \\(300\\) is over in_flight_total"):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_address": 300})
+
+
+def test_every_location_bounds_bodies_and_requests_in_flight():
+    """No endpoint that needs no body reads one; each admitted location is under an in-flight
+    limit; encoded bodies and compressed gRPC messages are refused at the door; connections that
+    never finish a request are closed after a short timeout."""
+    text = F.render_default()
+    http, grpc, metrics = text.split("  server {")[1:]
+    for server in (http, metrics):
+        for line in server.splitlines():
+            if "limit_except GET" in line:
+                assert "if ($frontdoor_body) { return 413" in line and "limit_conn " in line, line
+            if "limit_except POST" in line:
+                assert "limit_conn in_flight " in line, line
+    assert re.search(r"map \S+ \$frontdoor_body \{ default 1; \":\" 0; \"~\^0\+:\$\" 0; \}", text)
+    assert "if ($frontdoor_encoded) { return 415" in http and "if ($frontdoor_grpc_encoded) { return 415; }" in grpc
+    assert "error_page 415 = @compressed;" in grpc
+    assert f"client_header_timeout {F.HEADER_TIMEOUT_S}s; client_body_timeout {F.BODY_TIMEOUT_S}s;" in text
+    assert f"worker_connections {F.WORKER_CONNECTIONS};" in text
+    assert "error_page 400 /.frontdoor/bad-request;" in http and "location = /.frontdoor/bad-request { internal;" in http
+    assert "$frontdoor_why" in grpc.split("location @malformed")[1].split("\n")[0]
 
 
 @pytest.mark.parametrize("data, words", [

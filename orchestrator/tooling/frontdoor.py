@@ -248,7 +248,6 @@ def _in_flight(data: dict, source: str) -> Dict[str, int]:
     return in_flight
 
 
-
 def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
     try:
         return parse_quotas(yaml.safe_load(Path(path).read_text()), str(path))

@@ -262,3 +262,26 @@ def test_the_routers_setting_is_one_file():
                        ({"routers": ["a b"]}, "is not a model name"), ({"routers": ["a", "a"]}, "listed twice")]:
         with pytest.raises(ConfigError, match=re.escape(words)):
             R.parse_routers(bad)
+
+
+def test_the_guide_states_the_shipped_limits():
+    """docs/guides/front-door.md's figures for what the door holds are the shipped ones."""
+    import inspect
+
+    guide = " ".join((ROOT / "docs/guides/front-door.md").read_text().split())
+    quotas = F.load_quotas()
+    text = F.render_default()
+    workers = inspect.signature(F.render).parameters["workers"].default
+    assert f"worker_processes {workers};" in text and f"Each of the {workers} nginx workers" in guide
+    assert f"holds up to {F.WORKER_CONNECTIONS:,} connections" in guide and f"the {workers * F.WORKER_CONNECTIONS:,} the door has" in guide
+    assert f"header within {F.HEADER_TIMEOUT_S} s" in guide and f"at most {F.BODY_TIMEOUT_S} s between two reads" in guide
+    assert f"held at most {F.HEADER_TIMEOUT_S} s" in guide and "keepalive_timeout 620s;" in text and "open up to 620 s" in guide
+    per_address, total, per_client = quotas.in_flight_per_address, quotas.in_flight_total, quotas.in_flight_per_client
+    assert f"(`in_flight_per_address`, {per_address}:" in guide and f"(`in_flight_total`, {total})" in guide
+    assert f"at most {per_address} requests in flight (`in_flight_per_address`; its listed client names at most {per_client}" in guide
+    assert f"at least {total - per_address} of the {total} request slots" in guide
+    assert f"{F.PROBES_PER_ADDRESS} in flight per source address and {F.PROBES_TOTAL} in all" in guide
+    assert f"{F.PROBES_TOTAL - F.PROBES_PER_ADDRESS} of the {F.PROBES_TOTAL} probe slots" in guide
+    assert f"budget of {F.CHECK_BUDGET:,} per request" in guide and f"at most {F.CHECK_BUDGET:,} units" in guide
+    assert f"over {F.CHECK_BUDGET} protobuf fields" in F.CHECK_LUA_FILE.read_text().replace('" .. frontdoor.budget .. "', str(F.CHECK_BUDGET))
+    assert f"{F.BODY_BUFFER // 1024} KiB of it in memory" in guide

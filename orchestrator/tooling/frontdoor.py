@@ -57,6 +57,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from orchestrator.runtime.request import DESCRIBE_PARAMETER
 from orchestrator.runtime.routing.policy import PolicyError, load_policy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
@@ -154,12 +155,14 @@ CHECK_LUA_FILE = Path(__file__).with_name("frontdoor_check.lua")
 CHECK_BUDGET = 65536
 
 
-def model_check_lua(budget: int = CHECK_BUDGET) -> str:
+def model_check_lua(budget: int = CHECK_BUDGET, refused: Sequence[str] = (DESCRIBE_PARAMETER,)) -> str:
     """The Lua that ``init_by_lua_block`` runs: the globals ``frontdoor.messages``
-    (:data:`PROTO_MESSAGES`) and ``frontdoor.budget``, then :data:`CHECK_LUA_FILE`, which
-    defines ``frontdoor.check(data, path, request, admitted) -> verdict, reason`` and
-    ``frontdoor.admit(request, admitted)`` (nginx only)."""
-    return (f"frontdoor = {{}}\nfrontdoor.budget = {budget}\n{lua_messages()}\n"
+    (:data:`PROTO_MESSAGES`), ``frontdoor.budget`` and ``frontdoor.refused`` (request
+    parameters the door refuses), then :data:`CHECK_LUA_FILE`, which defines
+    ``frontdoor.check(data, path, request, admitted) -> verdict, reason``,
+    ``frontdoor.json_refused(next_chunk)`` and, for nginx, ``frontdoor.admit(request, admitted)``
+    and ``frontdoor.admit_http()``."""
+    return (f"frontdoor = {{}}\nfrontdoor.budget = {budget}\nfrontdoor.refused = {_lua_set(refused)}\n{lua_messages()}\n"
             + CHECK_LUA_FILE.read_text(encoding="utf-8"))
 
 
@@ -193,6 +196,7 @@ class Quotas:
     in_flight_per_client: int = 32
     in_flight_total: int = 192
     in_flight_per_address: int = 64
+    describe_policy: bool = False
 
 
 def _quota(value: object, where: str) -> Quota:
@@ -211,7 +215,7 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     if not isinstance(data, dict):
         raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
     known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total",
-             "in_flight_per_address"}
+             "in_flight_per_address", "describe_policy"}
     unknown = set(data) - known
     if unknown:
         raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -225,11 +229,12 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
         if not isinstance(name, str) or not _NAME.match(name) or name == "default":
             raise FrontDoorError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
         clients[name] = _quota(value, f"{source}: clients.{name}")
-    grpc, check = data.get("grpc", True), data.get("grpc_model_check", True)
-    for key, value in (("grpc", grpc), ("grpc_model_check", check)):
+    flags = {key: data.get(key, default) for key, default in (("grpc", True), ("grpc_model_check", True), ("describe_policy", False))}
+    for key, value in flags.items():
         if not isinstance(value, bool):
             raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
-    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check, **_in_flight(data, source))
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, flags["grpc"], flags["grpc_model_check"],
+                  describe_policy=flags["describe_policy"], **_in_flight(data, source))
 
 
 def _in_flight(data: dict, source: str) -> Dict[str, int]:
@@ -328,7 +333,8 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
     routers = tuple(routers or ROUTERS)
     h = quotas.header.replace("-", "_")
     names = sorted(quotas.clients)
-    lua = quotas.grpc and quotas.model_check
+    refused = () if quotas.describe_policy else (DESCRIBE_PARAMETER,)
+    lua = bool(quotas.grpc and quotas.model_check or refused)
     router = "(" + "|".join(re.escape(r) for r in routers) + ")" if len(routers) > 1 else re.escape(routers[0])
     only = f"the {routers[0]} model" if len(routers) == 1 else f"the router models {', '.join(routers)}"
     out: List[str] = [
@@ -423,6 +429,8 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
                "this endpoint takes no body\"}'; }")
     # probes: their own in-flight limits and refusal (503 inside nginx, answered as 429)
     probe = f"{probes} limit_conn_status 503;"
+    # the refused request parameters (describe_policy) in an HTTP infer's JSON
+    http_check = "access_by_lua_block { frontdoor.admit_http() } " if refused else ""
     too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
     out += [
         "  # A 429 is a quota or an in-flight limit: say which.",
@@ -437,7 +445,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  # Why a gRPC call was refused; a request nginx refuses before the door's own checks ran",
         "  # (a bad header or frame, a duplicate :path) has no reason of its own.",
         "  map $frontdoor_reason $frontdoor_why { \"\" \"the request cannot be read: a bad header or frame\"; default $frontdoor_reason; }",
-        *(["  init_by_lua_block {\n" + model_check_lua().rstrip() + "\n  }"] if lua else []),
+        *(["  init_by_lua_block {\n" + model_check_lua(refused=refused).rstrip() + "\n  }"] if lua else []),
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.http};",
@@ -461,7 +469,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         f"    location = /v2 {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http; }}",
         f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http$uri; }}",
         f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} {http_check}proxy_pass http://triton_http$uri; }}",
         f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only {only} (infer, metadata, ready) and server health\"}}'; }}",
         "  }",
     ]
@@ -472,12 +480,12 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         if small:
             # error_page here replaces the server's, so all of them are named again
             parts.append(f"client_max_body_size {SMALL_BODY}; {grpc_errors.replace('@too_large;', '@too_large_small;')}")
-        if lua and method in GRPC_MODEL_NAMED:
+        if quotas.grpc and quotas.model_check and method in GRPC_MODEL_NAMED:
             parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", {_lua_set(routers)}) }}")
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"
 
     grpc_errors = ("error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; "
-                   "error_page 415 = @compressed; error_page 422 = @too_complex; error_page 429 = @quota;")
+                   "error_page 415 = @compressed; error_page 422 = @too_complex; error_page 423 = @refused_parameter; error_page 429 = @quota;")
     if quotas.grpc:
         out += [
             "",
@@ -495,6 +503,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_why')} }}",
             f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only {only}')} }}",
             f"    location @too_complex {{ {_grpc_answer(8, 'request over the front door limit of work per request: $frontdoor_why')} }}",
+            f"    location @refused_parameter {{ {_grpc_answer(7, 'the request parameter $frontdoor_why is not admitted by the front door ($frontdoor_why: true in its quotas file admits it)')} }}",
             f"    location @compressed {{ {_grpc_answer(12, 'compressed gRPC messages (grpc-encoding) are not admitted by the front door')} }}",
             *[_grpc_location(m) for m in GRPC_METERED + GRPC_UNMETERED],
             f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",

@@ -11,7 +11,8 @@
 -- length within its message; strings valid UTF-8; a singular field, and a oneof, at most
 -- once; nested messages read the same way. Anything else is refused, never skipped:
 -- "malformed" and the reason. Then field 1 (the model name) must be an admitted router,
--- else "model".
+-- else "model"; a request parameter named in frontdoor.refused (describe_policy unless the
+-- deployment admits it) makes it "parameter".
 --
 -- Cost: every byte is looked at at most once (lengths are skipped, a UTF-8 search covers
 -- the string and stops at its end), so the work is linear in the body; and each tag, packed
@@ -42,6 +43,7 @@ end
 -- verdict, reason: "admit", "model" (not an admitted router) or "malformed" and why.
 local function parse(data, f, total, request, admitted)
   local base, pos, work, budget = 0, 0, 0, frontdoor.budget or 65536
+  local refused = nil
   local function spend()
     work = work + 1
     if work > budget then error(OVER, 0) end
@@ -120,7 +122,8 @@ local function parse(data, f, total, request, admitted)
     return table.concat(out)
   end
   local message
-  message = function(schema, stop, top)
+  -- params: schema is a ParametersEntry of the request itself (its key a request parameter).
+  message = function(schema, stop, top, params)
     local seen, model = {}, nil
     while pos < stop do
       spend()
@@ -164,10 +167,16 @@ local function parse(data, f, total, request, admitted)
             if spec.k == "bool" and v > 1 then return nil, "field " .. number .. " is a bool other than 0 or 1" end
           end
         elseif spec.k == "message" then
-          local ok, e2 = message(frontdoor.messages[spec.m], finish, false)
+          local ok, e2 = message(frontdoor.messages[spec.m], finish, false, top and number == 4)
           if not ok then return nil, e2 end
         elseif top and number == 1 then
           model = len <= 256 and text(finish) or ""
+        elseif params and number == 1 and len <= 64 and not refused then
+          local at = pos
+          local key = text(finish)
+          if frontdoor.refused and frontdoor.refused[key] then refused = key end
+          pos = at
+          if not utf8(finish) then return nil, "field " .. number .. " is not valid UTF-8" end
         elseif spec.k == "string" and not utf8(finish) then
           return nil, "field " .. number .. " is not valid UTF-8"
         end
@@ -185,6 +194,7 @@ local function parse(data, f, total, request, admitted)
   local ok, err, model = message(frontdoor.messages[request], total, true)
   if not ok then return "malformed", err end
   if not model or not admitted[model] then return "model" end
+  if refused then return "parameter", refused end
   return "admit"
 end
 
@@ -209,7 +219,119 @@ function frontdoor.check(data, path, request, admitted)
   return verdict, why
 end
 
--- nginx's access phase: 403 another model, 400 malformed, 422 over the work budget (each
+-- An HTTP request's JSON (Triton's KServe v2 JSON; with the binary extension, only its first
+-- Inference-Header-Content-Length bytes are JSON): the first string in it that decodes to a
+-- name in frontdoor.refused, else nil; "limit" past frontdoor.budget strings and escaped
+-- quotes. next_chunk() gives the body piece by piece. Linear in the body: a string is decoded
+-- only while it is short enough to be a name (MAXRAW escaped bytes); past that only its
+-- closing quote is searched for (a quote after an even run of backslashes).
+local MAXRAW = 6 * 64
+local ESC = {['"'] = '"', ["\\"] = "\\", ["/"] = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t"}
+local function unescape(s)
+  return (string.gsub(s, "\\(.)(%x?%x?%x?%x?)", function(c, hex)
+    if c == "u" then
+      local cp = #hex == 4 and tonumber(hex, 16)
+      return (cp and cp > 0 and cp < 128) and char(cp) or "\0"
+    end
+    return (ESC[c] or "\0") .. hex
+  end))
+end
+function frontdoor.json_refused(next_chunk)
+  local mode, parts, raw, pending, run, work = 0, nil, 0, false, 0, 0
+  local budget, refused = frontdoor.budget or 65536, frontdoor.refused or {}
+  local chunk = next_chunk()
+  while chunk do
+    local i, n = 1, #chunk
+    while i <= n do
+      if mode == 0 then  -- outside a string
+        local q = find(chunk, '"', i, true)
+        if not q then break end
+        work = work + 1
+        if work > budget then return "limit" end
+        mode, parts, raw, pending, i = 1, {}, 0, false, q + 1
+      elseif mode == 1 then  -- in a string short enough to be a name: decoded
+        if pending then  -- the byte after a backslash that ended the last piece
+          parts[#parts + 1] = sub(chunk, i, i)
+          raw, pending, i = raw + 1, false, i + 1
+        else
+          local k = find(chunk, '["\\]', i)
+          local stop = k or n + 1
+          parts[#parts + 1] = sub(chunk, i, stop - 1)
+          raw = raw + stop - i
+          if not k then
+            i = n + 1
+          elseif byte(chunk, k) == 34 then
+            local name = unescape(table.concat(parts))
+            if refused[name] then return name end
+            mode, i = 0, k + 1
+          elseif k == n then
+            parts[#parts + 1] = "\\"
+            raw, pending, i = raw + 1, true, n + 1
+          else
+            parts[#parts + 1] = sub(chunk, k, k + 1)
+            raw, i = raw + 2, k + 2
+          end
+        end
+        if mode == 1 and raw > MAXRAW then
+          mode, run, pending, parts = 2, pending and 1 or 0, false, nil
+        end
+      else  -- in a long string: its closing quote follows an even run of backslashes
+        local q = find(chunk, '"', i, true)
+        local t = (q or n + 1) - 1
+        while t >= i and byte(chunk, t) == 92 do t = t - 1 end
+        local backslashes = (q or n + 1) - 1 - t + (t < i and run or 0)
+        if not q then
+          run, i = backslashes, n + 1
+        elseif backslashes % 2 == 0 then
+          mode, run, i = 0, 0, q + 1
+        else
+          work = work + 1
+          if work > budget then return "limit" end
+          run, i = 0, q + 1
+        end
+      end
+    end
+    chunk = next_chunk()
+  end
+  return nil
+end
+
+-- nginx's access phase of an HTTP infer: 403 when the JSON names a refused parameter, 413
+-- past the work budget; the answer is written here (JSON), not by an error_page.
+function frontdoor.admit_http()
+  ngx.req.read_body()
+  local data, path = ngx.req.get_body_data(), ngx.req.get_body_file()
+  local left = tonumber(ngx.var.http_inference_header_content_length or "") or math.huge
+  local f = (not data and path) and io.open(path, "rb") or nil
+  local function next_chunk()
+    if left <= 0 then return nil end
+    local piece
+    if data then piece, data = data, nil elseif f then piece = f:read(CHUNK) end
+    if not piece or #piece == 0 then return nil end
+    if #piece > left then piece = sub(piece, 1, left) end
+    left = left - #piece
+    return piece
+  end
+  local ok, found = pcall(frontdoor.json_refused, next_chunk)
+  if f then f:close() end
+  if not ok then
+    ngx.log(ngx.ERR, "front door check failed: ", found)
+    return
+  end
+  if not found then return end
+  ngx.header.content_type = "application/json"
+  if found == "limit" then
+    ngx.status = 413
+    ngx.say('{"error":"request over the front door limit of work per request: the JSON holds over ' .. frontdoor.budget .. ' strings and escaped quotes"}')
+  else
+    ngx.status = 403
+    ngx.say('{"error":"the request parameter ' .. found .. ' is not admitted by the front door (' .. found .. ': true in its quotas file admits it)"}')
+  end
+  return ngx.exit(ngx.HTTP_OK)
+end
+
+-- nginx's access phase: 403 another model, 400 malformed, 422 over the work budget, 423 a
+-- refused request parameter (each
 -- error_page answers it as gRPC); the reason goes to $frontdoor_reason.
 function frontdoor.admit(request, admitted)
   ngx.req.read_body()
@@ -217,6 +339,7 @@ function frontdoor.admit(request, admitted)
   if verdict == "admit" then return end
   if verdict == "model" then return ngx.exit(403) end
   ngx.var.frontdoor_reason = why
+  if verdict == "parameter" then return ngx.exit(423) end
   if verdict == "limit" then return ngx.exit(422) end
   return ngx.exit(400)
 end

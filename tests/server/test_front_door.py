@@ -743,3 +743,28 @@ def test_requests_nginx_cannot_read_get_their_reason(stack):
     assert headers.get("grpc-status") == "3", headers
     assert headers["grpc-message"].startswith("malformed request refused by the front door: ") and \
         headers["grpc-message"].rstrip() != "malformed request refused by the front door:", headers
+
+
+def test_describe_policy_is_refused_at_the_door_by_default(stack):
+    """``describe_policy`` (the router's policy document: a small request, a 242 KB answer that
+    discloses the routing) is refused at the door over HTTP (however the JSON spells the name)
+    and gRPC; the router never sees it; Triton itself still answers it."""
+    server, door, _ = stack
+    before = router_counts(server)
+    for name in ("describe_policy", "describe\\u005fpolicy"):
+        body = infer_body(["great hotel"])[:-1] + f', "parameters": {{"{name}": true}}}}'.encode()
+        status, text = http(door.ports.http, "/v2/models/router/infer", "POST", body)
+        assert status == 403 and "describe_policy is not admitted by the front door" in text, (status, text)
+    c = grpc_client(door)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("router", text_inputs(grpcclient, ["great hotel"]), parameters={"describe_policy": True})
+        assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+        assert "describe_policy is not admitted by the front door" in info.value.message()
+        assert c.infer("router", text_inputs(grpcclient, ["great hotel"])).get_response().outputs
+    finally:
+        c.close()
+    direct = http(server.http_port, "/v2/models/router/infer", "POST",
+                  infer_body(["great hotel"])[:-1] + b', "parameters": {"describe_policy": true}}')
+    assert direct[0] == 200 and "POLICY" in direct[1]
+    assert eventually(lambda: router_counts(server), before + 2, timeout=5) == before + 2  # the served call and the direct one

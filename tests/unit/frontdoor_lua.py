@@ -30,13 +30,13 @@ class LuaCheck:
     """``check(request, body) -> (verdict, microseconds, reason)`` in one LuaJIT process; a
     body over ``F.BODY_BUFFER`` is handed over as a file, as nginx keeps it."""
 
-    def __init__(self, routers: Sequence[str], budget: int = F.CHECK_BUDGET):
+    def __init__(self, routers: Sequence[str], budget: int = F.CHECK_BUDGET, refused: Sequence[str] = ("describe_policy",)):
         binary = luajit()
         if binary is None:
             raise RuntimeError(f"luajit is not installed: {LUAJIT_HINT}")
         self._tmp = tempfile.TemporaryDirectory(prefix="frontdoor-lua-")
         source = Path(self._tmp.name) / "check.lua"
-        source.write_text(F.model_check_lua(budget), encoding="utf-8")
+        source.write_text(F.model_check_lua(budget, refused), encoding="utf-8")
         self._body = Path(self._tmp.name) / "body"
         self.proc = subprocess.Popen([binary, str(HARNESS), str(source), ",".join(routers)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
@@ -48,7 +48,7 @@ class LuaCheck:
         import select
 
         assert self.proc.stdin and self.proc.stdout
-        if len(body) > F.BODY_BUFFER:
+        if len(body) > F.BODY_BUFFER and not request.startswith("JSON:"):
             self._body.write_bytes(body)
             self.proc.stdin.write(f"{request} 0 {self._body}\n".encode())
         else:

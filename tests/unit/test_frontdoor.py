@@ -179,8 +179,26 @@ def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
     assert "grpc-status 7" in grpc.split("location @not_router")[1].split("\n")[0]
     assert "grpc-status 3" in grpc.split("location @malformed")[1].split("\n")[0]
     assert f"client_body_buffer_size {F.BODY_BUFFER // 1024}k;" in F.render_default()  # bodies past it wait in a file
-    off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
+    off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False, "describe_policy": True}),
+                   F.Limits(100, 100))
     assert "lua" not in off and "load_module" not in off and "grpc_pass" in off
+    # describe_policy refused (the default) needs the Lua module for HTTP's JSON even without the gRPC check
+    http_only = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
+    assert "load_module" in http_only and 'frontdoor.admit("' not in http_only and "{ frontdoor.admit_http() }" in http_only
+
+
+def test_describe_policy_is_refused_at_the_door_unless_the_deployment_admits_it():
+    text = F.render_default()
+    assert F.load_quotas().describe_policy is False
+    assert 'frontdoor.refused = {["describe_policy"] = true}' in text
+    for line in text.split("  server {")[1].splitlines():
+        if "/infer$" in line:
+            assert "access_by_lua_block { frontdoor.admit_http() }" in line, line
+    assert "error_page 423 = @refused_parameter;" in text and "location @refused_parameter" in text
+    admitted = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "describe_policy": True}), F.Limits(100, 100))
+    assert "frontdoor.refused = {}" in admitted and "{ frontdoor.admit_http() }" not in admitted
+    with pytest.raises(F.FrontDoorError, match="describe_policy must be true or false"):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "describe_policy": "yes"})
 
 
 def test_requests_in_flight_are_bounded_per_client_and_in_all():

@@ -130,3 +130,53 @@ def test_no_body_within_the_limit_takes_longer_than_the_bound(check, name, body)
     assert len(body) <= F.body_limits().grpc + 64, (name, len(body))
     verdict, us, reason = check("ModelInferRequest", body, timeout=10)
     assert us < CHECK_MS * 1000, f"{name}: {us / 1000:.1f} ms ({verdict} {reason})"
+
+
+def test_describe_policy_is_refused_in_a_grpc_request(check):
+    """``describe_policy`` (the policy document, 242 KB for a 767-byte request) is refused in
+    the request's own parameters unless the deployment admits it; another parameter, or the
+    name elsewhere (a tensor's parameter, a value), is not."""
+    entry = b"\x0a\x0fdescribe_policy\x12\x02\x08\x01"  # describe_policy: bool true
+    assert check("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(entry)) + entry))[::2] == ("parameter", "describe_policy")
+    route = b"\x0a\x05route\x12\x06\x1a\x04fast"
+    assert check("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(route)) + route))[0] == "admit"
+    tensor = b"\x0a\x04TEXT\x12\x05BYTES\x22" + varint(len(entry)) + entry
+    assert check("ModelInferRequest", frame(b"\x0a\x06router\x2a" + varint(len(tensor)) + tensor))[0] == "admit"
+    assert check("ModelInferRequest", frame(b"\x0a\x06router\x1a\x0fdescribe_policy"))[0] == "admit"  # the request id
+    admitted = LuaCheck(["router"], refused=())
+    try:
+        assert admitted("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(entry)) + entry))[0] == "admit"
+    finally:
+        admitted.close()
+
+
+@pytest.mark.parametrize("piece", [1, 2, 3, 7, 64, 65536])
+@pytest.mark.parametrize("body, verdict", [
+    (b'{"inputs":[],"parameters":{"describe_policy":true}}', "parameter"),
+    (b'{"parameters":{"describe\\u005fpolicy":true}}', "parameter"),
+    (b'{"parameters":{"\\u0064\\u0065scribe_policy":true}}', "parameter"),
+    (b'{"parameters":{"describe\\/policy":true}}', "admit"),
+    (b'{"parameters":{"route":"describe_polic"}}', "admit"),
+    (b'{"inputs":[{"data":["a \\"describe_policy\\" b"]}]}', "admit"),  # inside a text
+    (b'{"inputs":[{"data":["\\\\", "describe_policy"]}]}', "parameter"),  # after an escaped backslash
+    (b'{"inputs":[{"data":["' + b"x" * 500 + b'\\\\"], "parameters":{"describe_policy":1}}]}', "parameter"),
+    (b'{"inputs":[{"data":["' + b"x" * 500 + b'\\"describe_policy"]}]}', "admit"),  # a long text's escaped quote
+    (b'{"inputs":[{"data":["' + b"\\\\" * 300 + b'"]}],"parameters":{"describe_policy":true}}', "parameter"),
+])
+def test_describe_policy_is_refused_in_http_json_however_it_is_written(check, piece, body, verdict):
+    """The HTTP check decodes every JSON string short enough to be the name (escapes included)
+    and finds a long string's end through any run of backslashes, wherever nginx's pieces cut it."""
+    assert check(f"JSON:{piece}", body)[0] == verdict
+
+
+def test_the_http_check_is_linear_and_bounded(check):
+    texts = [b'"' + "\u4e2d".encode("unicode_escape").replace(b"\\u", b"\\u") * 10_000 + b'"'] * 60
+    body = b'{"inputs":[{"name":"TEXT","data":[' + b",".join(texts) + b"]}]}"
+    verdict, us, _ = check("JSON:65536", body)
+    assert verdict == "admit" and us < CHECK_MS * 1000, (verdict, us)
+    many = b'{"inputs":[{"data":[' + b'"",' * 2_800_000 + b'""]}]}'
+    verdict, us, reason = check("JSON:65536", many)
+    assert verdict == "limit" and us < CHECK_MS * 1000, (verdict, us)
+    quotes = b'{"inputs":[{"data":["' + b"x" * 500 + b'\\"' * 4_000_000 + b'"]}]}'
+    verdict, us, reason = check("JSON:65536", quotes)
+    assert verdict == "limit" and us < CHECK_MS * 1000, (verdict, us)

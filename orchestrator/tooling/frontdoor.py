@@ -18,6 +18,13 @@ client of the router needs and bounds and meters every request:
   answers UNIMPLEMENTED. ``grpc_model_check: false`` in the quotas file drops the check
   (methods only); ``grpc: false`` closes the gRPC port.
 * Metrics (8002): ``GET /metrics`` only.
+* ``describe_policy`` (the router's policy document) is refused in HTTP and gRPC infer
+  requests unless the quotas file says ``describe_policy: true``.
+* Every location is bounded: the endpoints that need no body refuse one (413) before reading
+  it; ``Content-Encoding`` (415) and ``grpc-encoding`` are refused; probes have in-flight
+  limits of their own; requests in flight per source address too; a request's header must come
+  within :data:`HEADER_TIMEOUT_S`, its body keep moving (:data:`BODY_TIMEOUT_S`); the gRPC
+  check's work per request is bounded (:data:`CHECK_BUDGET`).
 * Bodies (read whole before anything goes to Triton): HTTP up to the manifests'
   ``HTTP_MAX_INPUT_SIZE`` (2 x the router policy's ``limits.max_request_bytes`` + 64 KiB: JSON
   escapes texts), gRPC ``ModelInfer`` up to ``max_request_bytes`` + 64 KiB (binary tensors:

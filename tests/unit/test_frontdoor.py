@@ -303,3 +303,6 @@ def test_the_guide_states_the_shipped_limits():
     assert f"budget of {F.CHECK_BUDGET:,} per request" in guide and f"at most {F.CHECK_BUDGET:,} units" in guide
     assert f"over {F.CHECK_BUDGET} protobuf fields" in F.CHECK_LUA_FILE.read_text().replace('" .. frontdoor.budget .. "', str(F.CHECK_BUDGET))
     assert f"{F.BODY_BUFFER // 1024} KiB of it in memory" in guide
+    assert "`describe_policy: true` in `deploy/frontdoor/quotas.yaml`" in guide and quotas.describe_policy is False
+    assert "is not admitted by the front door (describe_policy: true in its quotas file admits it)" in guide
+    assert "is not admitted by the front door (' .. found .. ': true in its quotas file admits it)" in F.CHECK_LUA_FILE.read_text()

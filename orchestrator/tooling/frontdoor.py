@@ -421,9 +421,19 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
     held = (f"limit_conn in_flight {quotas.in_flight_per_client}; limit_conn per_address {quotas.in_flight_per_address}; "
             f"limit_conn in_flight_total {quotas.in_flight_total};")
     probes = f"limit_conn probes {PROBES_PER_ADDRESS}; limit_conn probes_total {PROBES_TOTAL};"
+    if lua:  # counted in Lua too, to say which limit refused a request
+        held = f'{held} set $frontdoor_counted "";'
     meter = " ".join(metered) + " " + held
+    counted = "access_by_lua_block { frontdoor.enter() } " if lua else ""
+    which = (f"set_by_lua_block $frontdoor_which {{ return frontdoor.which({quotas.in_flight_per_client}, "
+             f"{quotas.in_flight_per_address}, {quotas.in_flight_total}) }} ") if lua else ""
     quota_text = f"quota exceeded: client $frontdoor_client ({quotas.header}) is over its quota of $frontdoor_quota (front door)"
-    # nginx does not say which limit_conn zone refused: the message names each and blames none.
+    client_text = (f"too many requests at once: client $frontdoor_client ({quotas.header}) is over the front door's limit of "
+                   f"{quotas.in_flight_per_client} requests in flight per client")
+    address_text = (f"too many requests at once: source address $remote_addr is over the front door's limit of "
+                    f"{quotas.in_flight_per_address} requests in flight per address")
+    total_text = f"too many requests at once: all of the front door's {quotas.in_flight_total} requests in flight are in use"
+    # Without Lua nginx does not say which limit_conn zone refused: the message names each.
     busy_text = (f"too many requests at once: the front door holds at most {quotas.in_flight_per_client} requests in flight "
                  f"per client (this one: $frontdoor_client, {quotas.header}), {quotas.in_flight_per_address} per source "
                  f"address and {quotas.in_flight_total} in all, and one of these is reached")
@@ -441,10 +451,15 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
     too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
     out += [
         "  # A 429 is a quota or an in-flight limit: say which.",
-        "  map $limit_conn_status $frontdoor_refusal {",
-        f"    REJECTED \"{busy_text}\";",
+        *(["  map \"$limit_conn_status:$frontdoor_which\" $frontdoor_refusal {",
+           f"    \"~^REJECTED:client\" \"{client_text}\";",
+           f"    \"~^REJECTED:address\" \"{address_text}\";",
+           f"    \"~^REJECTED:total\" \"{total_text}\";",
+           f"    \"~^REJECTED\" \"{busy_text}\";"] if lua else
+          ["  map $limit_conn_status $frontdoor_refusal {", f"    REJECTED \"{busy_text}\";"]),
         f"    default \"{quota_text}\";",
         "  }",
+        *(["  lua_shared_dict frontdoor_in_flight 1m;", "  log_by_lua_block { frontdoor.leave() }"] if lua else []),
         "  limit_req_status 429;",
         "  limit_req_log_level warn;",
         "  limit_conn_status 429;",
@@ -468,15 +483,15 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "    error_page 503 @probes_busy;",
         "    location = /.frontdoor/bad-request { internal; default_type application/json; return 400 '{\"error\":\"bad request: a control character in "
         "the path, or a request nginx cannot read (front door)\"}'; }",
-        "    location @quota { default_type application/json; return 429 '{\"error\":\"$frontdoor_refusal\"}'; }",
+        f"    location @quota {{ default_type application/json; {which}return 429 '{{\"error\":\"$frontdoor_refusal\"}}'; }}",
         f"    location @probes_busy {{ default_type application/json; return 429 '{{\"error\":\"{probe_text}\"}}'; }}",
         f"    location @too_large {{ default_type application/json; return 413 '{{\"error\":\"{too_large}\"}}'; }}",
         f"    location = /v2/health/live {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
         f"    location = /v2/health/ready {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
-        f"    location = /v2 {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http; }}",
+        f"    location = /v2 {{ limit_except GET {{ deny all; }} {no_body} {meter} {counted}proxy_pass http://triton_http; }}",
         f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {no_body} {meter} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} {http_check}proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {no_body} {meter} {counted}proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} {http_check or counted}proxy_pass http://triton_http$uri; }}",
         f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only {only} (infer, metadata, ready) and server health\"}}'; }}",
         "  }",
     ]
@@ -489,6 +504,8 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             parts.append(f"client_max_body_size {SMALL_BODY}; {grpc_errors.replace('@too_large;', '@too_large_small;')}")
         if quotas.grpc and quotas.model_check and method in GRPC_MODEL_NAMED:
             parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", {_lua_set(routers)}) }}")
+        elif counted:
+            parts.append(counted.strip())
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"
 
     grpc_errors = ("error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; "
@@ -504,7 +521,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             "    set $frontdoor_reason \"\";",
             "    if ($frontdoor_grpc_encoded) { return 415; }",
             f"    {grpc_errors}",
-            f"    location @quota {{ {_grpc_answer(8, '$frontdoor_refusal')} }}",
+            f"    location @quota {{ {which}{_grpc_answer(8, '$frontdoor_refusal')} }}",
             f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
             f"    location @too_large_small {{ {_grpc_answer(8, f'request body over the front door limit of {SMALL_BODY} bytes for a call without tensors')} }}",
             f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_why')} }}",

@@ -296,9 +296,41 @@ function frontdoor.json_refused(next_chunk)
   return nil
 end
 
+-- Requests in flight, counted as nginx's limit_conn counts them (in all, per client identity,
+-- per source address) only to say which limit refused a request: nginx does not. enter() in
+-- the access phase, leave() in the log phase ($frontdoor_counted survives the error_page
+-- redirects), which() in the refusal.
+local function in_flight_keys()
+  return {"all", "c:" .. (ngx.var.frontdoor_in_flight_key or ""), "a:" .. (ngx.var.binary_remote_addr or "")}
+end
+function frontdoor.enter()
+  local d = ngx.shared.frontdoor_in_flight
+  if not d or ngx.var.frontdoor_counted ~= "" then return end
+  ngx.var.frontdoor_counted = "1"
+  for _, key in ipairs(in_flight_keys()) do d:incr(key, 1, 0) end
+end
+function frontdoor.leave()
+  local d = ngx.shared.frontdoor_in_flight
+  if not d or ngx.var.frontdoor_counted ~= "1" then return end
+  ngx.var.frontdoor_counted = "0"
+  for _, key in ipairs(in_flight_keys()) do d:incr(key, -1, 0) end
+end
+-- "client", "address" or "total": the first of the limits this request's client, address or
+-- the door as a whole has reached; "unknown" if none has (the counts are not nginx's own).
+function frontdoor.which(per_client, per_address, total)
+  local d = ngx.shared.frontdoor_in_flight
+  if not d then return "unknown" end
+  local keys = in_flight_keys()
+  if (d:get(keys[2]) or 0) >= per_client then return "client" end
+  if (d:get(keys[3]) or 0) >= per_address then return "address" end
+  if (d:get(keys[1]) or 0) >= total then return "total" end
+  return "unknown"
+end
+
 -- nginx's access phase of an HTTP infer: 403 when the JSON names a refused parameter, 413
 -- past the work budget; the answer is written here (JSON), not by an error_page.
 function frontdoor.admit_http()
+  frontdoor.enter()
   ngx.req.read_body()
   local data, path = ngx.req.get_body_data(), ngx.req.get_body_file()
   local left = tonumber(ngx.var.http_inference_header_content_length or "") or math.huge
@@ -334,6 +366,7 @@ end
 -- refused request parameter (each
 -- error_page answers it as gRPC); the reason goes to $frontdoor_reason.
 function frontdoor.admit(request, admitted)
+  frontdoor.enter()
   ngx.req.read_body()
   local verdict, why = frontdoor.check(ngx.req.get_body_data(), ngx.req.get_body_file(), request, admitted)
   if verdict == "admit" then return end

@@ -768,3 +768,48 @@ def test_describe_policy_is_refused_at_the_door_by_default(stack):
                   infer_body(["great hotel"])[:-1] + b', "parameters": {"describe_policy": true}}')
     assert direct[0] == 200 and "POLICY" in direct[1]
     assert eventually(lambda: router_counts(server), before + 2, timeout=5) == before + 2  # the served call and the direct one
+
+
+def test_a_refusal_for_requests_in_flight_names_the_limit_reached(stack, test_repository):
+    """Per client 2, per source address 3, in all 4: the refusal names the client's limit, the
+    address's or the door's, whichever was reached (the message once blamed the client for the
+    door's total); twice, so the counts behind the messages come back when requests end."""
+    import socket
+    import time
+
+    server, _, limits = stack
+    names = ("a", "b", "c", "d", "e")
+    quotas = F.Quotas("x-client-id", F.Quota(10000, 10000), {n: F.Quota(10000, 10000) for n in names},
+                      in_flight_per_client=2, in_flight_per_address=3, in_flight_total=4)
+    ports = F.Ports("127.0.0.1", *find_free_ports(3), server.http_port, server.grpc_port, server.metrics_port)
+    door = F.FrontDoor(F.render(quotas, limits, ports, workers=1), ports).start()
+
+    def request(source: str, client: str, hold: bool):
+        s = socket.create_connection(("127.0.0.1", ports.http), timeout=10, source_address=(source, 0))
+        size = 1000 if hold else 2
+        s.sendall(f"POST /v2/models/router/infer HTTP/1.1\r\nHost: x\r\nx-client-id: {client}\r\nContent-Length: {size}\r\n\r\n".encode()
+                  + (b"{" if hold else b"{}"))
+        if hold:
+            return s
+        answer = s.recv(65536).decode()
+        s.close()
+        return answer
+
+    try:
+        for _ in range(2):
+            held = [request("127.0.0.1", "a", True), request("127.0.0.1", "a", True), request("127.0.0.1", "b", True)]
+            time.sleep(0.3)
+            address = request("127.0.0.1", "c", False)
+            held.append(request("127.0.0.2", "d", True))
+            time.sleep(0.3)
+            total = request("127.0.0.2", "e", False)
+            client = request("127.0.0.2", "a", False)
+            for s in held:
+                s.close()
+            assert "429" in address.split("\r\n")[0] and \
+                "source address 127.0.0.1 is over the front door's limit of 3 requests in flight per address" in address, address
+            assert "all of the front door's 4 requests in flight are in use" in total, total
+            assert "client a (x-client-id) is over the front door's limit of 2 requests in flight per client" in client, client
+            time.sleep(0.5)  # the held requests end
+    finally:
+        door.stop()

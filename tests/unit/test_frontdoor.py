@@ -215,7 +215,13 @@ def test_requests_in_flight_are_bounded_per_client_and_in_all():
             assert probes in line and "limit_conn in_flight" not in line, line
     assert "http2_max_concurrent_streams 5;" in text
     assert '"a" "client:a";' in text and "default $remote_addr;" in text  # a listed name never collides with an address
-    assert "at most 5 requests in flight per client (this one: $frontdoor_client, x-client-id), 9 per source address and 9 in all" in text
+    assert "client $frontdoor_client (x-client-id) is over the front door's limit of 5 requests in flight per client" in text
+    assert "all of the front door's 9 requests in flight are in use" in text
+    assert "set_by_lua_block $frontdoor_which { return frontdoor.which(5, 9, 9) }" in text
+    plain = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_client": 5, "in_flight_total": 9,
+                                     "grpc_model_check": False, "describe_policy": True}), F.Limits(100, 100))
+    # without Lua the message names every limit
+    assert "at most 5 requests in flight per client (this one: $frontdoor_client, x-client-id), 9 per source address and 9 in all" in plain
     assert "limit_conn_zone $binary_remote_addr zone=per_address:10m;" in text
     narrow = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_address": 3})
     assert "limit_conn per_address 3;" in F.render(narrow, F.Limits(100, 100))
@@ -303,6 +309,12 @@ def test_the_guide_states_the_shipped_limits():
     assert f"budget of {F.CHECK_BUDGET:,} per request" in guide and f"at most {F.CHECK_BUDGET:,} units" in guide
     assert f"over {F.CHECK_BUDGET} protobuf fields" in F.CHECK_LUA_FILE.read_text().replace('" .. frontdoor.budget .. "', str(F.CHECK_BUDGET))
     assert f"{F.BODY_BUFFER // 1024} KiB of it in memory" in guide
+    for line in ("client NAME (x-client-id) is over the front door's limit of 32 requests in flight per client",
+                 "source address ADDRESS is over the front door's limit of 64 requests in flight per address",
+                 "all of the front door's 192 requests in flight are in use"):
+        assert line in guide
+        assert line.replace("NAME", "$frontdoor_client").replace("ADDRESS", "$remote_addr") \
+            .replace(" 32 ", f" {per_client} ").replace(" 64 ", f" {per_address} ").replace(" 192 ", f" {total} ") in text
     assert "`describe_policy: true` in `deploy/frontdoor/quotas.yaml`" in guide and quotas.describe_policy is False
     assert "is not admitted by the front door (describe_policy: true in its quotas file admits it)" in guide
     assert "is not admitted by the front door (' .. found .. ': true in its quotas file admits it)" in F.CHECK_LUA_FILE.read_text()

@@ -320,8 +320,10 @@ BODY_BUFFER = 128 * 1024
 #: (nginx's default is 60): how long a connection that never finishes its request is held.
 HEADER_TIMEOUT_S = 10
 BODY_TIMEOUT_S = 10
-#: Connections each nginx worker holds (idle, unfinished and busy together).
-WORKER_CONNECTIONS = 16384
+#: Connections each nginx worker holds (idle, unfinished and busy together). An unfinished
+#: request costs nginx about 10 KiB (its pools and header buffer): all of them, in both workers,
+#: fit under half the manifests' memory limit of 256 MiB (tests/server/test_front_door.py).
+WORKER_CONNECTIONS = 4096
 #: Health and readiness requests in flight (they carry no body and are not metered), per
 #: source address and in all: the kubelet's probes come one at a time from the node.
 PROBES_PER_ADDRESS = 8

@@ -648,12 +648,14 @@ def test_connections_that_never_finish_a_request_are_closed(stack):
 
     server, door, _ = stack
     socks = []
+    baseline = _pss_bytes(door.proc.pid)
     try:
         start = time.monotonic()
         for _ in range(3000):
             s = socket.create_connection(("127.0.0.1", door.ports.http))
             s.sendall(b"POST /v2/models/router/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: 01234")
             socks.append(s)
+        per_connection = (_pss_bytes(door.proc.pid) - baseline) / 3000
         slowest = max(_timed(lambda: http(door.ports.http, "/v2/models/router/ready")),
                       _timed(lambda: http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["fine"]))))
         closed = 0
@@ -670,9 +672,15 @@ def test_connections_that_never_finish_a_request_are_closed(stack):
     finally:
         for s in socks:
             s.close()
-    print(f"3000 unfinished requests: slowest legit call {slowest * 1000:.0f} ms, {closed} closed by the door within {held:.1f} s")
+    print(f"3000 unfinished requests: slowest legit call {slowest * 1000:.0f} ms, {closed} closed by the door within {held:.1f} s, "
+          f"{per_connection / 1024:.1f} KiB of nginx's PSS each")
     assert slowest < LEGIT_S
     assert closed == 3000
+    # every connection the door's workers may hold fits in the manifests' memory limit
+    import inspect
+
+    workers = inspect.signature(F.render).parameters["workers"].default
+    assert baseline + per_connection * workers * F.WORKER_CONNECTIONS < _manifest_memory_limit() / 2, per_connection
 
 
 def test_an_encoded_body_is_refused_before_triton_inflates_it(stack):

@@ -299,6 +299,8 @@ def test_the_guide_states_the_shipped_limits():
     assert f"worker_processes {workers};" in text and f"Each of the {workers} nginx workers" in guide
     assert f"holds up to {F.WORKER_CONNECTIONS:,} connections" in guide and f"the {workers * F.WORKER_CONNECTIONS:,} the door has" in guide
     assert f"header within {F.HEADER_TIMEOUT_S} s" in guide and f"at most {F.BODY_TIMEOUT_S} s between two reads" in guide
+    rate = workers * F.WORKER_CONNECTIONS // F.HEADER_TIMEOUT_S // 100 * 100
+    assert f"must open over {rate} connections a second" in guide
     assert f"held at most {F.HEADER_TIMEOUT_S} s" in guide and "keepalive_timeout 620s;" in text and "open up to 620 s" in guide
     per_address, total, per_client = quotas.in_flight_per_address, quotas.in_flight_total, quotas.in_flight_per_client
     assert f"(`in_flight_per_address`, {per_address}:" in guide and f"(`in_flight_total`, {total})" in guide

@@ -821,3 +821,13 @@ def test_a_refusal_for_requests_in_flight_names_the_limit_reached(stack, test_re
             time.sleep(0.5)  # the held requests end
     finally:
         door.stop()
+
+
+def test_the_door_logged_no_lua_error_and_no_warning_per_request(stack):
+    """After every test above on this door: its Lua never failed (a failure admits nothing, but
+    would be a bug) and nginx logged no warning for each request (a probe every few seconds
+    would fill the log)."""
+    _, door, _ = stack
+    log = door.log_path.read_text()
+    assert "front door check failed" not in log and "runtime error" not in log and "lua entry thread aborted" not in log, log[-3000:]
+    assert "uninitialized" not in log, log[-3000:]

@@ -333,7 +333,10 @@ function frontdoor.admit_http()
   frontdoor.enter()
   ngx.req.read_body()
   local data, path = ngx.req.get_body_data(), ngx.req.get_body_file()
-  local left = tonumber(ngx.var.http_inference_header_content_length or "") or math.huge
+  -- Only the JSON part, when its length is one plain number (else all of it: more than
+  -- Triton reads as JSON is never less)
+  local given = ngx.req.get_headers()["inference-header-content-length"]
+  local left = type(given) == "string" and string.match(given, "^%d+$") and tonumber(given) or math.huge
   local f = (not data and path) and io.open(path, "rb") or nil
   local function next_chunk()
     if left <= 0 then return nil end

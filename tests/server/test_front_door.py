@@ -831,3 +831,29 @@ def test_the_door_logged_no_lua_error_and_no_warning_per_request(stack):
     log = door.log_path.read_text()
     assert "front door check failed" not in log and "runtime error" not in log and "lua entry thread aborted" not in log, log[-3000:]
     assert "uninitialized" not in log, log[-3000:]
+
+
+def test_describe_policy_in_the_json_part_of_a_binary_request_is_refused(stack):
+    """With Triton's binary data extension only the first Inference-Header-Content-Length bytes
+    are JSON: the door reads exactly those, so the name is found there and a text in the binary
+    data is not taken for it; when the header is not one plain number the door reads all of the
+    body (never less than Triton reads as JSON) and may refuse more."""
+    server, door, _ = stack
+    text = b'"describe_policy" is a parameter'  # binary data that reads as the name if taken for JSON
+    raw = len(text).to_bytes(4, "little") + text
+    for params, want in (({"describe_policy": True}, 403), ({}, 200)):
+        header = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}},
+                                        {"name": "THRESHOLD", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}],
+                             "parameters": params}).encode()
+        for length in (str(len(header)), f"{len(header)}x", f"+{len(header)}"):
+            request = urllib.request.Request(f"http://127.0.0.1:{door.ports.http}/v2/models/router/infer", data=header + raw,
+                                             method="POST", headers={"Inference-Header-Content-Length": length})
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            if length.isdigit():
+                assert status == want, (params, length, status)
+            else:  # all of the body read (Triton reads "201x" as 201): the text is taken for the name too
+                assert status == 403, (params, length, status)

@@ -27,6 +27,13 @@ local SIZE = {fixed32 = 4, fixed64 = 8}
 -- Raised (error) when the work budget is spent; check() turns it into the verdict "limit".
 local OVER = {}
 
+-- A parameter name as Triton keeps it: up to its first NUL (it passes names on as C strings,
+-- so "describe_policy\0x" is describe_policy to the router).
+local function c_string(s)
+  local cut = find(s, "\0", 1, true)
+  return cut and sub(s, 1, cut - 1) or s
+end
+
 -- The UTF-8 lead byte c: how many continuation bytes follow and the first one's range.
 local function lead(c)
   if c >= 0xC2 and c <= 0xDF then return 1, 0x80, 0xBF
@@ -173,7 +180,7 @@ local function parse(data, f, total, request, admitted)
           model = len <= 256 and text(finish) or ""
         elseif params and number == 1 and len <= 64 and not refused then
           local at = pos
-          local key = text(finish)
+          local key = c_string(text(finish))
           if frontdoor.refused and frontdoor.refused[key] then refused = key end
           pos = at
           if not utf8(finish) then return nil, "field " .. number .. " is not valid UTF-8" end
@@ -231,9 +238,10 @@ local function unescape(s)
   return (string.gsub(s, "\\(.)(%x?%x?%x?%x?)", function(c, hex)
     if c == "u" then
       local cp = #hex == 4 and tonumber(hex, 16)
-      return (cp and cp > 0 and cp < 128) and char(cp) or "\0"
+      -- another character than ASCII cannot be in a refused name: "\1" stands for it
+      return (cp and cp < 128) and char(cp) or "\1"
     end
-    return (ESC[c] or "\0") .. hex
+    return (ESC[c] or "\1") .. hex
   end))
 end
 function frontdoor.json_refused(next_chunk)
@@ -261,7 +269,7 @@ function frontdoor.json_refused(next_chunk)
           if not k then
             i = n + 1
           elseif byte(chunk, k) == 34 then
-            local name = unescape(table.concat(parts))
+            local name = c_string(unescape(table.concat(parts)))
             if refused[name] then return name end
             mode, i = 0, k + 1
           elseif k == n then

@@ -759,7 +759,7 @@ def test_describe_policy_is_refused_at_the_door_by_default(stack):
     and gRPC; the router never sees it; Triton itself still answers it."""
     server, door, _ = stack
     before = router_counts(server)
-    for name in ("describe_policy", "describe\\u005fpolicy"):
+    for name in ("describe_policy", "describe\\u005fpolicy", "describe_policy\\u0000x"):
         body = infer_body(["great hotel"])[:-1] + f', "parameters": {{"{name}": true}}}}'.encode()
         status, text = http(door.ports.http, "/v2/models/router/infer", "POST", body)
         assert status == 403 and "describe_policy is not admitted by the front door" in text, (status, text)

@@ -138,6 +138,8 @@ def test_describe_policy_is_refused_in_a_grpc_request(check):
     name elsewhere (a tensor's parameter, a value), is not."""
     entry = b"\x0a\x0fdescribe_policy\x12\x02\x08\x01"  # describe_policy: bool true
     assert check("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(entry)) + entry))[::2] == ("parameter", "describe_policy")
+    nul = b"\x0a\x11describe_policy\x00x\x12\x02\x08\x01"  # Triton passes the name on as a C string
+    assert check("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(nul)) + nul))[::2] == ("parameter", "describe_policy")
     route = b"\x0a\x05route\x12\x06\x1a\x04fast"
     assert check("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(route)) + route))[0] == "admit"
     tensor = b"\x0a\x04TEXT\x12\x05BYTES\x22" + varint(len(entry)) + entry
@@ -156,6 +158,8 @@ def test_describe_policy_is_refused_in_a_grpc_request(check):
     (b'{"parameters":{"describe\\u005fpolicy":true}}', "parameter"),
     (b'{"parameters":{"\\u0064\\u0065scribe_policy":true}}', "parameter"),
     (b'{"parameters":{"describe\\/policy":true}}', "admit"),
+    (b'{"parameters":{"describe_policy\\u0000x":true}}', "parameter"),  # Triton reads the name as a C string
+    (b'{"parameters":{"describe_policy\\u00e9":true}}', "admit"),
     (b'{"parameters":{"route":"describe_polic"}}', "admit"),
     (b'{"inputs":[{"data":["a \\"describe_policy\\" b"]}]}', "admit"),  # inside a text
     (b'{"inputs":[{"data":["\\\\", "describe_policy"]}]}', "parameter"),  # after an escaped backslash

@@ -508,6 +508,8 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             parts.append(f"client_max_body_size {SMALL_BODY}; {grpc_errors.replace('@too_large;', '@too_large_small;')}")
         if quotas.grpc and quotas.model_check and method in GRPC_MODEL_NAMED:
             parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", {_lua_set(routers)}) }}")
+        elif refused and method == "ModelInfer":  # no model check: the refused parameters alone
+            parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", nil) }}")
         elif counted:
             parts.append(counted.strip())
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"

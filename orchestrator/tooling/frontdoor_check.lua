@@ -200,12 +200,13 @@ local function parse(data, f, total, request, admitted)
   end
   local ok, err, model = message(frontdoor.messages[request], total, true)
   if not ok then return "malformed", err end
-  if not model or not admitted[model] then return "model" end
+  if admitted and (not model or not admitted[model]) then return "model" end
   if refused then return "parameter", refused end
   return "admit"
 end
 
--- The body in memory (data) or in nginx's temporary file (path): verdict, reason.
+-- The body in memory (data) or in nginx's temporary file (path): verdict, reason. admitted:
+-- the set of router names, or nil for any model (the parameters checked alone).
 function frontdoor.check(data, path, request, admitted)
   local f, total = nil, data and #data
   if not data then

@@ -184,7 +184,8 @@ def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
     assert "lua" not in off and "load_module" not in off and "grpc_pass" in off
     # describe_policy refused (the default) needs the Lua module for HTTP's JSON even without the gRPC check
     http_only = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
-    assert "load_module" in http_only and 'frontdoor.admit("' not in http_only and "{ frontdoor.admit_http() }" in http_only
+    assert "load_module" in http_only and "{ frontdoor.admit_http() }" in http_only
+    assert 'frontdoor.admit("ModelInferRequest", nil)' in http_only and 'frontdoor.admit("ModelReadyRequest"' not in http_only
 
 
 def test_describe_policy_is_refused_at_the_door_unless_the_deployment_admits_it():

@@ -145,6 +145,12 @@ def test_describe_policy_is_refused_in_a_grpc_request(check):
     tensor = b"\x0a\x04TEXT\x12\x05BYTES\x22" + varint(len(entry)) + entry
     assert check("ModelInferRequest", frame(b"\x0a\x06router\x2a" + varint(len(tensor)) + tensor))[0] == "admit"
     assert check("ModelInferRequest", frame(b"\x0a\x06router\x1a\x0fdescribe_policy"))[0] == "admit"  # the request id
+    anyone = LuaCheck([])  # no model check (grpc_model_check: false): the parameters alone
+    try:
+        assert anyone("ModelInferRequest", frame(b"\x0a\x0aclassifier\x22" + varint(len(entry)) + entry))[0] == "parameter"
+        assert anyone("ModelInferRequest", frame(b"\x0a\x0aclassifier"))[0] == "admit"
+    finally:
+        anyone.close()
     admitted = LuaCheck(["router"], refused=())
     try:
         assert admitted("ModelInferRequest", frame(b"\x0a\x06router\x22" + varint(len(entry)) + entry))[0] == "admit"

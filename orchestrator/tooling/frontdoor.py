@@ -10,7 +10,7 @@ client of the router needs and bounds and meters every request:
 * gRPC (8001, HTTP/2 cleartext): ``ServerLive``, ``ServerReady``, ``ServerMetadata`` of
   ``inference.GRPCInferenceService``, and ``ModelReady``, ``ModelMetadata``, ``ModelInfer``
   for the router only. The model name is read from the protobuf body by a strict parser in
-  Lua (:data:`MODEL_CHECK_LUA`, nginx's Lua module) that admits only bodies every protobuf
+  Lua (``frontdoor_check.lua`` beside this module, nginx's Lua module) that admits only bodies every protobuf
   parser reads alike (minimal tags and varints, known fields with their wire types, singular
   fields once, valid UTF-8; :data:`PROTO_MESSAGES`): a malformed body answers
   INVALID_ARGUMENT naming what is wrong, another model PERMISSION_DENIED. Every other method
@@ -18,6 +18,13 @@ client of the router needs and bounds and meters every request:
   answers UNIMPLEMENTED. ``grpc_model_check: false`` in the quotas file drops the check
   (methods only); ``grpc: false`` closes the gRPC port.
 * Metrics (8002): ``GET /metrics`` only.
+* ``describe_policy`` (the router's policy document) is refused in HTTP and gRPC infer
+  requests unless the quotas file says ``describe_policy: true``.
+* Every location is bounded: the endpoints that need no body refuse one (413) before reading
+  it; ``Content-Encoding`` (415) and ``grpc-encoding`` are refused; probes have in-flight
+  limits of their own; requests in flight per source address too; a request's header must come
+  within :data:`HEADER_TIMEOUT_S`, its body keep moving (:data:`BODY_TIMEOUT_S`); the gRPC
+  check's work per request is bounded (:data:`CHECK_BUDGET`).
 * Bodies (read whole before anything goes to Triton): HTTP up to the manifests'
   ``HTTP_MAX_INPUT_SIZE`` (2 x the router policy's ``limits.max_request_bytes`` + 64 KiB: JSON
   escapes texts), gRPC ``ModelInfer`` up to ``max_request_bytes`` + 64 KiB (binary tensors:
@@ -57,6 +64,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from orchestrator.runtime.request import DESCRIBE_PARAMETER
 from orchestrator.runtime.routing.policy import PolicyError, load_policy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
@@ -143,183 +151,27 @@ def lua_messages() -> str:
     return "\n".join(out) + "\n    }"
 
 
-#: The gRPC check (lua-nginx-module, nginx's access phase, after ``client_max_body_size`` has
-#: bounded the body). It reads the body as protobuf reads it and admits only what every
-#: protobuf parser reads the same way: one uncompressed gRPC message filling the body; every
-#: tag a minimal varint of at most 5 bytes naming a field of the message with that field's
-#: wire type (repeated numbers packed or not); every varint minimal and at most 64 bits, a bool
-#: 0 or 1; every length within its message; strings valid UTF-8; a singular field, and a oneof,
-#: at most once; nested messages read the same way. Anything else is refused, never skipped:
-#: ``"malformed"`` with the reason. Then field 1 (the model name) must be an admitted router,
-#: else ``"model"``. A body nginx kept in a file (over ``client_body_buffer_size``) is read from
-#: the file in 64 KiB chunks, so the memory a check holds does not grow with the body.
-MODEL_CHECK_LUA = r"""
-    frontdoor = {}
-    local byte, char, find, floor = string.byte, string.char, string.find, math.floor
-    local CHUNK = 65536
-    local WIRE = {string = 2, bytes = 2, message = 2, bool = 0, int = 0, fixed32 = 5, fixed64 = 1}
-    local SIZE = {fixed32 = 4, fixed64 = 8}
-    MESSAGES
+#: The gRPC check's Lua (lua-nginx-module, nginx's access phase, after ``client_max_body_size``
+#: has bounded the body): shipped beside this module; what it admits is described at its top.
+CHECK_LUA_FILE = Path(__file__).with_name("frontdoor_check.lua")
+#: The check's work budget per request: tags, packed varints and non-ASCII characters it may
+#: read (a request ``tritonclient`` serializes for the router holds a few dozen; texts travel
+#: in ``raw_input_contents``, one field). Past it: gRPC RESOURCE_EXHAUSTED naming the limit.
+#: It bounds a worker's CPU per request whatever the body holds (tests/unit/test_frontdoor_lua.py
+#: times a body at the budget).
+CHECK_BUDGET = 65536
 
-    -- verdict, reason: "admit", "model" (not an admitted router) or "malformed" and why.
-    local function parse(data, f, total, request, admitted)
-      local base, pos = 0, 0
-      local function getbyte()
-        local i = pos - base
-        if i < 0 or i >= #data then
-          if not f or pos >= total then return nil end
-          f:seek("set", pos)
-          data, base, i = f:read(CHUNK) or "", pos, 0
-          if #data == 0 then return nil end
-        end
-        pos = pos + 1
-        return byte(data, i + 1)
-      end
-      local function varint(stop, most)
-        local v, scale = 0, 1
-        for n = 1, most do
-          if pos >= stop then return nil, "a varint runs past its message" end
-          local c = getbyte()
-          if not c then return nil, "a varint runs past the body" end
-          if c < 128 then
-            if c == 0 and n > 1 then return nil, "a varint is not minimally encoded" end
-            if n == 10 and c > 1 then return nil, "a varint is over 64 bits" end
-            return v + c * scale
-          end
-          v, scale = v + (c - 128) * scale, scale * 128
-        end
-        return nil, (most == 5 and "a tag is" or "a varint is") .. " over " .. most .. " bytes"
-      end
-      local function utf8(stop)
-        while pos < stop do
-          if not getbyte() then return false end
-          pos = pos - 1
-          local i = pos - base + 1
-          local last = math.min(#data, stop - base)
-          local k = find(data, "[\128-\255]", i)
-          if not k or k > last then
-            pos = base + last
-          else
-            pos = base + k - 1
-            local c, n, lo, hi = getbyte(), 0, 0x80, 0xBF
-            if c >= 0xC2 and c <= 0xDF then n = 1
-            elseif c == 0xE0 then n, lo = 2, 0xA0
-            elseif c == 0xED then n, hi = 2, 0x9F
-            elseif c >= 0xE1 and c <= 0xEF then n = 2
-            elseif c == 0xF0 then n, lo = 3, 0x90
-            elseif c >= 0xF1 and c <= 0xF3 then n = 3
-            elseif c == 0xF4 then n, hi = 3, 0x8F
-            else return false end
-            for t = 1, n do
-              if pos >= stop then return false end
-              local d = getbyte()
-              if not d then return false end
-              if t > 1 then lo, hi = 0x80, 0xBF end
-              if d < lo or d > hi then return false end
-            end
-          end
-        end
-        return true
-      end
-      local function text(stop)
-        local out = {}
-        while pos < stop do out[#out + 1] = char(getbyte()) end
-        return table.concat(out)
-      end
-      local message
-      message = function(schema, stop, top)
-        local seen, model = {}, nil
-        while pos < stop do
-          local key, err = varint(stop, 5)
-          if not key then return nil, err end
-          local number, wire = floor(key / 8), key % 8
-          local spec = schema[number]
-          if not spec then return nil, "field " .. number .. " is not a field of the request" end
-          local want = WIRE[spec.k]
-          local packed = spec.r and want ~= 2 and wire == 2
-          if wire ~= want and not packed then
-            return nil, "field " .. number .. " has wire type " .. wire .. ", not " .. want
-          end
-          if not spec.r then
-            if seen[number] then return nil, "field " .. number .. " occurs twice" end
-            seen[number] = true
-            if spec.o then
-              if seen[spec.o] then return nil, "two fields of oneof " .. spec.o end
-              seen[spec.o] = true
-            end
-          end
-          if wire == 0 then
-            local v, e = varint(stop, 10)
-            if not v then return nil, e end
-            if spec.k == "bool" and v > 1 then return nil, "field " .. number .. " is a bool other than 0 or 1" end
-          elseif wire ~= 2 then
-            if pos + SIZE[spec.k] > stop then return nil, "field " .. number .. " runs past its message" end
-            pos = pos + SIZE[spec.k]
-          else
-            local len, e = varint(stop, 5)
-            if not len then return nil, e end
-            local finish = pos + len
-            if finish > stop then return nil, "field " .. number .. " runs past its message" end
-            if packed and SIZE[spec.k] then
-              if len % SIZE[spec.k] ~= 0 then return nil, "packed field " .. number .. " is not whole values" end
-            elseif packed then
-              while pos < finish do
-                local v, e2 = varint(finish, 10)
-                if not v then return nil, e2 end
-                if spec.k == "bool" and v > 1 then return nil, "field " .. number .. " is a bool other than 0 or 1" end
-              end
-            elseif spec.k == "message" then
-              local ok, e2 = message(frontdoor.messages[spec.m], finish, false)
-              if not ok then return nil, e2 end
-            elseif top and number == 1 then
-              model = len <= 256 and text(finish) or ""
-            elseif spec.k == "string" and not utf8(finish) then
-              return nil, "field " .. number .. " is not valid UTF-8"
-            end
-            pos = finish
-          end
-        end
-        return true, nil, model
-      end
-      if total < 5 then return "malformed", "not a gRPC message" end
-      local flag, b2, b3, b4, b5 = getbyte(), getbyte(), getbyte(), getbyte(), getbyte()
-      if flag ~= 0 then return "malformed", "a compressed gRPC message cannot be inspected" end
-      if ((b2 * 256 + b3) * 256 + b4) * 256 + b5 ~= total - 5 then
-        return "malformed", "the gRPC length prefix is not the length of the body"
-      end
-      local ok, err, model = message(frontdoor.messages[request], total, true)
-      if not ok then return "malformed", err end
-      if not model or not admitted[model] then return "model" end
-      return "admit"
-    end
 
-    -- The body in memory (data) or in nginx's temporary file (path).
-    function frontdoor.check(data, path, request, admitted)
-      local f, total = nil, data and #data
-      if not data then
-        if not path then return "malformed", "no request body" end
-        f = io.open(path, "rb")
-        if not f then return "malformed", "the request body could not be read" end
-        total, data = f:seek("end"), ""
-      end
-      local ok, verdict, why = pcall(parse, data, f, total, request, admitted)
-      if f then f:close() end
-      if not ok then
-        if ngx then ngx.log(ngx.ERR, "front door check failed: ", verdict) end
-        return "malformed", "the request could not be read"
-      end
-      return verdict, why
-    end
+def model_check_lua(budget: int = CHECK_BUDGET, refused: Sequence[str] = (DESCRIBE_PARAMETER,)) -> str:
+    """The Lua that ``init_by_lua_block`` runs: the globals ``frontdoor.messages``
+    (:data:`PROTO_MESSAGES`), ``frontdoor.budget`` and ``frontdoor.refused`` (request
+    parameters the door refuses), then :data:`CHECK_LUA_FILE`, which defines
+    ``frontdoor.check(data, path, request, admitted) -> verdict, reason``,
+    ``frontdoor.json_refused(next_chunk)`` and, for nginx, ``frontdoor.admit(request, admitted)``
+    and ``frontdoor.admit_http()``."""
+    return (f"frontdoor = {{}}\nfrontdoor.budget = {budget}\nfrontdoor.refused = {_lua_set(refused)}\n{lua_messages()}\n"
+            + CHECK_LUA_FILE.read_text(encoding="utf-8"))
 
-    function frontdoor.admit(request, admitted)
-      ngx.req.read_body()
-      local verdict, why = frontdoor.check(ngx.req.get_body_data(), ngx.req.get_body_file(), request, admitted)
-      if verdict == "admit" then return end
-      if verdict == "model" then return ngx.exit(403) end
-      ngx.var.frontdoor_reason = why
-      return ngx.exit(400)
-    end
-""".replace("MESSAGES", lua_messages())
 
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
@@ -350,6 +202,8 @@ class Quotas:
     model_check: bool = True
     in_flight_per_client: int = 32
     in_flight_total: int = 192
+    in_flight_per_address: int = 64
+    describe_policy: bool = False
 
 
 def _quota(value: object, where: str) -> Quota:
@@ -367,7 +221,8 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     """:class:`Quotas` from the quotas file's YAML; :class:`FrontDoorError` naming the key."""
     if not isinstance(data, dict):
         raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
-    known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total"}
+    known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total",
+             "in_flight_per_address", "describe_policy"}
     unknown = set(data) - known
     if unknown:
         raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -381,20 +236,28 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
         if not isinstance(name, str) or not _NAME.match(name) or name == "default":
             raise FrontDoorError(f"{source}: client name {name!r} must be 1-64 of A-Z a-z 0-9 . _ - and not 'default'")
         clients[name] = _quota(value, f"{source}: clients.{name}")
-    grpc, check = data.get("grpc", True), data.get("grpc_model_check", True)
-    for key, value in (("grpc", grpc), ("grpc_model_check", check)):
+    flags = {key: data.get(key, default) for key, default in (("grpc", True), ("grpc_model_check", True), ("describe_policy", False))}
+    for key, value in flags.items():
         if not isinstance(value, bool):
             raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
-    in_flight = {}
-    for key in ("in_flight_per_client", "in_flight_total"):
+    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, flags["grpc"], flags["grpc_model_check"],
+                  describe_policy=flags["describe_policy"], **_in_flight(data, source))
+
+
+def _in_flight(data: dict, source: str) -> Dict[str, int]:
+    """The quotas file's in-flight limits, each 1 to 100000 and none over ``in_flight_total``."""
+    in_flight: Dict[str, int] = {}
+    for key in ("in_flight_per_client", "in_flight_total", "in_flight_per_address"):
         value = data.get(key, getattr(Quotas, key))
+        if key == "in_flight_per_address" and key not in data:
+            value = min(value, in_flight["in_flight_total"])  # the default never exceeds a smaller total
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 100000:
             raise FrontDoorError(f"{source}: {key} must be an integer from 1 to 100000 (requests at once), not {value!r}")
         in_flight[key] = value
-    if in_flight["in_flight_per_client"] > in_flight["in_flight_total"]:
-        raise FrontDoorError(f"{source}: in_flight_per_client ({in_flight['in_flight_per_client']}) is over in_flight_total "
-                             f"({in_flight['in_flight_total']})")
-    return Quotas(header, _quota(data["default"], f"{source}: default"), clients, grpc, check, **in_flight)
+    for key in ("in_flight_per_client", "in_flight_per_address"):
+        if in_flight[key] > in_flight["in_flight_total"]:
+            raise FrontDoorError(f"{source}: {key} ({in_flight[key]}) is over in_flight_total ({in_flight['in_flight_total']})")
+    return in_flight
 
 
 def load_quotas(path: Path = QUOTAS_FILE) -> Quotas:
@@ -453,6 +316,18 @@ def _grpc_answer(status: int, message: str) -> str:
 SMALL_BODY = 4096
 #: Request bodies over this are kept in a file under the run directory, not in memory.
 BODY_BUFFER = 128 * 1024
+#: Seconds a client may take to send a request's header, and between two reads of its body
+#: (nginx's default is 60): how long a connection that never finishes its request is held.
+HEADER_TIMEOUT_S = 10
+BODY_TIMEOUT_S = 10
+#: Connections each nginx worker holds (idle, unfinished and busy together). An unfinished
+#: request costs nginx about 10 KiB (its pools and header buffer): all of them, in both workers,
+#: fit under half the manifests' memory limit of 256 MiB (tests/server/test_front_door.py).
+WORKER_CONNECTIONS = 4096
+#: Health and readiness requests in flight (they carry no body and are not metered), per
+#: source address and in all: the kubelet's probes come one at a time from the node.
+PROBES_PER_ADDRESS = 8
+PROBES_TOTAL = 64
 
 
 def _lua_set(names: Sequence[str]) -> str:
@@ -463,11 +338,12 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
            routers: Optional[Sequence[str]] = None, workers: int = 2, modules_dir: str = MODULES_DIR) -> str:
     """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
     request-body buffers (an emptyDir in the pod); ``routers``: the models admitted (default:
-    :data:`ROUTERS`)."""
+    :data:`ROUTERS`); ``workers``: nginx worker processes."""
     routers = tuple(routers or ROUTERS)
     h = quotas.header.replace("-", "_")
     names = sorted(quotas.clients)
-    lua = quotas.grpc and quotas.model_check
+    refused = () if quotas.describe_policy else (DESCRIBE_PARAMETER,)
+    lua = bool(quotas.grpc and quotas.model_check or refused)
     router = "(" + "|".join(re.escape(r) for r in routers) + ")" if len(routers) > 1 else re.escape(routers[0])
     only = f"the {routers[0]} model" if len(routers) == 1 else f"the router models {', '.join(routers)}"
     out: List[str] = [
@@ -480,7 +356,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         f"pid {run_dir}/nginx.pid;",
         "error_log stderr warn;",
         "daemon off;",
-        "events { worker_connections 4096; }",
+        f"events {{ worker_connections {WORKER_CONNECTIONS}; }}",
         "http {",
         "  server_tokens off;",
         "  access_log off;",
@@ -496,6 +372,15 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  # Pooled client connections stay open: a close after nginx's default 1000 requests races",
         "  # the client's next request on it (HTTP clients see a reset, gRPC a GOAWAY).",
         "  keepalive_requests 1000000; keepalive_timeout 620s;",
+        "  # A request's header must arrive within this, its body keep moving: a connection that",
+        "  # never finishes its request is closed (nginx's default holds it 60 s), its memory freed.",
+        f"  client_header_timeout {HEADER_TIMEOUT_S}s; client_body_timeout {BODY_TIMEOUT_S}s; reset_timedout_connection on;",
+        "  # Only a body sent as it is: Triton before 2.65 inflates Content-Encoding: gzip without a",
+        "  # bound (the body limit would count compressed bytes); a gRPC message nginx cannot read.",
+        "  map $http_content_encoding $frontdoor_encoded { default 1; \"\" 0; \"~*^identity$\" 0; }",
+        "  map $http_grpc_encoding $frontdoor_grpc_encoded { default 1; \"\" 0; \"~*^identity$\" 0; }",
+        "  # A request with a body (a length over 0, or chunked): refused where none is read.",
+        "  map \"$http_content_length:$http_transfer_encoding\" $frontdoor_body { default 1; \":\" 0; \"~^0+:$\" 0; }",
         "  proxy_http_version 1.1;",
         "  proxy_set_header Connection \"\";",
         f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
@@ -524,6 +409,10 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  limit_conn_zone $frontdoor_in_flight_key zone=in_flight:10m;",
         "  map $scheme $frontdoor_everyone { default all; }",
         "  limit_conn_zone $frontdoor_everyone zone=in_flight_total:1m;",
+        "  # Per source address, whatever client name it sends (anyone can send a listed name).",
+        "  limit_conn_zone $binary_remote_addr zone=per_address:10m;",
+        "  limit_conn_zone $binary_remote_addr zone=probes:1m;",
+        "  limit_conn_zone $frontdoor_everyone zone=probes_total:1m;",
     ]
     metered = [f"limit_req zone=quota_default burst={quotas.default.burst} nodelay;"]
     for i, n in enumerate(names):
@@ -531,43 +420,82 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         out += [f"  map $http_{h} $quota_key_{i} {{ default \"\"; \"{n}\" \"{n}\"; }}",
                 f"  limit_req_zone $quota_key_{i} zone=quota_{i}:1m rate={q.rate}r/s;"]
         metered.append(f"limit_req zone=quota_{i} burst={q.burst} nodelay;")
-    held = f"limit_conn in_flight {quotas.in_flight_per_client}; limit_conn in_flight_total {quotas.in_flight_total};"
+    held = (f"limit_conn in_flight {quotas.in_flight_per_client}; limit_conn per_address {quotas.in_flight_per_address}; "
+            f"limit_conn in_flight_total {quotas.in_flight_total};")
+    probes = f"limit_conn probes {PROBES_PER_ADDRESS}; limit_conn probes_total {PROBES_TOTAL};"
+    if lua:  # counted in Lua too, to say which limit refused a request
+        held = f'{held} set $frontdoor_counted "";'
     meter = " ".join(metered) + " " + held
+    counted = "access_by_lua_block { frontdoor.enter() } " if lua else ""
+    which = (f"set_by_lua_block $frontdoor_which {{ return frontdoor.which({quotas.in_flight_per_client}, "
+             f"{quotas.in_flight_per_address}, {quotas.in_flight_total}) }} ") if lua else ""
     quota_text = f"quota exceeded: client $frontdoor_client ({quotas.header}) is over its quota of $frontdoor_quota (front door)"
-    busy_text = (f"too many requests at once: client $frontdoor_client ({quotas.header}) is over the front door's limit of "
-                 f"{quotas.in_flight_per_client} requests in flight per client ({quotas.in_flight_total} in all)")
+    client_text = (f"too many requests at once: client $frontdoor_client ({quotas.header}) is over the front door's limit of "
+                   f"{quotas.in_flight_per_client} requests in flight per client")
+    address_text = (f"too many requests at once: source address $remote_addr is over the front door's limit of "
+                    f"{quotas.in_flight_per_address} requests in flight per address")
+    total_text = f"too many requests at once: all of the front door's {quotas.in_flight_total} requests in flight are in use"
+    # Without Lua nginx does not say which limit_conn zone refused: the message names each.
+    busy_text = (f"too many requests at once: the front door holds at most {quotas.in_flight_per_client} requests in flight "
+                 f"per client (this one: $frontdoor_client, {quotas.header}), {quotas.in_flight_per_address} per source "
+                 f"address and {quotas.in_flight_total} in all, and one of these is reached")
+    probe_text = (f"too many health and readiness requests at once: the front door holds at most {PROBES_PER_ADDRESS} "
+                  f"per source address and {PROBES_TOTAL} in all")
     v = r"(/versions/[0-9]+)?"
+    encoded_text = ("Content-Encoding is not admitted by the front door: send the body as it is (the body limit counts "
+                    "the bytes Triton would read)")
+    no_body = ("if ($frontdoor_body) { return 413 '{\"error\":\"request body refused by the front door: "
+               "this endpoint takes no body\"}'; }")
+    # probes: their own in-flight limits and refusal (503 inside nginx, answered as 429)
+    probe = f"{probes} limit_conn_status 503;"
+    # the refused request parameters (describe_policy) in an HTTP infer's JSON
+    http_check = "access_by_lua_block { frontdoor.admit_http() } " if refused else ""
     too_large = f"request body over the front door limit of {limits.http} bytes (2 x the router policy limits.max_request_bytes + 64 KiB)"
     out += [
-        "  # A 429 is either limit: say which.",
-        "  map $limit_conn_status $frontdoor_refusal {",
-        f"    REJECTED \"{busy_text}\";",
+        "  # A 429 is a quota or an in-flight limit: say which.",
+        *(["  map \"$limit_conn_status:$frontdoor_which\" $frontdoor_refusal {",
+           f"    \"~^REJECTED:client\" \"{client_text}\";",
+           f"    \"~^REJECTED:address\" \"{address_text}\";",
+           f"    \"~^REJECTED:total\" \"{total_text}\";",
+           f"    \"~^REJECTED\" \"{busy_text}\";"] if lua else
+          ["  map $limit_conn_status $frontdoor_refusal {", f"    REJECTED \"{busy_text}\";"]),
         f"    default \"{quota_text}\";",
         "  }",
+        *(["  lua_shared_dict frontdoor_in_flight 1m;", "  log_by_lua_block { frontdoor.leave() }",
+           "  # leave() reads $frontdoor_counted for every request, counted or not: no warning each time",
+           "  uninitialized_variable_warn off;"] if lua else []),
         "  limit_req_status 429;",
         "  limit_req_log_level warn;",
         "  limit_conn_status 429;",
         "  limit_conn_log_level warn;",
-        *(["  init_by_lua_block {" + MODEL_CHECK_LUA.rstrip() + "\n  }"] if lua else []),
+        "  # Why a gRPC call was refused; a request nginx refuses before the door's own checks ran",
+        "  # (a bad header or frame, a duplicate :path) has no reason of its own.",
+        "  map $frontdoor_reason $frontdoor_why { \"\" \"the request cannot be read: a bad header or frame\"; default $frontdoor_reason; }",
+        *(["  init_by_lua_block {\n" + model_check_lua(refused=refused).rstrip() + "\n  }"] if lua else []),
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.http};",
         f"    client_max_body_size {limits.http};",
+        "    default_type application/json;",
         "    # A control character in the decoded path (router/infer%0a) is refused, never passed on.",
         "    if ($uri ~ \"[\\x00-\\x1f\\x7f]\") { return 400; }",
-        "    error_page 400 @bad_path;",
+        f"    if ($frontdoor_encoded) {{ return 415 '{{\"error\":\"{encoded_text}\"}}'; }}",
+        "    # A URI, not a named location: a request line nginx cannot parse (%00) has no URI to carry.",
+        "    error_page 400 /.frontdoor/bad-request;",
         "    error_page 429 @quota;",
         "    error_page 413 @too_large;",
-        "    location @bad_path { default_type application/json; return 400 '{\"error\":\"bad request: a control character in "
+        "    error_page 503 @probes_busy;",
+        "    location = /.frontdoor/bad-request { internal; default_type application/json; return 400 '{\"error\":\"bad request: a control character in "
         "the path, or a request nginx cannot read (front door)\"}'; }",
-        "    location @quota { default_type application/json; return 429 '{\"error\":\"$frontdoor_refusal\"}'; }",
+        f"    location @quota {{ default_type application/json; {which}return 429 '{{\"error\":\"$frontdoor_refusal\"}}'; }}",
+        f"    location @probes_busy {{ default_type application/json; return 429 '{{\"error\":\"{probe_text}\"}}'; }}",
         f"    location @too_large {{ default_type application/json; return 413 '{{\"error\":\"{too_large}\"}}'; }}",
-        "    location = /v2/health/live { limit_except GET { deny all; } proxy_pass http://triton_http; }",
-        "    location = /v2/health/ready { limit_except GET { deny all; } proxy_pass http://triton_http; }",
-        f"    location = /v2 {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http; }}",
-        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
-        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} proxy_pass http://triton_http$uri; }}",
+        f"    location = /v2/health/live {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
+        f"    location = /v2/health/ready {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http; }}",
+        f"    location = /v2 {{ limit_except GET {{ deny all; }} {no_body} {meter} {counted}proxy_pass http://triton_http; }}",
+        f"    location ~ ^/v2/models/{router}{v}/ready$ {{ limit_except GET {{ deny all; }} {no_body} {probe} proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}$ {{ limit_except GET {{ deny all; }} {no_body} {meter} {counted}proxy_pass http://triton_http$uri; }}",
+        f"    location ~ ^/v2/models/{router}{v}/infer$ {{ limit_except POST {{ deny all; }} {meter} {http_check or counted}proxy_pass http://triton_http$uri; }}",
         f"    location / {{ default_type application/json; return 404 '{{\"error\":\"not admitted by the front door: only {only} (infer, metadata, ready) and server health\"}}'; }}",
         "  }",
     ]
@@ -578,11 +506,16 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         if small:
             # error_page here replaces the server's, so all of them are named again
             parts.append(f"client_max_body_size {SMALL_BODY}; {grpc_errors.replace('@too_large;', '@too_large_small;')}")
-        if lua and method in GRPC_MODEL_NAMED:
+        if quotas.grpc and quotas.model_check and method in GRPC_MODEL_NAMED:
             parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", {_lua_set(routers)}) }}")
+        elif refused and method == "ModelInfer":  # no model check: the refused parameters alone
+            parts.append(f"access_by_lua_block {{ frontdoor.admit(\"{GRPC_REQUESTS[method]}\", nil) }}")
+        elif counted:
+            parts.append(counted.strip())
         return f"    location = /{GRPC_SERVICE}/{method} {{ {' '.join(parts)} grpc_pass grpc://triton_grpc; }}"
 
-    grpc_errors = "error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; error_page 429 = @quota;"
+    grpc_errors = ("error_page 400 = @malformed; error_page 403 = @not_router; error_page 413 = @too_large; "
+                   "error_page 415 = @compressed; error_page 422 = @too_complex; error_page 423 = @refused_parameter; error_page 429 = @quota;")
     if quotas.grpc:
         out += [
             "",
@@ -591,13 +524,17 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
             f"    client_max_body_size {limits.grpc};",
             "    # A client's streams on one connection: no more than it may have in flight.",
             f"    http2_max_concurrent_streams {quotas.in_flight_per_client};",
-            "    set $frontdoor_reason \"the request cannot be read\";",
+            "    set $frontdoor_reason \"\";",
+            "    if ($frontdoor_grpc_encoded) { return 415; }",
             f"    {grpc_errors}",
-            f"    location @quota {{ {_grpc_answer(8, '$frontdoor_refusal')} }}",
+            f"    location @quota {{ {which}{_grpc_answer(8, '$frontdoor_refusal')} }}",
             f"    location @too_large {{ {_grpc_answer(8, f'request body over the front door limit of {limits.grpc} bytes (the router policy limits.max_request_bytes + 64 KiB)')} }}",
             f"    location @too_large_small {{ {_grpc_answer(8, f'request body over the front door limit of {SMALL_BODY} bytes for a call without tensors')} }}",
-            f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_reason')} }}",
+            f"    location @malformed {{ {_grpc_answer(3, 'malformed request refused by the front door: $frontdoor_why')} }}",
             f"    location @not_router {{ {_grpc_answer(7, f'not admitted by the front door: only {only}')} }}",
+            f"    location @too_complex {{ {_grpc_answer(8, 'request over the front door limit of work per request: $frontdoor_why')} }}",
+            f"    location @refused_parameter {{ {_grpc_answer(7, 'the request parameter $frontdoor_why is not admitted by the front door ($frontdoor_why: true in its quotas file admits it)')} }}",
+            f"    location @compressed {{ {_grpc_answer(12, 'compressed gRPC messages (grpc-encoding) are not admitted by the front door')} }}",
             *[_grpc_location(m) for m in GRPC_METERED + GRPC_UNMETERED],
             f"    location / {{ {_grpc_answer(12, 'not admitted by the front door: ' + ', '.join(GRPC_METERED + GRPC_UNMETERED) + ' only')} }}",
             "  }",
@@ -606,7 +543,10 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "",
         "  server {",
         f"    listen {ports.listen}:{ports.metrics};",
-        f"    location = /metrics {{ limit_except GET {{ deny all; }} proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
+        f"    client_max_body_size {SMALL_BODY};",
+        "    default_type application/json;",
+        f"    location = /metrics {{ limit_except GET {{ deny all; }} {no_body} {probes} "
+        f"proxy_pass http://127.0.0.1:{ports.triton_metrics}; }}",
         "    location / { return 404; }",
         "  }",
         "}",

@@ -460,11 +460,13 @@ def test_one_client_cannot_push_the_door_past_its_memory_limit(stack):
     try:
         infer.open(connections=2, streams=32, size=limits.grpc - 64)
         ready.open(connections=2, streams=32, size=limits.grpc - 64)
+        # within the door's body timeout: a stream whose body stops moving is closed after it
         for _ in range(6):
-            infer.send(2.0)
-            ready.send(0.5)
+            infer.send(1.2)
+            ready.send(0.2)
             peak = max(peak, _pss_bytes(door.proc.pid))
         spooled = sum(f.stat().st_size for f in (door.run_dir / "body").glob("*"))
+        refused = len(infer.refused), len(ready.refused)
         # The second client is served while the first holds all of that.
         c = grpc_client(door)
         try:
@@ -473,15 +475,19 @@ def test_one_client_cannot_push_the_door_past_its_memory_limit(stack):
         finally:
             c.close()
         peak = max(peak, _pss_bytes(door.proc.pid))
+        # the held bodies have stopped moving: the door drops them after its body timeout
+        infer.send(F.BODY_TIMEOUT_S + 3)
+        stalled = len(infer.refused)
     finally:
         infer.close()
         ready.close()
     print(f"front door PSS: baseline {baseline / 2**20:.1f} MiB, peak {peak / 2**20:.1f} MiB with 128 streams held "
           f"(manifest limit {limit / 2**20:.0f} MiB); bodies spooled to files: {spooled / 2**20:.1f} MiB; streams refused: "
-          f"{len(infer.refused)} infer, {len(ready.refused)} ready")
+          f"{refused[0]} infer, {refused[1]} ready")
     per_client = QUOTAS.in_flight_per_client
-    assert len(infer.refused) == 64 - per_client, "the in-flight limit did not refuse the client's streams past it"
-    assert len(ready.refused) == 64, "a ModelReady body of megabytes was read"
+    assert refused[0] == 64 - per_client, "the in-flight limit did not refuse the client's streams past it"
+    assert refused[1] == 64, "a ModelReady body of megabytes was read"
+    assert stalled == 64, "a body that stopped moving was held past the body timeout"
     assert 0.9 * per_client * limits.grpc < spooled <= per_client * limits.grpc, "the held bodies were not spooled to files"
     assert peak < limit / 2, f"nginx held {peak / 2**20:.1f} MiB, over half the manifests' {limit / 2**20:.0f} MiB"
     assert eventually(lambda: _pss_bytes(door.proc.pid) < limit / 4, True, timeout=10)
@@ -506,3 +512,348 @@ def test_the_routers_of_the_one_setting_are_admitted_and_nothing_else(stack):
     assert "only the router models router, router_ab" in raw_grpc(door2, "ModelReady", b"\x0a\x0aclassifier")[1]
     assert http(door.ports.http, "/v2/models/router_ab/ready")[0] == 404
     assert raw_grpc(door, "ModelReady", b"\x0a\x09router_ab")[0] == "PERMISSION_DENIED"
+
+
+# ----------------------------------------------------------------------------------------
+# The door's own resources under attack: CPU, memory, disk and connections per request and
+# per source, each with the figure it must stay under.
+
+def _worker_cpu_s(door: F.FrontDoor) -> float:
+    """CPU seconds (user + system) of nginx's workers so far."""
+    import os
+
+    from lab.soak.procs import children
+
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for c in children(door.proc.pid):
+        try:
+            fields = open(f"/proc/{c.pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
+def _timed(call) -> float:
+    import time
+
+    start = time.monotonic()
+    call()
+    return time.monotonic() - start
+
+
+#: A legit client's call while an attack runs may take at most this (seconds): the attacks
+#: below once held every probe and router call for 26-60 s.
+LEGIT_S = 1.0
+MAP_ENTRY = b"\x22\x03\x0a\x01\x61"  # a ModelInferRequest.parameters entry: 5 bytes, 3 tags
+
+
+def test_a_body_built_to_cost_the_check_most_is_refused_in_milliseconds(stack):
+    """The parameter-map attack (another model's name, then 5-byte map entries) at 131 KB and
+    at the gRPC body limit, two at a time: each refused with RESOURCE_EXHAUSTED naming the work
+    limit, at most 0.25 s of a worker's CPU per request (the quadratic check spent 20 s at
+    131 KB, 330 s at the limit), while readiness and the router answer a second client within
+    LEGIT_S. Triton runs nothing for them."""
+    server, door, limits = stack
+    before = classifier_counts(server)
+    bodies = [b"\x0a\x0aclassifier" + MAP_ENTRY * ((size - 17) // 5) for size in (131_000, limits.grpc, limits.grpc)]
+    answers: list = []
+    cpu0 = _worker_cpu_s(door)
+
+    def attack():
+        for payload in bodies:
+            answers.append(raw_grpc(door, "ModelInfer", payload, client="attacker"))
+
+    threads = [threading.Thread(target=attack) for _ in range(2)]
+    for t in threads:
+        t.start()
+    slowest = 0.0
+    c = grpc_client(door)
+    try:
+        while any(t.is_alive() for t in threads):
+            slowest = max(slowest, _timed(lambda: http(door.ports.http, "/v2/models/router/ready")),
+                          _timed(lambda: c.is_model_ready("router", headers=grpc_headers("fast"))))
+        slowest = max(slowest, _timed(lambda: c.infer("router", text_inputs(grpcclient, ["great hotel"]), headers=grpc_headers("fast"))))
+    finally:
+        c.close()
+        for t in threads:
+            t.join()
+    per_request = (_worker_cpu_s(door) - cpu0) / len(answers)
+    print(f"map attack: {len(answers)} requests, {per_request * 1000:.0f} ms of worker CPU each (reading the body included), "
+          f"slowest legit call {slowest * 1000:.0f} ms")
+    assert [a[0] for a in answers] == ["RESOURCE_EXHAUSTED"] * 6, answers
+    assert f"over {F.CHECK_BUDGET} protobuf fields" in answers[0][1], answers[0]
+    assert per_request < 0.25, f"{per_request:.2f} s of a worker's CPU per request"
+    assert slowest < LEGIT_S, f"a legit call took {slowest:.1f} s during the attack"
+    assert classifier_counts(server) == before
+
+
+def _send_all(socks, data: bytes) -> None:
+    for s in socks:
+        try:
+            s.sendall(data)
+        except OSError:
+            pass
+
+
+def test_endpoints_that_need_no_body_refuse_one_without_holding_it(stack):
+    """300 connections each send a health, readiness, metadata or metrics GET announcing a
+    7.6 MB body and start sending it: each is refused with 413 before the body is read, the
+    door spools nothing to disk and its PSS grows by less than 32 MiB (they once held
+    2 GiB in files and 832 MiB of memory); probes of a second client answer within LEGIT_S."""
+    import socket
+
+    server, door, _ = stack
+    paths = ["/v2/health/live", "/v2/health/ready", "/v2/models/router/ready", "/v2/models/router/versions/1/ready",
+             "/v2/models/router", "/v2"]
+    baseline = _pss_bytes(door.proc.pid)
+    socks, answers = [], []
+    try:
+        for i in range(300):
+            s = socket.create_connection(("127.0.0.1", door.ports.http))
+            s.settimeout(10)
+            s.sendall(f"GET {paths[i % len(paths)]} HTTP/1.1\r\nHost: x\r\nContent-Length: 7600000\r\n\r\n".encode() + b"x" * 65536)
+            socks.append(s)
+        _send_all(socks, b"x" * 65536)
+        slowest = max(_timed(lambda p=p: http(door.ports.http, p)) for p in paths[:3])
+        metrics = socket.create_connection(("127.0.0.1", door.ports.metrics))
+        metrics.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+        socks.append(metrics)
+        for s in socks:
+            answers.append(s.recv(4096).split(b"\r\n", 1)[0])
+        spooled = sum(f.stat().st_size for f in (door.run_dir / "body").glob("*")) if (door.run_dir / "body").exists() else 0
+        peak = _pss_bytes(door.proc.pid)
+    finally:
+        for s in socks:
+            s.close()
+    print(f"bodies on bodiless endpoints: PSS {baseline / 2**20:.1f} -> {peak / 2**20:.1f} MiB, spooled {spooled} bytes, "
+          f"slowest probe {slowest * 1000:.0f} ms")
+    assert answers == [b"HTTP/1.1 413 Request Entity Too Large"] * 301, set(answers)
+    assert spooled == 0
+    assert peak - baseline < 32 * 2**20
+    assert slowest < LEGIT_S
+    status, text = http(door.ports.http, "/v2/health/live", "GET", b"{}")
+    assert status == 413 and "this endpoint takes no body" in text
+    assert http(door.ports.http, "/v2/health/live")[0] == 200
+
+
+def test_connections_that_never_finish_a_request_are_closed(stack):
+    """One source opens 3,000 connections and sends 50 bytes of a request on each (such
+    connections once used all of nginx's worker connections for 60 s each): a second client's
+    probe and router call answer within LEGIT_S meanwhile, and the door closes every one of
+    them within its header timeout (+2 s)."""
+    import socket
+    import time
+
+    server, door, _ = stack
+    socks = []
+    baseline = _pss_bytes(door.proc.pid)
+    try:
+        start = time.monotonic()
+        for _ in range(3000):
+            s = socket.create_connection(("127.0.0.1", door.ports.http))
+            s.sendall(b"POST /v2/models/router/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: 01234")
+            socks.append(s)
+        per_connection = (_pss_bytes(door.proc.pid) - baseline) / 3000
+        slowest = max(_timed(lambda: http(door.ports.http, "/v2/models/router/ready")),
+                      _timed(lambda: http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["fine"]))))
+        closed = 0
+        deadline = start + F.HEADER_TIMEOUT_S + 2
+        for s in socks:
+            s.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                closed += s.recv(1) == b""
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        held = time.monotonic() - start
+    finally:
+        for s in socks:
+            s.close()
+    print(f"3000 unfinished requests: slowest legit call {slowest * 1000:.0f} ms, {closed} closed by the door within {held:.1f} s, "
+          f"{per_connection / 1024:.1f} KiB of nginx's PSS each")
+    assert slowest < LEGIT_S
+    assert closed == 3000
+    # every connection the door's workers may hold fits in the manifests' memory limit
+    import inspect
+
+    workers = inspect.signature(F.render).parameters["workers"].default
+    assert baseline + per_connection * workers * F.WORKER_CONNECTIONS < _manifest_memory_limit() / 2, per_connection
+
+
+def test_an_encoded_body_is_refused_before_triton_inflates_it(stack):
+    """A 100 KB gzip body that inflates to 100 MiB (Triton 2.51 inflates without a bound): 415
+    at the door, the router's statistics do not move and Triton's RSS grows by under 16 MiB."""
+    import gzip
+
+    from lab.soak.procs import rss_bytes
+
+    server, door, _ = stack
+    bomb = gzip.compress(b'{"inputs":[{"name":"TEXT","shape":[1,1],"datatype":"BYTES","data":["' + b"a" * (100 << 20) + b'"]}]}', 9)
+    assert len(bomb) < 200_000
+    before, rss = router_counts(server), rss_bytes(server.pid)
+    for _ in range(3):
+        request = urllib.request.Request(f"http://127.0.0.1:{door.ports.http}/v2/models/router/infer", data=bomb, method="POST",
+                                         headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30)
+        assert info.value.code == 415 and "Content-Encoding is not admitted" in info.value.read().decode()
+    grown = rss_bytes(server.pid) - rss
+    print(f"gzip bomb: Triton RSS grew {grown / 2**20:.1f} MiB")
+    assert grown < 16 * 2**20
+    assert router_counts(server) == before
+    # the gRPC side: a compressed message (grpc-encoding) is refused for every method
+    import grpc
+
+    with grpc.insecure_channel(f"127.0.0.1:{door.ports.grpc}", options=[("grpc.enable_http_proxy", 0)],
+                               compression=grpc.Compression.Gzip) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            channel.unary_unary("/inference.GRPCInferenceService/ServerLive")(b"", timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED and "grpc-encoding" in err.value.details()
+
+
+def test_requests_nginx_cannot_read_get_their_reason(stack):
+    """A NUL in the path answers 400 with the door's message (it was 500); a duplicate
+    ``:path`` on the gRPC port answers INVALID_ARGUMENT with a reason (it was empty)."""
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    server, door, _ = stack
+    for path in ("/v2/models/router/infer%00", "/v2/models/router%00/ready", "/v2/health/live%00"):
+        status, text = http(door.ports.http, path, "POST" if "infer" in path else "GET", infer_body(["x"]) if "infer" in path else None)
+        assert status == 400 and "front door" in text, (path, status, text)
+    sock = socket.create_connection(("127.0.0.1", door.ports.grpc))
+    sock.settimeout(10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, validate_outbound_headers=False,
+                                                                normalize_outbound_headers=False))
+    conn.initiate_connection()
+    method = "/inference.GRPCInferenceService/ModelReady"
+    conn.send_headers(1, [(":method", "POST"), (":scheme", "http"), (":path", method), (":path", method),
+                          (":authority", "x"), ("content-type", "application/grpc"), ("te", "trailers")])
+    conn.send_data(1, b"\0\0\0\0\x08\x0a\x06router", end_stream=True)
+    sock.sendall(conn.data_to_send())
+    headers: dict = {}
+    try:
+        while "grpc-status" not in headers:
+            data = sock.recv(65536)
+            if not data:
+                break
+            for event in conn.receive_data(data):
+                if isinstance(event, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                    headers.update({k.decode(): v.decode() for k, v in event.headers})
+    finally:
+        sock.close()
+    assert headers.get("grpc-status") == "3", headers
+    assert headers["grpc-message"].startswith("malformed request refused by the front door: ") and \
+        headers["grpc-message"].rstrip() != "malformed request refused by the front door:", headers
+
+
+def test_describe_policy_is_refused_at_the_door_by_default(stack):
+    """``describe_policy`` (the router's policy document: a small request, a 242 KB answer that
+    discloses the routing) is refused at the door over HTTP (however the JSON spells the name)
+    and gRPC; the router never sees it; Triton itself still answers it."""
+    server, door, _ = stack
+    before = router_counts(server)
+    for name in ("describe_policy", "describe\\u005fpolicy", "describe_policy\\u0000x"):
+        body = infer_body(["great hotel"])[:-1] + f', "parameters": {{"{name}": true}}}}'.encode()
+        status, text = http(door.ports.http, "/v2/models/router/infer", "POST", body)
+        assert status == 403 and "describe_policy is not admitted by the front door" in text, (status, text)
+    c = grpc_client(door)
+    try:
+        with pytest.raises(InferenceServerException) as info:
+            c.infer("router", text_inputs(grpcclient, ["great hotel"]), parameters={"describe_policy": True})
+        assert info.value.status() == "StatusCode.PERMISSION_DENIED", info.value
+        assert "describe_policy is not admitted by the front door" in info.value.message()
+        assert c.infer("router", text_inputs(grpcclient, ["great hotel"])).get_response().outputs
+    finally:
+        c.close()
+    direct = http(server.http_port, "/v2/models/router/infer", "POST",
+                  infer_body(["great hotel"])[:-1] + b', "parameters": {"describe_policy": true}}')
+    assert direct[0] == 200 and "POLICY" in direct[1]
+    assert eventually(lambda: router_counts(server), before + 2, timeout=5) == before + 2  # the served call and the direct one
+
+
+def test_a_refusal_for_requests_in_flight_names_the_limit_reached(stack, test_repository):
+    """Per client 2, per source address 3, in all 4: the refusal names the client's limit, the
+    address's or the door's, whichever was reached (the message once blamed the client for the
+    door's total); twice, so the counts behind the messages come back when requests end."""
+    import socket
+    import time
+
+    server, _, limits = stack
+    names = ("a", "b", "c", "d", "e")
+    quotas = F.Quotas("x-client-id", F.Quota(10000, 10000), {n: F.Quota(10000, 10000) for n in names},
+                      in_flight_per_client=2, in_flight_per_address=3, in_flight_total=4)
+    ports = F.Ports("127.0.0.1", *find_free_ports(3), server.http_port, server.grpc_port, server.metrics_port)
+    door = F.FrontDoor(F.render(quotas, limits, ports, workers=1), ports).start()
+
+    def request(source: str, client: str, hold: bool):
+        s = socket.create_connection(("127.0.0.1", ports.http), timeout=10, source_address=(source, 0))
+        size = 1000 if hold else 2
+        s.sendall(f"POST /v2/models/router/infer HTTP/1.1\r\nHost: x\r\nx-client-id: {client}\r\nContent-Length: {size}\r\n\r\n".encode()
+                  + (b"{" if hold else b"{}"))
+        if hold:
+            return s
+        answer = s.recv(65536).decode()
+        s.close()
+        return answer
+
+    try:
+        for _ in range(2):
+            held = [request("127.0.0.1", "a", True), request("127.0.0.1", "a", True), request("127.0.0.1", "b", True)]
+            time.sleep(0.3)
+            address = request("127.0.0.1", "c", False)
+            held.append(request("127.0.0.2", "d", True))
+            time.sleep(0.3)
+            total = request("127.0.0.2", "e", False)
+            client = request("127.0.0.2", "a", False)
+            for s in held:
+                s.close()
+            assert "429" in address.split("\r\n")[0] and \
+                "source address 127.0.0.1 is over the front door's limit of 3 requests in flight per address" in address, address
+            assert "all of the front door's 4 requests in flight are in use" in total, total
+            assert "client a (x-client-id) is over the front door's limit of 2 requests in flight per client" in client, client
+            time.sleep(0.5)  # the held requests end
+    finally:
+        door.stop()
+
+
+def test_the_door_logged_no_lua_error_and_no_warning_per_request(stack):
+    """After every test above on this door: its Lua never failed (a failure admits nothing, but
+    would be a bug) and nginx logged no warning for each request (a probe every few seconds
+    would fill the log)."""
+    _, door, _ = stack
+    log = door.log_path.read_text()
+    assert "front door check failed" not in log and "runtime error" not in log and "lua entry thread aborted" not in log, log[-3000:]
+    assert "uninitialized" not in log, log[-3000:]
+
+
+def test_describe_policy_in_the_json_part_of_a_binary_request_is_refused(stack):
+    """With Triton's binary data extension only the first Inference-Header-Content-Length bytes
+    are JSON: the door reads exactly those, so the name is found there and a text in the binary
+    data is not taken for it; when the header is not one plain number the door reads all of the
+    body (never less than Triton reads as JSON) and may refuse more."""
+    server, door, _ = stack
+    text = b'"describe_policy" is a parameter'  # binary data that reads as the name if taken for JSON
+    raw = len(text).to_bytes(4, "little") + text
+    for params, want in (({"describe_policy": True}, 403), ({}, 200)):
+        header = json.dumps({"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "parameters": {"binary_data_size": len(raw)}},
+                                        {"name": "THRESHOLD", "shape": [1, 1], "datatype": "FP32", "data": [0.5]}],
+                             "parameters": params}).encode()
+        for length in (str(len(header)), f"{len(header)}x", f"+{len(header)}"):
+            request = urllib.request.Request(f"http://127.0.0.1:{door.ports.http}/v2/models/router/infer", data=header + raw,
+                                             method="POST", headers={"Inference-Header-Content-Length": length})
+            try:
+                with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=30) as resp:
+                    status = resp.status
+            except urllib.error.HTTPError as exc:
+                status = exc.code
+            if length.isdigit():
+                assert status == want, (params, length, status)
+            else:  # all of the body read (Triton reads "201x" as 201): the text is taken for the name too
+                assert status == 403, (params, length, status)

@@ -179,23 +179,76 @@ def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
     assert "grpc-status 7" in grpc.split("location @not_router")[1].split("\n")[0]
     assert "grpc-status 3" in grpc.split("location @malformed")[1].split("\n")[0]
     assert f"client_body_buffer_size {F.BODY_BUFFER // 1024}k;" in F.render_default()  # bodies past it wait in a file
-    off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
+    off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False, "describe_policy": True}),
+                   F.Limits(100, 100))
     assert "lua" not in off and "load_module" not in off and "grpc_pass" in off
+    # describe_policy refused (the default) needs the Lua module for HTTP's JSON even without the gRPC check
+    http_only = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
+    assert "load_module" in http_only and "{ frontdoor.admit_http() }" in http_only
+    assert 'frontdoor.admit("ModelInferRequest", nil)' in http_only and 'frontdoor.admit("ModelReadyRequest"' not in http_only
+
+
+def test_describe_policy_is_refused_at_the_door_unless_the_deployment_admits_it():
+    text = F.render_default()
+    assert F.load_quotas().describe_policy is False
+    assert 'frontdoor.refused = {["describe_policy"] = true}' in text
+    for line in text.split("  server {")[1].splitlines():
+        if "/infer$" in line:
+            assert "access_by_lua_block { frontdoor.admit_http() }" in line, line
+    assert "error_page 423 = @refused_parameter;" in text and "location @refused_parameter" in text
+    admitted = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "describe_policy": True}), F.Limits(100, 100))
+    assert "frontdoor.refused = {}" in admitted and "{ frontdoor.admit_http() }" not in admitted
+    with pytest.raises(F.FrontDoorError, match="describe_policy must be true or false"):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "describe_policy": "yes"})
 
 
 def test_requests_in_flight_are_bounded_per_client_and_in_all():
     quotas = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "clients": {"a": {"rate_per_s": 1, "burst": 1}},
                              "in_flight_per_client": 5, "in_flight_total": 9})
     text = F.render(quotas, F.Limits(100, 100))
-    held = "limit_conn in_flight 5; limit_conn in_flight_total 9;"
+    held = "limit_conn in_flight 5; limit_conn per_address 9; limit_conn in_flight_total 9;"
+    probes = f"limit_conn probes {F.PROBES_PER_ADDRESS}; limit_conn probes_total {F.PROBES_TOTAL}; limit_conn_status 503;"
     for line in text.splitlines():
         if "grpc_pass" in line or "/infer$" in line or "location = /v2 " in line:
             assert held in line, line
         if "/health/" in line or "/ready$" in line:
-            assert "limit_conn" not in line, line  # the kubelet's probes are never refused
+            # the probes have their own limits: a busy client never takes the kubelet's place
+            assert probes in line and "limit_conn in_flight" not in line, line
     assert "http2_max_concurrent_streams 5;" in text
     assert '"a" "client:a";' in text and "default $remote_addr;" in text  # a listed name never collides with an address
-    assert "limit of 5 requests in flight per client (9 in all)" in text
+    assert "client $frontdoor_client (x-client-id) is over the front door's limit of 5 requests in flight per client" in text
+    assert "all of the front door's 9 requests in flight are in use" in text
+    assert "set_by_lua_block $frontdoor_which { return frontdoor.which(5, 9, 9) }" in text
+    plain = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_client": 5, "in_flight_total": 9,
+                                     "grpc_model_check": False, "describe_policy": True}), F.Limits(100, 100))
+    # without Lua the message names every limit
+    assert "at most 5 requests in flight per client (this one: $frontdoor_client, x-client-id), 9 per source address and 9 in all" in plain
+    assert "limit_conn_zone $binary_remote_addr zone=per_address:10m;" in text
+    narrow = F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_address": 3})
+    assert "limit_conn per_address 3;" in F.render(narrow, F.Limits(100, 100))
+    with pytest.raises(F.FrontDoorError, match="in_flight_per_address \\(300\\) is over in_flight_total"):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "in_flight_per_address": 300})
+
+
+def test_every_location_bounds_bodies_and_requests_in_flight():
+    """No endpoint that needs no body reads one; each admitted location is under an in-flight
+    limit; encoded bodies and compressed gRPC messages are refused at the door; connections that
+    never finish a request are closed after a short timeout."""
+    text = F.render_default()
+    http, grpc, metrics = text.split("  server {")[1:]
+    for server in (http, metrics):
+        for line in server.splitlines():
+            if "limit_except GET" in line:
+                assert "if ($frontdoor_body) { return 413" in line and "limit_conn " in line, line
+            if "limit_except POST" in line:
+                assert "limit_conn in_flight " in line, line
+    assert re.search(r"map \S+ \$frontdoor_body \{ default 1; \":\" 0; \"~\^0\+:\$\" 0; \}", text)
+    assert "if ($frontdoor_encoded) { return 415" in http and "if ($frontdoor_grpc_encoded) { return 415; }" in grpc
+    assert "error_page 415 = @compressed;" in grpc
+    assert f"client_header_timeout {F.HEADER_TIMEOUT_S}s; client_body_timeout {F.BODY_TIMEOUT_S}s;" in text
+    assert f"worker_connections {F.WORKER_CONNECTIONS};" in text
+    assert "error_page 400 /.frontdoor/bad-request;" in http and "location = /.frontdoor/bad-request { internal;" in http
+    assert "$frontdoor_why" in grpc.split("location @malformed")[1].split("\n")[0]
 
 
 @pytest.mark.parametrize("data, words", [
@@ -234,3 +287,37 @@ def test_the_routers_setting_is_one_file():
                        ({"routers": ["a b"]}, "is not a model name"), ({"routers": ["a", "a"]}, "listed twice")]:
         with pytest.raises(ConfigError, match=re.escape(words)):
             R.parse_routers(bad)
+
+
+def test_the_guide_states_the_shipped_limits():
+    """docs/guides/front-door.md's figures for what the door holds are the shipped ones."""
+    import inspect
+
+    guide = " ".join((ROOT / "docs/guides/front-door.md").read_text().split())
+    quotas = F.load_quotas()
+    text = F.render_default()
+    workers = inspect.signature(F.render).parameters["workers"].default
+    assert f"worker_processes {workers};" in text and f"Each of the {workers} nginx workers" in guide
+    assert f"holds up to {F.WORKER_CONNECTIONS:,} connections" in guide and f"the {workers * F.WORKER_CONNECTIONS:,} the door has" in guide
+    assert f"header within {F.HEADER_TIMEOUT_S} s" in guide and f"at most {F.BODY_TIMEOUT_S} s between two reads" in guide
+    rate = workers * F.WORKER_CONNECTIONS // F.HEADER_TIMEOUT_S // 100 * 100
+    assert f"must open over {rate} connections a second" in guide
+    assert f"held at most {F.HEADER_TIMEOUT_S} s" in guide and "keepalive_timeout 620s;" in text and "open up to 620 s" in guide
+    per_address, total, per_client = quotas.in_flight_per_address, quotas.in_flight_total, quotas.in_flight_per_client
+    assert f"(`in_flight_per_address`, {per_address}:" in guide and f"(`in_flight_total`, {total})" in guide
+    assert f"at most {per_address} requests in flight (`in_flight_per_address`; its listed client names at most {per_client}" in guide
+    assert f"at least {total - per_address} of the {total} request slots" in guide
+    assert f"{F.PROBES_PER_ADDRESS} in flight per source address and {F.PROBES_TOTAL} in all" in guide
+    assert f"{F.PROBES_TOTAL - F.PROBES_PER_ADDRESS} of the {F.PROBES_TOTAL} probe slots" in guide
+    assert f"budget of {F.CHECK_BUDGET:,} per request" in guide and f"at most {F.CHECK_BUDGET:,} units" in guide
+    assert f"over {F.CHECK_BUDGET} protobuf fields" in F.CHECK_LUA_FILE.read_text().replace('" .. frontdoor.budget .. "', str(F.CHECK_BUDGET))
+    assert f"{F.BODY_BUFFER // 1024} KiB of it in memory" in guide
+    for line in ("client NAME (x-client-id) is over the front door's limit of 32 requests in flight per client",
+                 "source address ADDRESS is over the front door's limit of 64 requests in flight per address",
+                 "all of the front door's 192 requests in flight are in use"):
+        assert line in guide
+        assert line.replace("NAME", "$frontdoor_client").replace("ADDRESS", "$remote_addr") \
+            .replace(" 32 ", f" {per_client} ").replace(" 64 ", f" {per_address} ").replace(" 192 ", f" {total} ") in text
+    assert "`describe_policy: true` in `deploy/frontdoor/quotas.yaml`" in guide and quotas.describe_policy is False
+    assert "is not admitted by the front door (describe_policy: true in its quotas file admits it)" in guide
+    assert "is not admitted by the front door (' .. found .. ': true in its quotas file admits it)" in F.CHECK_LUA_FILE.read_text()

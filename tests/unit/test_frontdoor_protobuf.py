@@ -1,8 +1,10 @@
 """The front door's gRPC check against protobuf itself (a differential test).
 
-The check (:data:`orchestrator.tooling.frontdoor.MODEL_CHECK_LUA`) runs in the real nginx, in
-its access phase as in the shipped configuration (``frontdoor.admit``), on bodies posted over
-HTTP/1.1 (the check reads only the body). Each body is also parsed by Python's ``protobuf`` with
+The check (orchestrator/tooling/frontdoor_check.lua, :func:`~orchestrator.tooling.frontdoor.model_check_lua`)
+runs twice: in the real nginx, in its access phase as in the shipped configuration
+(``frontdoor.admit``), on bodies posted over HTTP/1.1 (the check reads only the body); and
+in LuaJIT directly (tests/unit/frontdoor_lua.py), which also times every check: none may
+take longer than ``CHECK_MS`` of CPU. Each body is also parsed by Python's ``protobuf`` with
 the request messages of Triton's ``grpc_service.proto`` that ``tritonclient`` ships. Over
 more than 10,000 generated and mutated bodies per run (seeded): whenever the check admits a
 body, protobuf parses it and reads its model name as an admitted router; and every request
@@ -18,14 +20,12 @@ import struct
 from typing import Callable, List, Tuple
 
 import pytest
-
-from orchestrator.tooling import frontdoor as F
-
-if not F.nginx_ready():
-    pytest.skip(f"nginx or its Lua module is not installed: {F.INSTALL_HINT}", allow_module_level=True)
-
 from google.protobuf.message import DecodeError  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
+
+from orchestrator.tooling import frontdoor as F
+from tests.unit.frontdoor_lua import LUAJIT_HINT, LuaCheck, luajit  # noqa: E402
+from tests.unit.test_frontdoor_lua import CHECK_MS  # noqa: E402
 
 ROUTERS = ("router", "other-router")
 OTHERS = ("classifier", "ensemble", "tokenizer", "", "Router", "router ", "routerx", "rout", "r\u00e9")
@@ -62,9 +62,26 @@ def field(number: int, wire: int, payload: bytes = b"", tag: bytes | None = None
     return key + payload
 
 
-@pytest.fixture(scope="module")
-def checker():
-    """``check(request, body) -> 'admit' | 'model' | 'malformed'`` through the real nginx."""
+@pytest.fixture(scope="module", params=["nginx", "luajit"])
+def checker(request):
+    """``check(request, body) -> 'admit' | 'model' | 'malformed'`` through the real nginx, or
+    in LuaJIT (then ``check.slowest`` is the longest check's CPU time, microseconds)."""
+    if request.param == "luajit":
+        if luajit() is None:
+            pytest.skip(f"luajit is not installed: {LUAJIT_HINT}")
+        lua = LuaCheck(ROUTERS)
+
+        def check_lua(request_type: str, body: bytes) -> str:
+            verdict, us, _ = lua(request_type, body)
+            check_lua.slowest = max(check_lua.slowest, us)  # type: ignore[attr-defined]
+            return verdict
+
+        check_lua.slowest = 0  # type: ignore[attr-defined]
+        yield check_lua
+        lua.close()
+        return
+    if not F.nginx_ready():
+        pytest.skip(f"nginx or its Lua module is not installed: {F.INSTALL_HINT}")
     from orchestrator.tooling.server import find_free_ports
 
     (port,) = find_free_ports(1)
@@ -74,7 +91,7 @@ def checker():
         "daemon off; pid /tmp/nginx/nginx.pid; error_log stderr error;", "events {}",
         f"http {{ access_log off; client_body_temp_path /tmp/nginx/body; client_body_buffer_size {F.BODY_BUFFER};",
         "  client_max_body_size 16m; keepalive_requests 1000000;",
-        "  init_by_lua_block {" + F.MODEL_CHECK_LUA + "}",
+        "  init_by_lua_block {" + F.model_check_lua() + "}",
         f"  server {{ listen 127.0.0.1:{port}; set $frontdoor_reason \"\";",
         "    location ~ ^/(\\w+)$ { access_by_lua_block { frontdoor.admit(ngx.var[1], " + admitted + ") }",
         "      content_by_lua_block { ngx.print('admitted') } } } }",
@@ -95,7 +112,7 @@ def checker():
                 conn[0] = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
                 if attempt:
                     raise
-        return {200: "admit", 403: "model", 400: "malformed"}[response.status]
+        return {200: "admit", 403: "model", 400: "malformed", 422: "limit"}[response.status]
 
     yield check
     conn[0].close()
@@ -221,6 +238,8 @@ def test_a_body_the_check_admits_is_an_admitted_router_to_protobuf(checker):
     assert sum(verdicts.values()) >= 10_000
     # every kind of answer was reached, so the run was not trivially one-sided
     assert min(verdicts.values()) > 500, verdicts
+    slowest = getattr(checker, "slowest", None)  # timed in LuaJIT only
+    assert slowest is None or slowest < CHECK_MS * 1000, f"a body took {slowest / 1000:.1f} ms to check"
 
 
 def test_every_request_protobuf_serializes_for_a_router_is_admitted(checker):
@@ -255,5 +274,5 @@ def test_bodies_kept_in_a_file_are_read_whole(checker):
     assert checker("ModelInferRequest", frame(m.SerializeToString())) == "admit"
     assert checker("ModelInferRequest", frame(m.SerializeToString() + BYPASS[8:])) == "malformed"
     assert checker("ModelInferRequest", frame(m.SerializeToString() + field(1, 2, b"classifier"))) == "malformed"
-    m.id = "\u00e9" * F.BODY_BUFFER  # a string across the file reader's chunks, checked as UTF-8
+    m.id = "\u00e9" * 40_000  # a string across the file reader's 64 KiB chunks, checked as UTF-8 (within the budget)
     assert checker("ModelInferRequest", frame(m.SerializeToString())) == "admit"

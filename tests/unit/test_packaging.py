@@ -57,6 +57,7 @@ def test_the_wheel_holds_the_package_and_no_lab_code(wheel):
     lab_words = ("bench", "soak", "mutations", "profile", "preflight", "gpu_check")
     assert [n for n in modules if any(w in part for part in n.split("/") for w in lab_words)] == []
     assert not any(n.startswith(("lab/", "tests/")) for n in files)
+    assert "orchestrator/tooling/frontdoor_check.lua" in files  # orchestrator frontdoor render reads it
 
 
 def test_the_wheel_declares_the_runtime_and_the_extras(wheel):

@@ -1,8 +1,9 @@
 """Model configurations as the mock loads them: read, filled in, checked.
 
-Files are parsed into Triton's ``ModelConfig`` message (``model_config.proto`` from
-tritonclient, protobuf ``text_format``: the parser Triton's core uses, as the tooling's
-``repository.read_config`` does; the mock imports nothing from the tooling), so a
+Files are parsed into Triton's ``ModelConfig`` message (the mock's own declaration of
+``model_config.proto``'s layout, :mod:`orchestrator.testing.mock.model_config`, and protobuf
+``text_format``: the grammar Triton's core parses; the mock imports neither tritonclient nor
+the tooling), so a
 misspelled field fails here as in the server. What Triton fills in before the backend sees the configuration
 (default version policy and instance group, ``KIND_AUTO`` -> ``KIND_CPU``) is filled in
 here; the dict handed to the model is protobuf's JSON with default fields printed and
@@ -15,11 +16,9 @@ from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
 
 from orchestrator.testing.mock.errors import LoadError
-
-ModelConfig = model_config_pb2.ModelConfig
+from orchestrator.testing.mock.model_config import ModelConfig
 
 
 def config_file(model_dir: Path, config_name: Optional[str]) -> Path:

@@ -176,8 +176,9 @@ class MockTriton:
         """
         with self._load_lock:
             self._check_open()
-            if self.loaded(name) is not None and config is None:
+            if self.loaded(name) is not None and config is None and not self.faults.is_dead(name):
                 return
+            self.faults.revive(name)  # a load starts new stubs
             if name in self._models:
                 self.unload(name)
             if not (self.model_repository / name).is_dir():
@@ -210,9 +211,13 @@ class MockTriton:
             for model in models:
                 model.ready = False
             self.recorder.set_state(name, "UNLOADING", "", models[0].version)
+            dead = self.faults.is_dead(name)
+            self.faults.revive(name)
             for model in models:
                 got_lock = model.lock.acquire(timeout=self.instance_wait_timeout)
                 try:
+                    if dead:  # a killed stub runs no finalize
+                        model.instance = None
                     finalize(self, model)
                 finally:
                     if got_lock:
@@ -332,6 +337,19 @@ class MockTriton:
     def set_delay(self, model: str, seconds: Optional[float]) -> None:
         """Sleep ``seconds`` in each ``execute()`` of ``model`` (holding its instance)."""
         self.faults.set_delay(model, seconds)
+
+    def kill_stub(self, model: str) -> None:
+        """Make ``model``'s stub process dead, as after a SIGKILL of it in Triton 2.51: the
+        model stays READY (ready endpoint, repository index, ``is_model_ready``) and every
+        request to it (client, BLS, ensemble step) fails with ``Stub process '<instance>' is
+        not healthy.`` (INTERNAL; python_backend r24.10 ``stub_launcher.cc``; Triton answers
+        after about 1 s, the mock at once) until the model is loaded again. ``finalize`` is
+        not called on unload (a dead stub cannot run it). Raises KeyError when the model
+        is not loaded."""
+        loaded = self.loaded(model)
+        if loaded is None:
+            raise KeyError(f"model '{model}' is not loaded")
+        self.faults.kill(model, f"Stub process '{loaded.instance_name}' is not healthy.")
 
     def clear_faults(self, model: Optional[str] = None) -> None:
         """Remove the faults of ``model`` (of every model when None)."""

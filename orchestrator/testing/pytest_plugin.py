@@ -21,13 +21,20 @@ default, or ``"26.08"``): ``@pytest.mark.triton_release("26.08")``, else
 the mock's log (``pb_utils.Logger`` and load/finalize messages) in a "triton mock log"
 section.
 
-The plugin imports numpy and the mock only when a fixture is used.
+``import triton_python_backend_utils as pb_utils`` works in test modules (to write a fake
+model class, or to import a ``model.py`` directly): the plugin adds an import hook that
+installs the mock's module the first time that name is imported, unless a real one is
+importable. The plugin imports numpy and the mock only then, or when a fixture is used.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -43,7 +50,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("triton_repository", "model repository for the triton_mock fixture (relative to the rootdir)")
 
 
+class _PbUtilsFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds ``triton_python_backend_utils`` (only) and gives the mock's module."""
+
+    NAME = "triton_python_backend_utils"
+
+    def find_spec(self, fullname: str, path: Optional[Sequence[str]] = None, target: Any = None) -> Any:
+        if fullname != self.NAME:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self)
+
+    def create_module(self, spec: Any) -> Any:
+        from orchestrator.testing.mock import install
+
+        return install()
+
+    def exec_module(self, module: Any) -> None:
+        return None
+
+
+_FINDER = _PbUtilsFinder()
+
+
+_ADDED = pytest.StashKey[bool]()
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # appended: a real module on sys.path (or one already imported) wins
+    added = _FINDER not in sys.meta_path and not _importable(_PbUtilsFinder.NAME)
+    if added:
+        sys.meta_path.append(_FINDER)
+    config.stash[_ADDED] = added
     config.addinivalue_line(
         "markers",
         "triton_repository(path, load=()): the model repository of the triton_mock fixture "
@@ -62,6 +108,11 @@ def _release(request: pytest.FixtureRequest, release: Optional[str]) -> Optional
         return str(marker.args[0]) if marker.args else str(marker.kwargs["name"])
     option = request.config.getoption("--triton-release")
     return str(option) if option else None
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if config.stash.get(_ADDED, False) and _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
 
 
 @pytest.fixture

@@ -50,6 +50,8 @@ HEAVY_CALLS: Dict[str, Tuple[str, ...]] = {
     # the deployment validators and supply-chain tools, pip-installed into .cache/tools
     "ensure_tools": ("slow", "network"),
     "ensure_supply_tools": ("slow", "network"),
+    # a fresh virtualenv with the testing extra (a wheel build of this checkout, the index)
+    "build_testing_venv": ("slow", "network"),
 }
 
 

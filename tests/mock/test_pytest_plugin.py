@@ -1,17 +1,21 @@
 """The pytest plugin as a user gets it: test files run by an inner pytest (pytester) with only
-the plugin, no project conftest: fixtures, markers, options, fakes, faults, records."""
+the plugin, no project conftest: fixtures, markers, options, fakes, faults, records. Imports
+nothing of tests/, so it also runs in a virtualenv with only the testing extra
+(tests/unit/test_testing_extra_venv.py copies it there, ``TRITON_MOCK_EXAMPLE`` naming the
+example repository)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import textwrap
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
-
 PLUGIN = ("-p", "orchestrator.testing.pytest_plugin", "-p", "no:cacheprovider")
-EXAMPLE = ROOT / "examples" / "test-your-python-models"
+EXAMPLE = Path(os.environ.get("TRITON_MOCK_EXAMPLE")
+               or Path(__file__).resolve().parents[2] / "examples" / "test-your-python-models")
 
 ECHO_CONFIG = '''
 name: "echo"

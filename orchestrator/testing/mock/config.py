@@ -32,12 +32,20 @@ def config_file(model_dir: Path, config_name: Optional[str]) -> Path:
     return model_dir / "config.pbtxt"
 
 
+def _has_model_py(model_dir: Path) -> bool:
+    return model_dir.is_dir() and any(
+        p.is_dir() and p.name.isdigit() and (p / "model.py").is_file() for p in model_dir.iterdir()
+    )
+
+
 def read(name: str, model_dir: Path, config_name: Optional[str],
-         override: Optional[str]) -> Tuple[ModelConfig, Path]:
+         override: Optional[str], auto_complete: bool = True) -> Tuple[ModelConfig, Path]:
     """The configuration of model ``name`` and where it came from.
 
     ``override``: a JSON configuration replacing the file (``pb_utils.load_model(name,
-    config=...)``); its path is ``<config override>``. Raises :class:`LoadError` for a
+    config=...)``); its path is ``<config override>``. Without a file, with ``auto_complete``
+    and a ``<version>/model.py``, the configuration is ``backend: "python"`` alone, as
+    Triton's auto-complete starts it (the model's ``auto_complete_config`` completes it). Raises :class:`LoadError` for a
     missing or invalid configuration or a ``name`` field that differs from the
     directory name (Triton's message).
     """
@@ -49,11 +57,16 @@ def read(name: str, model_dir: Path, config_name: Optional[str],
         except Exception as exc:
             raise LoadError(f"failed to load '{name}': invalid config override: {exc}") from exc
         path = Path("<config override>")
+    elif not path.is_file() and auto_complete and _has_model_py(model_dir):
+        # Triton's auto-complete (the default): no config.pbtxt, a model.py in a version
+        # directory -> the Python backend; auto_complete_config fills in the rest
+        config = ModelConfig()
+        config.backend = "python"
     else:
         if not path.is_file():
             raise LoadError(
-                f"failed to load '{name}': no model configuration at {path} (the mock does "
-                "not auto-generate configurations)"
+                f"failed to load '{name}': no model configuration at {path} (without "
+                "auto-complete or a <version>/model.py, the mock does not generate one)"
             )
         try:
             config = ModelConfig()

@@ -48,7 +48,7 @@ def build(server: "Host", name: str, override: Optional[str]) -> List[LoadedMode
     ensembles) are refused.
     """
     model_dir = server.model_repository / name
-    proto, path = read(name, model_dir, server.model_config_name, override)
+    proto, path = read(name, model_dir, server.model_config_name, override, server.auto_complete)
     if proto.platform != "ensemble" and proto.backend != "python":
         what = proto.platform or proto.backend or "no backend/platform"
         raise LoadError(

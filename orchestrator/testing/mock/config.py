@@ -97,12 +97,41 @@ def from_dict(data: dict) -> ModelConfig:
     return config
 
 
+#: core r24.10 ``SEQUENCE_IDLE_DEFAULT_MICROSECONDS`` (1 s).
+SEQUENCE_IDLE_DEFAULT_US = 1000000
+
+
+def _normalize_batchers(config: ModelConfig) -> None:
+    if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size:
+        if config.max_batch_size > 0:
+            config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if sequence.max_sequence_idle_microseconds == 0:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        if sequence.HasField("oldest") and not sequence.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sequence.oldest.preferred_batch_size.append(config.max_batch_size)
+
+
 def normalize(config: ModelConfig) -> None:
-    """Fill in what Triton fills in before handing the config to the backend."""
+    """Fill in what Triton fills in before handing the config to the backend (core r24.10
+    ``NormalizeModelConfig``, again after the backend's auto-complete, and
+    ``NormalizeInstanceGroup``): the version policy; an empty ``preferred_batch_size`` of
+    the dynamic batcher (and of the sequence batcher's ``oldest`` strategy) becomes
+    ``[max_batch_size]``; the sequence batcher's idle time defaults to 1 s; pinned input and
+    output memory are enabled unless set; the instance groups; and, from
+    ``AutoCompleteBackendFields``, a Python model's ``default_model_filename`` ``model.py``."""
+    if config.backend == "python" and not config.default_model_filename:
+        config.default_model_filename = "model.py"
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    _normalize_batchers(config)
     if config.platform == "ensemble":
         return
+    if not config.optimization.HasField("input_pinned_memory"):
+        config.optimization.input_pinned_memory.enable = True
+    if not config.optimization.HasField("output_pinned_memory"):
+        config.optimization.output_pinned_memory.enable = True
     if not config.instance_group:
         group = config.instance_group.add()
         group.name = config.name

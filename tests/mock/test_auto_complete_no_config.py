@@ -37,7 +37,12 @@ def test_a_model_py_without_config_is_completed_by_the_model(triton_mock):
     triton_mock.load("auto")
     config = triton_mock.model_config("auto")
     assert (config["name"], config["backend"], config["max_batch_size"]) == ("auto", "python", 8)
-    assert "dynamic_batching" in config and config["instance_group"][0]["kind"] == "KIND_CPU"
+    assert config["instance_group"][0]["kind"] == "KIND_CPU"
+    # normalized after auto-complete as core r24.10 does (tests/server/test_mock_agrees_upstream_examples.py)
+    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    assert config["default_model_filename"] == "model.py"
+    assert config["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert config["optimization"]["output_pinned_memory"] == {"enable": True}
     assert triton_mock.infer("auto", {"X": np.int32([[1, 2]])})["Y"].tolist() == [[2, 3]]
 
 

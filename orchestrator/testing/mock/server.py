@@ -28,7 +28,7 @@ from orchestrator.testing.mock.execution import Executor
 from orchestrator.testing.mock.faults import FaultInjector
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.loading import build, finalize
-from orchestrator.testing.mock.metric_store import MetricRegistry, snapshot
+from orchestrator.testing.mock.metric_store import MetricRegistry, exposition, snapshot
 from orchestrator.testing.mock.pb_utils import install
 from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, TraceRecord, to_client
 from orchestrator.testing.mock.releases import IS_READY, PROFILES, RESPONSE_PARAMETERS, resolve
@@ -363,6 +363,13 @@ class MockTriton:
         inf: count}}``. A series exists while a ``Metric`` object for it is alive.
         """
         return snapshot(self.metric_registry)
+
+    def metrics_text(self) -> str:
+        """The models' own metric families (``pb_utils.MetricFamily``) as Triton's ``/metrics``
+        endpoint shows them: Prometheus text, byte for byte as the 2.51 server writes each
+        family's block (tests/server/test_mock_agrees_metrics_text.py). Triton's own ``nv_*``
+        families are not emulated."""
+        return exposition(self.metric_registry)
 
     def metric(self, family: str, labels: Optional[dict] = None) -> Any:
         """One value of :meth:`metrics` (``None`` if absent)."""

@@ -34,6 +34,9 @@ Usage::
                                     "THRESHOLD": np.array([[0.5]], dtype=np.float32)})
         assert mock.calls_to("tokenizer") == [(1,)]          # one BLS call, batch of 1
 
+In pytest, the ``triton_mock`` fixture of :mod:`orchestrator.testing.pytest_plugin` (the
+``testing`` extra) gives a test one of these over its repository, with inline fakes.
+
 API summary (see the docstrings)::
 
     install() -> module                   # idempotent; MockTriton() calls it
@@ -55,8 +58,9 @@ API summary (see the docstrings)::
         instance(name, version=-1)
         calls: list[Call]; calls_to(model); reset_calls()
         fail_next(model, message, count=1, code="INTERNAL"); set_failure(model, failure)
-        set_delay(model, seconds); clear_faults(model=None)
+        set_delay(model, seconds); kill_stub(model); clear_faults(model=None)
         metrics() -> {family: {frozenset(labels.items()): value}}; metric(family, labels)
+        metrics_text() -> str                 # the models' families as /metrics shows them
         logs: list[LogRecord]; traces: list[TraceRecord]
     class Call(NamedTuple): model: str; batch_sizes: tuple; requests -> int
     class StreamResponse(NamedTuple): outputs: dict | None; error: InferError | None; final: bool

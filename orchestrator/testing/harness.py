@@ -15,7 +15,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -147,7 +147,7 @@ class TritonMock(MockTriton):
     overlay; ``source`` the user's directory.
     """
 
-    def __init__(self, source: Optional[Union[str, os.PathLike]], workdir: Union[str, os.PathLike],
+    def __init__(self, source: Optional[Union[str, "os.PathLike[str]"]], workdir: Union[str, "os.PathLike[str]"],
                  *, load: Iterable[str] = (), **kwargs: Any) -> None:
         overlay = Path(workdir)
         overlay.mkdir(parents=True, exist_ok=True)
@@ -157,7 +157,7 @@ class TritonMock(MockTriton):
                 raise FileNotFoundError(f"model repository not found: {self.source}")
             for entry in sorted(self.source.iterdir()):
                 _link_or_copy(entry, overlay / entry.name)
-        self._fake_keys: list = []
+        self._fake_keys: List[str] = []
         kwargs.setdefault("model_config_name", None)
         super().__init__(overlay, models=load, **kwargs)
 

@@ -34,7 +34,7 @@ import importlib.machinery
 import importlib.util
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Generator, Iterator, List, Optional, Sequence
 
 import pytest
 
@@ -160,7 +160,7 @@ def triton_mock(request: pytest.FixtureRequest, triton_mock_factory: Callable[..
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     mocks = item.stash.get(_MOCKS, [])

@@ -56,7 +56,7 @@ TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 _LENGTH = struct.Struct("<I")
 
 
-def serialize_byte_tensor(input_tensor: np.ndarray) -> Union[bytes, Tuple[()], None]:
+def serialize_byte_tensor(input_tensor: "np.ndarray[Any, Any]") -> Union[bytes, Tuple[()], None]:
     """A BYTES tensor (dtype ``object`` or ``bytes_``) as Triton's wire format.
 
     Returns ``()`` for an empty tensor, ``None`` for any other dtype (Triton's results).
@@ -82,7 +82,7 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> Union[bytes, Tuple[()], N
     return None
 
 
-def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
+def deserialize_bytes_tensor(encoded_tensor: Any) -> "np.ndarray[Any, Any]":
     """The flat ``object`` array of ``bytes`` that :func:`serialize_byte_tensor` wrote.
 
     ``encoded_tensor``: ``bytes`` or any buffer. Raises ``struct.error`` when a length runs

@@ -4,7 +4,8 @@ shapes, or the error message). 1,200 cases per run from numpy's RNG (the seed is
 failure; ``ORCHESTRATOR_DIFF_SEED`` replays one): every datatype the KServe protocol has but
 BF16, ranks 0-3 with empty dimensions, BYTES contents (empty, NUL bytes, invalid UTF-8,
 long), a wrong datatype, a missing required input, an unknown extra input, optional inputs,
-batches over ``max_batch_size``. Also upstream's add_sub example where
+batches over ``max_batch_size``, and the same checks on BLS requests (a ``caller`` model
+forwarding its input to another model, a missing one included). Also upstream's add_sub example where
 ``ORCHESTRATOR_PYTHON_BACKEND_SRC`` names python_backend. A difference that is not a bug of the
 mock is listed in :data:`DOCUMENTED` with the reason (none today)."""
 
@@ -85,6 +86,37 @@ class TritonPythonModel:
         return responses
 '''
 
+# BLS: forwards IN (and OPT when sent) to the model TARGET names, as it came, and answers
+# that model's OUT, or its error as an error response: the BLS-side checks and messages.
+CALLER_CONFIG = '''
+name: "caller"
+backend: "python"
+max_batch_size: 0
+input [ { name: "TARGET" data_type: TYPE_STRING dims: [ 1 ] },
+        { name: "IN" data_type: TYPE_FP32 dims: [ -1, -1 ] },
+        { name: "OPT" data_type: TYPE_FP32 dims: [ -1 ] optional: true } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1, -1 ] } ]
+instance_group [ { kind: KIND_CPU count: 1 } ]
+'''
+CALLER_PY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            target = pb_utils.get_input_tensor_by_name(request, "TARGET").as_numpy()[0].decode()
+            inputs = [t for t in request.inputs() if t.name() != "TARGET"]
+            response = pb_utils.InferenceRequest(model_name=target, inputs=inputs,
+                                                 requested_output_names=["OUT"]).exec()
+            if response.has_error():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(response.error().message())))
+            else:
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out.as_numpy())]))
+        return responses
+'''
+
 #: A difference that is not a mock bug: (what, why). Kept empty while the two agree.
 DOCUMENTED: List[Tuple[str, str]] = []
 
@@ -101,6 +133,10 @@ def _repository(root: Path) -> Tuple[Path, List[str]]:
     (root / "batched" / "config.pbtxt").write_text(BATCHED_CONFIG, encoding="utf-8")
     (root / "batched" / "1" / "model.py").write_text(ECHO_PY, encoding="utf-8")
     names.append("batched")
+    (root / "caller" / "1").mkdir(parents=True)
+    (root / "caller" / "config.pbtxt").write_text(CALLER_CONFIG, encoding="utf-8")
+    (root / "caller" / "1" / "model.py").write_text(CALLER_PY, encoding="utf-8")
+    names.append("caller")
     if UPSTREAM and (Path(UPSTREAM) / "examples" / "add_sub").is_dir():
         upstream_repository(root, names={"add_sub"}, pytorch_standin=False)
         names.append("add_sub")
@@ -148,6 +184,14 @@ def _array(rng: np.random.Generator, dtype: Any, shape: Tuple[int, ...]) -> np.n
 
 def _case(rng: np.random.Generator, names: List[str]) -> Tuple[str, Dict[str, np.ndarray]]:
     model = names[int(rng.integers(0, len(names)))]
+    if model == "caller":
+        targets = [n for n in names if n not in ("caller", "add_sub")] + ["no_such_model"]
+        target = targets[int(rng.integers(0, len(targets)))]
+        shape = tuple(int(d) for d in rng.integers(0, 4, size=2))
+        inputs = {"TARGET": np.array([target.encode()], dtype=np.object_), "IN": _array(rng, np.float32, shape)}
+        if rng.random() < 0.3:
+            inputs["OPT"] = rng.normal(size=int(rng.integers(0, 3))).astype(np.float32)
+        return model, inputs
     if model == "add_sub":
         shape = (4,) if rng.random() < 0.7 else (int(rng.integers(0, 6)),)
         dtype = np.float32 if rng.random() < 0.8 else [np.float64, np.int32, np.object_][int(rng.integers(0, 3))]
@@ -216,7 +260,7 @@ def test_generated_requests_get_the_same_answers_and_errors(both):
 
 def test_the_generator_covers_what_it_claims():
     rng = np.random.default_rng(1)
-    names = [f"echo_{k}" for k in DTYPES] + ["batched"]
+    names = [f"echo_{k}" for k in DTYPES] + ["batched", "caller"]
     seen_dtypes, ranks, missing, extra = set(), set(), 0, 0
     for _ in range(CASES):
         model, inputs = _case(rng, names)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT
+from tests.unit.test_packaging import _source_copy
 
 HEAVY = ("pytriton", "tritonclient", "torch")
 
@@ -62,3 +63,23 @@ def test_the_testing_extra_alone_runs_the_plugin_and_example_tests(tmp_path):
                             "/ 'triton_python_backend_utils-stubs' / '__init__.pyi').is_file())"],
                            capture_output=True, text=True, check=True, env=env)
     assert stubs.stdout.strip() == "True"
+
+
+def test_the_wheel_ships_the_plugin_entry_point_the_stubs_and_the_testing_extra(tmp_path):
+    """Offline (no build isolation, no index): what the testing extra relies on is in the wheel."""
+    import zipfile
+
+    src = _source_copy(tmp_path / "src")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                           "-w", str(tmp_path / "wheel"), str(src)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        entry_points = zf.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
+        metadata = zf.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "triton_python_backend_utils-stubs/__init__.pyi" in names
+    assert "[pytest11]\norchestrator.testing.pytest_plugin = orchestrator.testing.pytest_plugin" in entry_points
+    assert "Provides-Extra: testing" in metadata
+    for requirement in ("numpy", "protobuf", "pytest"):
+        assert re.search(rf"^Requires-Dist: {requirement}\b.*extra == \"testing\"", metadata, re.M), requirement

@@ -25,6 +25,10 @@ import pytest
 from tests.envhelpers import ENV_PY, build_probe_env
 from tests.helpers import NOT_LOADED_AT_START, make_test_repository
 
+# The mock Triton fixtures (triton_mock ...) as users get them from the pytest11 entry point
+# of the testing extra; registered once when both are there (the entry point has this name).
+pytest_plugins = ["orchestrator.testing.pytest_plugin", "pytester"]
+
 #: Helper name -> the markers of every test that calls it (directly or through a fixture).
 #: ``slow``: exports or trains a torch model, or builds an execution environment (seconds to
 #: a minute each on 2 cores); ``network``: may download from the package index (pip installs
@@ -46,6 +50,8 @@ HEAVY_CALLS: Dict[str, Tuple[str, ...]] = {
     # the deployment validators and supply-chain tools, pip-installed into .cache/tools
     "ensure_tools": ("slow", "network"),
     "ensure_supply_tools": ("slow", "network"),
+    # a fresh virtualenv with the testing extra (a wheel build of this checkout, the index)
+    "build_testing_venv": ("slow", "network"),
 }
 
 

@@ -2,7 +2,7 @@
 postprocess's modules load numpy, PyYAML and ``tokenizers`` (and the standard library), never
 ``transformers`` (seconds per stub start, and torch where it is installed), torch,
 onnxruntime, tritonclient or pytriton. Checked in a fresh interpreter, with Triton's own
-``triton_python_backend_utils.py`` as the stub provides it."""
+``triton_python_backend_utils.py`` as the stub provides it (the mock's helpers where it is absent)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import json
 import subprocess
 import sys
 
-from orchestrator.testing.mock.wire import real_utils
+from orchestrator.testing.mock import pb_helpers
 from tests.helpers import REPO, ROOT
+from tests.real_pb_utils import real_pb_utils_path
 
 #: The repository's ``model.py`` adapters of the models that must stay lean.
 LEAN_MODELS = ("router", "tokenizer", "postprocess")
@@ -33,7 +34,8 @@ print(json.dumps(sorted(sys.modules)))
 
 
 def test_the_router_tokenizer_and_postprocess_modules_import_no_heavy_package():
-    pb_utils_file = real_utils().__file__
+    # Triton's own file where installed, else the mock's helpers (the same pure-Python module)
+    pb_utils_file = str(real_pb_utils_path() or pb_helpers.__file__)
     paths = [str(REPO / name / "1" / "model.py") for name in LEAN_MODELS]
     out = subprocess.run([sys.executable, "-c", PROBE, pb_utils_file, *paths], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})

@@ -6,10 +6,10 @@ tested in milliseconds, without a ``tritonserver``. It has two parts:
 
 * a stand-in for the ``triton_python_backend_utils`` module (``pb_utils``), installed in
   ``sys.modules`` by :func:`install`. Its pure-Python helpers (``get_input_tensor_by_name``,
-  ``triton_string_to_numpy``, ``serialize_byte_tensor``, ``ModelConfig`` ...) are loaded at
-  run time from the real file shipped in the ``nvidia-pytriton`` wheel
-  (``pytriton/tritonserver/backends/python/triton_python_backend_utils.py``, Triton 2.51 /
-  r24.10; set ``MOCK_TRITON_PB_UTILS`` to use another copy). The parts that are C++ in the
+  ``triton_string_to_numpy``, ``serialize_byte_tensor``, ``ModelConfig`` ...) are the
+  mock's own (:mod:`~orchestrator.testing.mock.pb_helpers`), checked against Triton 2.51's
+  (r24.10) file where that is installed; the mock needs no Triton wheel and nothing
+  Linux-only (numpy, protobuf, PyYAML). The parts that are C++ in the
   real stub (``Tensor``, ``InferenceRequest``, ``InferenceResponse``, ``TritonError``,
   ``TritonModelException``, ``Logger``, ``MetricFamily``, ``load_model``,
   ``unload_model``, ``is_model_ready``, ``get_model_dir``, ``PreferredMemory``,
@@ -17,8 +17,9 @@ tested in milliseconds, without a ``tritonserver``. It has two parts:
   (python_backend ``pb_stub.cc``, ``infer_request.cc``, ``request_executor.cc``; core
   ``infer_request.cc``). Only the names the real module exposes are exposed.
 * :class:`MockTriton`, a mini server with explicit model control: it parses the model
-  configurations (with Triton's ``model_config.proto`` and protobuf ``text_format``; the
-  mock imports nothing from the tooling), imports each Python model, calls
+  configurations (``model_config.proto``'s layout, declared in
+  :mod:`~orchestrator.testing.mock.model_config`, and protobuf ``text_format``; the mock
+  imports nothing from the tooling or tritonclient), imports each Python model, calls
   ``initialize``/``execute``/``finalize`` as the stub does, validates requests the way
   Triton's core does, runs ensembles, and records what happened (``calls``, ``logs``,
   ``metrics()``).
@@ -32,6 +33,9 @@ Usage::
         out = mock.infer("router", {"TEXT": np.array([[b"hi"]], dtype=object),
                                     "THRESHOLD": np.array([[0.5]], dtype=np.float32)})
         assert mock.calls_to("tokenizer") == [(1,)]          # one BLS call, batch of 1
+
+In pytest, the ``triton_mock`` fixture of :mod:`orchestrator.testing.pytest_plugin` (the
+``testing`` extra) gives a test one of these over its repository, with inline fakes.
 
 API summary (see the docstrings)::
 
@@ -54,8 +58,9 @@ API summary (see the docstrings)::
         instance(name, version=-1)
         calls: list[Call]; calls_to(model); reset_calls()
         fail_next(model, message, count=1, code="INTERNAL"); set_failure(model, failure)
-        set_delay(model, seconds); clear_faults(model=None)
+        set_delay(model, seconds); kill_stub(model); clear_faults(model=None)
         metrics() -> {family: {frozenset(labels.items()): value}}; metric(family, labels)
+        metrics_text() -> str                 # the models' families as /metrics shows them
         logs: list[LogRecord]; traces: list[TraceRecord]
     class Call(NamedTuple): model: str; batch_sizes: tuple; requests -> int
     class StreamResponse(NamedTuple): outputs: dict | None; error: InferError | None; final: bool
@@ -70,7 +75,9 @@ Model code's ``pb_utils.Logger`` messages also go to the ``logging`` logger
 
 Modules, by concern::
 
-    wire        datatype tables, BYTES (de)serialization, Triton's own pb_utils file
+    pb_helpers  pb_utils' pure-Python helpers (serialize_byte_tensor, ModelConfig, ...)
+    model_config the ModelConfig protobuf message (model_config.proto's layout)
+    wire        datatype tables, BYTES (de)serialization
     errors      TritonModelException, TritonError, InferError, LoadError, pybind-style errors
     tensors     pb_utils.Tensor (GPU outputs of BLS calls to KIND_GPU models), PreferredMemory
     releases    release profiles: which newer pb_utils features exist (MOCK_TRITON_RELEASE)
@@ -81,7 +88,7 @@ Modules, by concern::
     pb_utils    load_model/unload_model/is_model_ready/get_model_dir, install()
     host        Host: the server as the other modules see it (no module imports server)
     context     which server/model the running code belongs to
-    config      reading (model_config.proto, protobuf text_format), normalizing, checking configurations
+    config      reading (model_config, protobuf text_format), normalizing, checking configurations
     instances   a loaded model, its instance and event loop
     loading     importing model.py, auto_complete_config, initialize/finalize
     ensemble    ensemble checks at load time and the step-by-step run

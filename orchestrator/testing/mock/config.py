@@ -1,8 +1,9 @@
 """Model configurations as the mock loads them: read, filled in, checked.
 
-Files are parsed into Triton's ``ModelConfig`` message (``model_config.proto`` from
-tritonclient, protobuf ``text_format``: the parser Triton's core uses, as the tooling's
-``repository.read_config`` does; the mock imports nothing from the tooling), so a
+Files are parsed into Triton's ``ModelConfig`` message (the mock's own declaration of
+``model_config.proto``'s layout, :mod:`orchestrator.testing.mock.model_config`, and protobuf
+``text_format``: the grammar Triton's core parses; the mock imports neither tritonclient nor
+the tooling), so a
 misspelled field fails here as in the server. What Triton fills in before the backend sees the configuration
 (default version policy and instance group, ``KIND_AUTO`` -> ``KIND_CPU``) is filled in
 here; the dict handed to the model is protobuf's JSON with default fields printed and
@@ -15,11 +16,9 @@ from pathlib import Path
 from typing import Any, List, Optional, Tuple
 
 from google.protobuf import json_format, text_format
-from tritonclient.grpc import model_config_pb2
 
 from orchestrator.testing.mock.errors import LoadError
-
-ModelConfig = model_config_pb2.ModelConfig
+from orchestrator.testing.mock.model_config import ModelConfig
 
 
 def config_file(model_dir: Path, config_name: Optional[str]) -> Path:
@@ -33,12 +32,20 @@ def config_file(model_dir: Path, config_name: Optional[str]) -> Path:
     return model_dir / "config.pbtxt"
 
 
+def _has_model_py(model_dir: Path) -> bool:
+    return model_dir.is_dir() and any(
+        p.is_dir() and p.name.isdigit() and (p / "model.py").is_file() for p in model_dir.iterdir()
+    )
+
+
 def read(name: str, model_dir: Path, config_name: Optional[str],
-         override: Optional[str]) -> Tuple[ModelConfig, Path]:
+         override: Optional[str], auto_complete: bool = True) -> Tuple[ModelConfig, Path]:
     """The configuration of model ``name`` and where it came from.
 
     ``override``: a JSON configuration replacing the file (``pb_utils.load_model(name,
-    config=...)``); its path is ``<config override>``. Raises :class:`LoadError` for a
+    config=...)``); its path is ``<config override>``. Without a file, with ``auto_complete``
+    and a ``<version>/model.py``, the configuration is ``backend: "python"`` alone, as
+    Triton's auto-complete starts it (the model's ``auto_complete_config`` completes it). Raises :class:`LoadError` for a
     missing or invalid configuration or a ``name`` field that differs from the
     directory name (Triton's message).
     """
@@ -50,11 +57,16 @@ def read(name: str, model_dir: Path, config_name: Optional[str],
         except Exception as exc:
             raise LoadError(f"failed to load '{name}': invalid config override: {exc}") from exc
         path = Path("<config override>")
+    elif not path.is_file() and auto_complete and _has_model_py(model_dir):
+        # Triton's auto-complete (the default): no config.pbtxt, a model.py in a version
+        # directory -> the Python backend; auto_complete_config fills in the rest
+        config = ModelConfig()
+        config.backend = "python"
     else:
         if not path.is_file():
             raise LoadError(
-                f"failed to load '{name}': no model configuration at {path} (the mock does "
-                "not auto-generate configurations)"
+                f"failed to load '{name}': no model configuration at {path} (without "
+                "auto-complete or a <version>/model.py, the mock does not generate one)"
             )
         try:
             config = ModelConfig()
@@ -85,12 +97,41 @@ def from_dict(data: dict) -> ModelConfig:
     return config
 
 
+#: core r24.10 ``SEQUENCE_IDLE_DEFAULT_MICROSECONDS`` (1 s).
+SEQUENCE_IDLE_DEFAULT_US = 1000000
+
+
+def _normalize_batchers(config: ModelConfig) -> None:
+    if config.HasField("dynamic_batching") and not config.dynamic_batching.preferred_batch_size:
+        if config.max_batch_size > 0:
+            config.dynamic_batching.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sequence = config.sequence_batching
+        if sequence.max_sequence_idle_microseconds == 0:
+            sequence.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_US
+        if sequence.HasField("oldest") and not sequence.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sequence.oldest.preferred_batch_size.append(config.max_batch_size)
+
+
 def normalize(config: ModelConfig) -> None:
-    """Fill in what Triton fills in before handing the config to the backend."""
+    """Fill in what Triton fills in before handing the config to the backend (core r24.10
+    ``NormalizeModelConfig``, again after the backend's auto-complete, and
+    ``NormalizeInstanceGroup``): the version policy; an empty ``preferred_batch_size`` of
+    the dynamic batcher (and of the sequence batcher's ``oldest`` strategy) becomes
+    ``[max_batch_size]``; the sequence batcher's idle time defaults to 1 s; pinned input and
+    output memory are enabled unless set; the instance groups; and, from
+    ``AutoCompleteBackendFields``, a Python model's ``default_model_filename`` ``model.py``."""
+    if config.backend == "python" and not config.default_model_filename:
+        config.default_model_filename = "model.py"
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    _normalize_batchers(config)
     if config.platform == "ensemble":
         return
+    if not config.optimization.HasField("input_pinned_memory"):
+        config.optimization.input_pinned_memory.enable = True
+    if not config.optimization.HasField("output_pinned_memory"):
+        config.optimization.output_pinned_memory.enable = True
     if not config.instance_group:
         group = config.instance_group.add()
         group.name = config.name

@@ -12,9 +12,10 @@ Failure = Union[None, str, Callable[..., object]]
 
 
 class _Faults:
-    __slots__ = ("fail_next", "failure", "failure_code", "delay")
+    __slots__ = ("fail_next", "failure", "failure_code", "delay", "dead")
 
     def __init__(self) -> None:
+        self.dead: Optional[str] = None  # the "not healthy" message of a killed stub
         self.fail_next: List[tuple] = []  # [(message, code)]
         self.failure: Failure = None
         self.failure_code = ErrorCode.INTERNAL
@@ -49,6 +50,21 @@ class FaultInjector:
         with self._lock:
             self._for(model).delay = float(seconds or 0.0)
 
+    def kill(self, model: str, message: str) -> None:
+        with self._lock:
+            self._for(model).dead = message
+
+    def revive(self, model: str) -> None:
+        with self._lock:
+            faults = self._faults.get(model)
+            if faults is not None:
+                faults.dead = None
+
+    def is_dead(self, model: str) -> bool:
+        with self._lock:
+            faults = self._faults.get(model)
+            return faults is not None and faults.dead is not None
+
     def clear(self, model: Optional[str] = None) -> None:
         with self._lock:
             if model is None:
@@ -65,7 +81,7 @@ class FaultInjector:
     def check(self, model: str, req: Req) -> Optional[Err]:
         """The injected error for this request to ``model``, or None to let it through.
 
-        A pending ``fail_next`` is used up first; else a ``set_failure`` message fails
+        A killed stub fails every request; else a pending ``fail_next`` is used up first; else a ``set_failure`` message fails
         it, or its predicate ``f(inputs, parameters)`` decides (a string is the message,
         ``True`` a default message, falsy lets it through). The predicate runs outside
         the lock, so it may call the mock.
@@ -74,6 +90,8 @@ class FaultInjector:
             faults = self._faults.get(model)
             if faults is None:
                 return None
+            if faults.dead is not None:
+                return Err(faults.dead, ErrorCode.INTERNAL, "exec")
             if faults.fail_next:
                 message, code = faults.fail_next.pop(0)
                 return Err(message, code, "exec")

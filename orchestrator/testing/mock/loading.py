@@ -23,6 +23,7 @@ import uuid
 import warnings
 from typing import TYPE_CHECKING, Any, List, Optional, Set
 
+from orchestrator.testing.mock import pb_helpers
 from orchestrator.testing.mock.config import from_dict, normalize, pick_versions, read, to_dict, validate_io
 from orchestrator.testing.mock.context import CTX, Ctx, running
 from orchestrator.testing.mock.ensemble import load_ensemble
@@ -30,7 +31,6 @@ from orchestrator.testing.mock.errors import LoadError, format_exception
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.logger import LOGGER_NAME
 from orchestrator.testing.mock.records import LogRecord
-from orchestrator.testing.mock.wire import real_utils
 
 if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.testing.mock.host import Host
@@ -48,7 +48,7 @@ def build(server: "Host", name: str, override: Optional[str]) -> List[LoadedMode
     ensembles) are refused.
     """
     model_dir = server.model_repository / name
-    proto, path = read(name, model_dir, server.model_config_name, override)
+    proto, path = read(name, model_dir, server.model_config_name, override, server.auto_complete)
     if proto.platform != "ensemble" and proto.backend != "python":
         what = proto.platform or proto.backend or "no backend/platform"
         raise LoadError(
@@ -159,9 +159,8 @@ def _drop_modules(model: LoadedModel) -> None:
 
 def _auto_complete(model: LoadedModel, cls: Any) -> LoadedModel:
     """``model`` with the configuration ``cls.auto_complete_config`` returns."""
-    pb = real_utils()
-    completed = cls.auto_complete_config(pb.ModelConfig(json.dumps(model.config)))
-    if not isinstance(completed, pb.ModelConfig):
+    completed = cls.auto_complete_config(pb_helpers.ModelConfig(json.dumps(model.config)))
+    if not isinstance(completed, pb_helpers.ModelConfig):
         raise LoadError(
             f"auto_complete_config function in model '{model.name}' must return a "
             "valid pb.ModelConfig object."

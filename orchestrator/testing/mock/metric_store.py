@@ -116,3 +116,52 @@ def snapshot(registry: MetricRegistry) -> Dict[str, Dict[frozenset, Any]]:
                     values[key] = series.value
             out[name] = values
     return out
+
+
+def _number(value: float) -> str:
+    """A sample value as prometheus-cpp writes it (16 significant digits, ``+Inf``)."""
+    if value != value:
+        return "Nan"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return format(value, ".16g")
+
+
+def _labels(pairs: List[tuple]) -> str:
+    if not pairs:
+        return ""
+    escaped = (
+        f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34)).replace(chr(10), chr(92) + "n")}"'
+        for k, v in pairs
+    )
+    return "{" + ",".join(escaped) + "}"
+
+
+def exposition(registry: MetricRegistry) -> str:
+    """The models' metric families as Triton 2.51's ``/metrics`` shows them (Prometheus text
+    format, as prometheus-cpp writes it): ``# HELP`` (the description as given, not escaped)
+    and ``# TYPE`` lines, then each series with its labels sorted by name; a histogram as
+    ``_count``, ``_sum`` and cumulative ``_bucket`` lines with ``le`` last. A family without
+    series is left out. Families and their series come in creation order; Triton lists both
+    in its hash maps' order (prometheus-cpp keys a family's series by a hash of their labels),
+    which a test should not rely on."""
+    lines: List[str] = []
+    with registry.lock:
+        for family in registry.families.values():
+            if not family.series:
+                continue
+            kind = family.kind.name.lower()
+            lines += [f"# HELP {family.name} {family.description}", f"# TYPE {family.name} {kind}"]
+            for key, series in family.series.items():
+                pairs = sorted(key)
+                if family.kind != MetricKind.HISTOGRAM:
+                    lines.append(f"{family.name}{_labels(pairs)} {_number(series.value)}")
+                    continue
+                assert series.bounds is not None and series.bucket_counts is not None
+                lines.append(f"{family.name}_count{_labels(pairs)} {series.count}")
+                lines.append(f"{family.name}_sum{_labels(pairs)} {_number(series.sum)}")
+                cumulative = 0
+                for bound, n in zip(series.bounds + [float("inf")], series.bucket_counts):
+                    cumulative += n
+                    lines.append(f"{family.name}_bucket{_labels(pairs + [('le', _number(bound))])} {cumulative}")
+    return "".join(line + "\n" for line in lines)

@@ -1,5 +1,6 @@
-"""The mock ``triton_python_backend_utils`` module: Triton's own pure-Python file with the
-stub's C++ parts replaced by the mock's, and the model-control functions of the stub.
+"""The mock ``triton_python_backend_utils`` module: the pure-Python helpers (written here,
+:mod:`orchestrator.testing.mock.pb_helpers`), the stub's C++ parts as the mock's, and the
+model-control functions of the stub.
 
 Only the names the real module exposes are added (r24.10 ``pb_stub.cc``).
 """
@@ -10,13 +11,14 @@ import sys
 import types
 from typing import Any, Dict, Optional
 
+from orchestrator.testing.mock import pb_helpers
 from orchestrator.testing.mock.context import current_model, current_server
 from orchestrator.testing.mock.errors import LoadError, TritonError, TritonModelException, as_str, incompatible
 from orchestrator.testing.mock.logger import Logger
 from orchestrator.testing.mock.metrics import MetricFamily
 from orchestrator.testing.mock.requests import InferenceRequest, InferenceResponse
 from orchestrator.testing.mock.tensors import MemoryType, PreferredMemory, Tensor
-from orchestrator.testing.mock.wire import MODULE_LOCK, PB_MODULE_NAME, real_utils
+from orchestrator.testing.mock.wire import MODULE_LOCK, PB_MODULE_NAME
 
 
 def load_model(model_name: str, config: str = "", files: Optional[dict] = None) -> None:
@@ -104,19 +106,26 @@ def _exports() -> Dict[str, Any]:
     }
 
 
+_module: Optional[types.ModuleType] = None
+
+
 def install() -> types.ModuleType:
     """Put the mock ``triton_python_backend_utils`` into ``sys.modules`` (idempotent).
 
-    Returns the module. :class:`MockTriton` calls this; call it yourself before
-    importing a ``model.py`` directly. Raises ImportError when Triton's
-    ``triton_python_backend_utils.py`` is not found (see ``MOCK_TRITON_PB_UTILS``).
+    Returns the module (always the same object). :class:`MockTriton` calls this; call it
+    yourself before importing a ``model.py`` directly. Imports nothing beyond numpy and the
+    standard library: no Triton file or wheel is needed.
     """
+    global _module
     with MODULE_LOCK:
-        module = real_utils()
-        if not getattr(module, "__mock_triton__", False):
+        if _module is None:
+            module = types.ModuleType(PB_MODULE_NAME, "Triton's Python backend utilities (orchestrator's in-process mock).")
+            for name in pb_helpers.__all__:
+                setattr(module, name, getattr(pb_helpers, name))
             for name, obj in _exports().items():
                 setattr(module, name, obj)
-            module.__mock_triton__ = True
-        if sys.modules.get(PB_MODULE_NAME) is not module:
-            sys.modules[PB_MODULE_NAME] = module
-        return module
+            module.__mock_triton__ = True  # type: ignore[attr-defined]
+            _module = module
+        if sys.modules.get(PB_MODULE_NAME) is not _module:
+            sys.modules[PB_MODULE_NAME] = _module
+        return _module

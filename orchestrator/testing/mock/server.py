@@ -28,7 +28,7 @@ from orchestrator.testing.mock.execution import Executor
 from orchestrator.testing.mock.faults import FaultInjector
 from orchestrator.testing.mock.instances import LoadedModel
 from orchestrator.testing.mock.loading import build, finalize
-from orchestrator.testing.mock.metric_store import MetricRegistry, snapshot
+from orchestrator.testing.mock.metric_store import MetricRegistry, exposition, snapshot
 from orchestrator.testing.mock.pb_utils import install
 from orchestrator.testing.mock.records import Call, Err, LogRecord, Recorder, Req, TraceRecord, to_client
 from orchestrator.testing.mock.releases import IS_READY, PROFILES, RESPONSE_PARAMETERS, resolve
@@ -176,8 +176,9 @@ class MockTriton:
         """
         with self._load_lock:
             self._check_open()
-            if self.loaded(name) is not None and config is None:
+            if self.loaded(name) is not None and config is None and not self.faults.is_dead(name):
                 return
+            self.faults.revive(name)  # a load starts new stubs
             if name in self._models:
                 self.unload(name)
             if not (self.model_repository / name).is_dir():
@@ -210,9 +211,13 @@ class MockTriton:
             for model in models:
                 model.ready = False
             self.recorder.set_state(name, "UNLOADING", "", models[0].version)
+            dead = self.faults.is_dead(name)
+            self.faults.revive(name)
             for model in models:
                 got_lock = model.lock.acquire(timeout=self.instance_wait_timeout)
                 try:
+                    if dead:  # a killed stub runs no finalize
+                        model.instance = None
                     finalize(self, model)
                 finally:
                     if got_lock:
@@ -333,6 +338,19 @@ class MockTriton:
         """Sleep ``seconds`` in each ``execute()`` of ``model`` (holding its instance)."""
         self.faults.set_delay(model, seconds)
 
+    def kill_stub(self, model: str) -> None:
+        """Make ``model``'s stub process dead, as after a SIGKILL of it in Triton 2.51: the
+        model stays READY (ready endpoint, repository index, ``is_model_ready``) and every
+        request to it (client, BLS, ensemble step) fails with ``Stub process '<instance>' is
+        not healthy.`` (INTERNAL; python_backend r24.10 ``stub_launcher.cc``; Triton answers
+        after about 1 s, the mock at once) until the model is loaded again. ``finalize`` is
+        not called on unload (a dead stub cannot run it). Raises KeyError when the model
+        is not loaded."""
+        loaded = self.loaded(model)
+        if loaded is None:
+            raise KeyError(f"model '{model}' is not loaded")
+        self.faults.kill(model, f"Stub process '{loaded.instance_name}' is not healthy.")
+
     def clear_faults(self, model: Optional[str] = None) -> None:
         """Remove the faults of ``model`` (of every model when None)."""
         self.faults.clear(model)
@@ -345,6 +363,13 @@ class MockTriton:
         inf: count}}``. A series exists while a ``Metric`` object for it is alive.
         """
         return snapshot(self.metric_registry)
+
+    def metrics_text(self) -> str:
+        """The models' own metric families (``pb_utils.MetricFamily``) as Triton's ``/metrics``
+        endpoint shows them: Prometheus text, byte for byte as the 2.51 server writes each
+        family's block (tests/server/test_mock_agrees_metrics_text.py). Triton's own ``nv_*``
+        families are not emulated."""
+        return exposition(self.metric_registry)
 
     def metric(self, family: str, labels: Optional[dict] = None) -> Any:
         """One value of :meth:`metrics` (``None`` if absent)."""

@@ -3,11 +3,20 @@
 
 Including its gap: with ``optional`` inputs only the *number* of inputs is checked, so a
 request that omits a required input but sends an optional one passes (in Triton too).
+
+The core keeps a request's inputs in a ``std::unordered_map`` and checks them in its
+iteration order, which names the first bad input in an error and orders the "Got input(s)"
+list. For the few inputs of a request, libstdc++ iterates a map in the reverse of the order
+the inputs were added (each new key goes to the front when its bucket is empty), so the mock
+checks them last-sent first; two input names hashing into the same bucket could make Triton
+differ (seen in none of tests/server/test_mock_agrees_generated.py's cases).
 """
 
 from __future__ import annotations
 
 from typing import List, Optional
+
+import numpy as np
 
 from orchestrator.testing.mock.errors import ErrorCode
 from orchestrator.testing.mock.instances import LoadedModel
@@ -31,6 +40,11 @@ def _log_prefix(req: Req) -> str:
     return f"[request id: {req.request_id or '<id_unknown>'}] "
 
 
+def _core_order(req: Req) -> List[tuple]:
+    """The request's inputs in the order the core iterates them (see the module docs)."""
+    return list(reversed(req.inputs))
+
+
 def _check_names(model: LoadedModel, req: Req) -> Optional[Err]:
     """Duplicate inputs, unknown requested outputs, and the number of inputs."""
     name = model.name
@@ -48,8 +62,9 @@ def _check_names(model: LoadedModel, req: Req) -> Optional[Err]:
     if n_required <= n_given <= n_config:
         return None
     missing = [f"'{n}'" for n, i in model.inputs.items() if not i.get("optional") and n not in seen]
-    got = "[" + ",".join(f"'{n}'" for n, _, _ in req.inputs) + "]"
-    missing_str = "[" + ",".join(missing) + "]"
+    got = "[" + ",".join(f"'{n}'" for n, _, _ in _core_order(req)) + "]"
+    # the core pops the trailing "," and so the "[" of an empty list: "]"
+    missing_str = "[" + ",".join(missing) + "]" if missing else "]"
     log = _log_prefix(req)
     if n_config == n_required:
         return _bad(
@@ -68,7 +83,7 @@ def _batch_size(model: LoadedModel, req: Req) -> "int | Err":
     """The request's batch size (0 for non-batching models), or the error."""
     name, mbs, log = model.name, model.max_batch_size, _log_prefix(req)
     batch = 0
-    for input_name, _, array in req.inputs:
+    for input_name, _, array in _core_order(req):
         cfg = model.inputs.get(input_name)
         if cfg is None:
             return _bad(f"unexpected inference input '{input_name}' for model '{name}'")
@@ -91,8 +106,10 @@ def _batch_size(model: LoadedModel, req: Req) -> "int | Err":
     return batch
 
 
-def _model_input(model: LoadedModel, req: Req, tensor: tuple) -> "tuple | Err":
-    """One input checked against its config (datatype, shape) and reshaped."""
+def _model_input(model: LoadedModel, req: Req, tensor: tuple, batch: int = 1) -> "tuple | Err":
+    """One input checked against its config (datatype, shape), reshaped, and its data
+    against its shape (``batch``: the request's batch size, 0 when the first dimension of a
+    batching model's inputs is 0)."""
     input_name, dtype, array = tensor
     name, mbs, log = model.name, model.max_batch_size, _log_prefix(req)
     cfg = model.inputs[input_name]
@@ -118,6 +135,22 @@ def _model_input(model: LoadedModel, req: Req, tensor: tuple) -> "tuple | Err":
         resolved = [next(variable, -1) if d == -1 else d for d in target]
         lead = [int(array.shape[0])] if batched else []
         array = array.reshape(lead + resolved)
+    if batched and batch == 0:
+        # the core's shape "with batch dim" is then the shape without it, and the data (none)
+        # must fill it: input byte size / string element count checks
+        inner = array.shape[1:]
+        count = int(np.prod(inner)) if inner else 1
+        if count:
+            if dtype == "BYTES":
+                return _bad(
+                    f"{log}expected {count} string elements for inference input '{input_name}' "
+                    f"for model '{name}', got 0"
+                )
+            return _bad(
+                f"{log}input byte size mismatch for input '{input_name}' for model '{name}'. "
+                f"Expected {count * array.dtype.itemsize}, got 0"
+            )
+        array = array.reshape(inner)
     return input_name, dtype, array
 
 
@@ -131,12 +164,14 @@ def normalize(model: LoadedModel, req: Req) -> Optional[Err]:
     batch = _batch_size(model, req)
     if isinstance(batch, Err):
         return batch
-    model_inputs: List[tuple] = []
-    for tensor in req.inputs:
-        checked = _model_input(model, req, tensor)
+    checked_inputs = {}
+    for tensor in _core_order(req):
+        checked = _model_input(model, req, tensor, batch)
         if isinstance(checked, Err):
             return checked
-        model_inputs.append(checked)
+        checked_inputs[tensor[0]] = checked
+    # the model sees them in the order sent
+    model_inputs: List[tuple] = [checked_inputs[name] for name, _, _ in req.inputs]
     req.batch_size = batch
     req.model_inputs = model_inputs
     return None

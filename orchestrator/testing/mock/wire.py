@@ -1,22 +1,20 @@
-"""Datatypes and byte tensors as they cross the wire, and Triton's own pure-Python helpers.
+"""Datatypes and byte tensors as they cross the wire.
 
 The datatype tables follow Triton 2.51 (r24.10): ``model_config.proto``'s ``TYPE_*``
 names, the KServe protocol names and the ``TRITONSERVER_DataType`` values that
 ``Tensor.triton_dtype()`` returns (``tritonserver.h``). BYTES tensors are serialized with
-the helpers of Triton's real ``triton_python_backend_utils.py`` (4-byte little-endian
-length, then the bytes, per element), loaded from the ``nvidia-pytriton`` wheel.
+the mock's own ``pb_utils`` helpers (:mod:`orchestrator.testing.mock.pb_helpers`: 4-byte
+little-endian length, then the bytes, per element).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import threading
-import types
-from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
+
+from orchestrator.testing.mock.pb_helpers import deserialize_bytes_tensor, serialize_byte_tensor
 
 PB_MODULE_NAME = "triton_python_backend_utils"
 
@@ -84,56 +82,12 @@ def dims_str(dims: Iterable[int]) -> str:
     return "[" + ",".join(str(int(d)) for d in dims) + "]"
 
 
-# --------------------------------------------------------------------------------------
-# The real pure-Python helpers
-# --------------------------------------------------------------------------------------
-
-
-def _real_utils_path() -> Path:
-    env = os.environ.get("MOCK_TRITON_PB_UTILS")
-    if env:
-        return Path(env)
-    spec = importlib.util.find_spec("pytriton")
-    if spec is not None and spec.submodule_search_locations:
-        for location in spec.submodule_search_locations:
-            candidate = (
-                Path(location) / "tritonserver" / "backends" / "python"
-                / "triton_python_backend_utils.py"
-            )
-            if candidate.is_file():
-                return candidate
-    raise ImportError(
-        "mock_triton needs Triton's pure-Python triton_python_backend_utils.py; it is "
-        "looked up in the nvidia-pytriton wheel (pytriton/tritonserver/backends/python/). "
-        "Install nvidia-pytriton or set MOCK_TRITON_PB_UTILS to the file's path."
-    )
-
-
-_real_module: Optional[types.ModuleType] = None
 MODULE_LOCK = threading.RLock()
-
-
-def real_utils() -> types.ModuleType:
-    """Triton's ``triton_python_backend_utils.py`` as a module (loaded once).
-
-    Raises ImportError when the file is not found (set ``MOCK_TRITON_PB_UTILS`` to its
-    path). :func:`orchestrator.testing.mock.install` adds the stand-ins for the stub's
-    C++ parts to this same module object.
-    """
-    global _real_module
-    with MODULE_LOCK:
-        if _real_module is None:
-            spec = importlib.util.spec_from_file_location(PB_MODULE_NAME, _real_utils_path())
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _real_module = module
-        return _real_module
 
 
 def serialize(array: np.ndarray) -> bytes:
     """A BYTES array as Triton's wire format (``b""`` for an empty array)."""
-    out = real_utils().serialize_byte_tensor(array)
+    out = serialize_byte_tensor(array)
     return b"" if out is None or len(out) == 0 else bytes(out)
 
 
@@ -141,5 +95,5 @@ def deserialize(blob: bytes, shape: Sequence[int]) -> np.ndarray:
     """The object array of ``bytes`` that :func:`serialize` wrote, in ``shape``."""
     if len(blob) == 0:
         return np.empty(tuple(shape), dtype=np.object_)
-    flat = real_utils().deserialize_bytes_tensor(blob)
+    flat = deserialize_bytes_tensor(blob)
     return flat.reshape(tuple(shape))

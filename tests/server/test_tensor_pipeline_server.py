@@ -137,3 +137,16 @@ def test_one_of_n_recognizers_each_receives_exactly_the_rows_that_chose_it(serve
         same(a, mock.infer("one_of_n", r))
     served = {m: rows_served(server, m) - before[m] for m in RECOGNIZERS}
     assert served == {"rec_latin": 6 * 4, "rec_greek": 3 * 4, "rec_cjk": 3 * 4}
+
+
+def test_stop_early_per_request_omits_the_output(server, mock):
+    x = img([[0, 0, 0, 0], [0.5, 0.5, 0.5, 0.5]])
+    out = infer(server, "stop_early_request", {"IMG": x})
+    assert set(out) == {"SCORE"}
+    same(out, mock.infer("stop_early_request", {"IMG": x}))
+
+
+def test_warmup_samples_are_answered_without_downstream_calls(server):
+    assert "router 'typed_warm': warmup sample answered without downstream calls" in server.log_path.read_text()
+    inputs = typed_inputs(2, 3)
+    same(infer(server, "typed_warm", inputs), infer(server, "typed", inputs))

@@ -180,3 +180,37 @@ def test_steps_and_branches_count_their_rows(mock):
     assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case0")) == before["case0"] + 2
     assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case1")) == before["case1"] + 2
     assert mock.metric("orchestrator_step_rows_total", {"router": "per_class", "node": "cls_cat", "model": "cls_cat"}) == rows + 2
+
+
+def echo(mock_or_infer, parameters=None, b=True):
+    inputs = {"A": np.array([[1.0], [2.0]], dtype=np.float32)}
+    if b:
+        inputs["B"] = np.array([[0.5], [0.25]], dtype=np.float32)
+    return mock_or_infer("echo_router", inputs, parameters)
+
+
+def test_optional_inputs_and_parameters_reach_the_steps(mock):
+    out = echo(mock.infer, {"mode": "a", "x_n": 3, "x_b": True, "x_f": 0.5, "x_s": "s"})
+    assert out["S"].reshape(-1).tolist() == [1.5, 2.25]
+    # forward: every parameter BLS can carry (bool, int, str; not the double)
+    assert bytes(out["P"][0, 0]) == b'{"mode": "a", "x_b": true, "x_n": 3, "x_s": "s"}'
+    assert bytes(out["P_NAMED"][0, 0]) == b'{"mode": "a"}' and bytes(out["P_NONE"][0, 0]) == b"{}"
+    assert echo(mock.infer, b=False)["S"].reshape(-1).tolist() == [101.0, 102.0]  # B absent reaches the model absent
+
+
+@pytest.mark.parametrize("parameters,needle", [
+    ({"other": 1}, "parameter 'other': not a parameter of this router"),
+    ({"mode": "c"}, "parameter mode='c': not one of a, b"),
+])
+def test_a_parameter_the_policy_neither_declares_nor_ignores_is_refused(mock, parameters, needle):
+    with pytest.raises(InferError) as err:
+        echo(mock.infer, parameters)
+    assert err.value.code == "INVALID_ARG" and needle in err.value.message
+
+
+def test_a_failing_step_fails_only_its_request(mock):
+    bad, good = {"A": np.array([[-1.0]], dtype=np.float32)}, {"A": np.array([[1.0]], dtype=np.float32)}
+    answers = mock.infer_batch("echo_router", [good, bad, good])
+    assert answers[0]["S"].tolist() == answers[2]["S"].tolist() == [[101.0]]
+    assert isinstance(answers[1], InferError) and answers[1].code == "INTERNAL"
+    assert "failed: model 'echo' failed: A = -1 refused" in answers[1].message, answers[1].message

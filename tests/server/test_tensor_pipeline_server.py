@@ -150,3 +150,34 @@ def test_warmup_samples_are_answered_without_downstream_calls(server):
     assert "router 'typed_warm': warmup sample answered without downstream calls" in server.log_path.read_text()
     inputs = typed_inputs(2, 3)
     same(infer(server, "typed_warm", inputs), infer(server, "typed", inputs))
+
+
+def test_optional_inputs_and_parameters_reach_the_steps_as_on_the_mock(server, mock):
+    from tests.mock.test_pipeline_mock import echo
+
+    def on_server(model, inputs, parameters):
+        return infer(server, model, inputs, parameters)
+
+    params = {"mode": "a", "x_n": 3, "x_b": True, "x_f": 0.5, "x_s": "s"}
+    out = echo(on_server, params)
+    assert bytes(out["P"][0, 0]) == b'{"mode": "a", "x_b": true, "x_n": 3, "x_s": "s"}'
+    same(out, echo(mock.infer, params))
+    same(echo(on_server, b=False), echo(mock.infer, b=False))
+    with pytest.raises(InferenceServerException, match="parameter 'other': not a parameter of this router"):
+        echo(on_server, {"other": 1})
+
+
+def test_a_failing_step_fails_only_its_request_naming_the_step_and_model(server):
+    bad = {"A": np.array([[-1.0]], dtype=np.float32)}
+    good = {"A": np.array([[1.0]], dtype=np.float32)}
+    with cf.ThreadPoolExecutor(8) as pool:  # batched together or not, only the bad ones fail
+        futures = [pool.submit(infer, server, "echo_router", r) for r in [bad, good] * 4]
+    for i, f in enumerate(futures):
+        if i % 2:
+            assert f.result()["S"].tolist() == [[101.0]]
+        else:
+            with pytest.raises(InferenceServerException, match=r"step '(echo|echo_named|echo_none)' failed: model 'echo'.*A = -1 refused"):
+                f.result()
+    with pytest.raises(InferenceServerException, match="B"):  # Triton's own check of the router's input
+        infer(server, "echo_router", dict(good, B=np.array([[1.0, 2.0]], dtype=np.float32)))
+    assert server.is_ready()

@@ -38,7 +38,7 @@ class Fake:
     def __init__(self, fail_once=()):
         self.calls, self.fail_once = [], set(fail_once)
 
-    async def __call__(self, model, inputs, params, request_id, alone, options, outputs):
+    async def __call__(self, model, inputs, params, request_id, alone, options, outputs, several):
         self.calls.append((model, [int(v) for v in inputs["IN"].reshape(-1)]))
         if model in self.fail_once:
             self.fail_once.discard(model)

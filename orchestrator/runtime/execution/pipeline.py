@@ -59,8 +59,9 @@ from orchestrator.runtime.routing.pipeline import (
 )
 from orchestrator.runtime.routing.tensors import RouterSpec
 
-#: ``(target, inputs, parameters, request_id, alone, options, outputs) -> outputs``: one BLS call.
-CallFn = Callable[[str, Dict[str, NDArray[Any]], Dict[str, Any], str, bool, CallOptions, Sequence[str]],
+#: ``(target, inputs, parameters, request_id, alone, options, outputs, several) -> outputs``: one
+#: BLS call (``several``: it holds rows of several requests, retried one by one if it fails).
+CallFn = Callable[[str, Dict[str, NDArray[Any]], Dict[str, Any], str, bool, CallOptions, Sequence[str], bool],
                   Awaitable[Dict[str, NDArray[Any]]]]
 
 
@@ -291,7 +292,8 @@ class PipelineRun:
         if self.metrics is not None:
             self.metrics.inc("orchestrator_step_rows_total", sum(b - a for _, a, b in segments), node=step.name, model=step.target)
         outputs = [name for name, _ in step.outputs]
-        return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs)
+        return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs,
+                               len(reqs) > 1)
 
     def _split(self, step: Step, segments: List[Tuple[View, int, int]], result: Dict[str, NDArray[Any]],
                pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]]) -> None:

@@ -47,7 +47,7 @@ from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
 
 __all__ = [
     "Step", "Case", "Switch", "PNode", "Pipeline", "PIPELINE", "read_pipeline", "bind_pipeline", "node_reads",
-    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches",
+    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches", "describe_pipeline",
 ]
 
 # ----------------------------------------------------------------------------- the nodes
@@ -487,6 +487,32 @@ def fill_rows(sw: Switch, router: RouterSpec) -> Dict[str, Any]:
         assert spec is not None, "bind_pipeline checked fills name router outputs"
         out[t] = fill_array(v, spec, router.max_batch_size > 0, f"{sw.where}.fill.{t}")
     return out
+
+
+def describe_pipeline(pipeline: Pipeline) -> str:
+    """The pipeline as an indented text tree (the router's load log, ``orchestrator policy check``)."""
+    lines = [f"pipeline: outputs {', '.join(pipeline.outputs)}"]
+
+    def emit(nodes: Sequence[PNode], prefix: str) -> None:
+        for n in nodes:
+            if isinstance(n, Step):
+                ins = ", ".join(f"{t}->{m}" for m, t in n.inputs)
+                outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
+                batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
+                extra = " add_batch_dim" if n.add_batch_dim else ""
+                lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
+                continue
+            fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""
+            omit = f" omit {', '.join(n.omit)}" if n.omit else ""
+            lines.append(f"{prefix}switch [{n.name}] scope={n.scope}{fill}{omit}")
+            for c in n.cases:
+                lines.append(f"{prefix}    when {c.when.text()}:")
+                emit(c.then, prefix + "        ")
+            if n.default is not None:
+                lines.append(f"{prefix}    default:")
+                emit(n.default, prefix + "        ")
+    emit(pipeline.steps, "  ")
+    return "\n".join(lines)
 
 
 def with_batches(pipeline: Pipeline, sizes: Mapping[str, Optional[int]]) -> Pipeline:

@@ -46,9 +46,9 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline import bind_pipeline, with_batches
+from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
-from orchestrator.runtime.routing.tensors import RouterSpec, callee_max_batch, router_spec
+from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import cpu_outputs
 
@@ -84,8 +84,13 @@ class PipelineRouter:
             bound = bind_pipeline(policy.pipeline, self.spec)
         except PolicyError as exc:
             raise ValueError(f"router: invalid pipeline policy: {exc}") from None
-        sizes = {s.model: callee_max_batch(repository, s.model) for s in bound.step_nodes() if s.max_batch_size is None}
-        self.pipeline = with_batches(bound, sizes)
+        callees = {s.model: callee_config(repository, s.model) for s in bound.step_nodes()}
+        for s in bound.step_nodes():
+            callee = callees[s.model]
+            if callee is not None and callee.decoupled:
+                raise ValueError(f"router: invalid pipeline policy: {s.where}: model '{s.model}' is decoupled "
+                                 "(model_transaction_policy); a pipeline step needs exactly one response per request")
+        self.pipeline = with_batches(bound, {m: None if c is None else c.max_batch_size for m, c in callees.items()})
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
@@ -99,9 +104,8 @@ class PipelineRouter:
         self.loop.close()
 
     def describe(self) -> str:
-        """The pipeline in one line per step, for the load log."""
-        parts = [f"{s.name}={s.target}(max_batch_size={s.max_batch_size})" for s in self.pipeline.step_nodes()]
-        return f"pipeline: outputs {list(self.pipeline.outputs)}; steps {', '.join(parts)}"
+        """The pipeline as a text tree, for the load log."""
+        return describe_pipeline(self.pipeline)
 
     # -- requests
 

@@ -214,3 +214,14 @@ def test_a_failing_step_fails_only_its_request(mock):
     assert answers[0]["S"].tolist() == answers[2]["S"].tolist() == [[101.0]]
     assert isinstance(answers[1], InferError) and answers[1].code == "INTERNAL"
     assert "failed: model 'echo' failed: A = -1 refused" in answers[1].message, answers[1].message
+
+
+def test_every_step_call_of_a_traced_request_is_a_child_of_its_trace(tmp_path):
+    repo = make_pipeline_repository(tmp_path / "repo")
+    with MockTriton(repo, model_config_name=None, models=["detector", "cls_cat", "cls_dog", "per_class"], trace_rate=1) as m:
+        m.infer("per_class", {"IMG": img([[5, 0, 0, 1], [0, 5, 0, 2]])}, request_id="r1")
+        [root] = [t for t in m.traces if t.parent_id == 0]
+        calls = [t for t in m.traces if t.parent_id == root.id]
+        assert (root.model, root.request_id) == ("per_class", "r1")
+        assert sorted(c.model for c in calls) == ["cls_cat", "cls_dog", "detector"]
+        assert {c.request_id for c in calls} == {"r1"}

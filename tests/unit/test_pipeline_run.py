@@ -87,3 +87,19 @@ def test_a_transient_failure_of_a_merged_call_is_answered_by_the_retries():
     fake = Fake(fail_once={"mid"})
     a, b = run(SWITCH, [[6], [7]], fake)
     assert (a.error, b.error) == (None, None) and values(a) == [60] and values(b) == [70]
+
+
+def test_a_request_past_its_deadline_or_cancelled_stops_before_the_next_step():
+    from orchestrator.runtime.errors import DeadlineExceeded, RequestCancelled
+
+    spec = router_spec(CONFIG)
+    bound = with_batches(bind_pipeline(read_pipeline(SWITCH), spec), {"big": 4, "mid": 4})
+    plans, fills = plan_lists(bound.steps, spec)
+    late = Req({"X": np.array([[11]], dtype=np.int32)}, 1, deadline=5.0)
+    cancelled = Req({"X": np.array([[12]], dtype=np.int32)}, 1, is_cancelled=lambda: True)
+    fine = Req({"X": np.array([[13 - 2]], dtype=np.int32)}, 1, deadline=20.0)
+    fake = Fake()
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 10.0, None, fills, plans).run([late, cancelled, fine]))
+    assert isinstance(late.error, DeadlineExceeded) and "before step 'big'" in str(late.error)
+    assert isinstance(cancelled.error, RequestCancelled)
+    assert fine.error is None and values(fine) == [1100] and fake.calls == [("big", [11])]

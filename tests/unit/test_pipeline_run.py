@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
-from orchestrator.runtime.routing.pipeline import bind_pipeline, read_pipeline, with_batches
+from orchestrator.runtime.routing.pipeline import bind_pipeline, read_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.tensors import router_spec
 
 CONFIG = {"name": "r", "max_batch_size": 16,
@@ -53,7 +54,7 @@ def run(pipeline, requests, fake, batch=4):
     bound = with_batches(bind_pipeline(read_pipeline(pipeline), spec), {"big": batch, "mid": batch})
     plans, fills = plan_lists(bound.steps, spec)
     reqs = [Req({"X": np.array(r, dtype=np.int32).reshape(-1, 1)}, len(r)) for r in requests]
-    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 0.0, None, fills, plans).run(reqs))
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 0.0, None, fills, plans, switch_exports(bound)).run(reqs))
     return reqs
 
 
@@ -99,7 +100,23 @@ def test_a_request_past_its_deadline_or_cancelled_stops_before_the_next_step():
     cancelled = Req({"X": np.array([[12]], dtype=np.int32)}, 1, is_cancelled=lambda: True)
     fine = Req({"X": np.array([[13 - 2]], dtype=np.int32)}, 1, deadline=20.0)
     fake = Fake()
-    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 10.0, None, fills, plans).run([late, cancelled, fine]))
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 10.0, None, fills, plans, switch_exports(bound)).run([late, cancelled, fine]))
     assert isinstance(late.error, DeadlineExceeded) and "before step 'big'" in str(late.error)
     assert isinstance(cancelled.error, RequestCancelled)
     assert fine.error is None and values(fine) == [1100] and fake.calls == [("big", [11])]
+
+
+def test_a_tensor_only_its_branch_reads_needs_no_fill_and_stays_inside():
+    chain = {"outputs": ["Y"], "steps": [{
+        "kind": "switch", "name": "sw", "scope": "row",
+        "cases": [{"when": {"tensor": "X", "op": "gt", "value": 10},
+                   "then": [{"kind": "step", "model": "mid", "inputs": {"IN": "X"}, "outputs": {"OUT": "T"}},
+                            {"kind": "step", "model": "big", "inputs": {"IN": "T"}, "outputs": {"OUT": "Y"}}]}],
+        "fill": {"Y": 0}}]}
+    fake = Fake()
+    [req] = run(chain, [[11, 1, 12]], fake)
+    assert values(req) == [11000, 0, 12000] and "T" not in req.tensors
+    assert fake.calls == [("mid", [11, 12]), ("big", [110, 120])]
+    read_outside = dict(chain, steps=chain["steps"] + [{"kind": "step", "name": "later", "model": "mid", "inputs": {"IN": "T"}, "outputs": {"OUT": "Z"}}])
+    with pytest.raises(PolicyError, match="'T' is not written when no case is taken"):
+        bind_pipeline(read_pipeline(read_outside), router_spec(CONFIG))

@@ -140,13 +140,14 @@ class PipelineRun:
         metrics: per-step counters and latencies (None: none).
         fills: switch name -> its fill rows (``routing.pipeline.fill_rows``), made once at load.
         plans: node list id -> its generations, made once at load.
+        exports: switch name -> the tensors it puts back (``routing.pipeline.switch_exports``).
     """
 
     def __init__(self, steps: Sequence[PNode], router: RouterSpec, call: CallFn, clock: Callable[[], float],
                  metrics: Optional[Metrics], fills: Dict[str, Dict[str, NDArray[Any]]],
-                 plans: Dict[int, List[List[PNode]]]):
+                 plans: Dict[int, List[List[PNode]]], exports: Dict[str, Tuple[str, ...]]):
         self.steps, self.router, self.call, self.clock = steps, router, call, clock
-        self.metrics, self.fills, self.plans = metrics, fills, plans
+        self.metrics, self.fills, self.plans, self.exports = metrics, fills, plans, exports
         self.batching = router.max_batch_size > 0
 
     async def run(self, reqs: Sequence[Req]) -> None:
@@ -376,7 +377,7 @@ class PipelineRun:
                 if n:
                     self.metrics.inc("orchestrator_branch_rows_total", n, node=sw.name, branch=label)
         await gather(self.run_list(branches[b], [s for _, _, s in subs[b]]) for b in range(len(branches)) if subs[b])
-        writes = list(dict.fromkeys(t for b in branches for n in b for t in node_writes(n)))
+        writes = self.exports[sw.name]
         fill = self.fills.get(sw.name, {})
         for v in views:
             if v.req.error is None:

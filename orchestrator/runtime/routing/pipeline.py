@@ -47,7 +47,7 @@ from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
 
 __all__ = [
     "Step", "Case", "Switch", "PNode", "Pipeline", "PIPELINE", "read_pipeline", "bind_pipeline", "node_reads",
-    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches", "describe_pipeline",
+    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches", "describe_pipeline", "switch_exports",
 ]
 
 # ----------------------------------------------------------------------------- the nodes
@@ -379,7 +379,24 @@ def read_pipeline(value: Any, where: str = "pipeline") -> Pipeline:
 # ----------------------------------------------------------------------------- binding
 
 
-def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any], where: str) -> None:
+def switch_exports(pipeline: Pipeline) -> Dict[str, Tuple[str, ...]]:
+    """Switch name -> the tensors it puts back for the nodes after it: those its branches
+    write (or it fills) that a node outside it reads or that are pipeline outputs. A
+    tensor only its own branches read stays inside the branch (it needs no fill)."""
+    out: Dict[str, Tuple[str, ...]] = {}
+    nodes = pipeline.nodes()
+    for sw in (n for n in nodes if isinstance(n, Switch)):
+        inside = {id(n) for n in Pipeline((), (sw,)).nodes()}
+        read = set(pipeline.outputs)
+        for n in nodes:
+            if id(n) not in inside:
+                read |= {t for _, t in n.inputs} if isinstance(n, Step) else {t for c in n.cases for t in c.when.tensors()}
+        out[sw.name] = tuple(t for t in node_writes(sw) if t in read)
+    return out
+
+
+def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any], where: str,
+                exports: Mapping[str, Tuple[str, ...]]) -> None:
     """Dataflow checks of one node list (the top level or a branch); see the module docstring."""
     writer: Dict[str, PNode] = {}
     inputs = {i.name for i in router.inputs}
@@ -406,7 +423,7 @@ def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec,
         done |= {n.name for n in ready}
     for n in nodes:
         if isinstance(n, Switch):
-            _check_switch(n, available | set(writer), router, dtypes)
+            _check_switch(n, available | set(writer), router, dtypes, exports)
 
 
 def _check_cases(sw: Switch, available: Set[str], dtypes: Mapping[str, Any]) -> None:
@@ -418,12 +435,13 @@ def _check_cases(sw: Switch, available: Set[str], dtypes: Mapping[str, Any]) -> 
                                   "before the switch")
 
 
-def _check_switch(sw: Switch, available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any]) -> None:
+def _check_switch(sw: Switch, available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any],
+                  exports: Mapping[str, Tuple[str, ...]]) -> None:
     request_scope = sw.scope == "request" or router.max_batch_size == 0
     _check_cases(sw, available, dtypes)
     for i, branch in enumerate(sw.branches()):
-        _check_list(branch, available, router, dtypes, f"{sw.where}.branch[{i}]")
-    written = [t for b in sw.branches() for n in b for t in node_writes(n)]
+        _check_list(branch, available, router, dtypes, f"{sw.where}.branch[{i}]", exports)
+    written = [t for b in sw.branches() for n in b for t in node_writes(n) if t in exports[sw.name]]
     fill = dict(sw.fill)
     for t in fill:
         spec = router.output(t)
@@ -470,7 +488,7 @@ def bind_pipeline(pipeline: Pipeline, router: RouterSpec) -> Pipeline:
     if len(set(pipeline.outputs)) != len(pipeline.outputs):
         raise PolicyError("pipeline.outputs: a tensor is listed twice")
     dtypes = {t.name: np.dtype(t.dtype) for t in router.inputs}
-    _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps")
+    _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps", switch_exports(pipeline))
     written = {t for n in pipeline.steps for t in node_writes(n)}
     for i, o in enumerate(pipeline.outputs):
         if o not in written and o not in dtypes:

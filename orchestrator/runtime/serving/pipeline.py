@@ -46,7 +46,7 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, with_batches
+from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
 from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
@@ -92,6 +92,7 @@ class PipelineRouter:
                                  "(model_transaction_policy); a pipeline step needs exactly one response per request")
         self.pipeline = with_batches(bound, {m: None if c is None else c.max_batch_size for m, c in callees.items()})
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
+        self.exports = switch_exports(self.pipeline)
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
         self.warmups_left = warmups
@@ -241,7 +242,7 @@ class PipelineRouter:
                 responses[k] = self.fail(exc)
         observe_stage(self.metrics, "parse", began)
         run = PipelineRun(self.pipeline.steps, self.spec, self.downstream.call_step, self.clock, self.metrics,
-                          self.fills, self.plans)
+                          self.fills, self.plans, self.exports)
         try:
             await run.run(list(reqs.values()))
         except Exception as exc:  # a bug fails these requests, never the instance

@@ -208,6 +208,9 @@ def make_pipeline_repository(repo: Path) -> Path:
             '{ key: "NAME" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } ] } ]\n')
     write_router(repo, "typed_warm", config("typed_warm", 8, TYPED_IN, TYPED_OUT, warm),
                  policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS))
+    admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
+    admitted["admission"] = {"max_wait_ms": 50}
+    write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
     (repo / "typed_ensemble").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "1").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "config.pbtxt").write_text(ensemble("typed_ensemble", 8, TYPED_IN, TYPED_OUT, TYPED_STEPS))
@@ -267,6 +270,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
           "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

@@ -225,3 +225,19 @@ def test_every_step_call_of_a_traced_request_is_a_child_of_its_trace(tmp_path):
         assert (root.model, root.request_id) == ("per_class", "r1")
         assert sorted(c.model for c in calls) == ["cls_cat", "cls_dog", "detector"]
         assert {c.request_id for c in calls} == {"r1"}
+
+
+def test_admission_runs_the_first_requests_of_an_execute_over_the_bound_and_refuses_the_rest(mock):
+    from orchestrator.runtime.routing.settings import AdmissionSettings
+    from orchestrator.runtime.serving.admission import Admission
+    from orchestrator.runtime.serving.router import QueueDelay
+
+    router = mock.loaded("typed_admission").instance
+    router.pipeline.admission = Admission(AdmissionSettings(max_wait_ms=50))
+    router.pipeline.admission.ran(1, 0.020)  # 20 ms per request: two fit in 50 ms
+    router.load = QueueDelay()  # idle: no queue delay
+    requests = [typed_inputs(1, 3, seed=i) for i in range(6)]
+    out = mock.infer_batch("typed_admission", requests)
+    for got, inputs in zip(out[:2], requests):
+        same(got, mock.infer("typed", inputs))
+    assert all(isinstance(o, InferError) and o.code == "UNAVAILABLE" and "overloaded" in o.message for o in out[2:])

@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from orchestrator.testing.mock import MockTriton
+from orchestrator.tooling import prometheus
 from tests.mock.test_pipeline_mock import img, same, typed_inputs
 from tests.pipeline_repo import CLASSES, MODELS, RECOGNIZERS, make_pipeline_repository
 
@@ -112,12 +113,19 @@ def test_stop_early(server, mock):
     same(out, mock.infer("stop_early", {"IMG": x}))
 
 
+def branch_rows(server, branch):
+    time.sleep(1.2)  # the router's metrics flush every 0.5 s
+    return prometheus.value(server.metrics(), "orchestrator_branch_rows_total", router="per_class", node="by_class", branch=branch)
+
+
 def test_a_detector_then_a_per_class_model(server, mock):
     x = img([[5, 0, 0, 1], [0, 5, 0, 2], [0, 0, 5, 3], [6, 0, 0, 4], [0, 7, 0, 0]])
     before = {c: rows_served(server, f"cls_{c}") for c in CLASSES}
+    none = branch_rows(server, "none")
     out = infer(server, "per_class", {"IMG": x})
     assert [bytes(e) for e in out["LABEL"].reshape(-1)] == [b"cat:6", b"dog:7", b"none", b"cat:10", b"dog:7"]
     assert {c: rows_served(server, f"cls_{c}") - before[c] for c in CLASSES} == {"cat": 2, "dog": 2}
+    assert branch_rows(server, "none") - none == 1  # on /metrics
     same(out, mock.infer("per_class", {"IMG": x}))
 
 

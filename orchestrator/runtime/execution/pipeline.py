@@ -210,8 +210,7 @@ class PipelineRun:
         retry of a merged call that failed)."""
         views = [v for v in views if not self._stopped(v.req, step)]
         calls = self._calls(step, views, separate)
-        alone = len(calls) == 1 and not in_concurrent_branch()
-        results = await gather((self._call(step, segments, inputs, alone) for segments, inputs in calls), settle=True)
+        results = await self._settle(step, calls)
         retry: Dict[int, View] = {}
         for (segments, _), result in zip(calls, results):
             if isinstance(result, BaseException) and len({id(s[0].req) for s in segments}) > 1:
@@ -231,6 +230,16 @@ class PipelineRun:
         for v in views:
             if id(v) in pieces and v.req.error is None:
                 self._store(step, v, pieces[id(v)])
+
+    async def _settle(self, step: Step, calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]) -> List[Any]:
+        """Every call's outputs or its exception, in order; a lone call awaited in place (no
+        task: the path of one request through a chain of steps), several side by side."""
+        if len(calls) == 1:
+            try:
+                return [await self._call(step, calls[0][0], calls[0][1], not in_concurrent_branch())]
+            except Exception as exc:  # the caller turns it into the requests' error
+                return [exc]
+        return await gather((self._call(step, segments, inputs, False) for segments, inputs in calls), settle=True)
 
     def _calls(self, step: Step, views: Sequence[View], separate: bool
                ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:

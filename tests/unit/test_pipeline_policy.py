@@ -171,3 +171,19 @@ def test_a_decoupled_step_model_is_refused_at_load_naming_it(tmp_path):
     with MockTriton(repo, model_config_name=None) as mock:
         with pytest.raises(LoadError, match="model 'second' is decoupled"):
             mock.load("stop_early")
+
+
+def test_the_published_json_schema_accepts_the_pipelines_and_rejects_what_the_parser_rejects():
+    jsonschema = pytest.importorskip("jsonschema")
+    from orchestrator.runtime.routing.policy_docs import json_schema
+
+    validator = jsonschema.Draft7Validator(json_schema())
+    for document in (STOP_EARLY, PER_CLASS, ONE_OF_N):
+        validator.validate(document)
+    bad = yaml.safe_load(yaml.safe_dump(PER_CLASS))
+    bad["pipeline"]["steps"][1]["cases"][0]["when"]["reduce"] = "median"
+    assert not validator.is_valid(bad)
+    with pytest.raises(PolicyError, match="median"):
+        parse_any(bad)
+    both = dict(STOP_EARLY, root={"kind": "constant", "probability": 0.5})
+    assert not validator.is_valid(both)

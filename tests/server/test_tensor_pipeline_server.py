@@ -44,8 +44,9 @@ def mock(repo):
         yield m
 
 
-def infer(server, model, inputs, parameters=None, protocol="http"):
-    """``{output: array}`` of one request (raises InferenceServerException)."""
+def infer(server, model, inputs, parameters=None, protocol="http", outputs=None):
+    """``{output: array}`` of one request (``outputs``: those requested; None: all; raises
+    InferenceServerException)."""
     lib = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     client = lib.InferenceServerClient(url)
@@ -55,7 +56,8 @@ def infer(server, model, inputs, parameters=None, protocol="http"):
             item = lib.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             item.set_data_from_numpy(array)
             items.append(item)
-        result = client.infer(model, items, parameters=parameters)
+        wanted = None if outputs is None else [lib.InferRequestedOutput(n) for n in outputs]
+        result = client.infer(model, items, parameters=parameters, outputs=wanted)
         response = result.get_response()
         names = [o["name"] for o in response["outputs"]] if protocol == "http" else [o.name for o in response.outputs]
         return {n: result.as_numpy(n) for n in names}
@@ -189,3 +191,11 @@ def test_a_failing_step_fails_only_its_request_naming_the_step_and_model(server)
     with pytest.raises(InferenceServerException, match="B"):  # Triton's own check of the router's input
         infer(server, "echo_router", dict(good, B=np.array([[1.0, 2.0]], dtype=np.float32)))
     assert server.is_ready()
+
+
+def test_only_the_requested_outputs_are_answered_as_by_the_ensemble(server, mock):
+    inputs = typed_inputs(2, 3)
+    got = infer(server, "typed", inputs, outputs=["LABEL", "Y"])
+    assert set(got) == {"LABEL", "Y"}
+    same(got, infer(server, "typed_ensemble", inputs, outputs=["LABEL", "Y"]))
+    same(got, mock.infer("typed", inputs, outputs=["LABEL", "Y"]))

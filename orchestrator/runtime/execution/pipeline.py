@@ -80,6 +80,7 @@ class Req:
             clock seconds, None: none), ``is_cancelled``.
         batched: tensors given a batch dimension by ``add_batch_dim`` steps.
         error: set once it failed; it then takes no further part.
+        requested: the outputs the client asked for (empty: all).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -92,6 +93,7 @@ class Req:
     is_cancelled: Callable[[], bool] = lambda: False
     batched: Set[str] = field(default_factory=set)
     error: Optional[OrchestratorError] = None
+    requested: Tuple[str, ...] = ()
 
 
 @dataclass

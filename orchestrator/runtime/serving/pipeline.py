@@ -145,7 +145,8 @@ class PipelineRouter:
         forward = {k: v for k, v in params.items() if isinstance(v, (bool, int, str))}
         timeout_us = int(request.timeout() or 0)
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
-                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled)
+                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled,
+                   requested=tuple(request.requested_output_names()))
 
     def respond(self, req: Req) -> Any:
         """The response of a request the pipeline ran (its error, or its outputs in order)."""
@@ -154,8 +155,8 @@ class PipelineRouter:
         tensors = []
         for name in self.pipeline.outputs:
             array = req.tensors.get(name)
-            if array is None:
-                continue  # no node produced it: left out, as an ensemble does
+            if array is None or (req.requested and name not in req.requested):
+                continue  # no node produced it (left out, as an ensemble does), or not asked for
             spec = self.spec.output(name)
             if (self.spec.max_batch_size == 0 and name in req.batched and spec is not None
                     and array.ndim == len(spec.dims) + 1 and array.shape[0] == 1):

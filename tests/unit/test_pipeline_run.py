@@ -120,3 +120,34 @@ def test_a_tensor_only_its_branch_reads_needs_no_fill_and_stays_inside():
     read_outside = dict(chain, steps=chain["steps"] + [{"kind": "step", "name": "later", "model": "mid", "inputs": {"IN": "T"}, "outputs": {"OUT": "Z"}}])
     with pytest.raises(PolicyError, match="'T' is not written when no case is taken"):
         bind_pipeline(read_pipeline(read_outside), router_spec(CONFIG))
+
+
+class Odd(Fake):
+    """``mid`` answers FP64; ``big`` one row too many for 20."""
+
+    async def __call__(self, model, inputs, params, request_id, alone, options, outputs, several):
+        out = await super().__call__(model, inputs, params, request_id, alone, options, outputs, several)
+        if model == "mid":
+            return {"OUT": out["OUT"].astype(np.float64)}
+        return {"OUT": np.concatenate([out["OUT"], out["OUT"][:1]])} if 20 in inputs["IN"] else out
+
+
+def test_branches_that_disagree_or_a_model_that_answers_other_rows_fail_that_request_only():
+    a, b, c = run(SWITCH, [[11, 6], [20], [12]], Odd(), batch=1)  # one call per row
+    assert "switch 'sw': its branches wrote 'Y' as float64[1] and int32[1]" in str(a.error)
+    assert "step 'big': model 'big' answered OUT with shape [2, 1] for 1 rows" in str(b.error)
+    assert c.error is None and values(c) == [1200]
+
+
+def test_a_switch_inside_a_branch_sees_only_its_rows():
+    nested = {"outputs": ["Y"], "steps": [{
+        "kind": "switch", "name": "outer", "scope": "row",
+        "cases": [{"when": {"tensor": "X", "op": "gt", "value": 5}, "then": [{
+            "kind": "switch", "name": "inner", "scope": "row",
+            "cases": [{"when": {"tensor": "X", "op": "gt", "value": 10}, "then": [step("big")]}],
+            "default": [step("mid")]}]}],
+        "fill": {"Y": 0}}]}
+    fake = Fake()
+    [req] = run(nested, [[1, 11, 6, 2, 20]], fake)
+    assert values(req) == [0, 1100, 60, 0, 2000]
+    assert sorted(fake.calls) == [("big", [11, 20]), ("mid", [6])]

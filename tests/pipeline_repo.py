@@ -208,6 +208,10 @@ def make_pipeline_repository(repo: Path) -> Path:
             '{ key: "NAME" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } ] } ]\n')
     write_router(repo, "typed_warm", config("typed_warm", 8, TYPED_IN, TYPED_OUT, warm),
                  policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS))
+    write_model(repo, "labeler_spare", config("labeler_spare", 8, [tensor("CODE", "TYPE_INT8", [1]), tensor("NAME", "TYPE_STRING", [1])],
+                                              TYPED_OUT[2:]), BODIES["labeler"])
+    write_router(repo, "typed_fallback", config("typed_fallback", 8, TYPED_IN, TYPED_OUT),
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(TYPED_STEPS[1], fallback=["labeler_spare"])]))
     admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
     admitted["admission"] = {"max_wait_ms": 50}
     write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
@@ -270,6 +274,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
           "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

@@ -274,7 +274,8 @@ def check_pipeline(path: Path, args) -> int:
             errors.append(str(exc))
     if getattr(args, "repo", None) or router_config is not None:
         repo = _repository_for(path, getattr(args, "repo", None))
-        missing = [m for m in dict.fromkeys(s.model for s in policy.pipeline.step_nodes()) if config_path(repo / m, config_name) is None]
+        named = dict.fromkeys(m for s in policy.pipeline.step_nodes() for m in (s.model, *s.fallback))
+        missing = [m for m in named if config_path(repo / m, config_name) is None]
         errors += [f"model '{m}' is not in the model repository {repo}" for m in missing]
         if not missing:
             print(f"models {', '.join(policy.models())} are in {repo}")

@@ -241,3 +241,11 @@ def test_admission_runs_the_first_requests_of_an_execute_over_the_bound_and_refu
     for got, inputs in zip(out[:2], requests):
         same(got, mock.infer("typed", inputs))
     assert all(isinstance(o, InferError) and o.code == "UNAVAILABLE" and "overloaded" in o.message for o in out[2:])
+
+
+def test_a_step_falls_back_to_its_next_model_when_its_call_fails(mock):
+    inputs = typed_inputs(2, 3)
+    mock.reset_calls()
+    mock.fail_next("labeler", "boom", count=1)
+    same(mock.infer("typed_fallback", inputs), mock.infer("typed_ensemble", inputs))
+    assert mock.calls_to("labeler_spare") == [(2,)]

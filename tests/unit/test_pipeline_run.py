@@ -151,3 +151,14 @@ def test_a_switch_inside_a_branch_sees_only_its_rows():
     [req] = run(nested, [[1, 11, 6, 2, 20]], fake)
     assert values(req) == [0, 1100, 60, 0, 2000]
     assert sorted(fake.calls) == [("big", [11, 20]), ("mid", [6])]
+
+
+def test_a_step_falls_back_to_the_next_model_for_the_requests_whose_call_failed():
+    policy = {"outputs": ["Y"], "steps": [dict(step("big"), fallback=["mid"])]}
+    fake = Fake(fail_once={"big"})
+    [a] = run(policy, [[1, 2]], fake)
+    assert a.error is None and values(a) == [10, 20]
+    assert fake.calls == [("big", [1, 2]), ("mid", [1, 2])]
+    fake = Fake()
+    ok, bad = run(policy, [[1], [13]], fake)  # 13 fails in both models: its request fails, naming the last
+    assert values(ok) == [100] and "step 'big' failed: model 'mid' failed: unlucky row" in str(bad.error)

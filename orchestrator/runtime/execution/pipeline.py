@@ -32,7 +32,7 @@ branches (``DownstreamError``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -218,19 +218,20 @@ class PipelineRun:
             if isinstance(result, BaseException) and len({id(s[0].req) for s in segments}) > 1:
                 retry.update((id(s[0]), s[0]) for s in segments)
         pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]] = {}
+        fallback: Dict[int, View] = {}
         for (segments, _), result in zip(calls, results):
             if isinstance(result, BaseException):
                 if not any(id(s[0]) in retry for s in segments):
-                    req = segments[0][0].req
-                    req.error = req.error or _rename(result, step)
-                    if self.metrics is not None:
-                        self.metrics.inc("orchestrator_node_errors_total", node=step.name)
+                    self._failed(step, segments, result, fallback)
             elif not any(id(s[0]) in retry for s in segments):
                 self._split(step, segments, result, pieces)
         if retry:  # each request of a failed merged call alone: only those that fail get the error
             await self.run_step(step, list(retry.values()), separate=True)
-        for v in views:
-            if id(v) in pieces and v.req.error is None:
+        if fallback:  # the next model, for the requests whose call failed
+            nxt = replace(step, model=step.fallback[0], version=-1, fallback=step.fallback[1:], max_batch_size=0)
+            await self.run_step(nxt, list(fallback.values()), separate=True)
+        for v in views:  # a view retried or passed to the fallback was stored there, whole
+            if id(v) in pieces and v.req.error is None and id(v) not in retry and id(v) not in fallback:
                 self._store(step, v, pieces[id(v)])
 
     async def _settle(self, step: Step, calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]) -> List[Any]:
@@ -242,6 +243,16 @@ class PipelineRun:
             except Exception as exc:  # the caller turns it into the requests' error
                 return [exc]
         return await gather((self._call(step, segments, inputs, False) for segments, inputs in calls), settle=True)
+
+    def _failed(self, step: Step, segments: List[Tuple[View, int, int]], exc: BaseException, fallback: Dict[int, View]) -> None:
+        """A call of one request failed: its views go to the step's fallback, else the request fails."""
+        if step.fallback:
+            fallback.update((id(s[0]), s[0]) for s in segments)
+            return
+        req = segments[0][0].req
+        req.error = req.error or _rename(exc, step)
+        if self.metrics is not None:
+            self.metrics.inc("orchestrator_node_errors_total", node=step.name)
 
     def _calls(self, step: Step, views: Sequence[View], separate: bool
                ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:

@@ -71,6 +71,8 @@ class Step:
         max_batch_size: rows per BLS call (None: the callee's ``max_batch_size`` from its
             ``config.pbtxt`` in the repository when found, else the rows of one request per call).
         where: its location in the policy.
+        fallback: models tried in turn, with the same inputs and outputs, for the requests
+            whose call to ``model`` failed (its error, or its circuit open).
     """
 
     name: str
@@ -83,6 +85,7 @@ class Step:
     max_batch_size: Optional[int] = None
     where: str = ""
     kind: str = "step"
+    fallback: Tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -157,8 +160,8 @@ class Pipeline:
         return [n for n in self.nodes() if isinstance(n, Step)]
 
     def models(self) -> List[str]:
-        """Every call target (``model`` or ``model@version``), without repeats."""
-        return list(dict.fromkeys(s.target for s in self.step_nodes()))
+        """Every call target (``model`` or ``model@version``, and fallbacks), without repeats."""
+        return list(dict.fromkeys(t for s in self.step_nodes() for t in (s.target, *s.fallback)))
 
 
 def node_writes(node: PNode) -> List[str]:
@@ -293,6 +296,8 @@ STEP = S.Struct("pipeline.step", [
           "calling a batching model); a router output keeps it only when its dims have it"),
     S.Key("max_batch_size", S.Int(0, 1 << 20), "rows per BLS call; 0: one call per request",
           computed="the model's `max_batch_size` from its config.pbtxt, else one call per request"),
+    S.Key("fallback", S.Strings(1), "models tried in turn, with the same `inputs` and `outputs`, for the requests "
+          "whose call failed (an error, or the model's circuit open)"),
     S.Key("when", _CondType(), "run the step only for the rows (or requests) where this holds"),
 ] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
 
@@ -361,7 +366,7 @@ def _read_node(value: Any, where: str, names: _Names) -> PNode:
     v = STEP.read(value, where, names)
     step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
                 -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
-                bool(v["add_batch_dim"]), v["max_batch_size"], where)
+                bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()))
     if v["when"] is None:
         if v["scope"] is not None or v["fill"] is not None or v["omit"] is not None:
             raise PolicyError(f"{where}: scope, fill and omit go with `when`")
@@ -517,7 +522,7 @@ def describe_pipeline(pipeline: Pipeline) -> str:
                 ins = ", ".join(f"{t}->{m}" for m, t in n.inputs)
                 outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
                 batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
-                extra = " add_batch_dim" if n.add_batch_dim else ""
+                extra = (" add_batch_dim" if n.add_batch_dim else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
                 lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
                 continue
             fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""

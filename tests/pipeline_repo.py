@@ -212,6 +212,11 @@ def make_pipeline_repository(repo: Path) -> Path:
                                               TYPED_OUT[2:]), BODIES["labeler"])
     write_router(repo, "typed_fallback", config("typed_fallback", 8, TYPED_IN, TYPED_OUT),
                  policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(TYPED_STEPS[1], fallback=["labeler_spare"])]))
+    write_router(repo, "typed_on_demand", config("typed_on_demand", 8, TYPED_IN, TYPED_OUT),
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(
+                     TYPED_STEPS[1], model="labeler_lazy", on_demand={"idle_timeout_s": 0.3, "retry_after_s": 60})]))
+    write_model(repo, "labeler_lazy", config("labeler_lazy", 8, [tensor("CODE", "TYPE_INT8", [1]), tensor("NAME", "TYPE_STRING", [1])],
+                                             TYPED_OUT[2:]), BODIES["labeler"])
     admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
     admitted["admission"] = {"max_wait_ms": 50}
     write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
@@ -274,6 +279,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_on_demand", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
           "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

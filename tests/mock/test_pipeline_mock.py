@@ -249,3 +249,13 @@ def test_a_step_falls_back_to_its_next_model_when_its_call_fails(mock):
     mock.fail_next("labeler", "boom", count=1)
     same(mock.infer("typed_fallback", inputs), mock.infer("typed_ensemble", inputs))
     assert mock.calls_to("labeler_spare") == [(2,)]
+
+
+def test_an_on_demand_step_model_is_loaded_at_first_use_and_unloaded_when_idle(mock):
+    assert not mock.is_model_ready("labeler_lazy")  # not in MODELS: never loaded by the test
+    inputs = typed_inputs(2, 3)
+    same(mock.infer("typed_on_demand", inputs), mock.infer("typed_ensemble", inputs))
+    deadline = time.monotonic() + 10
+    while mock.is_model_ready("labeler_lazy") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not mock.is_model_ready("labeler_lazy")

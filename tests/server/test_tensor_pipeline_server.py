@@ -199,3 +199,9 @@ def test_only_the_requested_outputs_are_answered_as_by_the_ensemble(server, mock
     assert set(got) == {"LABEL", "Y"}
     same(got, infer(server, "typed_ensemble", inputs, outputs=["LABEL", "Y"]))
     same(got, mock.infer("typed", inputs, outputs=["LABEL", "Y"]))
+
+
+def test_an_on_demand_step_model_is_loaded_at_first_use(server):
+    assert not server.client().is_model_ready("labeler_lazy")
+    inputs = typed_inputs(2, 3)
+    same(infer(server, "typed_on_demand", inputs), infer(server, "typed_ensemble", inputs))

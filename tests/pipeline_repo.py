@@ -230,11 +230,12 @@ def make_pipeline_repository(repo: Path) -> Path:
     (repo / "flat_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "flat_ensemble" / "config.pbtxt").write_text(ensemble("flat_ensemble", 0, FLAT_IN, FLAT_OUT, flat_steps))
     # max_batch_size 0 around a batching model: add_batch_dim in, stripped out where the dims lack it
-    unbatched_in = [tensor("X", "TYPE_FP16", [-1]), tensor("FLAGS", "TYPE_BOOL", [2])]
-    unbatched_out = [tensor("Y", "TYPE_FP16", [-1]), tensor("CODE", "TYPE_INT8", [1, 1])]
-    unbatched_steps = [step("mixer", {"X": "X", "FLAGS": "FLAGS"}, {"Y": "Y", "CODE": "CODE"})]
+    unbatched_in = [tensor("X", "TYPE_FP16", [-1]), tensor("FLAGS", "TYPE_BOOL", [2]), tensor("NAME", "TYPE_STRING", [1])]
+    unbatched_out = [tensor("Y", "TYPE_FP16", [-1]), tensor("CODE", "TYPE_INT8", [1, 1]), tensor("LABEL", "TYPE_STRING", [1]),
+                     tensor("ECHO", "TYPE_BOOL", [1, 1])]
+    unbatched_steps = TYPED_STEPS
     write_router(repo, "unbatched", config("unbatched", 0, unbatched_in, unbatched_out),
-                 policy(["Y", "CODE"], [dict(unbatched_steps[0], add_batch_dim=True)]))
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [dict(s, add_batch_dim=True) for s in unbatched_steps]))
     (repo / "unbatched_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "unbatched_ensemble" / "config.pbtxt").write_text(
         ensemble("unbatched_ensemble", 0, unbatched_in, unbatched_out, unbatched_steps))

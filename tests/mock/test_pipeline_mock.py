@@ -269,3 +269,16 @@ def test_an_on_demand_step_model_is_loaded_at_first_use_and_unloaded_when_idle(m
     while mock.is_model_ready("labeler_lazy") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not mock.is_model_ready("labeler_lazy")
+
+
+@pytest.mark.parametrize("release", ["24.10", "26.08"])
+def test_a_pipeline_router_is_not_ready_while_a_step_model_is_missing_where_the_server_asks(tmp_path, release):
+    repo = make_pipeline_repository(tmp_path / "repo")
+    with MockTriton(repo, model_config_name=None, release=release) as m:
+        for name in ("mixer", "labeler", "labeler_lazy", "typed", "typed_on_demand"):
+            m.load(name)
+        assert m.is_model_ready("typed")
+        m.unload("labeler")
+        assert m.is_model_ready("typed") is (release == "24.10")
+        m.unload("labeler_lazy")  # loaded on demand: not required
+        assert m.is_model_ready("typed_on_demand")

@@ -187,3 +187,12 @@ def test_the_published_json_schema_accepts_the_pipelines_and_rejects_what_the_pa
         parse_any(bad)
     both = dict(STOP_EARLY, root={"kind": "constant", "probability": 0.5})
     assert not validator.is_valid(both)
+
+
+def test_the_router_tensors_are_as_the_model_sees_them_reshape_included():
+    spec = router_spec({"name": "r", "max_batch_size": 4, "input": [
+        {"name": "A", "data_type": "TYPE_FP32", "dims": [1], "reshape": {}},
+        {"name": "B", "data_type": "TYPE_INT8", "dims": [2, 3], "reshape": {"shape": [6]}, "optional": True}],
+        "output": [{"name": "C", "data_type": "TYPE_STRING", "dims": [-1]}]})
+    assert [(t.name, t.dims, t.optional) for t in spec.inputs] == [("A", (), False), ("B", (6,), True)]
+    assert spec.output("C").dtype is np.object_ and spec.output("D") is None

@@ -32,6 +32,11 @@ a new, bound policy. Policies and their nodes are immutable (frozen dataclasses)
 changes while the router serves (a cascade's escalation budget) is held by the engine
 (``nodes.base.Engine.state``).
 
+A document with ``pipeline`` instead of ``root`` is a tensor pipeline (``routing.pipeline``):
+:func:`parse_pipeline_policy` reads it into a :class:`PipelinePolicy` (the text-only keys
+``tokenizer``, ``inline``, ``max_sequence_length``, ``bls_max_batch_size`` and ``defaults``
+are refused there); :func:`load_any` reads either kind.
+
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
 """

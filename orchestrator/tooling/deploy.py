@@ -126,14 +126,12 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Optional[Sequence[s
 def router_policy(repo: Path, router: str):
     """The policy a router model reads: its config's parameter ``policy`` (default
     ``policy.yaml``) relative to its model directory, bound to the repository's heads as
-    the router binds it (so the tokenizer models its models name are known); a pipeline
-    policy as parsed. Raises DeployError."""
+    the router binds it (so its models' tokenizer models are known); a pipeline as parsed.
+    Raises DeployError."""
     try:
         config = read_config(Path(repo) / router / "config.pbtxt")
         policy = load_any(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
-        if isinstance(policy, PipelinePolicy):  # a tensor pipeline: no heads to bind
-            return policy
-        return bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
+        return policy if isinstance(policy, PipelinePolicy) else bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
     except (ConfigError, PolicyError, HeadError, OSError) as exc:
         raise DeployError(f"router {router!r}: {exc}") from None
 

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 from orchestrator.runtime.routing import heads as H
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
-from orchestrator.tooling.errors import ConfigError
+from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import default_model_repository
 from orchestrator.tooling.repository import (
     ModelConfig,
@@ -270,6 +270,55 @@ def add_policy_arguments(parser) -> None:
     show.add_argument("--json", action="store_true", help="print the policy document as JSON instead of the graph")
 
 
+def check_pipeline(path: Path, args) -> int:
+    """``orchestrator policy check`` of a pipeline policy: parsed, and with the router's config
+    beside it (or ``--repo``), checked against it as the router checks it at load; every step's
+    model must be in the repository."""
+    from google.protobuf.json_format import MessageToDict
+
+    from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline
+    from orchestrator.runtime.routing.tensors import router_spec
+    from orchestrator.tooling.repository import config_path, read_config
+
+    try:
+        policy = P.load_any(path)
+    except P.PolicyError as exc:
+        print(f"invalid policy: {exc}", file=sys.stderr)
+        return 1
+    assert isinstance(policy, P.PipelinePolicy)
+    print(describe_pipeline(policy.pipeline))
+    config_name = getattr(args, "model_config_name", "embedded") or None
+    router_config = config_path(path.resolve().parent, config_name) if _beside_a_model(path) else None
+    errors = []
+    if router_config is not None:
+        try:
+            config = MessageToDict(read_config(router_config), preserving_proto_field_name=True)
+            bind_pipeline(policy.pipeline, router_spec(config))
+            print(f"the pipeline fits the router's config {router_config}")
+        except (P.PolicyError, ToolingError) as exc:
+            errors.append(str(exc))
+    if getattr(args, "repo", None) or router_config is not None:
+        repo = _repository_for(path, getattr(args, "repo", None))
+        named = dict.fromkeys(m for s in policy.pipeline.step_nodes() for m in (s.model, *s.fallback))
+        missing = [m for m in named if config_path(repo / m, config_name) is None]
+        errors += [f"model '{m}' is not in the model repository {repo}" for m in missing]
+        if not missing:
+            print(f"models {', '.join(policy.models())} are in {repo}")
+    for error in errors:
+        print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
+    if errors:
+        return 1
+    print("policy is valid")
+    return 0
+
+
+def _is_pipeline_file(path: Path) -> bool:
+    try:
+        return P.is_pipeline(P.read_document(path))
+    except P.PolicyError:
+        return False  # reported by the text policy's check, as before
+
+
 def check_command(args) -> int:
     """``orchestrator policy check``: 0 when valid, 1 with located errors on stderr."""
     path = Path(args.path)
@@ -317,7 +366,7 @@ def check_command(args) -> int:
 
 def policy_command(args) -> int:
     if args.policy_command == "check":
-        return check_command(args)
+        return check_pipeline(Path(args.path), args) if _is_pipeline_file(Path(args.path)) else check_command(args)
     from tritonclient.utils import InferenceServerException
 
     from orchestrator.tooling.client import DEFAULT_URLS

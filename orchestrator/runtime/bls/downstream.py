@@ -38,7 +38,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from numpy.typing import NDArray
 
@@ -58,7 +58,7 @@ from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.nodes.model import split_target
 from orchestrator.runtime.routing.nodes.shadow import ShadowNode
-from orchestrator.runtime.routing.policy import Policy
+from orchestrator.runtime.routing.policy import PipelinePolicy, Policy
 from orchestrator.runtime.routing.settings import BreakerSettings
 
 NO_OPTIONS = CallOptions()
@@ -87,7 +87,7 @@ class Downstream:
         models: the on-demand model manager (loads, idle unloads, repairs).
     """
 
-    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str, cpu_memory: Any):
+    def __init__(self, pb: Any, policy: Union[Policy, PipelinePolicy], metrics: Metrics, logger: Any, router: str, cpu_memory: Any):
         self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
         settings = policy.breaker
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
@@ -120,6 +120,19 @@ class Downstream:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
         return await self._call(self.shadow_breaker, model, inputs, parameters, request_id, alone, options)
 
+    async def call_step(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Dict[str, Any], request_id: str,
+                        alone: bool, options: CallOptions, outputs: Sequence[str], several: bool) -> Dict[str, NDArray[Any]]:
+        """A pipeline step's call (``execution.pipeline.CallFn``): like :meth:`infer`, asking
+        for ``outputs`` only (raises DownstreamError). ``several``: the call holds rows of
+        several requests, which are retried one by one when it fails: its plain failure
+        (one that does not say the model cannot serve) is no verdict on the model, the
+        retries' are."""
+        async with self.breaker.guard(model, neutral=several):
+            dead = self._stub_dead(model)
+            if dead:
+                raise UnavailableError(dead, Cause.STUB_DEAD)
+            return await self._bls(model, inputs, parameters, request_id, alone, options, outputs)
+
     @staticmethod
     async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                        alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
@@ -138,7 +151,7 @@ class Downstream:
             return await self._bls(model, inputs, parameters, request_id, alone, options)
 
     async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
-                   alone: bool, options: CallOptions) -> Dict[str, NDArray[Any]]:
+                   alone: bool, options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` (a name, or ``name@version``: that version); the
         blocking ``exec`` when ``alone``, else ``async_exec``; with the trace and timeout of
         ``options`` (the stub refuses ``trace=None``, so it is left out when absent)."""
@@ -152,7 +165,7 @@ class Downstream:
         request = pb.InferenceRequest(
             model_name=name,
             inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
-            requested_output_names=[],
+            requested_output_names=list(outputs),
             request_id=request_id,
             parameters=parameters or {},
             preferred_memory=self.cpu_memory,
@@ -177,6 +190,10 @@ class Downstream:
         circuit open. Asks ``pb_utils.is_model_ready`` once per model; safe beside
         ``execute`` (the circuit states are read under the breaker's lock).
         """
+        if isinstance(self.policy, PipelinePolicy):  # every step's own model, but those loaded on demand
+            steps = self.policy.pipeline.step_nodes()
+            missing = [m for m in dict.fromkeys(s.target for s in steps if s.on_demand is None) if not self._ready(m)]
+            return f"required models not ready: {', '.join(missing)}" if missing else None
         required, answering = _answer_models(self.policy)
         on_demand = self.policy.on_demand()
         missing = [m for m in required if split_target(m)[0] not in on_demand and not self._ready(m)]
@@ -364,11 +381,11 @@ class CircuitBreaker:
         if self.on_change:
             self.on_change(model, old, new, reason)
 
-    def guard(self, model: str) -> "CallGuard":
+    def guard(self, model: str, neutral: bool = False) -> "CallGuard":
         """``async with breaker.guard(model): <one downstream call>``: the call runs only
         when the circuit lets it through (:meth:`before_call`); leaving the block records
-        its outcome (:class:`CallGuard`)."""
-        return CallGuard(self, model)
+        its outcome (:class:`CallGuard`; ``neutral``: a plain DownstreamError is no failure)."""
+        return CallGuard(self, model, neutral)
 
 
 class CallGuard:
@@ -383,8 +400,8 @@ class CallGuard:
             when it was a plain DownstreamError.
     """
 
-    def __init__(self, breaker: CircuitBreaker, model: str) -> None:
-        self.breaker, self.model = breaker, model
+    def __init__(self, breaker: CircuitBreaker, model: str, neutral: bool = False) -> None:
+        self.breaker, self.model, self.neutral = breaker, model, neutral
 
     async def __aenter__(self) -> None:
         self.breaker.before_call(self.model)
@@ -395,6 +412,9 @@ class CallGuard:
             breaker.on_success(model)
         elif isinstance(exc, DownstreamError):
             cause = cause_of(exc)
+            if self.neutral and cause is None:  # retried per request: the retries decide
+                breaker.on_cancelled(model)
+                return
             breaker.on_failure(model, str(exc), cause)
             if cause is not None and not isinstance(exc, UnavailableError):
                 raise UnavailableError(str(exc), cause) from exc

@@ -1,0 +1,115 @@
+"""What ``orchestrator migrate`` writes for a valid ensemble: the router's configuration
+(the ensemble's interface), its version directories and label files, and the pipeline
+policy (steps, versions, batch dimensions, Triton's output order)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.tooling.cli import main
+from orchestrator.tooling.migrate import MODEL_PY, MigrateError, plan_migration
+from orchestrator.tooling.repository import model_config_pb2, parse_config, read_config
+from tests.helpers import REPO
+from tests.unit.test_migrate_validation import ENSEMBLE, build
+
+NO_BATCH = '''name: "ens" platform: "ensemble" max_batch_size: 0
+version_policy { specific { versions: [1, 3] } }
+parameters { key: "team" value: { string_value: "vision" } }
+input [{ name: "data" data_type: TYPE_FP32 dims: [16] }]
+output [{ name: "prob" data_type: TYPE_FP32 dims: [16] label_filename: "labels.txt" },
+        { name: "aux" data_type: TYPE_FP32 dims: [16] }]
+ensemble_scheduling { step [
+  { model_name: "one" model_version: 1 input_map { key: "input" value: "data" } output_map { key: "output" value: "t1" } },
+  { model_name: "one" model_version: -1 input_map { key: "input" value: "t1" } output_map { key: "output" value: "aux" } },
+  { model_name: "inner" model_version: -1 input_map { key: "x" value: "t1" } output_map { key: "y" value: "prob" } }
+] }'''
+
+INNER = ('name: "inner" platform: "ensemble" max_batch_size: 0 '
+         'input [{ name: "x" data_type: TYPE_FP32 dims: [16] }] output [{ name: "y" data_type: TYPE_FP32 dims: [16] }] '
+         'ensemble_scheduling { step [ { model_name: "unbatched" model_version: -1 input_map { key: "input" value: "x" } '
+         'output_map { key: "output" value: "y" } } ] }')
+UNBATCHED = ('name: "unbatched" backend: "python" max_batch_size: 0 '
+             'input [{ name: "input" data_type: TYPE_FP32 dims: [16] }] '
+             'output [{ name: "output" data_type: TYPE_FP32 dims: [16] }]')
+
+
+@pytest.fixture
+def nested(tmp_path) -> Path:
+    ens = build(tmp_path, parse_config(NO_BATCH), {"inner": INNER, "unbatched": UNBATCHED})
+    (ens / "3").mkdir()
+    (ens / "labels.txt").write_text("a\nb\n")
+    return ens
+
+
+def test_the_router_keeps_the_ensembles_interface(nested, tmp_path):
+    code = main(["migrate", str(nested), "--name", "vision_router", "--repo", str(tmp_path), "--model-config-name", ""])
+    assert code in (0, 1)  # 1 while the offline check cannot read pipeline policies
+    router = tmp_path / "vision_router"
+    config, ensemble = read_config(router / "config.pbtxt"), read_config(nested / "config.pbtxt")
+    assert config.name == "vision_router" and config.backend == "python" and not config.platform
+    assert config.max_batch_size == 0
+    assert list(config.input) == list(ensemble.input) and list(config.output) == list(ensemble.output)
+    assert config.version_policy == ensemble.version_policy
+    assert config.parameters["team"].string_value == "vision"
+    assert config.parameters["policy"].string_value == "policy.yaml"
+    assert [(g.kind, g.count) for g in config.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 1)]
+    assert not config.HasField("dynamic_batching")  # an ensemble never merges requests
+    assert sorted(p.name for p in router.iterdir()) == ["1", "3", "config.pbtxt", "labels.txt", "policy.yaml"]
+    assert (router / "1" / "model.py").read_text() == (router / "3" / "model.py").read_text() == MODEL_PY
+    assert (router / "labels.txt").read_text() == "a\nb\n"
+    assert not list(tmp_path.glob(".vision_router.*"))  # the temporary directory went
+
+
+def test_the_policy_has_one_step_per_ensemble_step(nested, tmp_path):
+    migration = plan_migration(nested, "r", config_name=None)
+    document = migration.policy
+    assert document["version"] == 1 and document["ignored_parameters"] == ["*"]
+    steps = document["pipeline"]["steps"]
+    assert [(s["name"], s["model"], s.get("version")) for s in steps] == [
+        ("one_1", "one", 1), ("one_2", "one", None), ("inner", "inner", None)]
+    assert steps[0]["inputs"] == {"input": "data"} and steps[0]["outputs"] == {"output": "t1"}
+    # max_batch_size 0 router: a batching step gets a batch dimension, the nested ensemble
+    # (called as a model, max_batch_size 0) does not
+    assert [s.get("add_batch_dim", False) for s in steps] == [True, True, False]
+    assert document["pipeline"]["outputs"] == ["aux", "prob"]  # Triton's order: the reverse of the config's here
+    assert all(set(s) <= {"kind", "name", "model", "version", "inputs", "outputs", "add_batch_dim"} for s in steps)
+
+
+def test_a_batching_router_adds_no_batch_dimension(tmp_path):
+    migration = plan_migration(build(tmp_path, parse_config(ENSEMBLE)), "r", config_name=None)
+    assert [s["name"] for s in migration.policy["pipeline"]["steps"]] == ["one", "split", "join"]
+    assert not any("add_batch_dim" in s for s in migration.policy["pipeline"]["steps"])
+    assert migration.config.max_batch_size == 4
+
+
+def test_the_written_policy_reads_back(nested, tmp_path):
+    main(["migrate", str(nested), "--name", "r", "--repo", str(tmp_path), "--model-config-name", ""])
+    written = yaml.safe_load((tmp_path / "r" / "policy.yaml").read_text())
+    assert written == plan_migration(nested, "r", config_name=None).policy
+
+
+def test_a_parameter_named_policy_is_refused(tmp_path):
+    config = parse_config(ENSEMBLE)
+    config.parameters["policy"].string_value = "mine"
+    with pytest.raises(MigrateError, match="parameter 'policy'"):
+        plan_migration(build(tmp_path, config), "r", config_name=None)
+
+
+def test_the_shipped_ensemble_plan():
+    migration = plan_migration(REPO / "ensemble", "migrated")
+    assert migration.outputs == ["VERDICTS", "PROBABILITIES"]  # as Triton's ensemble answers
+    assert [s["model"] for s in migration.policy["pipeline"]["steps"]] == ["tokenizer", "classifier", "postprocess"]
+    assert migration.label_files == ["labels.txt"] and migration.versions == ["1"]
+
+
+def test_migrate_without_the_client_extra_says_which(tmp_path):
+    from tests.unit.test_cli_surface import _run_without
+
+    proc = _run_without(["tritonclient"], ["migrate", str(REPO / "ensemble"), "--name", "n", "--repo", str(tmp_path)],
+                        tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr == "error: orchestrator migrate needs the 'client' extra: pip install 'orchestrator[client]'\n"
+    assert list(tmp_path.iterdir()) == []

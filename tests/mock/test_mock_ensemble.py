@@ -59,14 +59,76 @@ CONFIGS = {
 }
 
 
+MANY = [f"OUT_{w}" for w in ("zeta alpha mid params one two three four five six seven eight nine ten eleven twelve "
+                               "thirteen fourteen fifteen sixteen").split()]
+#: MANY shuffled: the configuration order of the outputs of ``many_out`` (20 outputs: the
+#: hash table rehashes from 13 to 29 buckets on the way)
+MANY_ORDER = [
+    "OUT_five",
+    "OUT_params",
+    "OUT_three",
+    "OUT_two",
+    "OUT_twelve",
+    "OUT_thirteen",
+    "OUT_mid",
+    "OUT_nine",
+    "OUT_zeta",
+    "OUT_alpha",
+    "OUT_ten",
+    "OUT_seven",
+    "OUT_sixteen",
+    "OUT_six",
+    "OUT_eleven",
+    "OUT_eight",
+    "OUT_one",
+    "OUT_fourteen",
+    "OUT_fifteen",
+    "OUT_four",
+]
+
+MANY_PY = '''
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.names = [o["name"] for o in json.loads(args["model_config"])["output"]]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(n, pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + i)
+                                            for i, n in enumerate(self.names)]) for r in requests]
+'''
+
+
+def _io(names):
+    return ", ".join(f'{{ name: "{n}" data_type: TYPE_FP32 dims: [1] }}' for n in names)
+
+
+CONFIGS["many"] = (f'name: "many" backend: "python" max_batch_size: 0 input [{{ name: "X" data_type: TYPE_FP32 '
+                   f'dims: [1] }}] output [{_io(MANY)}] instance_group [{{ kind: KIND_CPU }}]', MANY_PY)
+CONFIGS["many_out"] = (
+    f'name: "many_out" platform: "ensemble" max_batch_size: 0 input [{{ name: "X" data_type: TYPE_FP32 dims: [1] }}] '
+    f'output [{_io(MANY_ORDER)}] ensemble_scheduling {{ step [ {{ model_name: "many" model_version: -1 '
+    'input_map { key: "X" value: "X" } '
+    + " ".join(f'output_map {{ key: "{n}" value: "{n}" }}' for n in MANY) + " } ] }", None)
+
+
+def write_repository(dest: Path) -> Path:
+    """The models of these tests in ``dest`` (also served by the real server in
+    tests/server/test_migrate_server.py)."""
+    for name, (config, model) in CONFIGS.items():
+        (dest / name / "1").mkdir(parents=True)
+        (dest / name / "config.pbtxt").write_text(config)
+        if model:
+            (dest / name / "1" / "model.py").write_text(model)
+    return dest
+
+
 @pytest.fixture
 def repo(tmp_path) -> Path:
-    for name, (config, model) in CONFIGS.items():
-        (tmp_path / name / "1").mkdir(parents=True)
-        (tmp_path / name / "config.pbtxt").write_text(config)
-        if model:
-            (tmp_path / name / "1" / "model.py").write_text(model)
-    return tmp_path
+    return write_repository(tmp_path)
 
 
 def test_the_order_rule_on_the_checked_cases():
@@ -90,6 +152,14 @@ def test_outputs_come_in_triton_order_with_dtypes_and_shapes_as_produced(repo):
         out = mock.infer("fan", {"X": x}, parameters={"as_f64": True})
         assert out["ZETA"].dtype == np.float64  # declared FP32: Triton passes what the step made
         assert list(mock.infer("fan", {"X": x}, outputs=["ZETA", "MID"])) == ["MID", "ZETA"]
+
+
+def test_twenty_outputs_come_in_triton_order(repo):
+    with MockTriton(repo) as mock:
+        mock.load("many_out")
+        out = mock.infer("many_out", {"X": np.array([1.0], np.float32)})
+        assert list(out) == response_order(MANY_ORDER)
+        assert list(out)[:4] == ["OUT_fifteen", "OUT_fourteen", "OUT_one", "OUT_six"]  # seen on Triton 2.51
 
 
 def test_an_output_no_step_produced_is_left_out(repo):

@@ -5,10 +5,6 @@ present, in the same order."""
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient

@@ -4,6 +4,7 @@ policy (steps, versions, batch dimensions, Triton's output order)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,61 @@ def test_migrate_without_the_client_extra_says_which(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr == "error: orchestrator migrate needs the 'client' extra: pip install 'orchestrator[client]'\n"
     assert list(tmp_path.iterdir()) == []
+
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guides" / "migrate-an-ensemble.md"
+
+
+def _blocks(lang: str):
+    """The guide's fenced blocks of language ``lang`` ('' for none), in order."""
+    blocks, current, inside = [], [], None
+    for line in GUIDE.read_text().splitlines():
+        if line.startswith("```"):
+            if inside is None:
+                inside, current = line[3:].strip(), []
+            else:
+                if inside == lang:
+                    blocks.append("\n".join(current) + "\n")
+                inside = None
+        elif inside is not None:
+            current.append(line)
+    return blocks
+
+
+def test_the_guides_swap_keeps_the_name_clients_call(tmp_path):
+    """The guide's commands, run as written in a copy of the repository: the router ends up
+    under the ensemble's name, and the repository passes Triton's load-time checks."""
+    import shutil
+    import subprocess
+    import sys
+
+    from orchestrator.tooling.repository import repository_problems
+
+    (swap,) = [b for b in _blocks("bash") if "mv model_repository/ensemble" in b]
+    shutil.copytree(REPO, tmp_path / "model_repository", ignore=shutil.ignore_patterns("__pycache__"))
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "orchestrator").write_text(f"#!/bin/sh\nexec {sys.executable} -m orchestrator.tooling.cli \"$@\"\n")
+    (bindir / "orchestrator").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHONPATH": str(GUIDE.parents[2])}
+    proc = subprocess.run(["bash", "-ec", swap], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert "wrote" in proc.stdout, proc.stdout + proc.stderr
+    config = read_config(tmp_path / "model_repository" / "ensemble" / "config.pbtxt")
+    assert config.name == "ensemble" and config.backend == "python"
+    assert (tmp_path / "ensemble.orig" / "config.pbtxt").is_file()
+    assert repository_problems(tmp_path / "model_repository") == []
+
+
+def test_the_guides_check_report_is_what_check_prints():
+    from orchestrator.tooling.migrate_check import OutputStats, Report
+
+    (shown,) = [b for b in _blocks("") if b.startswith("--check:")]
+    report = Report("ensemble", "ensemble_bls", 8, {"VERDICTS": OutputStats(), "PROBABILITIES": OutputStats()})
+    assert report.text() + "\n" == shown
+    assert plan_migration(REPO / "ensemble", "x").outputs == ["VERDICTS", "PROBABILITIES"]
+
+
+def test_the_guides_policy_is_what_migrate_writes():
+    (shown,) = [b for b in _blocks("yaml") if "pipeline:" in b]
+    written = plan_migration(REPO / "ensemble", "ensemble_bls").policy
+    assert {k: v for k, v in written.items() if k != "description"} == yaml.safe_load(shown)

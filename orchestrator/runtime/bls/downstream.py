@@ -38,7 +38,7 @@ import asyncio
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from numpy.typing import NDArray
 
@@ -58,7 +58,7 @@ from orchestrator.runtime.request import CallOptions
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.nodes.model import split_target
 from orchestrator.runtime.routing.nodes.shadow import ShadowNode
-from orchestrator.runtime.routing.policy import Policy
+from orchestrator.runtime.routing.policy import PipelinePolicy, Policy
 from orchestrator.runtime.routing.settings import BreakerSettings
 
 NO_OPTIONS = CallOptions()
@@ -87,7 +87,7 @@ class Downstream:
         models: the on-demand model manager (loads, idle unloads, repairs).
     """
 
-    def __init__(self, pb: Any, policy: Policy, metrics: Metrics, logger: Any, router: str, cpu_memory: Any):
+    def __init__(self, pb: Any, policy: Union[Policy, PipelinePolicy], metrics: Metrics, logger: Any, router: str, cpu_memory: Any):
         self.pb, self.policy, self.metrics, self.logger, self.router = pb, policy, metrics, logger, router
         settings = policy.breaker
         self.stub_watch = StubWatch.of_parent() if settings.watch_stubs else StubWatch(None)
@@ -120,6 +120,12 @@ class Downstream:
         """Like :meth:`infer`, through the shadow candidates' own breakers."""
         return await self._call(self.shadow_breaker, model, inputs, parameters, request_id, alone, options)
 
+    async def call_step(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Dict[str, Any], request_id: str,
+                        alone: bool, options: CallOptions, outputs: Sequence[str]) -> Dict[str, NDArray[Any]]:
+        """A pipeline step's call (``execution.pipeline.CallFn``): like :meth:`infer`, asking
+        for ``outputs`` only (raises DownstreamError)."""
+        return await self._call(self.breaker, model, inputs, parameters, request_id, alone, options, outputs)
+
     @staticmethod
     async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                        alone: bool = False, options: CallOptions = NO_OPTIONS) -> Dict[str, NDArray[Any]]:
@@ -128,17 +134,17 @@ class Downstream:
 
     async def _call(self, breaker: CircuitBreaker, model: str, inputs: Dict[str, NDArray[Any]],
                     parameters: Optional[Dict[str, Any]], request_id: str, alone: bool,
-                    options: CallOptions) -> Dict[str, NDArray[Any]]:
+                    options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` under ``breaker`` (:class:`CallGuard`), failed at once
         when the stub watch saw its stub exit (raises DownstreamError)."""
         async with breaker.guard(model):
             dead = self._stub_dead(model)
             if dead:  # as python_backend would say it, 1 s later
                 raise UnavailableError(dead, Cause.STUB_DEAD)
-            return await self._bls(model, inputs, parameters, request_id, alone, options)
+            return await self._bls(model, inputs, parameters, request_id, alone, options, outputs)
 
     async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
-                   alone: bool, options: CallOptions) -> Dict[str, NDArray[Any]]:
+                   alone: bool, options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` (a name, or ``name@version``: that version); the
         blocking ``exec`` when ``alone``, else ``async_exec``; with the trace and timeout of
         ``options`` (the stub refuses ``trace=None``, so it is left out when absent)."""
@@ -152,7 +158,7 @@ class Downstream:
         request = pb.InferenceRequest(
             model_name=name,
             inputs=[pb.Tensor(key, value) for key, value in inputs.items()],
-            requested_output_names=[],
+            requested_output_names=list(outputs),
             request_id=request_id,
             parameters=parameters or {},
             preferred_memory=self.cpu_memory,
@@ -177,6 +183,9 @@ class Downstream:
         circuit open. Asks ``pb_utils.is_model_ready`` once per model; safe beside
         ``execute`` (the circuit states are read under the breaker's lock).
         """
+        if isinstance(self.policy, PipelinePolicy):  # every step's model is needed
+            missing = [m for m in self.policy.models() if not self._ready(m)]
+            return f"required models not ready: {', '.join(missing)}" if missing else None
         required, answering = _answer_models(self.policy)
         on_demand = self.policy.on_demand()
         missing = [m for m in required if split_target(m)[0] not in on_demand and not self._ready(m)]

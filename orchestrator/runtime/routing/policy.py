@@ -51,10 +51,12 @@ from orchestrator.runtime.routing import schema as S
 from orchestrator.runtime.routing.heads import LEGACY, Head
 from orchestrator.runtime.routing.nodes.base import BindContext, ModelCall, Node, ParseContext, Windows
 from orchestrator.runtime.routing.nodes.model import OnDemand
+from orchestrator.runtime.routing.pipeline import PIPELINE, Pipeline, read_pipeline
 from orchestrator.runtime.routing.settings import AdmissionSettings, BreakerSettings
 
 __all__ = [
     "Policy", "PolicyError", "OnDemand", "TOP", "parse_policy", "read_document", "load_policy", "describe", "bind_heads",
+    "PipelinePolicy", "parse_pipeline_policy", "parse_any", "load_any", "is_pipeline",
 ]
 
 
@@ -249,10 +251,110 @@ TOP = S.Struct(
         S.Key("admission", ADMISSION, "admission control under overload", nullable=True),
         S.Key("defaults", N.KindDefaults(), "kind -> keys every node of that kind gets unless it sets them, e.g. "
               "`{chunk: {window: 128, stride: 96}}` (optional keys without nodes; not `name`)", nullable=True),
-        S.Key("root", S.NodeRef(), "the node every text enters", location="root"),
+        S.Key("root", S.NodeRef(), "the node every text enters (a text policy; exactly one of `root`, `pipeline`)",
+              location="root", attr="_root"),
+        S.Key("pipeline", PIPELINE, "a tensor pipeline instead of `root`: steps moving named tensors between models "
+              "(docs/guides/branching-pipelines.md)"),
     ],
     target=Policy,
+    one_of=(("root", "pipeline"), "give exactly one of root (a text policy) or pipeline (a tensor pipeline)"),
 )
+
+#: Top-level keys of text policies only (a pipeline policy refuses them).
+TEXT_ONLY = ("tokenizer", "inline", "max_sequence_length", "bls_max_batch_size", "limits", "defaults")
+
+
+@dataclass(frozen=True)
+class PipelinePolicy:
+    """A validated pipeline policy (top-level ``pipeline``; ``routing.pipeline``).
+
+    Attributes:
+        pipeline: the parsed pipeline (bound to the router's config by the router at load).
+        request_parameters: request parameter name -> the values clients may send.
+        ignored_parameters: ``fnmatch`` patterns of request parameters accepted (and
+            forwarded by steps with ``parameters: forward``).
+        breaker: circuit breaker settings (per model).
+        admission: admission control (None: every request runs).
+        source: the validated document.
+        version: the policy format's version.
+    """
+
+    pipeline: Pipeline
+    request_parameters: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    ignored_parameters: Tuple[str, ...] = ()
+    breaker: BreakerSettings = field(default_factory=BreakerSettings)
+    admission: Optional[AdmissionSettings] = None
+    source: Dict[str, Any] = field(default_factory=dict)
+    version: int = 1
+    inline_tokenizer: Union[bool, str, None] = None  # none: the Downstream's readiness reads it
+
+    def models(self) -> List[str]:
+        """Every call target of the pipeline's steps (``model`` or ``model@version``)."""
+        return self.pipeline.models()
+
+    def on_demand(self) -> Dict[str, OnDemand]:
+        """Pipeline steps are never loaded on demand."""
+        return {}
+
+    def tokenizers(self) -> List[str]:
+        """A pipeline has no tokenizer models of its own."""
+        return []
+
+
+def _check_top(document: Any) -> None:
+    """``root`` or ``pipeline``, exactly one (before the other keys are read)."""
+    if isinstance(document, Mapping):
+        if "root" in document and "pipeline" in document:
+            raise PolicyError("policy: give only one of root (a text policy) and pipeline (a tensor pipeline)")
+        if "root" not in document and "pipeline" not in document:
+            raise PolicyError("policy.root: required key is missing (or `pipeline`, for a tensor pipeline)")
+    TOP.check(document, "policy")
+
+
+def is_pipeline(document: Any) -> bool:
+    """True for a pipeline policy document (a mapping with the top-level key ``pipeline``)."""
+    return isinstance(document, Mapping) and "pipeline" in document
+
+
+def parse_pipeline_policy(document: Any) -> PipelinePolicy:
+    """Validate a pipeline policy document (top-level ``pipeline``).
+
+    Raises:
+        PolicyError: the first problem found, with its location.
+    """
+    _check_top(document)
+    text_only = [k for k in TEXT_ONLY if k in document]
+    if text_only:
+        raise PolicyError(f"policy.{text_only[0]}: a key of text policies (root); a pipeline policy does not use it")
+    v = {k.name: TOP.read_key(k, document, "policy", None) for k in TOP.keys if k.name not in ("root", "pipeline")}
+    return PipelinePolicy(
+        pipeline=read_pipeline(document["pipeline"]),
+        request_parameters=v["request_parameters"],
+        ignored_parameters=tuple(v["ignored_parameters"]),
+        breaker=v["circuit_breaker"],
+        admission=v["admission"],
+        source=json.loads(json.dumps(document)),
+        version=v["version"],
+    )
+
+
+def parse_any(document: Any) -> Union[Policy, PipelinePolicy]:
+    """A text policy (:func:`parse_policy`) or a pipeline policy (:func:`parse_pipeline_policy`),
+    by its top-level key (raises PolicyError)."""
+    return parse_pipeline_policy(document) if is_pipeline(document) else parse_policy(document)
+
+
+def load_any(path: Union[str, Path]) -> Union[Policy, PipelinePolicy]:
+    """Read and validate a policy file of either kind; errors are prefixed with the file name.
+
+    Raises:
+        PolicyError: unreadable, not YAML/JSON, or invalid (with the location).
+    """
+    try:
+        return parse_any(read_document(path))
+    except PolicyError as exc:
+        msg = str(exc)
+        raise PolicyError(msg if msg.startswith(str(path)) else f"{path}: {msg}") from None
 
 
 def _check_declining(root: Node) -> None:
@@ -271,8 +373,11 @@ def parse_policy(document: Any) -> Policy:
     Raises:
         PolicyError: the first problem found, with its location.
     """
-    TOP.check(document, "policy")
-    v = {k.name: TOP.read_key(k, document, "policy", None) for k in TOP.keys if k.name != "root"}
+    _check_top(document)
+    if is_pipeline(document):
+        raise PolicyError("policy.pipeline: a tensor pipeline, not a text policy (read it with load_any or "
+                          "parse_pipeline_policy)")
+    v = {k.name: TOP.read_key(k, document, "policy", None) for k in TOP.keys if k.name not in ("root", "pipeline")}
     names: Dict[str, str] = {}
     ctx = ParseContext(
         v["max_sequence_length"], v["request_parameters"], lambda data, where: N.parse_node(data, where, ctx, names),

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from orchestrator.runtime.routing import nodes as N
+from orchestrator.runtime.routing.conditions import CONDITION
 from orchestrator.runtime.routing.nodes.base import Node
+from orchestrator.runtime.routing.pipeline import STEP, SWITCH, pipeline_json_definitions
 from orchestrator.runtime.routing.policy import TOP
 from orchestrator.runtime.routing.schema import Key, Struct, json_text
 
@@ -67,6 +69,7 @@ def _json_schema(top: Struct, node_kinds: Mapping[str, Tuple[str, Struct]]) -> D
                        "orchestrator/runtime/routing/schema.py by 'python -m orchestrator.runtime.routing.policy_docs'; do not edit.",
     }
     out.update(top.json())
+    definitions.update(pipeline_json_definitions())
     out["definitions"] = definitions
     return out
 
@@ -118,6 +121,12 @@ def _markdown(top: Struct, common: Struct, node_kinds: Mapping[str, Tuple[str, S
     for name, (doc, struct) in node_kinds.items():
         own = Struct(struct.name, [k for k in struct.keys if k.name not in {c.name for c in common.keys}])
         lines += ["", f"### `{name}`", "", doc, ""] + _table(own) + _nested(own, seen, "####")
+    lines += ["", "## Pipeline nodes and conditions", "",
+              "The nodes of `pipeline.steps` (a tensor pipeline, [branching pipelines](../guides/branching-pipelines.md)) "
+              "and the conditions of their `when`.", ""]
+    for struct in (STEP, SWITCH, CONDITION):
+        seen.add(struct.name)
+        lines += ["", f"### `{struct.name}`", "", struct.doc, ""] + _table(struct) + _nested(struct, seen, "####")
     return "\n".join(lines) + "\n"
 
 

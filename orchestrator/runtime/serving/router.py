@@ -112,9 +112,10 @@ from orchestrator.runtime.request import (
 )
 from orchestrator.runtime.routing.heads import HeadError, repository_heads
 from orchestrator.runtime.routing.nodes.model import ModelNode
-from orchestrator.runtime.routing.policy import Policy, bind_heads, load_policy
+from orchestrator.runtime.routing.policy import Policy, bind_heads, is_pipeline, load_policy, parse_pipeline_policy, read_document
 from orchestrator.runtime.routing.policy import describe as describe_policy
 from orchestrator.runtime.serving.admission import Admission
+from orchestrator.runtime.serving.pipeline import PipelineRouter
 from orchestrator.runtime.serving.releases import cpu_outputs, has_response_parameters, route_parameters
 
 # ----------------------------------------------------------------------------- the queue delay
@@ -268,6 +269,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_dir = Path(args["model_repository"])
         path = policy_path(model_dir, config_parameters(config))
+        self.pipeline: Optional[PipelineRouter] = None
+        if self._init_pipeline(pb_utils, config, model_dir, path, args):
+            return
         try:
             parsed = load_policy(path)
             models = [cast(ModelNode, n).model for n in parsed.model_nodes()]
@@ -299,6 +303,37 @@ class TritonPythonModel:
                 "(needs --model-control-mode=explicit; otherwise they are treated as always loaded)"
             )
 
+    def _init_pipeline(self, pb_utils: Any, config: Dict[str, Any], model_dir: Path, path: Path, args: Dict[str, str]) -> bool:
+        """Serve a pipeline policy (top-level ``pipeline``; ``serving.pipeline``) when the
+        policy is one: True. A text policy (or an unreadable file, reported by the text
+        path) is left to the text router: False."""
+        try:
+            document = read_document(path)
+        except PolicyError:
+            return False
+        if not is_pipeline(document):
+            return False
+        try:
+            policy = parse_pipeline_policy(document)
+        except PolicyError as exc:
+            raise ValueError(f"router: invalid pipeline policy: {path}: {exc}") from None
+        self.name = args.get("model_name", config.get("name", "router"))
+        self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
+        self.load = QueueDelay()
+        self.pipeline = PipelineRouter(pb_utils, policy, config, model_dir.parent, self.name, self.metrics)
+        self.downstream = self.pipeline.downstream
+        self.logger.log_info(f"router '{self.name}': pipeline policy {path}\n{self.pipeline.describe()}")
+        return True
+
+    def _pipeline_execute(self, pipeline: PipelineRouter, requests: List[Any]) -> List[Any]:
+        """A pipeline's execute, marked on this instance's queue-delay estimate (admission)."""
+        delay_s = self.load.begin()
+        self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        try:
+            return pipeline.execute(requests, delay_s)
+        finally:
+            self.load.end()
+
     def is_ready(self) -> bool:
         """The model's readiness hook (python_backend r26.03 calls it on each readiness
         check; older releases never do): False, with a warning, while the policy cannot
@@ -310,6 +345,10 @@ class TritonPythonModel:
 
     def finalize(self) -> None:
         """Stop the background threads and close the event loop."""
+        if self.pipeline is not None:
+            self.pipeline.close()
+            self.metrics.close()
+            return
         self.engine.close()
         self.downstream.close()
         self.metrics.close()
@@ -360,6 +399,8 @@ class TritonPythonModel:
     def execute(self, requests: List[Any]) -> List[Any]:
         """One response per request, in order (see the module docstring for errors and
         warmup)."""
+        if self.pipeline is not None:
+            return self._pipeline_execute(self.pipeline, requests)
         if self.warmups_left > 0:
             self.warmups_left -= 1
             if all(self._is_warmup_sample(r) for r in requests):

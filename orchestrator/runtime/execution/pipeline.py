@@ -1,0 +1,423 @@
+"""The tensor pipeline's run over one ``execute``: its requests' tensors through the steps.
+
+Every request is a :class:`Req` (its tensors by name, rows, parameters, deadline); a node
+runs over a list of :class:`View` (a request's rows that reached it) of all requests at
+once, so one step makes one BLS call per group of views its callee can take together:
+
+- same forwarded parameters and, per input, the same data type and row shape (variable
+  dimensions may differ between requests), when the step's ``max_batch_size`` > 0 and the
+  router batches: the views' rows are concatenated, packed whole into calls of at most
+  ``max_batch_size`` rows (a view larger than that is split), and each answer is split back
+  by row count; otherwise one call per view (an ensemble's behaviour: requests are never
+  merged);
+- the calls of one step run concurrently (``async_exec``); a lone call blocks (``exec``).
+
+A ``switch`` evaluates its cases as row masks (``routing.conditions.evaluate``), hands each
+branch the views of the rows that took it (rows in ascending order; a branch's views of all
+requests together, so rows of one execute taking one branch reach each callee in one call),
+runs the branches concurrently and scatters their tensors back by row index, filling rows
+no branch wrote (``fill``) or leaving the tensor absent (``omit``).
+
+Nodes of one list run in dataflow generations (each generation: the nodes whose tensors are
+all written by earlier ones, side by side).
+
+Errors are per request (:attr:`Req.error`, never raised): bad input at evaluation
+(``InputError``), a failed call (``DownstreamError``/``UnavailableError`` naming the step
+and model; a call merging several requests that fails is retried per request, so only the
+requests that fail get the error), a deadline passed or a cancelled request
+(``RequestStopped``), answers of the wrong row count or mixed shapes/dtypes between
+branches (``DownstreamError``).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import numpy as np
+from numpy.typing import NDArray
+
+from orchestrator.runtime.errors import (
+    DeadlineExceeded,
+    DownstreamError,
+    OrchestratorError,
+    RequestCancelled,
+    UnavailableError,
+)
+from orchestrator.runtime.execution.engine import gather, in_concurrent_branch
+from orchestrator.runtime.metrics import Metrics
+from orchestrator.runtime.request import CallOptions, call_trace
+from orchestrator.runtime.routing.conditions import evaluate
+from orchestrator.runtime.routing.pipeline import (
+    PNode,
+    Step,
+    Switch,
+    fill_rows,
+    node_reads,
+    node_writes,
+)
+from orchestrator.runtime.routing.tensors import RouterSpec
+
+#: ``(target, inputs, parameters, request_id, alone, options, outputs) -> outputs``: one BLS call.
+CallFn = Callable[[str, Dict[str, NDArray[Any]], Dict[str, Any], str, bool, CallOptions, Sequence[str]],
+                  Awaitable[Dict[str, NDArray[Any]]]]
+
+
+@dataclass
+class Req:
+    """One request of an ``execute``.
+
+    Attributes:
+        tensors: its pipeline tensors by name (absent ones missing); with a batching
+            router each has ``rows`` as its first dimension.
+        rows: its batch size (1 for a router with ``max_batch_size: 0``).
+        params: its accepted request parameters.
+        forward: those BLS can carry (bool, int, str).
+        request_id: its id, passed on to every call.
+        context: its ``request.RequestContext``-like fields: ``trace``, ``deadline`` (engine
+            clock seconds, None: none), ``is_cancelled``.
+        batched: tensors given a batch dimension by ``add_batch_dim`` steps.
+        error: set once it failed; it then takes no further part.
+    """
+
+    tensors: Dict[str, NDArray[Any]]
+    rows: int
+    params: Dict[str, Any] = field(default_factory=dict)
+    forward: Dict[str, Any] = field(default_factory=dict)
+    request_id: str = ""
+    trace: Any = None
+    deadline: Optional[float] = None
+    is_cancelled: Callable[[], bool] = lambda: False
+    batched: Set[str] = field(default_factory=set)
+    error: Optional[OrchestratorError] = None
+
+
+@dataclass
+class View:
+    """Some rows of one request, as a node sees them: ``tensors`` has ``rows`` rows."""
+
+    req: Req
+    tensors: Dict[str, NDArray[Any]]
+    rows: int
+
+
+def generations(nodes: Sequence[PNode]) -> List[List[PNode]]:
+    """``nodes`` in dataflow generations: each one's nodes read only tensors of router
+    inputs, outer nodes or earlier generations (the policy was checked acyclic at load)."""
+    writer = {t: n.name for n in nodes for t in node_writes(n)}
+    deps = {n.name: {writer[t] for t in node_reads(n) if t in writer and writer[t] != n.name} for n in nodes}
+    done: Set[str] = set()
+    out: List[List[PNode]] = []
+    while len(done) < len(nodes):
+        ready = [n for n in nodes if n.name not in done and deps[n.name] <= done]
+        assert ready, "bind_pipeline refuses cycles"
+        out.append(ready)
+        done |= {n.name for n in ready}
+    return out
+
+
+def _rename(exc: BaseException, step: Step) -> OrchestratorError:
+    """A call's failure as the request's error, naming the step and its model."""
+    text = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
+    if f"model '{step.target}'" not in text:
+        text = f"model '{step.target}': {text}"
+    message = f"step '{step.name}' failed: {text}"
+    if isinstance(exc, UnavailableError):
+        return UnavailableError(message, exc.cause)
+    return DownstreamError(message)
+
+
+class PipelineRun:
+    """The pipeline over one ``execute``'s requests (module docstring).
+
+    Args:
+        steps: the pipeline's top-level nodes (bound).
+        router: the router's configuration.
+        call: one BLS call (:data:`CallFn`; ``bls.downstream.Downstream.call_step``).
+        clock: the engine clock (deadlines), seconds.
+        metrics: per-step counters and latencies (None: none).
+        fills: switch name -> its fill rows (``routing.pipeline.fill_rows``), made once at load.
+        plans: node list id -> its generations, made once at load.
+    """
+
+    def __init__(self, steps: Sequence[PNode], router: RouterSpec, call: CallFn, clock: Callable[[], float],
+                 metrics: Optional[Metrics], fills: Dict[str, Dict[str, NDArray[Any]]],
+                 plans: Dict[int, List[List[PNode]]]):
+        self.steps, self.router, self.call, self.clock = steps, router, call, clock
+        self.metrics, self.fills, self.plans = metrics, fills, plans
+        self.batching = router.max_batch_size > 0
+
+    async def run(self, reqs: Sequence[Req]) -> None:
+        """Run every request through the pipeline; their tensors and errors are set in place."""
+        await self.run_list(self.steps, [View(r, r.tensors, r.rows) for r in reqs])
+
+    async def run_list(self, nodes: Sequence[PNode], views: Sequence[View]) -> None:
+        """A node list over ``views``, generation by generation."""
+        for generation in self.plans.get(id(nodes)) or generations(nodes):
+            await gather(self.run_node(n, views) for n in generation)
+
+    async def run_node(self, node: PNode, views: Sequence[View]) -> None:
+        """One node over the views still running (``orchestrator_node_latency_seconds{node}``)."""
+        live = [v for v in views if v.req.error is None and v.rows > 0]
+        if not live:
+            return
+        began = time.perf_counter()
+        if isinstance(node, Step):
+            await self.run_step(node, live)
+        else:
+            await self.run_switch(node, live)
+        if self.metrics is not None:
+            self.metrics.observe("orchestrator_node_latency_seconds", time.perf_counter() - began, node=node.name)
+
+    # -- steps
+
+    def _stopped(self, req: Req, step: Step) -> bool:
+        """True when ``req`` stops before ``step``: cancelled or past its deadline (then its error is set)."""
+        try:
+            cancelled = bool(req.is_cancelled())
+        except Exception:  # a failing check counts as not cancelled, as in text policies
+            cancelled = False
+        if cancelled:
+            req.error = RequestCancelled(f"request cancelled before step '{step.name}'")
+        elif req.deadline is not None and self.clock() >= req.deadline:
+            req.error = DeadlineExceeded(f"request timeout expired before step '{step.name}'")
+        return req.error is not None
+
+    def _inputs(self, step: Step, v: View) -> Dict[str, NDArray[Any]]:
+        out = {}
+        for name, tensor in step.inputs:
+            array = v.tensors.get(tensor)
+            if array is None:
+                continue  # absent: the model gets it as an absent (optional) input, as in an ensemble
+            if step.add_batch_dim and tensor not in v.req.batched:
+                array = array[np.newaxis]
+            out[name] = array
+        return out
+
+    def _params(self, step: Step, req: Req) -> Dict[str, Any]:
+        if step.parameters == "forward":
+            return req.forward
+        if step.parameters == "none":
+            return {}
+        return {k: req.forward[k] for k in step.parameters if k in req.forward}
+
+    async def run_step(self, step: Step, views: Sequence[View], separate: bool = False) -> None:
+        """One step over ``views``: grouped, packed into calls, called, split back and stored
+        (module docstring); ``separate``: never merge views of different requests (the
+        retry of a merged call that failed)."""
+        views = [v for v in views if not self._stopped(v.req, step)]
+        merge = self.batching and (step.max_batch_size or 0) > 0
+        groups: Dict[Any, List[Tuple[View, Dict[str, NDArray[Any]]]]] = {}
+        for i, v in enumerate(views):
+            inputs, params = self._inputs(step, v), self._params(step, v.req)
+            key: Any = (tuple((n, a.dtype.str, a.shape[1:]) for n, a in inputs.items()), tuple(sorted(params.items())))
+            groups.setdefault((i, key) if separate or not merge else key, []).append((v, inputs))
+        calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]] = []
+        for members in groups.values():
+            calls += self._pack(step, members) if merge else [([(v, 0, v.rows)], inputs) for v, inputs in members]
+        alone = len(calls) == 1 and not in_concurrent_branch()
+        results = await gather((self._call(step, segments, inputs, alone) for segments, inputs in calls), settle=True)
+        retry: Dict[int, View] = {}
+        for (segments, _), result in zip(calls, results):
+            if isinstance(result, BaseException) and len({id(s[0].req) for s in segments}) > 1:
+                retry.update((id(s[0]), s[0]) for s in segments)
+        pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]] = {}
+        for (segments, _), result in zip(calls, results):
+            if isinstance(result, BaseException):
+                if not any(id(s[0]) in retry for s in segments):
+                    req = segments[0][0].req
+                    req.error = req.error or _rename(result, step)
+            elif not any(id(s[0]) in retry for s in segments):
+                self._split(step, segments, result, pieces)
+        if retry:  # each request of a failed merged call alone: only those that fail get the error
+            await self.run_step(step, list(retry.values()), separate=True)
+        for v in views:
+            if id(v) in pieces and v.req.error is None:
+                self._store(step, v, pieces[id(v)])
+
+    def _pack(self, step: Step, members: List[Tuple[View, Dict[str, NDArray[Any]]]]
+              ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:
+        """Calls of at most ``max_batch_size`` rows from the group's views, whole views
+        packed in order, a view larger than a call split: ``(segments, inputs)`` with
+        segments ``(view, start, stop)`` (its rows ``[start, stop)``)."""
+        limit = int(step.max_batch_size or 0)
+        out: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]] = []
+        current: List[Tuple[View, int, int, Dict[str, NDArray[Any]]]] = []
+        size = 0
+
+        def close() -> None:
+            nonlocal current, size
+            if not current:
+                return
+            v0, a0, b0, m0 = current[0]
+            if len(current) == 1:
+                inputs = m0 if (a0, b0) == (0, v0.rows) else {n: x[a0:b0] for n, x in m0.items()}
+            else:
+                inputs = {n: np.concatenate([m[n][a:b] for _, a, b, m in current]) for n in m0}
+            out.append(([(v, a, b) for v, a, b, _ in current], inputs))
+            current, size = [], 0
+
+        for v, inputs in members:
+            start = 0
+            while start < v.rows:
+                if size == limit:
+                    close()
+                take = min(v.rows - start, limit - size)
+                if take < v.rows - start and size:  # keep a view whole when it fits a fresh call
+                    close()
+                    take = min(v.rows - start, limit)
+                current.append((v, start, start + take, inputs))
+                size += take
+                start += take
+        close()
+        return out
+
+    async def _call(self, step: Step, segments: List[Tuple[View, int, int]], inputs: Dict[str, NDArray[Any]],
+                    alone: bool) -> Dict[str, NDArray[Any]]:
+        reqs = list({id(s[0].req): s[0].req for s in segments}.values())
+        deadlines = [r.deadline for r in reqs if r.deadline is not None]
+        timeout_us = max(1, int((min(deadlines) - self.clock()) * 1e6)) if deadlines else 0
+        options = CallOptions(trace=call_trace(reqs), timeout_us=timeout_us)  # type: ignore[arg-type]  # Req has .trace
+        if self.metrics is not None:
+            self.metrics.inc("orchestrator_model_calls_total", model=step.target)
+        outputs = [name for name, _ in step.outputs]
+        return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs)
+
+    def _split(self, step: Step, segments: List[Tuple[View, int, int]], result: Dict[str, NDArray[Any]],
+               pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]]) -> None:
+        """A call's answer split back to its views by row count (checked)."""
+        rows = sum(b - a for _, a, b in segments)
+        offset = 0
+        for v, a, b in segments:
+            part: Dict[str, NDArray[Any]] = {}
+            for name, array in result.items():
+                if self.batching and (array.ndim == 0 or array.shape[0] != rows):
+                    v.req.error = v.req.error or DownstreamError(
+                        f"step '{step.name}': model '{step.target}' answered {name} with shape {list(array.shape)} "
+                        f"for {rows} rows")
+                    continue
+                part[name] = array[offset: offset + b - a] if self.batching and len(segments) > 1 else array
+            pieces.setdefault(id(v), []).append((a, part))
+            offset += b - a
+
+    def _store(self, step: Step, v: View, parts: List[Tuple[int, Dict[str, NDArray[Any]]]]) -> None:
+        parts.sort(key=lambda p: p[0])
+        for name, tensor in step.outputs:
+            got = [p[name] for _, p in parts if name in p]
+            if len(got) != len(parts):
+                continue  # the model did not produce it: absent, as an ensemble omits it
+            if len(got) == 1:
+                array = got[0]
+            elif len({(g.dtype.str, g.shape[1:]) for g in got}) == 1:
+                array = np.concatenate(got)
+            else:
+                v.req.error = DownstreamError(f"step '{step.name}': model '{step.target}' answered {name} in "
+                                              f"calls of different shapes or types for one request")
+                return
+            v.tensors[tensor] = array
+            if step.add_batch_dim:
+                v.req.batched.add(tensor)
+
+    # -- switches
+
+    def _masks(self, sw: Switch, v: View) -> Optional[List[NDArray[Any]]]:
+        """Each branch's rows of ``v`` (cases in order, then the default's): bool masks."""
+        per_row = self.batching and sw.scope == "row"
+        taken = np.zeros(v.rows, dtype=bool)
+        out = []
+        try:
+            for case in sw.cases:
+                mask = evaluate(case.when, v.tensors, v.rows, per_row, v.req.params) & ~taken
+                taken |= mask
+                out.append(mask)
+        except OrchestratorError as exc:
+            v.req.error = v.req.error or exc
+            return None
+        out.append(~taken if sw.default is not None else np.zeros(v.rows, dtype=bool))
+        return out
+
+    def _sub(self, v: View, rows: NDArray[Any], reads: Sequence[str]) -> View:
+        if rows.size == v.rows:
+            return View(v.req, dict(v.tensors), v.rows)
+        return View(v.req, {t: v.tensors[t][rows] for t in reads if t in v.tensors}, int(rows.size))
+
+    async def run_switch(self, sw: Switch, views: Sequence[View]) -> None:
+        """A switch: masks, branches side by side, tensors scattered back."""
+        branches = sw.branches()
+        reads = [node_reads_all(b) for b in branches]
+        subs: List[List[Tuple[View, NDArray[Any], View]]] = [[] for _ in branches]
+        for v in views:
+            masks = self._masks(sw, v)
+            if masks is None:
+                continue
+            for b, mask in enumerate(masks):
+                rows = np.flatnonzero(mask)
+                if rows.size:
+                    subs[b].append((v, rows, self._sub(v, rows, reads[b])))
+        await gather(self.run_list(branches[b], [s for _, _, s in subs[b]]) for b in range(len(branches)) if subs[b])
+        writes = list(dict.fromkeys(t for b in branches for n in b for t in node_writes(n)))
+        fill = self.fills.get(sw.name, {})
+        for v in views:
+            if v.req.error is None:
+                mine = [(rows, sub) for b in subs for (w, rows, sub) in b if w is v]
+                self._scatter(sw, v, mine, writes, fill)
+
+    def _scatter(self, sw: Switch, v: View, branches: List[Tuple[NDArray[Any], View]], writes: Sequence[str],
+                 fill: Dict[str, NDArray[Any]]) -> None:
+        """The branches' tensors written back into ``v`` by row index (module docstring)."""
+        for t in writes:
+            pieces = [(rows, sub.tensors[t]) for rows, sub in branches if t in sub.tensors]
+            if not pieces:
+                if t in fill:
+                    v.tensors[t] = self._fill(fill[t], v.rows)
+                continue  # omitted (or absent: a branch's model did not produce it)
+            if len(pieces) == 1 and pieces[0][0].size == v.rows:
+                v.tensors[t] = pieces[0][1]
+                continue
+            first = pieces[0][1]
+            if len({(p.dtype.str, p.shape[1:]) for _, p in pieces}) > 1:
+                kinds = sorted({f"{p.dtype}{list(p.shape[1:])}" for _, p in pieces})
+                v.req.error = DownstreamError(f"switch '{sw.name}': its branches wrote '{t}' as {' and '.join(kinds)} "
+                                              "for rows of one request; they must agree")
+                return
+            out = np.empty((v.rows,) + first.shape[1:], dtype=first.dtype)
+            covered = np.zeros(v.rows, dtype=bool)
+            for rows, p in pieces:
+                out[rows] = p
+                covered[rows] = True
+            if not covered.all():
+                if t not in fill or fill[t].shape != first.shape[1:]:
+                    shape = "" if t not in fill else f" (the fill's row shape {list(fill[t].shape)} is not the branches' {list(first.shape[1:])})"
+                    v.req.error = DownstreamError(f"switch '{sw.name}': '{t}' is not written for rows "
+                                                  f"{np.flatnonzero(~covered).tolist()}{shape}")
+                    return
+                out[~covered] = fill[t].astype(first.dtype)
+            v.tensors[t] = out
+
+    def _fill(self, row: NDArray[Any], rows: int) -> NDArray[Any]:
+        if not self.batching:
+            return row.copy()
+        return np.broadcast_to(row, (rows,) + row.shape).copy()
+
+
+def node_reads_all(nodes: Sequence[PNode]) -> List[str]:
+    """Every tensor a branch reads from outside itself."""
+    inner = {t for n in nodes for t in node_writes(n)}
+    return list(dict.fromkeys(t for n in nodes for t in node_reads(n) if t not in inner))
+
+
+def plan_lists(steps: Sequence[PNode], router: RouterSpec) -> Tuple[Dict[int, List[List[PNode]]], Dict[str, Dict[str, NDArray[Any]]]]:
+    """Per node list (by id) its generations, per switch its fill rows: made once at load."""
+    plans: Dict[int, List[List[PNode]]] = {}
+    fills: Dict[str, Dict[str, NDArray[Any]]] = {}
+
+    def visit(nodes: Sequence[PNode]) -> None:
+        plans[id(nodes)] = generations(nodes)
+        for n in nodes:
+            if isinstance(n, Switch):
+                fills[n.name] = fill_rows(n, router)
+                for b in n.branches():
+                    visit(b)
+    visit(steps)
+    return plans, fills

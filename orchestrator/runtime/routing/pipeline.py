@@ -1,0 +1,505 @@
+"""Tensor pipelines: a policy whose top-level key is ``pipeline`` (a text policy has ``root``).
+
+A pipeline moves named tensors between models as a Triton ensemble's
+``ensemble_scheduling`` does, plus what an ensemble cannot express (conditions,
+``routing.conditions``)::
+
+    pipeline:
+      outputs: [LABELS, SCORES]          # the response's outputs, in this order
+      steps:                             # nodes, run in dataflow order
+        - kind: step
+          model: detector                # name: default the model's
+          inputs: {IMAGE: IMAGE}         # model input -> pipeline tensor (input_map)
+          outputs: {SCORES: SCORES}      # model output -> pipeline tensor (output_map)
+        - kind: switch
+          scope: row                     # row | request
+          cases:
+            - when: {tensor: SCORES, reduce: argmax, op: eq, value: 0}
+              then: [{kind: step, model: cats, inputs: {IMAGE: IMAGE}, outputs: {LABEL: LABELS}}]
+          default: [{kind: step, model: others, inputs: {IMAGE: IMAGE}, outputs: {LABEL: LABELS}}]
+
+Pipeline tensors form one flat namespace: the router's inputs (its ``config.pbtxt``) and
+every step's mapped outputs, each written by one node (the branches of one switch may
+write the same tensor). A node runs once every tensor it reads exists (or is known to be
+absent); nodes that do not depend on each other run concurrently.
+
+At load (:func:`bind_pipeline`, with the router's configuration) the pipeline is checked:
+every tensor read exists upstream, no two nodes write one tensor, no cycle, the outputs
+are router outputs written by some node, every tensor a switch's branch may leave
+unwritten is declared (``fill``, or ``omit`` in request scope), condition literals fit the
+router inputs' data types, and no router tensor is BF16 (numpy cannot hold it in the
+Python backend's stub). Errors are ``PolicyError`` naming the location.
+
+A step's ``when`` is a switch of one case around the step (same ``scope``, ``fill``, ``omit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+import numpy as np
+
+from orchestrator.runtime.errors import PolicyError
+from orchestrator.runtime.routing import schema as S
+from orchestrator.runtime.routing.conditions import Cond, check_literals, read_condition
+from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
+
+__all__ = [
+    "Step", "Case", "Switch", "PNode", "Pipeline", "PIPELINE", "read_pipeline", "bind_pipeline", "node_reads",
+    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches",
+]
+
+# ----------------------------------------------------------------------------- the nodes
+
+
+@dataclass(frozen=True)
+class Step:
+    """One model call (an ensemble step).
+
+    Attributes:
+        name: unique in the pipeline (default: the model's name).
+        model: the model called through BLS.
+        version: the model version; -1: the one Triton picks (its latest ready).
+        inputs: (model input, pipeline tensor) pairs.
+        outputs: (model output, pipeline tensor) pairs; only these outputs are requested.
+        parameters: ``forward`` (every request parameter BLS can carry: bool, int, str),
+            ``none``, or the names forwarded.
+        add_batch_dim: prepend a batch dimension of 1 to each input (a router with
+            ``max_batch_size: 0`` calling a batching model); such outputs lose it again in the
+            response when the router's output dims lack it.
+        max_batch_size: rows per BLS call (None: the callee's ``max_batch_size`` from its
+            ``config.pbtxt`` in the repository when found, else the rows of one request per call).
+        where: its location in the policy.
+    """
+
+    name: str
+    model: str
+    inputs: Tuple[Tuple[str, str], ...]
+    outputs: Tuple[Tuple[str, str], ...]
+    version: int = -1
+    parameters: Union[str, Tuple[str, ...]] = "forward"
+    add_batch_dim: bool = False
+    max_batch_size: Optional[int] = None
+    where: str = ""
+    kind: str = "step"
+
+    @property
+    def target(self) -> str:
+        """The call target: ``model`` or ``model@version`` (the circuit breaker's key)."""
+        return self.model if self.version < 0 else f"{self.model}@{self.version}"
+
+
+@dataclass(frozen=True)
+class Case:
+    """A switch case: ``then`` runs for the rows where ``when`` holds (and no earlier case did)."""
+
+    when: Cond
+    then: Tuple["PNode", ...]
+
+
+@dataclass(frozen=True)
+class Switch:
+    """If-else between sub-pipelines, per row or per request.
+
+    Attributes:
+        name: unique in the pipeline.
+        scope: ``row`` (each batch row takes its own branch) or ``request``.
+        cases: tried in order; a row takes the first whose condition holds.
+        default: the branch of rows no case took (None: they take no branch).
+        fill: tensor -> the value rows get when their branch did not write it (a router
+            output: its data type and row shape from the router's config; a scalar fills the
+            row shape, a list is the row).
+        omit: tensors left out of the response of a request whose branch did not write them
+            (``scope: request``, or a router with ``max_batch_size: 0``).
+        where: its location in the policy.
+    """
+
+    name: str
+    cases: Tuple[Case, ...]
+    scope: str = "row"
+    default: Optional[Tuple["PNode", ...]] = None
+    fill: Tuple[Tuple[str, Any], ...] = ()
+    omit: Tuple[str, ...] = ()
+    where: str = ""
+    kind: str = "switch"
+
+    def branches(self) -> List[Tuple["PNode", ...]]:
+        """Every branch: each case's, then the default's (empty when there is none)."""
+        return [c.then for c in self.cases] + [self.default or ()]
+
+
+PNode = Union[Step, Switch]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A parsed pipeline (``outputs`` in response order, ``steps`` its top-level nodes)."""
+
+    outputs: Tuple[str, ...]
+    steps: Tuple[PNode, ...]
+
+    def nodes(self) -> List[PNode]:
+        """Every node, depth first."""
+        out: List[PNode] = []
+
+        def visit(nodes: Sequence[PNode]) -> None:
+            for n in nodes:
+                out.append(n)
+                if isinstance(n, Switch):
+                    for b in n.branches():
+                        visit(b)
+        visit(self.steps)
+        return out
+
+    def step_nodes(self) -> List[Step]:
+        """Every step, depth first."""
+        return [n for n in self.nodes() if isinstance(n, Step)]
+
+    def models(self) -> List[str]:
+        """Every call target (``model`` or ``model@version``), without repeats."""
+        return list(dict.fromkeys(s.target for s in self.step_nodes()))
+
+
+def node_writes(node: PNode) -> List[str]:
+    """The tensors ``node`` may write (a switch: every branch's and its ``fill``)."""
+    if isinstance(node, Step):
+        return [t for _, t in node.outputs]
+    out = [t for b in node.branches() for n in b for t in node_writes(n)] + [t for t, _ in node.fill]
+    return list(dict.fromkeys(out))
+
+
+def node_reads(node: PNode) -> List[str]:
+    """The tensors ``node`` reads from outside itself (a switch: its conditions' and what
+    its branches read and do not write themselves)."""
+    if isinstance(node, Step):
+        return list(dict.fromkeys(t for _, t in node.inputs))
+    out = [t for c in node.cases for t in c.when.tensors()]
+    for branch in node.branches():
+        inner = {t for n in branch for t in node_writes(n)}
+        out += [t for n in branch for t in node_reads(n) if t not in inner]
+    return list(dict.fromkeys(out))
+
+
+# ----------------------------------------------------------------------------- declaration
+
+
+class _StrMap(S.Type):
+    """A non-empty mapping of non-empty strings to non-empty strings, read as pairs."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def read(self, value: Any, where: str, ctx: Any) -> Tuple[Tuple[str, str], ...]:
+        if not isinstance(value, Mapping) or not value:
+            raise PolicyError(f"{where}: expected a non-empty mapping ({self.what})")
+        for k, v in value.items():
+            if not isinstance(k, str) or not k or not isinstance(v, str) or not v:
+                raise PolicyError(f"{where}.{k}: expected a non-empty tensor name, got {v!r}")
+        return tuple((str(k), str(v)) for k, v in value.items())
+
+    def json(self) -> Dict[str, Any]:
+        return {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string", "minLength": 1}}
+
+    def text(self) -> str:
+        return f"mapping: {self.what}"
+
+
+class _FillValues(S.Type):
+    """Tensor -> a scalar (number, boolean, string) or a nested list of them."""
+
+    def read(self, value: Any, where: str, ctx: Any) -> Tuple[Tuple[str, Any], ...]:
+        if not isinstance(value, Mapping):
+            raise PolicyError(f"{where}: expected a mapping: tensor -> value")
+
+        def ok(v: Any) -> bool:
+            return isinstance(v, (bool, int, float, str)) or (isinstance(v, list) and bool(v) and all(ok(x) for x in v))
+
+        for k, v in value.items():
+            if not ok(v):
+                raise PolicyError(f"{where}.{k}: expected a number, boolean, string or a nested list of them, got {v!r}")
+        return tuple((str(k), v) for k, v in value.items())
+
+    def json(self) -> Dict[str, Any]:
+        return {"type": "object", "additionalProperties": {"type": ["number", "boolean", "string", "array"]}}
+
+    def text(self) -> str:
+        return "mapping: tensor -> scalar or nested list"
+
+
+class _Parameters(S.Type):
+    def read(self, value: Any, where: str, ctx: Any) -> Union[str, Tuple[str, ...]]:
+        if value in ("forward", "none"):
+            return str(value)
+        return tuple(S.Strings().read(value, where, ctx)) if isinstance(value, list) else S.Choice(("forward", "none")).read(value, where, ctx)
+
+    def json(self) -> Dict[str, Any]:
+        return {"anyOf": [{"enum": ["forward", "none"]}, S.Strings().json()]}
+
+    def text(self) -> str:
+        return "`forward`, `none`, or a list of parameter names"
+
+
+class _PNodeRef(S.Type):
+    """A pipeline node (``kind: step`` or ``kind: switch``)."""
+
+    has_nodes = True
+
+    def read(self, value: Any, where: str, ctx: Any) -> PNode:
+        return _read_node(value, where, ctx)
+
+    def json(self) -> Dict[str, Any]:
+        return {"$ref": "#/definitions/pipeline.node"}
+
+    def text(self) -> str:
+        return "pipeline node (`step` or `switch`)"
+
+
+class _CondType(S.Type):
+    def read(self, value: Any, where: str, ctx: Any) -> Cond:
+        return read_condition(value, where)
+
+    def json(self) -> Dict[str, Any]:
+        return {"$ref": "#/definitions/condition"}
+
+    def text(self) -> str:
+        return "condition (`pipeline.condition`)"
+
+
+_NODES = S.ListOf(_PNodeRef(), 1)
+_SCOPE = S.Choice(("row", "request"))
+_GUARD_KEYS = [
+    S.Key("scope", _SCOPE, "`row`: each batch row on its own; `request`: the request as a whole (a router with "
+          "`max_batch_size: 0` always has request scope)"),
+    S.Key("fill", _FillValues(), "tensor -> the value of rows whose branch did not write it (a router output; a "
+          "scalar fills its row shape, a list is the row)"),
+    S.Key("omit", S.Strings(), "tensors left out of the response of a request whose branch did not write them "
+          "(request scope), as an ensemble omits an output no step produced"),
+]
+
+#: The ``step`` node.
+STEP = S.Struct("pipeline.step", [
+    S.Key("kind", S.Const(S.Str(), "step", "expected step"), "`step`", required=True),
+    S.Key("name", S.Str(), "unique node name (metrics, errors)", computed="the model's name"),
+    S.Key("model", S.Str(), "the model called (BLS)", required=True),
+    S.Key("version", S.Int(-1, 1 << 31), "the model version; -1: the latest ready"),
+    S.Key("inputs", _StrMap("model input -> pipeline tensor"), "model input -> pipeline tensor (an ensemble step's "
+          "`input_map`)", required=True),
+    S.Key("outputs", _StrMap("model output -> pipeline tensor"), "model output -> pipeline tensor (`output_map`); "
+          "only these outputs are requested", required=True),
+    S.Key("parameters", _Parameters(), "request parameters passed on: `forward` (all that BLS can carry: bool, int, "
+          "string; an ensemble passes every one), `none`, or these names"),
+    S.Key("add_batch_dim", S.Bool(), "prepend a batch dimension of 1 to each input (a router with `max_batch_size: 0` "
+          "calling a batching model); a router output keeps it only when its dims have it"),
+    S.Key("max_batch_size", S.Int(0, 1 << 20), "rows per BLS call; 0: one call per request",
+          computed="the model's `max_batch_size` from its config.pbtxt, else one call per request"),
+    S.Key("when", _CondType(), "run the step only for the rows (or requests) where this holds"),
+] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
+
+_CASE = S.Struct("pipeline.switch.case", [
+    S.Key("when", _CondType(), "the condition", required=True),
+    S.Key("then", _NODES, "the branch: a sub-pipeline", required=True),
+], doc="One case: a condition and its branch.")
+
+#: The ``switch`` node.
+SWITCH = S.Struct("pipeline.switch", [
+    S.Key("kind", S.Const(S.Str(), "switch", "expected switch"), "`switch`", required=True),
+    S.Key("name", S.Str(), "unique node name", computed="its location"),
+    S.Key("cases", S.ListOf(_CASE, 1), "tried in order: a row takes the first that holds", required=True),
+    S.Key("default", _NODES, "the branch of rows no case took (absent: they take none)"),
+] + _GUARD_KEYS, doc="If-else between sub-pipelines, per row or per request.")
+
+#: The ``pipeline`` top-level mapping.
+PIPELINE = S.Struct("pipeline", [
+    S.Key("outputs", S.Strings(1), "the router outputs the response carries, in this order; one no node produced "
+          "for a request is left out of its response", required=True),
+    S.Key("steps", _NODES, "the nodes (`step`, `switch`), run in dataflow order", required=True),
+], doc="A tensor pipeline (instead of `root`): steps moving named tensors between models, as an ensemble's "
+       "`ensemble_scheduling`, with conditions.")
+
+
+def pipeline_json_definitions() -> Dict[str, Any]:
+    """The JSON Schema definitions the ``pipeline`` key refers to."""
+    from orchestrator.runtime.routing.conditions import CONDITION
+
+    step, switch = STEP.json(), SWITCH.json()
+    return {
+        "pipeline.node": {"type": "object", "required": ["kind"],
+                          "properties": {"kind": {"enum": ["step", "switch"]}},
+                          "allOf": [{"if": {"properties": {"kind": {"const": "step"}}}, "then": {"$ref": "#/definitions/pipeline.step"}},
+                                    {"if": {"properties": {"kind": {"const": "switch"}}}, "then": {"$ref": "#/definitions/pipeline.switch"}}]},
+        "pipeline.step": step,
+        "pipeline.switch": switch,
+        "condition": CONDITION.json(),
+    }
+
+
+class _Names:
+    """Node names seen while parsing (unique in the pipeline)."""
+
+    def __init__(self) -> None:
+        self.seen: Dict[str, str] = {}
+
+    def claim(self, name: str, where: str) -> str:
+        if name in self.seen:
+            raise PolicyError(f"{where}.name: '{name}' is also the name of {self.seen[name]} (names are unique; "
+                              "give one of them a `name`)")
+        self.seen[name] = where
+        return name
+
+
+def _read_node(value: Any, where: str, names: _Names) -> PNode:
+    kind = value.get("kind") if isinstance(value, Mapping) else None
+    if kind not in ("step", "switch"):
+        raise PolicyError(f"{where}.kind: expected step or switch, got {kind!r}")
+    if kind == "switch":
+        v = SWITCH.read(value, where, names)
+        cases = tuple(Case(c["when"], tuple(c["then"])) for c in v["cases"])
+        sw = Switch(names.claim(v["name"] or where, where), cases, v["scope"] or "row",
+                    None if v["default"] is None else tuple(v["default"]), v["fill"] or (), tuple(v["omit"] or ()), where)
+        return sw
+    v = STEP.read(value, where, names)
+    step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
+                -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
+                bool(v["add_batch_dim"]), v["max_batch_size"], where)
+    if v["when"] is None:
+        if v["scope"] is not None or v["fill"] is not None or v["omit"] is not None:
+            raise PolicyError(f"{where}: scope, fill and omit go with `when`")
+        return step
+    return Switch(f"{step.name}:when", (Case(v["when"], (step,)),), v["scope"] or "row", None, v["fill"] or (),
+                  tuple(v["omit"] or ()), where)
+
+
+def read_pipeline(value: Any, where: str = "pipeline") -> Pipeline:
+    """Parse the ``pipeline`` mapping (raises PolicyError naming the location)."""
+    v = PIPELINE.read(value, where, _Names())
+    return Pipeline(tuple(v["outputs"]), tuple(v["steps"]))
+
+
+# ----------------------------------------------------------------------------- binding
+
+
+def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any], where: str) -> None:
+    """Dataflow checks of one node list (the top level or a branch); see the module docstring."""
+    writer: Dict[str, PNode] = {}
+    inputs = {i.name for i in router.inputs}
+    for n in nodes:
+        for t in node_writes(n):
+            if t in inputs:
+                raise PolicyError(f"{n.where}: writes '{t}', which is a router input")
+            if t in writer:
+                raise PolicyError(f"{n.where}: writes '{t}', which {writer[t].where} writes too (one writer per tensor)")
+            writer[t] = n
+    deps: Dict[str, Set[str]] = {}
+    for n in nodes:
+        for t in node_reads(n):
+            if t not in available and (t not in writer or writer[t] is n):
+                raise PolicyError(f"{n.where}: reads '{t}', which is not a router input nor written by another node "
+                                  f"before it (tensors here: {', '.join(sorted(available | set(writer))) or 'none'})")
+        deps[n.name] = {writer[t].name for t in node_reads(n) if t in writer and writer[t] is not n}
+    done: Set[str] = set()
+    while len(done) < len(nodes):
+        ready = [n for n in nodes if n.name not in done and deps[n.name] <= done]
+        if not ready:
+            stuck = [n.where for n in nodes if n.name not in done]
+            raise PolicyError(f"{where}: a cycle: {', '.join(stuck)} each wait for another's tensors")
+        done |= {n.name for n in ready}
+    for n in nodes:
+        if isinstance(n, Switch):
+            _check_switch(n, available | set(writer), router, dtypes)
+
+
+def _check_cases(sw: Switch, available: Set[str], dtypes: Mapping[str, Any]) -> None:
+    for i, c in enumerate(sw.cases):
+        check_literals(c.when, dtypes)
+        for t in c.when.tensors():
+            if t not in available:
+                raise PolicyError(f"{sw.where}.cases[{i}].when: reads '{t}', which is not a router input nor written "
+                                  "before the switch")
+
+
+def _check_switch(sw: Switch, available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any]) -> None:
+    request_scope = sw.scope == "request" or router.max_batch_size == 0
+    _check_cases(sw, available, dtypes)
+    for i, branch in enumerate(sw.branches()):
+        _check_list(branch, available, router, dtypes, f"{sw.where}.branch[{i}]")
+    written = [t for b in sw.branches() for n in b for t in node_writes(n)]
+    fill = dict(sw.fill)
+    for t in fill:
+        spec = router.output(t)
+        if spec is None:
+            raise PolicyError(f"{sw.where}.fill.{t}: only a router output can be filled (its config gives the data "
+                              "type and row shape); an inner tensor can be omitted (absent) instead")
+        fill_array(fill[t], spec, router.max_batch_size > 0, f"{sw.where}.fill.{t}")
+    for t in sw.omit:
+        if not request_scope:
+            raise PolicyError(f"{sw.where}.omit: only in request scope (a row cannot lack '{t}' while other rows of "
+                              "its request have it); give it a fill")
+        if t in fill:
+            raise PolicyError(f"{sw.where}.omit: '{t}' is filled too")
+    labels = [f"cases[{i}]" for i in range(len(sw.cases))] + ["default" if sw.default is not None else "no case"]
+    for label, branch in zip(labels, sw.branches()):
+        own = {t for n in branch for t in node_writes(n)}
+        for t in dict.fromkeys(written):
+            if t not in own and t not in fill and t not in sw.omit:
+                raise PolicyError(
+                    f"{sw.where}: '{t}' is not written when {label} is taken; declare it: "
+                    + ("`omit: [" + t + "]` (left out of the response) or " if request_scope else "")
+                    + f"`fill: {{{t}: VALUE}}`")
+
+
+def bind_pipeline(pipeline: Pipeline, router: RouterSpec) -> Pipeline:
+    """Check ``pipeline`` against the router's configuration (module docstring).
+
+    Raises:
+        PolicyError: the first problem, naming its location.
+    """
+    bf16 = [t.name for t in router.inputs + router.outputs if t.data_type == "TYPE_BF16"]
+    if bf16:
+        raise PolicyError(f"pipeline: {', '.join(bf16)} of router '{router.name}' is TYPE_BF16, which numpy cannot "
+                          "hold in the Python backend's stub (it refuses as_numpy() on BF16); declare it TYPE_FP32 "
+                          "or TYPE_FP16 in the router and its models")
+    unknown = [t.data_type for t in router.inputs + router.outputs if t.dtype is None]
+    if unknown:
+        raise PolicyError(f"pipeline: router '{router.name}' has a tensor of unknown data type {unknown[0]}")
+    outputs = {o.name for o in router.outputs}
+    for i, o in enumerate(pipeline.outputs):
+        if o not in outputs:
+            raise PolicyError(f"pipeline.outputs[{i}]: '{o}' is not an output of router '{router.name}' "
+                              f"(its config has: {', '.join(sorted(outputs))})")
+    if len(set(pipeline.outputs)) != len(pipeline.outputs):
+        raise PolicyError("pipeline.outputs: a tensor is listed twice")
+    dtypes = {t.name: np.dtype(t.dtype) for t in router.inputs}
+    _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps")
+    written = {t for n in pipeline.steps for t in node_writes(n)}
+    for i, o in enumerate(pipeline.outputs):
+        if o not in written and o not in dtypes:
+            raise PolicyError(f"pipeline.outputs[{i}]: no node writes '{o}'")
+    return pipeline
+
+
+def fill_rows(sw: Switch, router: RouterSpec) -> Dict[str, Any]:
+    """The switch's fill values as rows (numpy arrays of the outputs' data types and row
+    shapes), after :func:`bind_pipeline` checked them."""
+    out = {}
+    for t, v in sw.fill:
+        spec = router.output(t)
+        assert spec is not None, "bind_pipeline checked fills name router outputs"
+        out[t] = fill_array(v, spec, router.max_batch_size > 0, f"{sw.where}.fill.{t}")
+    return out
+
+
+def with_batches(pipeline: Pipeline, sizes: Mapping[str, Optional[int]]) -> Pipeline:
+    """``pipeline`` with each step's ``max_batch_size`` set from ``sizes`` (model -> the
+    callee's, None: unknown) where the policy left it out."""
+
+    def fix(nodes: Sequence[PNode]) -> Tuple[PNode, ...]:
+        out: List[PNode] = []
+        for n in nodes:
+            if isinstance(n, Step):
+                out.append(n if n.max_batch_size is not None else replace(n, max_batch_size=sizes.get(n.model) or 0))
+            else:
+                cases = tuple(Case(c.when, fix(c.then)) for c in n.cases)
+                out.append(replace(n, cases=cases, default=None if n.default is None else fix(n.default)))
+        return tuple(out)
+    return replace(pipeline, steps=fix(pipeline.steps))

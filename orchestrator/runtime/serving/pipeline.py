@@ -1,0 +1,211 @@
+"""The router serving a tensor pipeline (a policy with the top-level key ``pipeline``).
+
+``router.TritonPythonModel.initialize`` hands the model to :class:`PipelineRouter` when its
+policy is a pipeline; the text router's path is not touched. The router's own configuration
+(``args['model_config']``: inputs, outputs, ``max_batch_size``, dims) is the pipeline's
+contract with clients, as an ensemble's is:
+
+- each request's inputs are read by name (an absent optional input is an absent tensor;
+  a required one missing, a data type, rank, fixed dimension or batch size that disagrees
+  with the config is that request's INVALID_ARG naming the input), never converted (BYTES
+  stay object arrays of ``bytes``);
+- request parameters: those the policy declares (``request_parameters``, values checked) or
+  ignores (``ignored_parameters`` patterns; a migrated ensemble has ``["*"]``) are accepted
+  and forwarded to steps (bool, int and string only: what a BLS request carries); any other
+  is refused naming it;
+- the response carries ``pipeline.outputs`` in that order, each as the step produced it
+  (data type included: Triton does not convert a model's outputs either), an output no node
+  produced for the request left out; with ``max_batch_size: 0`` an output given a batch
+  dimension by an ``add_batch_dim`` step loses it when the router's dims lack it.
+
+Every BLS call goes through ``bls.downstream.Downstream`` (circuit breaker per model, stub
+watch, CPU memory, the request's trace and time left). Warmup samples (``model_warmup``)
+run through the pipeline as any request; admission control (``admission``) refuses what it
+cannot run in time, as for text policies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import time
+import traceback
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from orchestrator.runtime.bls.downstream import Downstream
+from orchestrator.runtime.errors import InputError, OrchestratorError, Overloaded, PolicyError
+from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
+from orchestrator.runtime.metrics import Metrics, observe_stage
+from orchestrator.runtime.request import request_parameters
+from orchestrator.runtime.routing.pipeline import bind_pipeline, with_batches
+from orchestrator.runtime.routing.policy import PipelinePolicy
+from orchestrator.runtime.routing.tensors import RouterSpec, callee_max_batch, router_spec
+from orchestrator.runtime.serving.admission import Admission
+from orchestrator.runtime.serving.releases import cpu_outputs
+
+
+def _same_dtype(array: Any, wanted: Any) -> bool:
+    if wanted is np.object_:
+        return bool(array.dtype == np.object_ or array.dtype.kind in "SU")
+    return bool(array.dtype == np.dtype(wanted))
+
+
+class PipelineRouter:
+    """A pipeline policy served (module docstring).
+
+    Args:
+        pb: ``triton_python_backend_utils``.
+        policy: the parsed pipeline policy.
+        config: the router's configuration (``args['model_config']`` as a dict).
+        repository: the model repository (callees' ``max_batch_size`` from their config.pbtxt).
+        name: the router's model name.
+        metrics: the router's metrics.
+        clock: the engine clock (seconds, monotonic).
+
+    Raises:
+        ValueError: the pipeline does not fit the router's config (``bind_pipeline``).
+    """
+
+    def __init__(self, pb: Any, policy: PipelinePolicy, config: Dict[str, Any], repository: Any, name: str,
+                 metrics: Metrics, clock: Any = time.monotonic) -> None:
+        self.pb, self.policy, self.name, self.metrics, self.clock = pb, policy, name, metrics, clock
+        self.spec: RouterSpec = router_spec(config)
+        try:
+            bound = bind_pipeline(policy.pipeline, self.spec)
+        except PolicyError as exc:
+            raise ValueError(f"router: invalid pipeline policy: {exc}") from None
+        sizes = {s.model: callee_max_batch(repository, s.model) for s in bound.step_nodes() if s.max_batch_size is None}
+        self.pipeline = with_batches(bound, sizes)
+        self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
+        self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
+        self.admission = Admission(policy.admission) if policy.admission is not None else None
+        self.loop = asyncio.new_event_loop()
+
+    def close(self) -> None:
+        """Stop the background threads and close the event loop."""
+        self.downstream.close()
+        self.loop.run_until_complete(self.loop.shutdown_default_executor())
+        self.loop.close()
+
+    def describe(self) -> str:
+        """The pipeline in one line per step, for the load log."""
+        parts = [f"{s.name}={s.target}(max_batch_size={s.max_batch_size})" for s in self.pipeline.step_nodes()]
+        return f"pipeline: outputs {list(self.pipeline.outputs)}; steps {', '.join(parts)}"
+
+    # -- requests
+
+    def parse(self, request: Any, start: float) -> Req:
+        """One request's tensors, rows, parameters and deadline (raises InputError naming the input)."""
+        batching = self.spec.max_batch_size > 0
+        tensors: Dict[str, Any] = {}
+        rows: Optional[int] = None
+        for spec in self.spec.inputs:
+            t = self.pb.get_input_tensor_by_name(request, spec.name)
+            if t is None:
+                if not spec.optional:
+                    raise InputError(f"input '{spec.name}' is required")
+                continue
+            array = t.as_numpy()
+            if not _same_dtype(array, spec.dtype):
+                raise InputError(f"input '{spec.name}': data type {array.dtype} is not the router's {spec.data_type}")
+            shape = array.shape[1:] if batching else array.shape
+            if len(shape) != len(spec.dims) or any(d >= 0 and d != s for d, s in zip(spec.dims, shape)):
+                raise InputError(f"input '{spec.name}': shape {list(array.shape)} does not match dims {list(spec.dims)}"
+                                 + (" after the batch dimension" if batching else ""))
+            if batching:
+                if rows is not None and array.shape[0] != rows:
+                    raise InputError(f"input '{spec.name}': batch size {array.shape[0]}, other inputs have {rows}")
+                rows = int(array.shape[0])
+            tensors[spec.name] = array
+        params = dict(request_parameters(request.parameters()))
+        for key, value in params.items():
+            declared = self.policy.request_parameters.get(key)
+            if declared is not None:
+                if str(value) not in declared:
+                    raise InputError(f"parameter {key}={value!r}: not one of {', '.join(declared)}")
+            elif not any(fnmatch.fnmatchcase(key, p) for p in self.policy.ignored_parameters):
+                known = ", ".join(sorted(self.policy.request_parameters)) or "none"
+                raise InputError(f"parameter {key!r}: not a parameter of this router (it accepts: {known})")
+        forward = {k: v for k, v in params.items() if isinstance(v, (bool, int, str))}
+        timeout_us = int(request.timeout() or 0)
+        return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
+                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled)
+
+    def respond(self, req: Req) -> Any:
+        """The response of a request the pipeline ran (its error, or its outputs in order)."""
+        if req.error is not None:
+            return self.fail(req.error)
+        tensors = []
+        for name in self.pipeline.outputs:
+            array = req.tensors.get(name)
+            if array is None:
+                continue  # no node produced it: left out, as an ensemble does
+            spec = self.spec.output(name)
+            if (self.spec.max_batch_size == 0 and name in req.batched and spec is not None
+                    and array.ndim == len(spec.dims) + 1 and array.shape[0] == 1):
+                array = array[0]
+            tensors.append(self.pb.Tensor(name, array))
+        return self.pb.InferenceResponse(output_tensors=tensors)
+
+    def fail(self, exc: BaseException, log: bool = True) -> Any:
+        """The error response of a request (``OrchestratorError``: its code; else INTERNAL, logged)."""
+        from orchestrator.runtime.models._triton import error_response
+
+        self.metrics.inc("orchestrator_requests_total", outcome="error")
+        if isinstance(exc, Overloaded):
+            self.metrics.inc("orchestrator_shed_requests_total")
+        if isinstance(exc, OrchestratorError):
+            return error_response(f"router: {exc}", exc.code)
+        if log:
+            self.pb.Logger.log_error("router: unexpected error: " + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        return error_response(f"router: internal error: {type(exc).__name__}: {exc}", "INTERNAL")
+
+    # -- execute
+
+    def execute(self, requests: List[Any], delay_s: float = 0.0) -> List[Any]:
+        """One response per request, in order (``delay_s``: the router's queue-delay
+        estimate, ``router.QueueDelay``, for admission control)."""
+        admitted, refusal = len(requests), None
+        if self.admission is not None:
+            admitted = self.admission.admit(len(requests), delay_s)
+            if admitted < len(requests):
+                refusal = Overloaded(self.admission.message(delay_s, admitted))
+        began = time.perf_counter()
+        try:
+            responses = self.loop.run_until_complete(self._execute(requests[:admitted]))
+        finally:
+            if self.admission is not None:
+                self.admission.ran(admitted, time.perf_counter() - began)
+        if refusal is not None:
+            responses += [self.fail(refusal) for _ in requests[admitted:]]
+        return responses
+
+    async def _execute(self, requests: Sequence[Any]) -> List[Any]:
+        start = self.clock()
+        began = time.perf_counter()
+        responses: List[Any] = [None] * len(requests)
+        reqs: Dict[int, Req] = {}
+        for k, request in enumerate(requests):
+            try:
+                reqs[k] = self.parse(request, start)
+            except InputError as exc:
+                responses[k] = self.fail(exc)
+        observe_stage(self.metrics, "parse", began)
+        run = PipelineRun(self.pipeline.steps, self.spec, self.downstream.call_step, self.clock, self.metrics,
+                          self.fills, self.plans)
+        try:
+            await run.run(list(reqs.values()))
+        except Exception as exc:  # a bug fails these requests, never the instance
+            for i, k in enumerate(reqs):
+                responses[k] = self.fail(exc, log=i == 0)
+            return responses
+        began = time.perf_counter()
+        ok = 0
+        for k, req in reqs.items():
+            responses[k] = self.respond(req)
+            ok += req.error is None
+        observe_stage(self.metrics, "respond", began)
+        self.metrics.inc("orchestrator_requests_total", ok, outcome="success")
+        return responses

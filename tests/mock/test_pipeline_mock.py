@@ -1,0 +1,152 @@
+"""Tensor pipelines (policies with ``pipeline``) served by the router on the in-process mock:
+answers byte-identical to the ensemble making the same calls (dtype, shape and bytes per
+output), several data types, two outputs per step, variable dims, ``max_batch_size`` 0 and
+> 0, rows of one execute merged per callee, per-request errors naming the input or the step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from orchestrator.testing.mock import InferError, MockTriton
+from tests.pipeline_repo import CLASSES, MODELS, RECOGNIZERS, make_pipeline_repository
+
+
+@pytest.fixture(scope="module")
+def mock(tmp_path_factory):
+    repo = make_pipeline_repository(tmp_path_factory.mktemp("pipelines") / "model_repository")
+    with MockTriton(repo, model_config_name=None) as m:
+        for name in MODELS:
+            m.load(name)
+        yield m
+
+
+def typed_inputs(rows: int = 3, width: int = 5, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    names = np.empty((rows, 1), dtype=object)
+    names[:, 0] = [bytes([65 + i]) + b"\x00\xff" for i in range(rows)]  # trailing NUL and a non-UTF-8 byte kept
+    return {"X": rng.normal(size=(rows, width)).astype(np.float16), "FLAGS": rng.random((rows, 2)) < 0.5, "NAME": names}
+
+
+def same(a: dict, b: dict) -> None:
+    """Byte-identical per output: the same outputs, dtype, shape and bytes."""
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    for name in a:
+        x, y = a[name], b[name]
+        assert x.dtype == y.dtype and x.shape == y.shape, (name, x.dtype, y.dtype, x.shape, y.shape)
+        if x.dtype == object:
+            assert [bytes(e) for e in x.reshape(-1)] == [bytes(e) for e in y.reshape(-1)], name
+        else:
+            assert x.tobytes() == y.tobytes(), name
+
+
+@pytest.mark.parametrize("rows,width", [(1, 1), (3, 5), (8, 2)])
+def test_a_typed_pipeline_answers_as_its_ensemble(mock, rows, width):
+    inputs = typed_inputs(rows, width, seed=rows)
+    got = mock.infer("typed", inputs)
+    same(got, mock.infer("typed_ensemble", inputs))
+    assert got["Y"].dtype == np.float16 and got["CODE"].dtype == np.int8 and got["ECHO"].dtype == np.bool_
+    assert bytes(got["LABEL"][0, 0]).startswith(b"A\x00\xff:")
+
+
+def test_requests_of_one_execute_with_different_variable_dims_are_each_answered(mock):
+    requests = [typed_inputs(2, 3, seed=1), typed_inputs(3, 3, seed=3), typed_inputs(1, 7, seed=2)]
+    mock.reset_calls()
+    answers = mock.infer_batch("typed", requests)
+    # Triton's batcher puts the two requests of width 3 in one execute (5 rows), which makes one
+    # call to each model; the request of width 7 comes in an execute of its own
+    assert mock.calls_to("typed") == [(2, 3), (1,)]
+    assert mock.calls_to("mixer") == [(5,), (1,)] and mock.calls_to("labeler") == [(5,), (1,)]
+    for inputs, answer in zip(requests, answers):
+        same(answer, mock.infer("typed_ensemble", inputs))
+
+
+def test_max_batch_size_zero_router_answers_as_its_ensemble(mock):
+    v = np.array([0.5, -1.0, 2.25])
+    same(mock.infer("flat_router", {"V": v}), mock.infer("flat_ensemble", {"V": v}))
+
+
+def test_add_batch_dim_gives_the_batching_model_a_batch_of_one_and_strips_it_where_dims_lack_it(mock):
+    x = np.array([1.5, -2.0, 0.25], dtype=np.float16)
+    out = mock.infer("unbatched", {"X": x, "FLAGS": np.array([True, True])})
+    assert out["Y"].shape == (3,) and out["Y"].dtype == np.float16
+    assert out["Y"].tobytes() == (x * np.float16(2)).tobytes()
+    assert out["CODE"].shape == (1, 1) and out["CODE"].dtype == np.int8 and int(out["CODE"][0, 0]) == 2
+
+
+def test_bad_input_is_that_requests_error_naming_the_input(mock):
+    good = typed_inputs(2, 3)
+    bad = dict(good, FLAGS=np.ones((3, 2), dtype=bool))  # a batch size that disagrees
+    answers = mock.infer_batch("typed", [good, bad])
+    same(answers[0], mock.infer("typed_ensemble", good))
+    assert isinstance(answers[1], InferError)
+    assert "FLAGS" in answers[1].message or "batch" in answers[1].message
+
+
+def test_an_undeclared_parameter_is_refused_unless_ignored(mock):
+    out = mock.infer("typed", typed_inputs(1), parameters={"anything": "x", "n": 3, "ok": True})
+    assert set(out) == {"Y", "CODE", "LABEL", "ECHO"}
+
+
+def test_a_failing_step_fails_its_requests_naming_the_step_and_model(mock):
+    mock.fail_next("labeler", "boom", count=1)
+    with pytest.raises(InferError) as err:
+        mock.infer("typed", typed_inputs(1))
+    assert "step 'labeler'" in err.value.message and "model 'labeler'" in err.value.message and "boom" in err.value.message
+    assert err.value.code == "INTERNAL"
+
+
+def test_a_merged_call_that_fails_is_retried_per_request(mock):
+    requests = [typed_inputs(1, 3, seed=4), typed_inputs(2, 3, seed=5)]
+    mock.fail_next("labeler", "once", count=1)
+    answers = mock.infer_batch("typed", requests)
+    assert all(not isinstance(a, InferError) for a in answers), answers
+    for inputs, answer in zip(requests, answers):
+        same(answer, mock.infer("typed_ensemble", inputs))
+
+
+# ----------------------------------------------------------------------------- the public asks
+
+
+def img(rows):
+    return np.array(rows, dtype=np.float32).reshape(len(rows), 4)
+
+
+def test_stop_early_skips_the_second_step_for_the_rows_that_say_so(mock):
+    x = img([[1, 1, 1, 1], [0, 0, 0, 0], [2, 0, 0, 0]])  # means 1, 0, 0.5: only the first row goes on
+    mock.reset_calls()
+    out = mock.infer("stop_early", {"IMG": x})
+    assert [c for c in mock.calls_to("second")] == [(1,)]
+    assert out["OUT"].dtype == np.float32 and out["OUT"].shape == (3, 2)
+    assert out["OUT"].tolist() == [[11.0, 11.0], [-1.0, -1.0], [-1.0, -1.0]]
+    mock.reset_calls()
+    none = mock.infer("stop_early", {"IMG": img([[0, 0, 0, 0]])})
+    assert mock.calls_to("second") == [] and none["OUT"].tolist() == [[-1.0, -1.0]]
+
+
+def test_a_detector_then_a_per_class_model_sends_each_class_model_its_rows(mock):
+    x = img([[5, 0, 0, 1], [0, 5, 0, 2], [0, 0, 5, 3], [6, 0, 0, 4], [0, 7, 0, 0]])  # classes 0, 1, 2, 0, 1
+    mock.reset_calls()
+    out = mock.infer("per_class", {"IMG": x})
+    assert [bytes(e) for e in out["LABEL"].reshape(-1)] == [b"cat:6", b"dog:7", b"none", b"cat:10", b"dog:7"]
+    assert [c for c in mock.calls_to(f"cls_{CLASSES[0]}")] == [(2,)]
+    assert [c for c in mock.calls_to(f"cls_{CLASSES[1]}")] == [(2,)]
+    assert out["PROBS"].shape == (5, 3) and out["PROBS"].dtype == np.float32
+
+
+def test_one_of_n_recognizers_gets_exactly_the_rows_that_chose_it_across_requests(mock):
+    def req(scripts):
+        t = np.empty((len(scripts), 1), dtype=object)
+        t[:, 0] = [f"w{i}{s}".encode() for i, s in enumerate(scripts)]
+        return {"TEXT_IN": t, "SCRIPT": np.array(scripts, dtype=np.int32).reshape(-1, 1)}
+
+    requests = [req([0, 1, 2, 0]), req([1, 1]), req([2, 0, 0, 0, 0])]
+    mock.reset_calls()
+    answers = mock.infer_batch("one_of_n", requests)
+    for r, a in zip(requests, answers):
+        want = [RECOGNIZERS[min(s, 2)].encode() + b":" + bytes(t)[::-1] for t, s in zip(r["TEXT_IN"].reshape(-1), r["SCRIPT"].reshape(-1))]
+        assert [bytes(e) for e in a["TEXT"].reshape(-1)] == want
+    rows = {m: sum(sum(c) for c in mock.calls_to(m)) for m in RECOGNIZERS}
+    assert rows == {"rec_latin": 6, "rec_greek": 3, "rec_cjk": 2}
+    # one execute: rec_latin's 6 rows from three requests in calls of at most its max_batch_size (4)
+    assert sorted(sum(c) for c in mock.calls_to("rec_latin")) == [2, 4]

@@ -26,7 +26,9 @@ made a router model.
      has ``max_batch_size: 0`` and the step's model batches) and ``pipeline.outputs`` in the
      order the ensemble answers (:func:`orchestrator.testing.mock.ensemble.response_order`:
      Triton iterates a hash map; with ``--check``, the live ensemble's order, probed).
-3. The router is checked offline as ``orchestrator policy check --repo REPO`` checks it;
+3. The router is checked offline as ``orchestrator policy check REPO/NAME/policy.yaml --repo
+   ENSEMBLE_REPO`` checks it (the step models are the ensemble's repository's; ``REPO`` is
+   usually that repository, or another one the same server serves);
    with ``--check URL`` the same inputs go through the ensemble and the router on a running
    server, and the largest difference per output is reported (:mod:`migrate_check`).
 
@@ -289,11 +291,12 @@ def migrate_command(args: argparse.Namespace) -> int:
         return 1
     print(f"wrote {target}: router '{args.name}' from ensemble '{migration.ensemble.name}' "
           f"({len(migration.policy['pipeline']['steps'])} steps; outputs in order {', '.join(migration.outputs)})")
-    ok, output = check_offline(target, repo, config_name)
+    # the step models are the ensemble's repository's (REPO may be another one the server serves)
+    ok, output = check_offline(target, migration.ensemble.directory.parent, config_name)
     print(output.rstrip())
     if not ok:
         print(f"error: the migrated router does not pass `orchestrator policy check {target / POLICY_FILE} "
-              f"--repo {repo}` (above)", file=sys.stderr)
+              f"--repo {migration.ensemble.directory.parent}` (above)", file=sys.stderr)
         return 1
     if probe is None:
         return 0

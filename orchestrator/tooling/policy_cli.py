@@ -245,14 +245,80 @@ def add_policy_arguments(parser) -> None:
     show.add_argument("--json", action="store_true", help="print the policy document as JSON instead of the graph")
 
 
+def pipeline_errors(policy: "P.PipelinePolicy", repo: Path, router_dir: Optional[Path],
+                    config_name: Optional[str] = "embedded") -> List[str]:
+    """What the router would refuse at load, or Triton at its first request, for a pipeline
+    policy against ``repo``: the pipeline bound to the router's configuration (``router_dir``'s,
+    when the policy is beside one: tensors upstream, one writer, outputs the router's), and per
+    step (located ``pipeline.steps[1]...``) its model in ``repo``, a pinned version served,
+    its ``inputs`` and ``outputs`` keys the model's inputs and outputs."""
+    from google.protobuf.json_format import MessageToDict
+
+    from orchestrator.runtime.routing.pipeline import bind_pipeline
+    from orchestrator.runtime.routing.tensors import router_spec
+
+    errors = []
+    path = config_path(router_dir, config_name) if router_dir is not None else None
+    if path is not None:
+        try:
+            spec = router_spec(MessageToDict(read_config(path), preserving_proto_field_name=True))
+            bind_pipeline(policy.pipeline, spec)
+        except (ConfigError, P.PolicyError) as exc:
+            errors.append(str(exc))
+    for step in policy.pipeline.step_nodes():
+        model_dir = repo / step.model
+        path = config_path(model_dir, config_name) if model_dir.is_dir() else None
+        if path is None:
+            errors.append(f"{step.where}.model: model '{step.model}' is not in {repo}")
+            continue
+        try:
+            config = read_config(path)
+        except ConfigError as exc:
+            errors.append(f"{step.where}.model: {exc}")
+            continue
+        if step.version >= 0 and step.version not in served_versions(model_dir, config):
+            errors.append(f"{step.where}.version: version {step.version} of '{step.model}' is not served from "
+                          f"{model_dir} (served by its version_policy: "
+                          f"{', '.join(map(str, served_versions(model_dir, config))) or 'none'})")
+        names = {"inputs": {t.name for t in config.input}, "outputs": {t.name for t in config.output}}
+        for key, pairs in (("inputs", step.inputs), ("outputs", step.outputs)):
+            errors += [f"{step.where}.{key}.{name}: '{step.model}' has no {key[:-1]} '{name}' ({path})"
+                       for name, _ in pairs if name not in names[key]]
+    return errors
+
+
+def _check_pipeline(args, path: Path, policy: "P.PipelinePolicy") -> int:
+    config_name = getattr(args, "model_config_name", "embedded") or None
+    repo = _repository_for(path, getattr(args, "repo", None))
+    router_dir = path.resolve().parent if _beside_a_model(path) else None
+    steps = policy.pipeline.step_nodes()
+    print(f"pipeline: {len(steps)} steps ({', '.join(s.target for s in steps)}); "
+          f"outputs {', '.join(policy.pipeline.outputs)}")
+    errors = pipeline_errors(policy, repo, router_dir, config_name)
+    if getattr(args, "repo", None) or router_dir is not None:
+        errors += repository_errors(repo)
+    for error in errors:
+        print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
+    if errors:
+        return 1
+    print(f"models {', '.join(sorted({s.model for s in steps}))} are in {repo}; policy is valid")
+    return 0
+
+
 def check_command(args) -> int:
     """``orchestrator policy check``: 0 when valid, 1 with located errors on stderr."""
     path = Path(args.path)
     try:
-        policy = P.load_policy(path)
+        policy = P.load_any(path)
     except P.PolicyError as exc:
         print(f"invalid policy: {exc}", file=sys.stderr)
         return 1
+    if isinstance(policy, P.PipelinePolicy):
+        return _check_pipeline(args, path, policy)
+    return _check_text(args, path, policy)
+
+
+def _check_text(args, path: Path, policy: P.Policy) -> int:
     print(P.describe(policy))
     config_name = getattr(args, "model_config_name", "embedded") or None
     repo = _repository_for(path, getattr(args, "repo", None))

@@ -332,3 +332,24 @@ def test_a_pipeline_of_several_dtypes_migrated_is_byte_identical(mixed, protocol
             ens = list(mock.infer("mixed", request).items())
             _same(ens, list(mock.infer("mixed_bls", request).items()), ("mock", index))
             _same(ens, infer(server, protocol, "mixed", request), ("mock = server", index))
+
+
+def test_what_differs_is_what_the_guide_says(shipped):
+    """docs/guides/migrate-an-ensemble.md, "What differs": a step's error is INVALID_ARG
+    through the ensemble and INTERNAL through the router, with the step's message in both; a
+    double parameter reaches the ensemble's steps and not the router's."""
+    from tests.unit.test_migrate import GUIDE
+
+    server, _ = shipped
+    request = {"TEXT": np.array([[b"good film"]], dtype=np.object_), "THRESHOLD": np.array([[2.0]], np.float32)}
+    guide = GUIDE.read_text()
+    for model, status in (("ensemble", "400"), ("ensemble_bls", "500")):
+        with pytest.raises(InferenceServerException) as info:
+            infer(server, "http", model, request)
+        assert info.value.status() == status
+        assert f"| `{model}` | `{'INVALID_ARG' if status == '400' else 'INTERNAL'}` ({status}) | `{info.value.message()}` |" in guide
+    request["THRESHOLD"] = np.array([[0.5]], np.float32)
+    with pytest.raises(InferenceServerException, match="parameter truncation: expected true or false, got 0.5"):
+        infer(server, "http", "ensemble", request, parameters={"truncation": 0.5})
+    assert [n for n, _ in infer(server, "http", "ensemble_bls", request, parameters={"truncation": 0.5})] == [
+        "VERDICTS", "PROBABILITIES"]

@@ -353,3 +353,32 @@ def test_what_differs_is_what_the_guide_says(shipped):
         infer(server, "http", "ensemble", request, parameters={"truncation": 0.5})
     assert [n for n, _ in infer(server, "http", "ensemble_bls", request, parameters={"truncation": 0.5})] == [
         "VERDICTS", "PROBABILITIES"]
+
+
+OUTER = ('name: "outer" platform: "ensemble" max_batch_size: 0 input [{ name: "X" data_type: TYPE_FP32 dims: [-1] }] '
+         'output [{ name: "M" data_type: TYPE_FP32 dims: [-1] }, { name: "Z" data_type: TYPE_FP32 dims: [-1] }] '
+         'ensemble_scheduling { step [ { model_name: "fan" model_version: -1 input_map { key: "X" value: "X" } '
+         'output_map { key: "MID" value: "M" } output_map { key: "ZETA" value: "Z" } } ] }')
+
+
+def test_a_nested_ensemble_is_called_as_a_model(tmp_path):
+    """An ensemble whose step is another ensemble: the router's step calls the inner
+    ensemble through BLS; the answers are byte-identical on the server and the mock."""
+    from orchestrator.tooling.cli import main
+
+    repo = write_repository(tmp_path / "repo")
+    (repo / "outer" / "1").mkdir(parents=True)
+    (repo / "outer" / "config.pbtxt").write_text(OUTER)
+    assert main(["migrate", str(repo / "outer"), "--name", "outer_bls", "--repo", str(repo),
+                 "--model-config-name", ""]) == 0
+    requests = [{"X": np.arange(k, dtype=np.float32)} for k in (1, 3, 5)]
+    with TritonServer(repo, models=["outer", "outer_bls"]) as server, MockTriton(repo, model_config_name=None) as mock:
+        mock.load("outer")
+        mock.load("outer_bls")
+        for request in requests:
+            for protocol in ("http", "grpc"):
+                ens = infer(server, protocol, "outer", request)
+                assert [n for n, _ in ens] == response_order(["M", "Z"])
+                _same(ens, infer(server, protocol, "outer_bls", request), protocol)
+            _same(list(mock.infer("outer", request).items()), list(mock.infer("outer_bls", request).items()), "mock")
+            _same(ens, list(mock.infer("outer_bls", request).items()), "mock = server")

@@ -38,6 +38,8 @@ ERRORS = "tests/mock/test_router_errors.py"
 OPTIONS = "tests/unit/test_server_options.py"
 SEVERAL = "tests/unit/test_several.py"
 REPAIR = "tests/unit/test_repair.py"
+PIPELINE_RUN = "tests/unit/test_pipeline_run.py"
+PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
 
 
 class TargetError(Exception):
@@ -245,6 +247,19 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a node's state made afresh each execute",
              Target(R + "execution/engine.py", "Run.state", "self.engine.states[node.name]"), "make()",
              ("tests/unit/test_plan.py",)),
+    # tensor pipelines: row masks, grouping per callee, scatter by row index
+    Mutation("a pipeline row takes every case that holds, not the first",
+             Target(R + "execution/pipeline.py", "PipelineRun._masks", "evaluate(case.when, v.tensors, v.rows, per_row, v.req.params) & ~taken"),
+             "evaluate(case.when, v.tensors, v.rows, per_row, v.req.params)", (PIPELINE_RUN,)),
+    Mutation("pipeline rows of one execute never share a call",
+             Target(R + "execution/pipeline.py", "PipelineRun._calls", "(i, key) if separate or not merge else key"), "(i, key)",
+             (PIPELINE_RUN, PIPELINE_MOCK)),
+    Mutation("a branch's rows scattered back in the wrong places",
+             Target(R + "execution/pipeline.py", "PipelineRun._scatter", "out[rows]", field="Assign.targets"), "out[:rows.size]",
+             (PIPELINE_RUN, PIPELINE_MOCK)),
+    Mutation("a failed merged pipeline call fails every request in it",
+             Target(R + "execution/pipeline.py", "PipelineRun.run_step", "len({id(s[0].req) for s in segments}) > 1"), "False",
+             (PIPELINE_RUN,)),
 )
 
 

@@ -163,6 +163,12 @@ STOP_EARLY = policy(["SCORE", "OUT"], [
     step("second", {"FEAT": "FEAT"}, {"OUT": "OUT"},
          when={"tensor": "SCORE", "op": "gt", "value": 0.5}, scope="row", fill={"OUT": [-1.0, -1.0]}),
 ])
+#: Stop early per request: a request none of whose rows scores over 0.5 is answered without OUT.
+STOP_EARLY_REQUEST = policy(["SCORE", "OUT"], [
+    step("first", {"IMG": "IMG"}, {"SCORE": "SCORE", "FEAT": "FEAT"}),
+    step("second", {"FEAT": "FEAT"}, {"OUT": "OUT"},
+         when={"tensor": "SCORE", "op": "gt", "value": 0.5, "reduce": "any"}, scope="request", omit=["OUT"]),
+])
 PER_CLASS = policy(["PROBS", "LABEL"], [
     step("detector", {"IMG": "IMG"}, {"PROBS": "PROBS"}),
     {"kind": "switch", "name": "by_class", "scope": "row",
@@ -185,6 +191,12 @@ def make_pipeline_repository(repo: Path) -> Path:
     write_model(repo, "labeler", config("labeler", 8, [tensor("CODE", "TYPE_INT8", [1]), tensor("NAME", "TYPE_STRING", [1])],
                                         TYPED_OUT[2:]), BODIES["labeler"])
     write_router(repo, "typed", config("typed", 8, TYPED_IN, TYPED_OUT), policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS))
+    warm = ('model_warmup [ { name: "sample" batch_size: 2 inputs [ '
+            '{ key: "X" value: { data_type: TYPE_FP16 dims: [ 3 ] zero_data: true } }, '
+            '{ key: "FLAGS" value: { data_type: TYPE_BOOL dims: [ 2 ] zero_data: true } }, '
+            '{ key: "NAME" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } ] } ]\n')
+    write_router(repo, "typed_warm", config("typed_warm", 8, TYPED_IN, TYPED_OUT, warm),
+                 policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS))
     (repo / "typed_ensemble").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "1").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "config.pbtxt").write_text(ensemble("typed_ensemble", 8, TYPED_IN, TYPED_OUT, TYPED_STEPS))
@@ -211,6 +223,8 @@ def make_pipeline_repository(repo: Path) -> Path:
                 BODIES["second"])
     write_router(repo, "stop_early", config("stop_early", 8, [IMG], [tensor("SCORE", "TYPE_FP32", [1]),
                                                                     tensor("OUT", "TYPE_FP32", [2])]), STOP_EARLY)
+    write_router(repo, "stop_early_request", config("stop_early_request", 8, [IMG], [
+        tensor("SCORE", "TYPE_FP32", [1]), tensor("OUT", "TYPE_FP32", [2])]), STOP_EARLY_REQUEST)
     write_model(repo, "detector", config("detector", 8, [IMG], [tensor("PROBS", "TYPE_FP32", [3])]), BODIES["detector"])
     for c in CLASSES:
         write_model(repo, f"cls_{c}", config(f"cls_{c}", 8, [IMG], [tensor("LABEL", "TYPE_STRING", [1])],
@@ -226,6 +240,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["mixer", "labeler", "typed", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
-          "unbatched_ensemble", "first", "second", "stop_early", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
+MODELS = ["mixer", "labeler", "typed", "typed_warm", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+          "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

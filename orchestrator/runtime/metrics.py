@@ -118,6 +118,9 @@ class Metrics:
         orchestrator_shadow_dropped_total{node,candidate}  texts not mirrored (queue full)
         orchestrator_shadow_queued_texts{node}      gauge: mirrored texts queued or running
                                                     (``orchestrator.runtime.execution.mirror``)
+        orchestrator_step_rows_total{node,model}    rows a pipeline step sent to its model
+        orchestrator_branch_rows_total{node,branch} rows that took each branch of a pipeline
+                                                    switch (``case<i>``, ``default``, ``none``)
 
     Each ``Metric.increment``/``observe`` is a round trip from the stub to the server, so
     updates are buffered in memory and sent by a background thread every
@@ -155,6 +158,8 @@ class Metrics:
         "orchestrator_shadow_flips_total": "Compared texts whose candidate verdict differs from the primary's",
         "orchestrator_shadow_errors_total": "Mirrored texts a shadow node's candidate did not answer (error or timeout)",
         "orchestrator_shadow_dropped_total": "Texts not mirrored to a shadow node's candidate because its queue was full",
+        "orchestrator_step_rows_total": "Rows a pipeline step sent to its model",
+        "orchestrator_branch_rows_total": "Rows that took each branch of a pipeline switch (case<i>, default, none)",
     }
     GAUGES = {
         "orchestrator_circuit_state": "Circuit breaker state per downstream model: 0 closed, 1 open, 2 half-open",

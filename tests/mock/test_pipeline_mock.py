@@ -5,6 +5,8 @@ output), several data types, two outputs per step, variable dims, ``max_batch_si
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -150,3 +152,31 @@ def test_one_of_n_recognizers_gets_exactly_the_rows_that_chose_it_across_request
     assert rows == {"rec_latin": 6, "rec_greek": 3, "rec_cjk": 2}
     # one execute: rec_latin's 6 rows from three requests in calls of at most its max_batch_size (4)
     assert sorted(sum(c) for c in mock.calls_to("rec_latin")) == [2, 4]
+
+
+def test_stop_early_per_request_omits_the_output_as_an_ensemble_does(mock):
+    mock.reset_calls()
+    none = mock.infer("stop_early_request", {"IMG": img([[0, 0, 0, 0], [0.5, 0.5, 0.5, 0.5]])})
+    assert set(none) == {"SCORE"} and mock.calls_to("second") == []
+    some = mock.infer("stop_early_request", {"IMG": img([[0, 0, 0, 0], [1, 1, 1, 1]])})
+    assert some["OUT"].tolist() == [[1.0, 1.0], [11.0, 11.0]]  # request scope: every row of the request
+    assert mock.calls_to("second") == [(2,)]
+
+
+def settled(mock, family, labels, want):
+    deadline = time.monotonic() + 3.0
+    while (mock.metric(family, labels) or 0.0) < want and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return mock.metric(family, labels) or 0.0
+
+
+def test_steps_and_branches_count_their_rows(mock):
+    labels = {"router": "per_class", "node": "by_class"}
+    time.sleep(0.7)  # earlier tests' counts flushed (every 0.5 s)
+    before = {b: mock.metric("orchestrator_branch_rows_total", dict(labels, branch=b)) or 0.0 for b in ("case0", "case1", "none")}
+    rows = mock.metric("orchestrator_step_rows_total", {"router": "per_class", "node": "cls_cat", "model": "cls_cat"}) or 0.0
+    mock.infer("per_class", {"IMG": img([[5, 0, 0, 1], [0, 5, 0, 2], [0, 0, 5, 3], [6, 0, 0, 4], [0, 7, 0, 0]])})
+    assert settled(mock, "orchestrator_branch_rows_total", dict(labels, branch="none"), before["none"] + 1) == before["none"] + 1
+    assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case0")) == before["case0"] + 2
+    assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case1")) == before["case1"] + 2
+    assert mock.metric("orchestrator_step_rows_total", {"router": "per_class", "node": "cls_cat", "model": "cls_cat"}) == rows + 2

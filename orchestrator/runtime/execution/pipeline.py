@@ -207,15 +207,7 @@ class PipelineRun:
         (module docstring); ``separate``: never merge views of different requests (the
         retry of a merged call that failed)."""
         views = [v for v in views if not self._stopped(v.req, step)]
-        merge = self.batching and (step.max_batch_size or 0) > 0
-        groups: Dict[Any, List[Tuple[View, Dict[str, NDArray[Any]]]]] = {}
-        for i, v in enumerate(views):
-            inputs, params = self._inputs(step, v), self._params(step, v.req)
-            key: Any = (tuple((n, a.dtype.str, a.shape[1:]) for n, a in inputs.items()), tuple(sorted(params.items())))
-            groups.setdefault((i, key) if separate or not merge else key, []).append((v, inputs))
-        calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]] = []
-        for members in groups.values():
-            calls += self._pack(step, members) if merge else [([(v, 0, v.rows)], inputs) for v, inputs in members]
+        calls = self._calls(step, views, separate)
         alone = len(calls) == 1 and not in_concurrent_branch()
         results = await gather((self._call(step, segments, inputs, alone) for segments, inputs in calls), settle=True)
         retry: Dict[int, View] = {}
@@ -228,6 +220,8 @@ class PipelineRun:
                 if not any(id(s[0]) in retry for s in segments):
                     req = segments[0][0].req
                     req.error = req.error or _rename(result, step)
+                    if self.metrics is not None:
+                        self.metrics.inc("orchestrator_node_errors_total", node=step.name)
             elif not any(id(s[0]) in retry for s in segments):
                 self._split(step, segments, result, pieces)
         if retry:  # each request of a failed merged call alone: only those that fail get the error
@@ -235,6 +229,21 @@ class PipelineRun:
         for v in views:
             if id(v) in pieces and v.req.error is None:
                 self._store(step, v, pieces[id(v)])
+
+    def _calls(self, step: Step, views: Sequence[View], separate: bool
+               ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:
+        """The step's calls over ``views``: grouped by what one call can hold (data type and
+        row shape per input, forwarded parameters), then packed (:meth:`_pack`)."""
+        merge = self.batching and (step.max_batch_size or 0) > 0
+        groups: Dict[Any, List[Tuple[View, Dict[str, NDArray[Any]]]]] = {}
+        for i, v in enumerate(views):
+            inputs, params = self._inputs(step, v), self._params(step, v.req)
+            key: Any = (tuple((n, a.dtype.str, a.shape[1:]) for n, a in inputs.items()), tuple(sorted(params.items())))
+            groups.setdefault((i, key) if separate or not merge else key, []).append((v, inputs))
+        calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]] = []
+        for members in groups.values():
+            calls += self._pack(step, members) if merge else [([(v, 0, v.rows)], inputs) for v, inputs in members]
+        return calls
 
     def _pack(self, step: Step, members: List[Tuple[View, Dict[str, NDArray[Any]]]]
               ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:
@@ -280,7 +289,7 @@ class PipelineRun:
         timeout_us = max(1, int((min(deadlines) - self.clock()) * 1e6)) if deadlines else 0
         options = CallOptions(trace=call_trace(reqs), timeout_us=timeout_us)  # type: ignore[arg-type]  # Req has .trace
         if self.metrics is not None:
-            self.metrics.inc("orchestrator_model_calls_total", model=step.target)
+            self.metrics.inc("orchestrator_step_rows_total", sum(b - a for _, a, b in segments), node=step.name, model=step.target)
         outputs = [name for name, _ in step.outputs]
         return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs)
 
@@ -347,14 +356,23 @@ class PipelineRun:
         branches = sw.branches()
         reads = [node_reads_all(b) for b in branches]
         subs: List[List[Tuple[View, NDArray[Any], View]]] = [[] for _ in branches]
+        counts = [0] * (len(branches) + 1)  # per branch, then the rows that took none
         for v in views:
             masks = self._masks(sw, v)
             if masks is None:
                 continue
+            counts[-1] += v.rows
             for b, mask in enumerate(masks):
                 rows = np.flatnonzero(mask)
+                counts[b] += int(rows.size)
+                counts[-1] -= int(rows.size)
                 if rows.size:
                     subs[b].append((v, rows, self._sub(v, rows, reads[b])))
+        if self.metrics is not None:
+            labels = [f"case{i}" for i in range(len(sw.cases))] + ["default", "none"]
+            for label, n in zip(labels, counts):
+                if n:
+                    self.metrics.inc("orchestrator_branch_rows_total", n, node=sw.name, branch=label)
         await gather(self.run_list(branches[b], [s for _, _, s in subs[b]]) for b in range(len(branches)) if subs[b])
         writes = list(dict.fromkeys(t for b in branches for n in b for t in node_writes(n)))
         fill = self.fills.get(sw.name, {})

@@ -35,7 +35,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from orchestrator.runtime.bls.downstream import Downstream
-from orchestrator.runtime.errors import InputError, OrchestratorError, Overloaded, PolicyError
+from orchestrator.runtime.errors import (
+    DeadlineExceeded,
+    InputError,
+    OrchestratorError,
+    Overloaded,
+    PolicyError,
+    RequestCancelled,
+)
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
@@ -63,13 +70,14 @@ class PipelineRouter:
         name: the router's model name.
         metrics: the router's metrics.
         clock: the engine clock (seconds, monotonic).
+        warmups: how many first executes are Triton's warmup (``router.warmup_executes``).
 
     Raises:
         ValueError: the pipeline does not fit the router's config (``bind_pipeline``).
     """
 
     def __init__(self, pb: Any, policy: PipelinePolicy, config: Dict[str, Any], repository: Any, name: str,
-                 metrics: Metrics, clock: Any = time.monotonic) -> None:
+                 metrics: Metrics, clock: Any = time.monotonic, warmups: int = 0) -> None:
         self.pb, self.policy, self.name, self.metrics, self.clock = pb, policy, name, metrics, clock
         self.spec: RouterSpec = router_spec(config)
         try:
@@ -81,6 +89,7 @@ class PipelineRouter:
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
+        self.warmups_left = warmups
         self.loop = asyncio.new_event_loop()
 
     def close(self) -> None:
@@ -156,6 +165,10 @@ class PipelineRouter:
         self.metrics.inc("orchestrator_requests_total", outcome="error")
         if isinstance(exc, Overloaded):
             self.metrics.inc("orchestrator_shed_requests_total")
+        elif isinstance(exc, RequestCancelled):
+            self.metrics.inc("orchestrator_cancelled_requests_total")
+        elif isinstance(exc, DeadlineExceeded):
+            self.metrics.inc("orchestrator_expired_requests_total")
         if isinstance(exc, OrchestratorError):
             return error_response(f"router: {exc}", exc.code)
         if log:
@@ -164,9 +177,39 @@ class PipelineRouter:
 
     # -- execute
 
+    def warmup(self, requests: List[Any]) -> List[Any]:
+        """Answer Triton's warmup samples without a downstream call: Triton runs them before
+        the router is ready, while the models it calls may still be loading (a failed
+        sample would fail the router's load). Each sample is parsed as a request (a bad
+        sample is an error: it fails the load, as it should) and answered with zeros (empty
+        bytes) of the outputs' types, variable dims as 1: the parsing, the event loop and the
+        response path are warm before the first client request."""
+        start = self.clock()
+        out = []
+        for request in requests:
+            try:
+                req = self.parse(request, start)
+            except InputError as exc:
+                out.append(self.fail(exc))
+                continue
+            tensors = []
+            for name in self.pipeline.outputs:
+                spec = self.spec.output(name)
+                assert spec is not None, "bind_pipeline checked the outputs"
+                shape = ((req.rows,) if self.spec.max_batch_size > 0 else ()) + tuple(max(d, 1) for d in spec.dims)
+                array = np.full(shape, b"", dtype=np.object_) if spec.dtype is np.object_ else np.zeros(shape, spec.dtype)
+                tensors.append(self.pb.Tensor(name, array))
+            out.append(self.pb.InferenceResponse(output_tensors=tensors))
+        self.pb.Logger.log_info(f"router '{self.name}': warmup sample answered without downstream calls")
+        return out
+
     def execute(self, requests: List[Any], delay_s: float = 0.0) -> List[Any]:
         """One response per request, in order (``delay_s``: the router's queue-delay
-        estimate, ``router.QueueDelay``, for admission control)."""
+        estimate, ``router.QueueDelay``, for admission control); the first ``warmups``
+        executes are Triton's warmup (:meth:`warmup`)."""
+        if self.warmups_left > 0:
+            self.warmups_left -= 1
+            return self.warmup(requests)
         admitted, refusal = len(requests), None
         if self.admission is not None:
             admitted = self.admission.admit(len(requests), delay_s)

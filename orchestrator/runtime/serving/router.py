@@ -320,7 +320,8 @@ class TritonPythonModel:
         self.name = args.get("model_name", config.get("name", "router"))
         self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
         self.load = QueueDelay()
-        self.pipeline = PipelineRouter(pb_utils, policy, config, model_dir.parent, self.name, self.metrics)
+        self.pipeline = PipelineRouter(pb_utils, policy, config, model_dir.parent, self.name, self.metrics,
+                                       warmups=warmup_executes(config))
         self.downstream = self.pipeline.downstream
         self.logger.log_info(f"router '{self.name}': pipeline policy {path}\n{self.pipeline.describe()}")
         return True

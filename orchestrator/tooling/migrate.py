@@ -28,9 +28,10 @@ made a router model.
      Triton iterates a hash map; with ``--check``, the live ensemble's order, probed).
 3. The router is checked offline as ``orchestrator policy check REPO/NAME/policy.yaml --repo
    ENSEMBLE_REPO`` checks it (the step models are the ensemble's repository's; ``REPO`` is
-   usually that repository, or another one the same server serves);
-   with ``--check URL`` the same inputs go through the ensemble and the router on a running
-   server, and the largest difference per output is reported (:mod:`migrate_check`).
+   usually that repository, or another one the same server serves); with ``--check URL`` (or
+   ``--check embedded``: the embedded Triton on REPO, started here)
+   the same inputs go through the ensemble and the router, and the largest difference per
+   output is reported (:mod:`migrate_check`).
 
 Exit status: 0 done (and, with ``--check``, every output byte-identical), 1 refused, the
 offline check failed, or an output differed; 2 usage.
@@ -56,6 +57,8 @@ from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.repository import ModelConfig, format_config, model_config_pb2
 
 POLICY_FILE = "policy.yaml"
+#: ``--check embedded``: the embedded Triton on REPO instead of a running server's URL.
+EMBEDDED = "embedded"
 MODEL_PY = ('"""Triton Python-backend adapter; the implementation is orchestrator.runtime.serving.router."""\n\n'
             "from orchestrator.runtime.serving.router import TritonPythonModel  # noqa: F401\n")
 
@@ -250,7 +253,8 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the configuration Triton reads for each model, as the server's --model-config-name "
                              "(configs/<name>.pbtxt, else config.pbtxt; default: %(default)s; '' for config.pbtxt)")
     parser.add_argument("--check", metavar="URL", default=None,
-                        help="a running server (host:port) serving the ensemble and REPO: probe the ensemble's output "
+                        help="a running server (host:port) serving the ensemble and REPO, or 'embedded' (the embedded "
+                             "Triton on REPO, started and stopped here; the 'serve' extra): probe the ensemble's output "
                              "order, load the router, send the same inputs through both, report the largest "
                              "difference per output")
     parser.add_argument("--protocol", choices=("http", "grpc"), default="http", help="for --check (default: http)")
@@ -262,6 +266,29 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def migrate_command(args: argparse.Namespace) -> int:
+    if args.check != EMBEDDED:
+        return _migrate(args, args.check)
+    from orchestrator.tooling.server import ServerError, TritonServer
+
+    repo = Path(args.repo).resolve()
+    try:  # refused before a server starts: Triton's reason, not a failed start
+        plan_migration(Path(args.ensemble_dir), args.name, args.model_config_name or None)
+    except (MigrateError, ConfigError) as exc:
+        print(f"error: {args.ensemble_dir}: {exc}", file=sys.stderr)
+        return 1
+    if Path(args.ensemble_dir).resolve().parent != repo:
+        print("error: --check embedded serves one repository: REPO must be the ensemble's", file=sys.stderr)
+        return 1
+    try:
+        with TritonServer(repo, models=[Path(args.ensemble_dir).name],
+                          model_config_name=args.model_config_name or None) as server:
+            return _migrate(args, server.http_url if args.protocol == "http" else server.grpc_url)
+    except ServerError as exc:
+        print(f"error: --check embedded: {exc}", file=sys.stderr)
+        return 1
+
+
+def _migrate(args: argparse.Namespace, check_url: Optional[str]) -> int:
     config_name = args.model_config_name or None
     ensemble_dir, repo = Path(args.ensemble_dir), Path(args.repo)
     try:
@@ -270,11 +297,11 @@ def migrate_command(args: argparse.Namespace) -> int:
         print(f"error: {ensemble_dir}: {exc}", file=sys.stderr)
         return 1
     probe = None
-    if args.check:
+    if check_url:
         from orchestrator.tooling import migrate_check
 
         try:
-            probe = migrate_check.Probe(args.check, args.protocol, migration.ensemble, args.requests,
+            probe = migrate_check.Probe(check_url, args.protocol, migration.ensemble, args.requests,
                                         args.batch_size, args.seed)
             order = probe.ensemble_order()
         except ToolingError as exc:

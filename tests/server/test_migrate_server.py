@@ -382,3 +382,17 @@ def test_a_nested_ensemble_is_called_as_a_model(tmp_path):
                 _same(ens, infer(server, protocol, "outer_bls", request), protocol)
             _same(list(mock.infer("outer", request).items()), list(mock.infer("outer_bls", request).items()), "mock")
             _same(ens, list(mock.infer("outer_bls", request).items()), "mock = server")
+
+
+def test_migrate_check_embedded_starts_its_own_server(tmp_path, capsys):
+    """``--check embedded``: the embedded Triton on REPO, started and stopped by migrate."""
+    from orchestrator.tooling.cli import main
+
+    repo = write_repository(tmp_path / "repo")
+    code = main(["migrate", str(repo / "fan"), "--name", "fan_bls", "--repo", str(repo), "--model-config-name", "",
+                 "--check", "embedded", "--protocol", "grpc", "--requests", "4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "every output byte-identical" in out
+    assert [line.split(":")[0].strip() for line in out.splitlines() if "largest difference" in line] == ["MID", "ALPHA",
+                                                                                                         "ZETA"]

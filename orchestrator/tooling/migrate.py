@@ -157,8 +157,8 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
     order = list(outputs) if outputs is not None else response_order([o.name for o in config.output])
     return {
         "version": 1,
-        "description": f"Migrated from the ensemble '{ensemble.name}' by orchestrator migrate: its steps, "
-                       "in the ensemble's dataflow order.",
+        "description": f"Migrated from the ensemble '{ensemble.name}' by orchestrator migrate: its steps, run "
+                       "in dataflow order as the ensemble runs them.",
         "ignored_parameters": ["*"],
         "pipeline": {"outputs": order, "steps": steps},
     }

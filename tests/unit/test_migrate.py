@@ -25,7 +25,7 @@ output [{ name: "prob" data_type: TYPE_FP32 dims: [16] label_filename: "labels.t
 ensemble_scheduling { step [
   { model_name: "one" model_version: 1 input_map { key: "input" value: "data" } output_map { key: "output" value: "t1" } },
   { model_name: "one" model_version: -1 input_map { key: "input" value: "t1" } output_map { key: "output" value: "aux" } },
-  { model_name: "inner" model_version: -1 input_map { key: "x" value: "t1" } output_map { key: "y" value: "prob" } }
+  { model_name: "inner" model_version: -1 input_map { key: "x" value: "data" } output_map { key: "y" value: "prob" } }
 ] }'''
 
 INNER = ('name: "inner" platform: "ensemble" max_batch_size: 0 '
@@ -194,3 +194,28 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     assert "pipeline.steps[0].inputs.bogus: 'one' has no input 'bogus'" in err
     assert "pipeline.steps[1].version: version 7 of 'one' is not served" in err
     assert "pipeline.steps[2].model: model 'gone' is not in" in err
+
+
+def test_a_reshape_the_router_cannot_express_is_refused(tmp_path):
+    """max_batch_size 0: an input already shaped [1, 16] into a batching model of dims [16]
+    goes to it as is in Triton (no batch dimension added); the router's add_batch_dim would
+    add one, so migrate refuses, naming the step and the tensor."""
+    text = NO_BATCH.replace('input [{ name: "data" data_type: TYPE_FP32 dims: [16] }]',
+                            'input [{ name: "data" data_type: TYPE_FP32 dims: [1, 16] }]').replace(
+        'input_map { key: "x" value: "data" }', 'input_map { key: "x" value: "t1" }')
+    ens = build(tmp_path, parse_config(text), {"inner": INNER, "unbatched": UNBATCHED})
+    (ens / "labels.txt").write_text("a\nb\n")
+    with pytest.raises(MigrateError, match=r"step 0 \(one\): tensor 'data' has dims \[1, 16\], not the per-row dims "
+                                           r"\[16\] of input 'input'"):
+        plan_migration(ens, "r", config_name=None)
+
+
+def test_a_batched_tensor_into_a_model_without_batching_is_refused(tmp_path):
+    """max_batch_size 0: a batching step's [1, 16] output into a model of dims [16] without
+    batching: Triton strips the batch dimension, the router passes the tensor as it is."""
+    text = NO_BATCH.replace('input_map { key: "x" value: "data" }', 'input_map { key: "x" value: "t1" }')
+    ens = build(tmp_path, parse_config(text), {"inner": INNER, "unbatched": UNBATCHED})
+    (ens / "labels.txt").write_text("a\nb\n")
+    with pytest.raises(MigrateError, match=r"step 2 \(inner\): tensor 't1' comes with a batch dimension from a "
+                                           r"batching step and does not fit input 'x' dims \[16\]: Triton strips it"):
+        plan_migration(ens, "r", config_name=None)

@@ -321,3 +321,15 @@ def test_triton_qa_invalid_ensembles_are_refused(tmp_path, capsys, case):
 def test_triton_qa_valid_ensembles_pass(tmp_path, case):
     name = _qa_repository(QA_OK / case, tmp_path)
     assert check_ensemble(name, Repository(tmp_path)).name == name
+
+
+def test_an_unmapped_optional_input_is_allowed(tmp_path):
+    """Triton 2.51 loads an ensemble whose step leaves an optional model input unmapped
+    (checked on the embedded server); migrate does too."""
+    optional = MODELS["join"].replace('{ name: "input2" data_type: TYPE_FP32 dims: [16] }',
+                                      '{ name: "input2" data_type: TYPE_FP32 dims: [16] optional: true }')
+    config = parse_config(ENSEMBLE)
+    step(config, 2).input_map.pop("input2")
+    step(config, 1).output_map.pop("output2")
+    build(tmp_path, config, {"join": optional})
+    assert check_ensemble("ens", Repository(tmp_path)).name == "ens"

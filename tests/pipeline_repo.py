@@ -35,6 +35,17 @@ BODIES: Dict[str, str] = {
         v = inp(r, "V")
         outputs = {"W": v + 1.0, "N": np.array([v.shape[-1]], dtype=np.int32)}
     """,
+    # A FP32 [1], B FP32 [1] optional -> S FP32 [1] (A + B, or A + 100 without B), P BYTES [1] (its parameters, JSON);
+    # a request with A = -1 is answered with an error
+    "echo": """
+        a = inp(r, "A"); b = pb_utils.get_input_tensor_by_name(r, "B")
+        if (a == -1).any():
+            responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("A = -1 refused")))
+            continue
+        s = a + (b.as_numpy() if b is not None else np.float32(100))
+        p = json.dumps(json.loads(r.parameters() or "{}"), sort_keys=True).encode()
+        outputs = {"S": s.astype(np.float32), "P": np.array([[p]] * a.shape[0], dtype=object)}
+    """,
     # IMG FP32 [4] -> SCORE FP32 [1] (the row's mean), FEAT FP32 [4] (IMG * 10)
     "first": """
         x = inp(r, "IMG")
@@ -197,6 +208,13 @@ def make_pipeline_repository(repo: Path) -> Path:
             '{ key: "NAME" value: { data_type: TYPE_STRING dims: [ 1 ] zero_data: true } } ] } ]\n')
     write_router(repo, "typed_warm", config("typed_warm", 8, TYPED_IN, TYPED_OUT, warm),
                  policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS))
+    write_model(repo, "labeler_spare", config("labeler_spare", 8, [tensor("CODE", "TYPE_INT8", [1]), tensor("NAME", "TYPE_STRING", [1])],
+                                              TYPED_OUT[2:]), BODIES["labeler"])
+    write_router(repo, "typed_fallback", config("typed_fallback", 8, TYPED_IN, TYPED_OUT),
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(TYPED_STEPS[1], fallback=["labeler_spare"])]))
+    admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
+    admitted["admission"] = {"max_wait_ms": 50}
+    write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
     (repo / "typed_ensemble").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "1").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "config.pbtxt").write_text(ensemble("typed_ensemble", 8, TYPED_IN, TYPED_OUT, TYPED_STEPS))
@@ -215,6 +233,22 @@ def make_pipeline_repository(repo: Path) -> Path:
     (repo / "unbatched_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "unbatched_ensemble" / "config.pbtxt").write_text(
         ensemble("unbatched_ensemble", 0, unbatched_in, unbatched_out, unbatched_steps))
+
+    # optional inputs and request parameters
+    echo_in = [tensor("A", "TYPE_FP32", [1]), tensor("B", "TYPE_FP32", [1], optional=True)]
+    write_model(repo, "echo", config("echo", 8, echo_in, [tensor("S", "TYPE_FP32", [1]), tensor("P", "TYPE_STRING", [1])]),
+                BODIES["echo"])
+    echo_policy = policy(["S", "P", "P_NAMED", "P_NONE"], [
+        step("echo", {"A": "A", "B": "B"}, {"S": "S", "P": "P"}),
+        step("echo", {"A": "A"}, {"P": "P_NAMED"}, name="echo_named", parameters=["mode"]),
+        step("echo", {"A": "A"}, {"P": "P_NONE"}, name="echo_none", parameters="none"),
+    ], params=["x_*"])
+    echo_policy["request_parameters"] = {"mode": ["a", "b"]}
+    # echo refuses some inputs: its three steps' failures must not open its circuit for the others
+    echo_policy["circuit_breaker"] = {"consecutive_failures": 50}
+    write_router(repo, "echo_router", config("echo_router", 8, echo_in, [
+        tensor("S", "TYPE_FP32", [1]), tensor("P", "TYPE_STRING", [1]), tensor("P_NAMED", "TYPE_STRING", [1]),
+        tensor("P_NONE", "TYPE_STRING", [1])]), echo_policy)
 
     # the public asks
     write_model(repo, "first", config("first", 8, [IMG], [tensor("SCORE", "TYPE_FP32", [1]), tensor("FEAT", "TYPE_FP32", [4])]),
@@ -240,6 +274,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["mixer", "labeler", "typed", "typed_warm", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
           "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

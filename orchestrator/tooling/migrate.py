@@ -274,13 +274,13 @@ def write_router(migration: Migration, repo: Path) -> Path:
 
 def check_offline(model_dir: Path, repo: Path, config_name: Optional[str] = "embedded") -> tuple:
     """``orchestrator policy check MODEL_DIR/policy.yaml --repo REPO``: ``(ok, output)``."""
-    from orchestrator.tooling.policy_cli import check_command
+    from orchestrator.tooling.policy_cli import policy_command
 
-    args = argparse.Namespace(path=str(model_dir / POLICY_FILE), repo=str(repo), model_config_name=config_name or "",
-                              write_labels=False)
+    args = argparse.Namespace(policy_command="check", path=str(model_dir / POLICY_FILE), repo=str(repo),
+                              model_config_name=config_name or "", write_labels=False)
     out = io.StringIO()
     with redirect_stdout(out), redirect_stderr(out):
-        code = check_command(args)
+        code = policy_command(args)
     return code == 0, out.getvalue()
 
 

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 from orchestrator.runtime.routing import heads as H
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
-from orchestrator.tooling.errors import ConfigError
+from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import default_model_repository
 from orchestrator.tooling.repository import (
     ModelConfig,
@@ -245,31 +245,16 @@ def add_policy_arguments(parser) -> None:
     show.add_argument("--json", action="store_true", help="print the policy document as JSON instead of the graph")
 
 
-def pipeline_errors(policy: "P.PipelinePolicy", repo: Path, router_dir: Optional[Path],
-                    config_name: Optional[str] = "embedded") -> List[str]:
-    """What the router would refuse at load, or Triton at its first request, for a pipeline
-    policy against ``repo``: the pipeline bound to the router's configuration (``router_dir``'s,
-    when the policy is beside one: tensors upstream, one writer, outputs the router's), and per
-    step (located ``pipeline.steps[1]...``) its model in ``repo``, a pinned version served,
-    its ``inputs`` and ``outputs`` keys the model's inputs and outputs."""
-    from google.protobuf.json_format import MessageToDict
-
-    from orchestrator.runtime.routing.pipeline import bind_pipeline
-    from orchestrator.runtime.routing.tensors import router_spec
-
+def step_errors(policy: "P.PipelinePolicy", repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
+    """What Triton would refuse at a pipeline's first request, per step (located
+    ``pipeline.steps[1]...``): a pinned version its model does not serve, an ``inputs`` or
+    ``outputs`` key that is not one of the model's inputs or outputs (steps whose model is
+    not in ``repo`` are left to :func:`check_pipeline`'s own message)."""
     errors = []
-    path = config_path(router_dir, config_name) if router_dir is not None else None
-    if path is not None:
-        try:
-            spec = router_spec(MessageToDict(read_config(path), preserving_proto_field_name=True))
-            bind_pipeline(policy.pipeline, spec)
-        except (ConfigError, P.PolicyError) as exc:
-            errors.append(str(exc))
     for step in policy.pipeline.step_nodes():
         model_dir = repo / step.model
         path = config_path(model_dir, config_name) if model_dir.is_dir() else None
         if path is None:
-            errors.append(f"{step.where}.model: model '{step.model}' is not in {repo}")
             continue
         try:
             config = read_config(path)
@@ -287,38 +272,64 @@ def pipeline_errors(policy: "P.PipelinePolicy", repo: Path, router_dir: Optional
     return errors
 
 
-def _check_pipeline(args, path: Path, policy: "P.PipelinePolicy") -> int:
+def check_pipeline(path: Path, args) -> int:
+    """``orchestrator policy check`` of a pipeline policy: parsed, and with the router's config
+    beside it (or ``--repo``), checked against it as the router checks it at load; every step's
+    model must be in the repository."""
+    from google.protobuf.json_format import MessageToDict
+
+    from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline
+    from orchestrator.runtime.routing.tensors import router_spec
+    from orchestrator.tooling.repository import config_path, read_config
+
+    try:
+        policy = P.load_any(path)
+    except P.PolicyError as exc:
+        print(f"invalid policy: {exc}", file=sys.stderr)
+        return 1
+    assert isinstance(policy, P.PipelinePolicy)
+    print(describe_pipeline(policy.pipeline))
     config_name = getattr(args, "model_config_name", "embedded") or None
-    repo = _repository_for(path, getattr(args, "repo", None))
-    router_dir = path.resolve().parent if _beside_a_model(path) else None
-    steps = policy.pipeline.step_nodes()
-    print(f"pipeline: {len(steps)} steps ({', '.join(s.target for s in steps)}); "
-          f"outputs {', '.join(policy.pipeline.outputs)}")
-    errors = pipeline_errors(policy, repo, router_dir, config_name)
-    if getattr(args, "repo", None) or router_dir is not None:
-        errors += repository_errors(repo)
+    router_config = config_path(path.resolve().parent, config_name) if _beside_a_model(path) else None
+    errors = []
+    if router_config is not None:
+        try:
+            config = MessageToDict(read_config(router_config), preserving_proto_field_name=True)
+            bind_pipeline(policy.pipeline, router_spec(config))
+            print(f"the pipeline fits the router's config {router_config}")
+        except (P.PolicyError, ToolingError) as exc:
+            errors.append(str(exc))
+    if getattr(args, "repo", None) or router_config is not None:
+        repo = _repository_for(path, getattr(args, "repo", None))
+        named = dict.fromkeys(m for s in policy.pipeline.step_nodes() for m in (s.model, *s.fallback))
+        missing = [m for m in named if config_path(repo / m, config_name) is None]
+        errors += [f"model '{m}' is not in the model repository {repo}" for m in missing]
+        if not missing:
+            print(f"models {', '.join(policy.models())} are in {repo}")
+        errors += step_errors(policy, repo, config_name) + repository_errors(repo)
     for error in errors:
         print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
     if errors:
         return 1
-    print(f"models {', '.join(sorted({s.model for s in steps}))} are in {repo}; policy is valid")
+    print("policy is valid")
     return 0
+
+
+def _is_pipeline_file(path: Path) -> bool:
+    try:
+        return P.is_pipeline(P.read_document(path))
+    except P.PolicyError:
+        return False  # reported by the text policy's check, as before
 
 
 def check_command(args) -> int:
     """``orchestrator policy check``: 0 when valid, 1 with located errors on stderr."""
     path = Path(args.path)
     try:
-        policy = P.load_any(path)
+        policy = P.load_policy(path)
     except P.PolicyError as exc:
         print(f"invalid policy: {exc}", file=sys.stderr)
         return 1
-    if isinstance(policy, P.PipelinePolicy):
-        return _check_pipeline(args, path, policy)
-    return _check_text(args, path, policy)
-
-
-def _check_text(args, path: Path, policy: P.Policy) -> int:
     print(P.describe(policy))
     config_name = getattr(args, "model_config_name", "embedded") or None
     repo = _repository_for(path, getattr(args, "repo", None))
@@ -358,7 +369,7 @@ def _check_text(args, path: Path, policy: P.Policy) -> int:
 
 def policy_command(args) -> int:
     if args.policy_command == "check":
-        return check_command(args)
+        return check_pipeline(Path(args.path), args) if _is_pipeline_file(Path(args.path)) else check_command(args)
     from tritonclient.utils import InferenceServerException
 
     from orchestrator.tooling.client import DEFAULT_URLS

@@ -180,3 +180,72 @@ def test_steps_and_branches_count_their_rows(mock):
     assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case0")) == before["case0"] + 2
     assert mock.metric("orchestrator_branch_rows_total", dict(labels, branch="case1")) == before["case1"] + 2
     assert mock.metric("orchestrator_step_rows_total", {"router": "per_class", "node": "cls_cat", "model": "cls_cat"}) == rows + 2
+
+
+def echo(mock_or_infer, parameters=None, b=True):
+    inputs = {"A": np.array([[1.0], [2.0]], dtype=np.float32)}
+    if b:
+        inputs["B"] = np.array([[0.5], [0.25]], dtype=np.float32)
+    return mock_or_infer("echo_router", inputs, parameters)
+
+
+def test_optional_inputs_and_parameters_reach_the_steps(mock):
+    out = echo(mock.infer, {"mode": "a", "x_n": 3, "x_b": True, "x_f": 0.5, "x_s": "s"})
+    assert out["S"].reshape(-1).tolist() == [1.5, 2.25]
+    # forward: every parameter BLS can carry (bool, int, str; not the double)
+    assert bytes(out["P"][0, 0]) == b'{"mode": "a", "x_b": true, "x_n": 3, "x_s": "s"}'
+    assert bytes(out["P_NAMED"][0, 0]) == b'{"mode": "a"}' and bytes(out["P_NONE"][0, 0]) == b"{}"
+    assert echo(mock.infer, b=False)["S"].reshape(-1).tolist() == [101.0, 102.0]  # B absent reaches the model absent
+
+
+@pytest.mark.parametrize("parameters,needle", [
+    ({"other": 1}, "parameter 'other': not a parameter of this router"),
+    ({"mode": "c"}, "parameter mode='c': not one of a, b"),
+])
+def test_a_parameter_the_policy_neither_declares_nor_ignores_is_refused(mock, parameters, needle):
+    with pytest.raises(InferError) as err:
+        echo(mock.infer, parameters)
+    assert err.value.code == "INVALID_ARG" and needle in err.value.message
+
+
+def test_a_failing_step_fails_only_its_request(mock):
+    bad, good = {"A": np.array([[-1.0]], dtype=np.float32)}, {"A": np.array([[1.0]], dtype=np.float32)}
+    answers = mock.infer_batch("echo_router", [good, bad, good])
+    assert answers[0]["S"].tolist() == answers[2]["S"].tolist() == [[101.0]]
+    assert isinstance(answers[1], InferError) and answers[1].code == "INTERNAL"
+    assert "failed: model 'echo' failed: A = -1 refused" in answers[1].message, answers[1].message
+
+
+def test_every_step_call_of_a_traced_request_is_a_child_of_its_trace(tmp_path):
+    repo = make_pipeline_repository(tmp_path / "repo")
+    with MockTriton(repo, model_config_name=None, models=["detector", "cls_cat", "cls_dog", "per_class"], trace_rate=1) as m:
+        m.infer("per_class", {"IMG": img([[5, 0, 0, 1], [0, 5, 0, 2]])}, request_id="r1")
+        [root] = [t for t in m.traces if t.parent_id == 0]
+        calls = [t for t in m.traces if t.parent_id == root.id]
+        assert (root.model, root.request_id) == ("per_class", "r1")
+        assert sorted(c.model for c in calls) == ["cls_cat", "cls_dog", "detector"]
+        assert {c.request_id for c in calls} == {"r1"}
+
+
+def test_admission_runs_the_first_requests_of_an_execute_over_the_bound_and_refuses_the_rest(mock):
+    from orchestrator.runtime.routing.settings import AdmissionSettings
+    from orchestrator.runtime.serving.admission import Admission
+    from orchestrator.runtime.serving.router import QueueDelay
+
+    router = mock.loaded("typed_admission").instance
+    router.pipeline.admission = Admission(AdmissionSettings(max_wait_ms=50))
+    router.pipeline.admission.ran(1, 0.020)  # 20 ms per request: two fit in 50 ms
+    router.load = QueueDelay()  # idle: no queue delay
+    requests = [typed_inputs(1, 3, seed=i) for i in range(6)]
+    out = mock.infer_batch("typed_admission", requests)
+    for got, inputs in zip(out[:2], requests):
+        same(got, mock.infer("typed", inputs))
+    assert all(isinstance(o, InferError) and o.code == "UNAVAILABLE" and "overloaded" in o.message for o in out[2:])
+
+
+def test_a_step_falls_back_to_its_next_model_when_its_call_fails(mock):
+    inputs = typed_inputs(2, 3)
+    mock.reset_calls()
+    mock.fail_next("labeler", "boom", count=1)
+    same(mock.infer("typed_fallback", inputs), mock.infer("typed_ensemble", inputs))
+    assert mock.calls_to("labeler_spare") == [(2,)]

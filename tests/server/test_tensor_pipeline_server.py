@@ -16,6 +16,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from orchestrator.testing.mock import MockTriton
+from orchestrator.tooling import prometheus
 from tests.mock.test_pipeline_mock import img, same, typed_inputs
 from tests.pipeline_repo import CLASSES, MODELS, RECOGNIZERS, make_pipeline_repository
 
@@ -43,8 +44,9 @@ def mock(repo):
         yield m
 
 
-def infer(server, model, inputs, parameters=None, protocol="http"):
-    """``{output: array}`` of one request (raises InferenceServerException)."""
+def infer(server, model, inputs, parameters=None, protocol="http", outputs=None):
+    """``{output: array}`` of one request (``outputs``: those requested; None: all; raises
+    InferenceServerException)."""
     lib = httpclient if protocol == "http" else grpcclient
     url = server.http_url if protocol == "http" else server.grpc_url
     client = lib.InferenceServerClient(url)
@@ -54,7 +56,8 @@ def infer(server, model, inputs, parameters=None, protocol="http"):
             item = lib.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
             item.set_data_from_numpy(array)
             items.append(item)
-        result = client.infer(model, items, parameters=parameters)
+        wanted = None if outputs is None else [lib.InferRequestedOutput(n) for n in outputs]
+        result = client.infer(model, items, parameters=parameters, outputs=wanted)
         response = result.get_response()
         names = [o["name"] for o in response["outputs"]] if protocol == "http" else [o.name for o in response.outputs]
         return {n: result.as_numpy(n) for n in names}
@@ -112,12 +115,19 @@ def test_stop_early(server, mock):
     same(out, mock.infer("stop_early", {"IMG": x}))
 
 
+def branch_rows(server, branch):
+    time.sleep(1.2)  # the router's metrics flush every 0.5 s
+    return prometheus.value(server.metrics(), "orchestrator_branch_rows_total", router="per_class", node="by_class", branch=branch)
+
+
 def test_a_detector_then_a_per_class_model(server, mock):
     x = img([[5, 0, 0, 1], [0, 5, 0, 2], [0, 0, 5, 3], [6, 0, 0, 4], [0, 7, 0, 0]])
     before = {c: rows_served(server, f"cls_{c}") for c in CLASSES}
+    none = branch_rows(server, "none")
     out = infer(server, "per_class", {"IMG": x})
     assert [bytes(e) for e in out["LABEL"].reshape(-1)] == [b"cat:6", b"dog:7", b"none", b"cat:10", b"dog:7"]
     assert {c: rows_served(server, f"cls_{c}") - before[c] for c in CLASSES} == {"cat": 2, "dog": 2}
+    assert branch_rows(server, "none") - none == 1  # on /metrics
     same(out, mock.infer("per_class", {"IMG": x}))
 
 
@@ -150,3 +160,42 @@ def test_warmup_samples_are_answered_without_downstream_calls(server):
     assert "router 'typed_warm': warmup sample answered without downstream calls" in server.log_path.read_text()
     inputs = typed_inputs(2, 3)
     same(infer(server, "typed_warm", inputs), infer(server, "typed", inputs))
+
+
+def test_optional_inputs_and_parameters_reach_the_steps_as_on_the_mock(server, mock):
+    from tests.mock.test_pipeline_mock import echo
+
+    def on_server(model, inputs, parameters):
+        return infer(server, model, inputs, parameters)
+
+    params = {"mode": "a", "x_n": 3, "x_b": True, "x_f": 0.5, "x_s": "s"}
+    out = echo(on_server, params)
+    assert bytes(out["P"][0, 0]) == b'{"mode": "a", "x_b": true, "x_n": 3, "x_s": "s"}'
+    same(out, echo(mock.infer, params))
+    same(echo(on_server, b=False), echo(mock.infer, b=False))
+    with pytest.raises(InferenceServerException, match="parameter 'other': not a parameter of this router"):
+        echo(on_server, {"other": 1})
+
+
+def test_a_failing_step_fails_only_its_request_naming_the_step_and_model(server):
+    bad = {"A": np.array([[-1.0]], dtype=np.float32)}
+    good = {"A": np.array([[1.0]], dtype=np.float32)}
+    with cf.ThreadPoolExecutor(8) as pool:  # batched together or not, only the bad ones fail
+        futures = [pool.submit(infer, server, "echo_router", r) for r in [bad, good] * 4]
+    for i, f in enumerate(futures):
+        if i % 2:
+            assert f.result()["S"].tolist() == [[101.0]]
+        else:
+            with pytest.raises(InferenceServerException, match=r"step '(echo|echo_named|echo_none)' failed: model 'echo'.*A = -1 refused"):
+                f.result()
+    with pytest.raises(InferenceServerException, match="B"):  # Triton's own check of the router's input
+        infer(server, "echo_router", dict(good, B=np.array([[1.0, 2.0]], dtype=np.float32)))
+    assert server.is_ready()
+
+
+def test_only_the_requested_outputs_are_answered_as_by_the_ensemble(server, mock):
+    inputs = typed_inputs(2, 3)
+    got = infer(server, "typed", inputs, outputs=["LABEL", "Y"])
+    assert set(got) == {"LABEL", "Y"}
+    same(got, infer(server, "typed_ensemble", inputs, outputs=["LABEL", "Y"]))
+    same(got, mock.infer("typed", inputs, outputs=["LABEL", "Y"]))

@@ -139,3 +139,51 @@ def test_bytes_conditions_never_decode():
 def test_a_literal_that_does_not_fit_the_tensor_is_that_requests_error():
     with pytest.raises(InputError, match="not an integer"):
         mask({"tensor": "C", "op": "eq", "value": 2.5}, {"C": np.zeros((3, 1), np.int8)})
+
+
+def test_policy_check_checks_a_pipeline_against_the_router_config_beside_it(tmp_path, capsys):
+    from orchestrator.tooling.cli import main
+    from tests.pipeline_repo import make_pipeline_repository
+
+    repo = make_pipeline_repository(tmp_path / "repo")
+    assert main(["policy", "check", str(repo / "per_class" / "policy.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "switch [by_class] scope=row fill LABEL" in out and "policy is valid" in out
+    document = yaml.safe_load((repo / "per_class" / "policy.yaml").read_text())
+    document["pipeline"]["outputs"] = ["PROBS", "LABELS"]
+    (repo / "per_class" / "policy.yaml").write_text(yaml.safe_dump(document))
+    assert main(["policy", "check", str(repo / "per_class" / "policy.yaml")]) == 1
+    assert "'LABELS' is not an output of router 'per_class'" in capsys.readouterr().err
+    document["pipeline"]["outputs"] = ["PROBS", "LABEL"]
+    document["pipeline"]["steps"][0]["model"] = "nowhere"
+    (repo / "per_class" / "policy.yaml").write_text(yaml.safe_dump(document))
+    assert main(["policy", "check", str(repo / "per_class" / "policy.yaml")]) == 1
+    assert "model 'nowhere' is not in the model repository" in capsys.readouterr().err
+
+
+def test_a_decoupled_step_model_is_refused_at_load_naming_it(tmp_path):
+    from orchestrator.testing.mock import LoadError, MockTriton
+    from tests.pipeline_repo import make_pipeline_repository
+
+    repo = make_pipeline_repository(tmp_path / "repo")
+    cfg = repo / "second" / "config.pbtxt"
+    cfg.write_text(cfg.read_text() + "model_transaction_policy { decoupled: true }\n")
+    with MockTriton(repo, model_config_name=None) as mock:
+        with pytest.raises(LoadError, match="model 'second' is decoupled"):
+            mock.load("stop_early")
+
+
+def test_the_published_json_schema_accepts_the_pipelines_and_rejects_what_the_parser_rejects():
+    jsonschema = pytest.importorskip("jsonschema")
+    from orchestrator.runtime.routing.policy_docs import json_schema
+
+    validator = jsonschema.Draft7Validator(json_schema())
+    for document in (STOP_EARLY, PER_CLASS, ONE_OF_N):
+        validator.validate(document)
+    bad = yaml.safe_load(yaml.safe_dump(PER_CLASS))
+    bad["pipeline"]["steps"][1]["cases"][0]["when"]["reduce"] = "median"
+    assert not validator.is_valid(bad)
+    with pytest.raises(PolicyError, match="median"):
+        parse_any(bad)
+    both = dict(STOP_EARLY, root={"kind": "constant", "probability": 0.5})
+    assert not validator.is_valid(both)

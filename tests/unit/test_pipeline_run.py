@@ -8,10 +8,11 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
-from orchestrator.runtime.errors import DownstreamError
+from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
-from orchestrator.runtime.routing.pipeline import bind_pipeline, read_pipeline, with_batches
+from orchestrator.runtime.routing.pipeline import bind_pipeline, read_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.tensors import router_spec
 
 CONFIG = {"name": "r", "max_batch_size": 16,
@@ -38,7 +39,7 @@ class Fake:
     def __init__(self, fail_once=()):
         self.calls, self.fail_once = [], set(fail_once)
 
-    async def __call__(self, model, inputs, params, request_id, alone, options, outputs):
+    async def __call__(self, model, inputs, params, request_id, alone, options, outputs, several):
         self.calls.append((model, [int(v) for v in inputs["IN"].reshape(-1)]))
         if model in self.fail_once:
             self.fail_once.discard(model)
@@ -53,7 +54,7 @@ def run(pipeline, requests, fake, batch=4):
     bound = with_batches(bind_pipeline(read_pipeline(pipeline), spec), {"big": batch, "mid": batch})
     plans, fills = plan_lists(bound.steps, spec)
     reqs = [Req({"X": np.array(r, dtype=np.int32).reshape(-1, 1)}, len(r)) for r in requests]
-    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 0.0, None, fills, plans).run(reqs))
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 0.0, None, fills, plans, switch_exports(bound)).run(reqs))
     return reqs
 
 
@@ -87,3 +88,77 @@ def test_a_transient_failure_of_a_merged_call_is_answered_by_the_retries():
     fake = Fake(fail_once={"mid"})
     a, b = run(SWITCH, [[6], [7]], fake)
     assert (a.error, b.error) == (None, None) and values(a) == [60] and values(b) == [70]
+
+
+def test_a_request_past_its_deadline_or_cancelled_stops_before_the_next_step():
+    from orchestrator.runtime.errors import DeadlineExceeded, RequestCancelled
+
+    spec = router_spec(CONFIG)
+    bound = with_batches(bind_pipeline(read_pipeline(SWITCH), spec), {"big": 4, "mid": 4})
+    plans, fills = plan_lists(bound.steps, spec)
+    late = Req({"X": np.array([[11]], dtype=np.int32)}, 1, deadline=5.0)
+    cancelled = Req({"X": np.array([[12]], dtype=np.int32)}, 1, is_cancelled=lambda: True)
+    fine = Req({"X": np.array([[13 - 2]], dtype=np.int32)}, 1, deadline=20.0)
+    fake = Fake()
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 10.0, None, fills, plans, switch_exports(bound)).run([late, cancelled, fine]))
+    assert isinstance(late.error, DeadlineExceeded) and "before step 'big'" in str(late.error)
+    assert isinstance(cancelled.error, RequestCancelled)
+    assert fine.error is None and values(fine) == [1100] and fake.calls == [("big", [11])]
+
+
+def test_a_tensor_only_its_branch_reads_needs_no_fill_and_stays_inside():
+    chain = {"outputs": ["Y"], "steps": [{
+        "kind": "switch", "name": "sw", "scope": "row",
+        "cases": [{"when": {"tensor": "X", "op": "gt", "value": 10},
+                   "then": [{"kind": "step", "model": "mid", "inputs": {"IN": "X"}, "outputs": {"OUT": "T"}},
+                            {"kind": "step", "model": "big", "inputs": {"IN": "T"}, "outputs": {"OUT": "Y"}}]}],
+        "fill": {"Y": 0}}]}
+    fake = Fake()
+    [req] = run(chain, [[11, 1, 12]], fake)
+    assert values(req) == [11000, 0, 12000] and "T" not in req.tensors
+    assert fake.calls == [("mid", [11, 12]), ("big", [110, 120])]
+    read_outside = dict(chain, steps=chain["steps"] + [{"kind": "step", "name": "later", "model": "mid", "inputs": {"IN": "T"}, "outputs": {"OUT": "Z"}}])
+    with pytest.raises(PolicyError, match="'T' is not written when no case is taken"):
+        bind_pipeline(read_pipeline(read_outside), router_spec(CONFIG))
+
+
+class Odd(Fake):
+    """``mid`` answers FP64; ``big`` one row too many for 20."""
+
+    async def __call__(self, model, inputs, params, request_id, alone, options, outputs, several):
+        out = await super().__call__(model, inputs, params, request_id, alone, options, outputs, several)
+        if model == "mid":
+            return {"OUT": out["OUT"].astype(np.float64)}
+        return {"OUT": np.concatenate([out["OUT"], out["OUT"][:1]])} if 20 in inputs["IN"] else out
+
+
+def test_branches_that_disagree_or_a_model_that_answers_other_rows_fail_that_request_only():
+    a, b, c = run(SWITCH, [[11, 6], [20], [12]], Odd(), batch=1)  # one call per row
+    assert "switch 'sw': its branches wrote 'Y' as float64[1] and int32[1]" in str(a.error)
+    assert "step 'big': model 'big' answered OUT with shape [2, 1] for 1 rows" in str(b.error)
+    assert c.error is None and values(c) == [1200]
+
+
+def test_a_switch_inside_a_branch_sees_only_its_rows():
+    nested = {"outputs": ["Y"], "steps": [{
+        "kind": "switch", "name": "outer", "scope": "row",
+        "cases": [{"when": {"tensor": "X", "op": "gt", "value": 5}, "then": [{
+            "kind": "switch", "name": "inner", "scope": "row",
+            "cases": [{"when": {"tensor": "X", "op": "gt", "value": 10}, "then": [step("big")]}],
+            "default": [step("mid")]}]}],
+        "fill": {"Y": 0}}]}
+    fake = Fake()
+    [req] = run(nested, [[1, 11, 6, 2, 20]], fake)
+    assert values(req) == [0, 1100, 60, 0, 2000]
+    assert sorted(fake.calls) == [("big", [11, 20]), ("mid", [6])]
+
+
+def test_a_step_falls_back_to_the_next_model_for_the_requests_whose_call_failed():
+    policy = {"outputs": ["Y"], "steps": [dict(step("big"), fallback=["mid"])]}
+    fake = Fake(fail_once={"big"})
+    [a] = run(policy, [[1, 2]], fake)
+    assert a.error is None and values(a) == [10, 20]
+    assert fake.calls == [("big", [1, 2]), ("mid", [1, 2])]
+    fake = Fake()
+    ok, bad = run(policy, [[1], [13]], fake)  # 13 fails in both models: its request fails, naming the last
+    assert values(ok) == [100] and "step 'big' failed: model 'mid' failed: unlucky row" in str(bad.error)

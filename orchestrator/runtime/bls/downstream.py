@@ -121,10 +121,17 @@ class Downstream:
         return await self._call(self.shadow_breaker, model, inputs, parameters, request_id, alone, options)
 
     async def call_step(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Dict[str, Any], request_id: str,
-                        alone: bool, options: CallOptions, outputs: Sequence[str]) -> Dict[str, NDArray[Any]]:
+                        alone: bool, options: CallOptions, outputs: Sequence[str], several: bool) -> Dict[str, NDArray[Any]]:
         """A pipeline step's call (``execution.pipeline.CallFn``): like :meth:`infer`, asking
-        for ``outputs`` only (raises DownstreamError)."""
-        return await self._call(self.breaker, model, inputs, parameters, request_id, alone, options, outputs)
+        for ``outputs`` only (raises DownstreamError). ``several``: the call holds rows of
+        several requests, which are retried one by one when it fails: its plain failure
+        (one that does not say the model cannot serve) is no verdict on the model, the
+        retries' are."""
+        async with self.breaker.guard(model, neutral=several):
+            dead = self._stub_dead(model)
+            if dead:
+                raise UnavailableError(dead, Cause.STUB_DEAD)
+            return await self._bls(model, inputs, parameters, request_id, alone, options, outputs)
 
     @staticmethod
     async def no_infer(model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
@@ -373,11 +380,11 @@ class CircuitBreaker:
         if self.on_change:
             self.on_change(model, old, new, reason)
 
-    def guard(self, model: str) -> "CallGuard":
+    def guard(self, model: str, neutral: bool = False) -> "CallGuard":
         """``async with breaker.guard(model): <one downstream call>``: the call runs only
         when the circuit lets it through (:meth:`before_call`); leaving the block records
-        its outcome (:class:`CallGuard`)."""
-        return CallGuard(self, model)
+        its outcome (:class:`CallGuard`; ``neutral``: a plain DownstreamError is no failure)."""
+        return CallGuard(self, model, neutral)
 
 
 class CallGuard:
@@ -392,8 +399,8 @@ class CallGuard:
             when it was a plain DownstreamError.
     """
 
-    def __init__(self, breaker: CircuitBreaker, model: str) -> None:
-        self.breaker, self.model = breaker, model
+    def __init__(self, breaker: CircuitBreaker, model: str, neutral: bool = False) -> None:
+        self.breaker, self.model, self.neutral = breaker, model, neutral
 
     async def __aenter__(self) -> None:
         self.breaker.before_call(self.model)
@@ -404,6 +411,9 @@ class CallGuard:
             breaker.on_success(model)
         elif isinstance(exc, DownstreamError):
             cause = cause_of(exc)
+            if self.neutral and cause is None:  # retried per request: the retries decide
+                breaker.on_cancelled(model)
+                return
             breaker.on_failure(model, str(exc), cause)
             if cause is not None and not isinstance(exc, UnavailableError):
                 raise UnavailableError(str(exc), cause) from exc

@@ -32,7 +32,7 @@ branches (``DownstreamError``).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
@@ -59,8 +59,9 @@ from orchestrator.runtime.routing.pipeline import (
 )
 from orchestrator.runtime.routing.tensors import RouterSpec
 
-#: ``(target, inputs, parameters, request_id, alone, options, outputs) -> outputs``: one BLS call.
-CallFn = Callable[[str, Dict[str, NDArray[Any]], Dict[str, Any], str, bool, CallOptions, Sequence[str]],
+#: ``(target, inputs, parameters, request_id, alone, options, outputs, several) -> outputs``: one
+#: BLS call (``several``: it holds rows of several requests, retried one by one if it fails).
+CallFn = Callable[[str, Dict[str, NDArray[Any]], Dict[str, Any], str, bool, CallOptions, Sequence[str], bool],
                   Awaitable[Dict[str, NDArray[Any]]]]
 
 
@@ -79,6 +80,7 @@ class Req:
             clock seconds, None: none), ``is_cancelled``.
         batched: tensors given a batch dimension by ``add_batch_dim`` steps.
         error: set once it failed; it then takes no further part.
+        requested: the outputs the client asked for (empty: all).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -91,6 +93,7 @@ class Req:
     is_cancelled: Callable[[], bool] = lambda: False
     batched: Set[str] = field(default_factory=set)
     error: Optional[OrchestratorError] = None
+    requested: Tuple[str, ...] = ()
 
 
 @dataclass
@@ -139,13 +142,14 @@ class PipelineRun:
         metrics: per-step counters and latencies (None: none).
         fills: switch name -> its fill rows (``routing.pipeline.fill_rows``), made once at load.
         plans: node list id -> its generations, made once at load.
+        exports: switch name -> the tensors it puts back (``routing.pipeline.switch_exports``).
     """
 
     def __init__(self, steps: Sequence[PNode], router: RouterSpec, call: CallFn, clock: Callable[[], float],
                  metrics: Optional[Metrics], fills: Dict[str, Dict[str, NDArray[Any]]],
-                 plans: Dict[int, List[List[PNode]]]):
+                 plans: Dict[int, List[List[PNode]]], exports: Dict[str, Tuple[str, ...]]):
         self.steps, self.router, self.call, self.clock = steps, router, call, clock
-        self.metrics, self.fills, self.plans = metrics, fills, plans
+        self.metrics, self.fills, self.plans, self.exports = metrics, fills, plans, exports
         self.batching = router.max_batch_size > 0
 
     async def run(self, reqs: Sequence[Req]) -> None:
@@ -208,27 +212,47 @@ class PipelineRun:
         retry of a merged call that failed)."""
         views = [v for v in views if not self._stopped(v.req, step)]
         calls = self._calls(step, views, separate)
-        alone = len(calls) == 1 and not in_concurrent_branch()
-        results = await gather((self._call(step, segments, inputs, alone) for segments, inputs in calls), settle=True)
+        results = await self._settle(step, calls)
         retry: Dict[int, View] = {}
         for (segments, _), result in zip(calls, results):
             if isinstance(result, BaseException) and len({id(s[0].req) for s in segments}) > 1:
                 retry.update((id(s[0]), s[0]) for s in segments)
         pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]] = {}
+        fallback: Dict[int, View] = {}
         for (segments, _), result in zip(calls, results):
             if isinstance(result, BaseException):
                 if not any(id(s[0]) in retry for s in segments):
-                    req = segments[0][0].req
-                    req.error = req.error or _rename(result, step)
-                    if self.metrics is not None:
-                        self.metrics.inc("orchestrator_node_errors_total", node=step.name)
+                    self._failed(step, segments, result, fallback)
             elif not any(id(s[0]) in retry for s in segments):
                 self._split(step, segments, result, pieces)
         if retry:  # each request of a failed merged call alone: only those that fail get the error
             await self.run_step(step, list(retry.values()), separate=True)
-        for v in views:
-            if id(v) in pieces and v.req.error is None:
+        if fallback:  # the next model, for the requests whose call failed
+            nxt = replace(step, model=step.fallback[0], version=-1, fallback=step.fallback[1:], max_batch_size=0)
+            await self.run_step(nxt, list(fallback.values()), separate=True)
+        for v in views:  # a view retried or passed to the fallback was stored there, whole
+            if id(v) in pieces and v.req.error is None and id(v) not in retry and id(v) not in fallback:
                 self._store(step, v, pieces[id(v)])
+
+    async def _settle(self, step: Step, calls: List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]) -> List[Any]:
+        """Every call's outputs or its exception, in order; a lone call awaited in place (no
+        task: the path of one request through a chain of steps), several side by side."""
+        if len(calls) == 1:
+            try:
+                return [await self._call(step, calls[0][0], calls[0][1], not in_concurrent_branch())]
+            except Exception as exc:  # the caller turns it into the requests' error
+                return [exc]
+        return await gather((self._call(step, segments, inputs, False) for segments, inputs in calls), settle=True)
+
+    def _failed(self, step: Step, segments: List[Tuple[View, int, int]], exc: BaseException, fallback: Dict[int, View]) -> None:
+        """A call of one request failed: its views go to the step's fallback, else the request fails."""
+        if step.fallback:
+            fallback.update((id(s[0]), s[0]) for s in segments)
+            return
+        req = segments[0][0].req
+        req.error = req.error or _rename(exc, step)
+        if self.metrics is not None:
+            self.metrics.inc("orchestrator_node_errors_total", node=step.name)
 
     def _calls(self, step: Step, views: Sequence[View], separate: bool
                ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:
@@ -291,7 +315,8 @@ class PipelineRun:
         if self.metrics is not None:
             self.metrics.inc("orchestrator_step_rows_total", sum(b - a for _, a, b in segments), node=step.name, model=step.target)
         outputs = [name for name, _ in step.outputs]
-        return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs)
+        return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs,
+                               len(reqs) > 1)
 
     def _split(self, step: Step, segments: List[Tuple[View, int, int]], result: Dict[str, NDArray[Any]],
                pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]]) -> None:
@@ -374,7 +399,7 @@ class PipelineRun:
                 if n:
                     self.metrics.inc("orchestrator_branch_rows_total", n, node=sw.name, branch=label)
         await gather(self.run_list(branches[b], [s for _, _, s in subs[b]]) for b in range(len(branches)) if subs[b])
-        writes = list(dict.fromkeys(t for b in branches for n in b for t in node_writes(n)))
+        writes = self.exports[sw.name]
         fill = self.fills.get(sw.name, {})
         for v in views:
             if v.req.error is None:

@@ -47,7 +47,7 @@ from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
 
 __all__ = [
     "Step", "Case", "Switch", "PNode", "Pipeline", "PIPELINE", "read_pipeline", "bind_pipeline", "node_reads",
-    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches",
+    "node_writes", "pipeline_json_definitions", "fill_rows", "with_batches", "describe_pipeline", "switch_exports",
 ]
 
 # ----------------------------------------------------------------------------- the nodes
@@ -71,6 +71,8 @@ class Step:
         max_batch_size: rows per BLS call (None: the callee's ``max_batch_size`` from its
             ``config.pbtxt`` in the repository when found, else the rows of one request per call).
         where: its location in the policy.
+        fallback: models tried in turn, with the same inputs and outputs, for the requests
+            whose call to ``model`` failed (its error, or its circuit open).
     """
 
     name: str
@@ -83,6 +85,7 @@ class Step:
     max_batch_size: Optional[int] = None
     where: str = ""
     kind: str = "step"
+    fallback: Tuple[str, ...] = ()
 
     @property
     def target(self) -> str:
@@ -157,8 +160,8 @@ class Pipeline:
         return [n for n in self.nodes() if isinstance(n, Step)]
 
     def models(self) -> List[str]:
-        """Every call target (``model`` or ``model@version``), without repeats."""
-        return list(dict.fromkeys(s.target for s in self.step_nodes()))
+        """Every call target (``model`` or ``model@version``, and fallbacks), without repeats."""
+        return list(dict.fromkeys(t for s in self.step_nodes() for t in (s.target, *s.fallback)))
 
 
 def node_writes(node: PNode) -> List[str]:
@@ -293,6 +296,8 @@ STEP = S.Struct("pipeline.step", [
           "calling a batching model); a router output keeps it only when its dims have it"),
     S.Key("max_batch_size", S.Int(0, 1 << 20), "rows per BLS call; 0: one call per request",
           computed="the model's `max_batch_size` from its config.pbtxt, else one call per request"),
+    S.Key("fallback", S.Strings(1), "models tried in turn, with the same `inputs` and `outputs`, for the requests "
+          "whose call failed (an error, or the model's circuit open)"),
     S.Key("when", _CondType(), "run the step only for the rows (or requests) where this holds"),
 ] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
 
@@ -361,7 +366,7 @@ def _read_node(value: Any, where: str, names: _Names) -> PNode:
     v = STEP.read(value, where, names)
     step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
                 -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
-                bool(v["add_batch_dim"]), v["max_batch_size"], where)
+                bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()))
     if v["when"] is None:
         if v["scope"] is not None or v["fill"] is not None or v["omit"] is not None:
             raise PolicyError(f"{where}: scope, fill and omit go with `when`")
@@ -379,7 +384,24 @@ def read_pipeline(value: Any, where: str = "pipeline") -> Pipeline:
 # ----------------------------------------------------------------------------- binding
 
 
-def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any], where: str) -> None:
+def switch_exports(pipeline: Pipeline) -> Dict[str, Tuple[str, ...]]:
+    """Switch name -> the tensors it puts back for the nodes after it: those its branches
+    write (or it fills) that a node outside it reads or that are pipeline outputs. A
+    tensor only its own branches read stays inside the branch (it needs no fill)."""
+    out: Dict[str, Tuple[str, ...]] = {}
+    nodes = pipeline.nodes()
+    for sw in (n for n in nodes if isinstance(n, Switch)):
+        inside = {id(n) for n in Pipeline((), (sw,)).nodes()}
+        read = set(pipeline.outputs)
+        for n in nodes:
+            if id(n) not in inside:
+                read |= {t for _, t in n.inputs} if isinstance(n, Step) else {t for c in n.cases for t in c.when.tensors()}
+        out[sw.name] = tuple(t for t in node_writes(sw) if t in read)
+    return out
+
+
+def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any], where: str,
+                exports: Mapping[str, Tuple[str, ...]]) -> None:
     """Dataflow checks of one node list (the top level or a branch); see the module docstring."""
     writer: Dict[str, PNode] = {}
     inputs = {i.name for i in router.inputs}
@@ -406,7 +428,7 @@ def _check_list(nodes: Sequence[PNode], available: Set[str], router: RouterSpec,
         done |= {n.name for n in ready}
     for n in nodes:
         if isinstance(n, Switch):
-            _check_switch(n, available | set(writer), router, dtypes)
+            _check_switch(n, available | set(writer), router, dtypes, exports)
 
 
 def _check_cases(sw: Switch, available: Set[str], dtypes: Mapping[str, Any]) -> None:
@@ -418,12 +440,13 @@ def _check_cases(sw: Switch, available: Set[str], dtypes: Mapping[str, Any]) -> 
                                   "before the switch")
 
 
-def _check_switch(sw: Switch, available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any]) -> None:
+def _check_switch(sw: Switch, available: Set[str], router: RouterSpec, dtypes: Mapping[str, Any],
+                  exports: Mapping[str, Tuple[str, ...]]) -> None:
     request_scope = sw.scope == "request" or router.max_batch_size == 0
     _check_cases(sw, available, dtypes)
     for i, branch in enumerate(sw.branches()):
-        _check_list(branch, available, router, dtypes, f"{sw.where}.branch[{i}]")
-    written = [t for b in sw.branches() for n in b for t in node_writes(n)]
+        _check_list(branch, available, router, dtypes, f"{sw.where}.branch[{i}]", exports)
+    written = [t for b in sw.branches() for n in b for t in node_writes(n) if t in exports[sw.name]]
     fill = dict(sw.fill)
     for t in fill:
         spec = router.output(t)
@@ -470,7 +493,7 @@ def bind_pipeline(pipeline: Pipeline, router: RouterSpec) -> Pipeline:
     if len(set(pipeline.outputs)) != len(pipeline.outputs):
         raise PolicyError("pipeline.outputs: a tensor is listed twice")
     dtypes = {t.name: np.dtype(t.dtype) for t in router.inputs}
-    _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps")
+    _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps", switch_exports(pipeline))
     written = {t for n in pipeline.steps for t in node_writes(n)}
     for i, o in enumerate(pipeline.outputs):
         if o not in written and o not in dtypes:
@@ -487,6 +510,32 @@ def fill_rows(sw: Switch, router: RouterSpec) -> Dict[str, Any]:
         assert spec is not None, "bind_pipeline checked fills name router outputs"
         out[t] = fill_array(v, spec, router.max_batch_size > 0, f"{sw.where}.fill.{t}")
     return out
+
+
+def describe_pipeline(pipeline: Pipeline) -> str:
+    """The pipeline as an indented text tree (the router's load log, ``orchestrator policy check``)."""
+    lines = [f"pipeline: outputs {', '.join(pipeline.outputs)}"]
+
+    def emit(nodes: Sequence[PNode], prefix: str) -> None:
+        for n in nodes:
+            if isinstance(n, Step):
+                ins = ", ".join(f"{t}->{m}" for m, t in n.inputs)
+                outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
+                batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
+                extra = (" add_batch_dim" if n.add_batch_dim else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
+                lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
+                continue
+            fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""
+            omit = f" omit {', '.join(n.omit)}" if n.omit else ""
+            lines.append(f"{prefix}switch [{n.name}] scope={n.scope}{fill}{omit}")
+            for c in n.cases:
+                lines.append(f"{prefix}    when {c.when.text()}:")
+                emit(c.then, prefix + "        ")
+            if n.default is not None:
+                lines.append(f"{prefix}    default:")
+                emit(n.default, prefix + "        ")
+    emit(pipeline.steps, "  ")
+    return "\n".join(lines)
 
 
 def with_batches(pipeline: Pipeline, sizes: Mapping[str, Optional[int]]) -> Pipeline:

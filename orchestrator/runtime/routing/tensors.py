@@ -13,7 +13,7 @@ import numpy as np
 
 from orchestrator.runtime.errors import PolicyError
 
-__all__ = ["DTYPES", "TensorSpec", "RouterSpec", "router_spec", "callee_max_batch", "fill_array"]
+__all__ = ["DTYPES", "TensorSpec", "RouterSpec", "router_spec", "Callee", "callee_config", "fill_array"]
 
 #: Triton data type -> numpy dtype (BYTES: object arrays of ``bytes``). BF16 has none.
 DTYPES: Dict[str, Any] = {
@@ -72,17 +72,26 @@ def router_spec(config: Mapping[str, Any]) -> RouterSpec:
 
 
 _MBS = re.compile(r"^\s*max_batch_size\s*:\s*(\d+)", re.MULTILINE)
+_DECOUPLED = re.compile(r"model_transaction_policy\s*\{[^}]*decoupled\s*:\s*true", re.MULTILINE)
 
 
-def callee_max_batch(repository: Path, model: str) -> Optional[int]:
-    """The ``max_batch_size`` of ``model``'s ``config.pbtxt`` in ``repository`` (None: no
-    readable config; an autofilled model says nothing here)."""
+@dataclass(frozen=True)
+class Callee:
+    """What the router reads of a step's model from its ``config.pbtxt`` (``max_batch_size``,
+    ``decoupled``); an autofilled model has no file to read: nothing is known of it."""
+
+    max_batch_size: int
+    decoupled: bool
+
+
+def callee_config(repository: Path, model: str) -> Optional[Callee]:
+    """``model``'s :class:`Callee` from ``repository/model/config.pbtxt`` (None: no readable file)."""
     try:
         text = (Path(repository) / model / "config.pbtxt").read_text(encoding="utf-8")
     except OSError:
         return None
     found = _MBS.search(text)
-    return int(found.group(1)) if found else 0
+    return Callee(int(found.group(1)) if found else 0, bool(_DECOUPLED.search(text)))
 
 
 def fill_array(value: Any, spec: TensorSpec, batched: bool, where: str) -> Any:

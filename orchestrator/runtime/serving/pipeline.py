@@ -46,9 +46,9 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline import bind_pipeline, with_batches
+from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
-from orchestrator.runtime.routing.tensors import RouterSpec, callee_max_batch, router_spec
+from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import cpu_outputs
 
@@ -84,9 +84,15 @@ class PipelineRouter:
             bound = bind_pipeline(policy.pipeline, self.spec)
         except PolicyError as exc:
             raise ValueError(f"router: invalid pipeline policy: {exc}") from None
-        sizes = {s.model: callee_max_batch(repository, s.model) for s in bound.step_nodes() if s.max_batch_size is None}
-        self.pipeline = with_batches(bound, sizes)
+        callees = {s.model: callee_config(repository, s.model) for s in bound.step_nodes()}
+        for s in bound.step_nodes():
+            callee = callees[s.model]
+            if callee is not None and callee.decoupled:
+                raise ValueError(f"router: invalid pipeline policy: {s.where}: model '{s.model}' is decoupled "
+                                 "(model_transaction_policy); a pipeline step needs exactly one response per request")
+        self.pipeline = with_batches(bound, {m: None if c is None else c.max_batch_size for m, c in callees.items()})
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
+        self.exports = switch_exports(self.pipeline)
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
         self.warmups_left = warmups
@@ -99,9 +105,8 @@ class PipelineRouter:
         self.loop.close()
 
     def describe(self) -> str:
-        """The pipeline in one line per step, for the load log."""
-        parts = [f"{s.name}={s.target}(max_batch_size={s.max_batch_size})" for s in self.pipeline.step_nodes()]
-        return f"pipeline: outputs {list(self.pipeline.outputs)}; steps {', '.join(parts)}"
+        """The pipeline as a text tree, for the load log."""
+        return describe_pipeline(self.pipeline)
 
     # -- requests
 
@@ -140,7 +145,8 @@ class PipelineRouter:
         forward = {k: v for k, v in params.items() if isinstance(v, (bool, int, str))}
         timeout_us = int(request.timeout() or 0)
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
-                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled)
+                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled,
+                   requested=tuple(request.requested_output_names()))
 
     def respond(self, req: Req) -> Any:
         """The response of a request the pipeline ran (its error, or its outputs in order)."""
@@ -149,8 +155,8 @@ class PipelineRouter:
         tensors = []
         for name in self.pipeline.outputs:
             array = req.tensors.get(name)
-            if array is None:
-                continue  # no node produced it: left out, as an ensemble does
+            if array is None or (req.requested and name not in req.requested):
+                continue  # no node produced it (left out, as an ensemble does), or not asked for
             spec = self.spec.output(name)
             if (self.spec.max_batch_size == 0 and name in req.batched and spec is not None
                     and array.ndim == len(spec.dims) + 1 and array.shape[0] == 1):
@@ -237,7 +243,7 @@ class PipelineRouter:
                 responses[k] = self.fail(exc)
         observe_stage(self.metrics, "parse", began)
         run = PipelineRun(self.pipeline.steps, self.spec, self.downstream.call_step, self.clock, self.metrics,
-                          self.fills, self.plans)
+                          self.fills, self.plans, self.exports)
         try:
             await run.run(list(reqs.values()))
         except Exception as exc:  # a bug fails these requests, never the instance

@@ -11,6 +11,10 @@ Same inputs and outputs as ``ensemble`` plus ``ROUTE``, so a client switches by 
     POLICY         TYPE_STRING [N, 1]  optional: the policy as JSON, only for requests with
                                        the parameter ``describe_policy: true``
 
+A policy with the top-level key ``pipeline`` (a tensor pipeline: any ensemble's steps, with
+conditions) is served by ``serving.pipeline.PipelineRouter`` instead: its inputs and outputs
+are the router's config's, whatever they are (``initialize`` decides; nothing below applies).
+
 What happens to each text is decided by the routing policy (``orchestrator.runtime.routing.policy``;
 node kinds in ``orchestrator.runtime.routing.nodes``), a YAML file in the model directory named by
 the config parameter ``policy``. The shipped policy (``model_repository/router/policy.yaml``)

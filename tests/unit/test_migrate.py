@@ -193,7 +193,7 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     assert "pipeline.outputs[2]: 'nope' is not an output of router 'r'" in err
     assert "pipeline.steps[0].inputs.bogus: 'one' has no input 'bogus'" in err
     assert "pipeline.steps[1].version: version 7 of 'one' is not served" in err
-    assert "pipeline.steps[2].model: model 'gone' is not in" in err
+    assert "model 'gone' is not in the model repository" in err
 
 
 def test_a_reshape_the_router_cannot_express_is_refused(tmp_path):

@@ -219,3 +219,13 @@ def test_a_batched_tensor_into_a_model_without_batching_is_refused(tmp_path):
     with pytest.raises(MigrateError, match=r"step 2 \(inner\): tensor 't1' comes with a batch dimension from a "
                                            r"batching step and does not fit input 'x' dims \[16\]: Triton strips it"):
         plan_migration(ens, "r", config_name=None)
+
+
+def test_the_guides_before_block_is_the_shipped_ensemble():
+    (before,) = [b for b in _blocks("") if b.startswith('name: "ensemble"')]
+    config = read_config(REPO / "ensemble" / "config.pbtxt")
+    dtype = model_config_pb2.DataType.Name
+    for io in [*config.input, *config.output]:
+        assert f"{io.name} ({dtype(io.data_type)} [{', '.join(map(str, io.dims))}]" in before, io.name
+    assert f"max_batch_size: {config.max_batch_size}" in before
+    assert f"step [ {', '.join(s.model_name for s in config.ensemble_scheduling.step)} ]" in before

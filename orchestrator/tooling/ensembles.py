@@ -147,6 +147,11 @@ def _check_dependencies(model: RepoModel, repo: Repository, stack: List[str]) ->
                 missing.append(step.model_name)
         elif sub.is_ensemble:
             _check_dependencies(sub, repo, stack)
+    autofilled = [m for m in missing if (repo.root / m).is_dir()]
+    if autofilled:
+        raise EnsembleError(f"model '{autofilled[0]}' of ensemble '{model.config.name}' has no configuration file in "
+                            f"{repo.root / autofilled[0]}: Triton may fill one in from the model file, migrate needs "
+                            "it written (the server's: GET /v2/models/<model>/config, as config.pbtxt)")
     if missing:
         raise EnsembleError(f"ensemble {model.config.name} contains models that are not available or ambiguous: "
                             f"{', '.join(missing)}")

@@ -333,3 +333,12 @@ def test_an_unmapped_optional_input_is_allowed(tmp_path):
     step(config, 1).output_map.pop("output2")
     build(tmp_path, config, {"join": optional})
     assert check_ensemble("ens", Repository(tmp_path)).name == "ens"
+
+
+def test_a_step_model_without_a_configuration_file_is_named(tmp_path, capsys):
+    """Triton can fill in some models' configurations from the model file; migrate needs the
+    file, and says so instead of calling the model missing."""
+    ens = build(tmp_path, parse_config(ENSEMBLE))
+    (tmp_path / "split" / "config.pbtxt").unlink()
+    assert main(["migrate", str(ens), "--name", "r", "--repo", str(tmp_path), "--model-config-name", ""]) == 1
+    assert "model 'split' of ensemble 'ens' has no configuration file" in capsys.readouterr().err

@@ -212,6 +212,11 @@ def make_pipeline_repository(repo: Path) -> Path:
                                               TYPED_OUT[2:]), BODIES["labeler"])
     write_router(repo, "typed_fallback", config("typed_fallback", 8, TYPED_IN, TYPED_OUT),
                  policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(TYPED_STEPS[1], fallback=["labeler_spare"])]))
+    write_router(repo, "typed_on_demand", config("typed_on_demand", 8, TYPED_IN, TYPED_OUT),
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [TYPED_STEPS[0], dict(
+                     TYPED_STEPS[1], model="labeler_lazy", on_demand={"idle_timeout_s": 0.3, "retry_after_s": 60})]))
+    write_model(repo, "labeler_lazy", config("labeler_lazy", 8, [tensor("CODE", "TYPE_INT8", [1]), tensor("NAME", "TYPE_STRING", [1])],
+                                             TYPED_OUT[2:]), BODIES["labeler"])
     admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
     admitted["admission"] = {"max_wait_ms": 50}
     write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
@@ -225,11 +230,12 @@ def make_pipeline_repository(repo: Path) -> Path:
     (repo / "flat_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "flat_ensemble" / "config.pbtxt").write_text(ensemble("flat_ensemble", 0, FLAT_IN, FLAT_OUT, flat_steps))
     # max_batch_size 0 around a batching model: add_batch_dim in, stripped out where the dims lack it
-    unbatched_in = [tensor("X", "TYPE_FP16", [-1]), tensor("FLAGS", "TYPE_BOOL", [2])]
-    unbatched_out = [tensor("Y", "TYPE_FP16", [-1]), tensor("CODE", "TYPE_INT8", [1, 1])]
-    unbatched_steps = [step("mixer", {"X": "X", "FLAGS": "FLAGS"}, {"Y": "Y", "CODE": "CODE"})]
+    unbatched_in = [tensor("X", "TYPE_FP16", [-1]), tensor("FLAGS", "TYPE_BOOL", [2]), tensor("NAME", "TYPE_STRING", [1])]
+    unbatched_out = [tensor("Y", "TYPE_FP16", [-1]), tensor("CODE", "TYPE_INT8", [1, 1]), tensor("LABEL", "TYPE_STRING", [1]),
+                     tensor("ECHO", "TYPE_BOOL", [1, 1])]
+    unbatched_steps = TYPED_STEPS
     write_router(repo, "unbatched", config("unbatched", 0, unbatched_in, unbatched_out),
-                 policy(["Y", "CODE"], [dict(unbatched_steps[0], add_batch_dim=True)]))
+                 policy(["Y", "CODE", "LABEL", "ECHO"], [dict(s, add_batch_dim=True) for s in unbatched_steps]))
     (repo / "unbatched_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "unbatched_ensemble" / "config.pbtxt").write_text(
         ensemble("unbatched_ensemble", 0, unbatched_in, unbatched_out, unbatched_steps))
@@ -274,6 +280,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 
 #: Every model directory ``make_pipeline_repository`` writes.
-MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
+MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_on_demand", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
           "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
           *RECOGNIZERS, "one_of_n"]

@@ -68,12 +68,22 @@ def test_max_batch_size_zero_router_answers_as_its_ensemble(mock):
     same(mock.infer("flat_router", {"V": v}), mock.infer("flat_ensemble", {"V": v}))
 
 
+def unbatched_inputs():
+    name = np.empty(1, dtype=object)
+    name[0] = b"Q\x00"
+    return {"X": np.array([1.5, -2.0, 0.25], dtype=np.float16), "FLAGS": np.array([True, True]), "NAME": name}
+
+
 def test_add_batch_dim_gives_the_batching_model_a_batch_of_one_and_strips_it_where_dims_lack_it(mock):
-    x = np.array([1.5, -2.0, 0.25], dtype=np.float16)
-    out = mock.infer("unbatched", {"X": x, "FLAGS": np.array([True, True])})
-    assert out["Y"].shape == (3,) and out["Y"].dtype == np.float16
-    assert out["Y"].tobytes() == (x * np.float16(2)).tobytes()
-    assert out["CODE"].shape == (1, 1) and out["CODE"].dtype == np.int8 and int(out["CODE"][0, 0]) == 2
+    inputs = unbatched_inputs()
+    mock.reset_calls()
+    out = mock.infer("unbatched", inputs)
+    assert mock.calls_to("mixer") == [(1,)] and mock.calls_to("labeler") == [(1,)]
+    assert out["Y"].shape == (3,) and out["Y"].dtype == np.float16  # [1, 3] from mixer; dims [-1]: stripped
+    assert out["Y"].tobytes() == (inputs["X"] * np.float16(2)).tobytes()
+    assert out["CODE"].shape == (1, 1) and out["CODE"].dtype == np.int8 and int(out["CODE"][0, 0]) == 2  # dims [1, 1]: kept
+    assert out["LABEL"].shape == (1,) and bytes(out["LABEL"][0]) == b"Q\x00:2"
+    assert out["ECHO"].shape == (1, 1) and out["ECHO"].dtype == np.bool_
 
 
 def test_bad_input_is_that_requests_error_naming_the_input(mock):
@@ -249,3 +259,13 @@ def test_a_step_falls_back_to_its_next_model_when_its_call_fails(mock):
     mock.fail_next("labeler", "boom", count=1)
     same(mock.infer("typed_fallback", inputs), mock.infer("typed_ensemble", inputs))
     assert mock.calls_to("labeler_spare") == [(2,)]
+
+
+def test_an_on_demand_step_model_is_loaded_at_first_use_and_unloaded_when_idle(mock):
+    assert not mock.is_model_ready("labeler_lazy")  # not in MODELS: never loaded by the test
+    inputs = typed_inputs(2, 3)
+    same(mock.infer("typed_on_demand", inputs), mock.infer("typed_ensemble", inputs))
+    deadline = time.monotonic() + 10
+    while mock.is_model_ready("labeler_lazy") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not mock.is_model_ready("labeler_lazy")

@@ -17,7 +17,7 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from orchestrator.testing.mock import MockTriton
 from orchestrator.tooling import prometheus
-from tests.mock.test_pipeline_mock import img, same, typed_inputs
+from tests.mock.test_pipeline_mock import img, same, typed_inputs, unbatched_inputs
 from tests.pipeline_repo import CLASSES, MODELS, RECOGNIZERS, make_pipeline_repository
 
 pytestmark = pytest.mark.server
@@ -94,9 +94,11 @@ def test_max_batch_size_zero_routers_answer_as_their_ensembles(server, mock):
     v = np.array([0.5, -1.0, 2.25])
     same(infer(server, "flat_router", {"V": v}), infer(server, "flat_ensemble", {"V": v}))
     same(infer(server, "flat_router", {"V": v}), mock.infer("flat_router", {"V": v}))
-    x = {"X": np.array([1.5, -2.0, 0.25], dtype=np.float16), "FLAGS": np.array([True, False])}
+    x = unbatched_inputs()
     got = infer(server, "unbatched", x)
-    same(got, infer(server, "unbatched_ensemble", x))  # Triton's ReshapeTensorDims: Y [3], CODE [1, 1]
+    # Triton's ReshapeTensorDims: Y [3], CODE [1, 1], LABEL [1], ECHO [1, 1]; FP16, INT8, BYTES, BOOL
+    same(got, infer(server, "unbatched_ensemble", x))
+    assert set(got) == {"Y", "CODE", "LABEL", "ECHO"}
     same(got, mock.infer("unbatched", x))
 
 
@@ -199,3 +201,9 @@ def test_only_the_requested_outputs_are_answered_as_by_the_ensemble(server, mock
     assert set(got) == {"LABEL", "Y"}
     same(got, infer(server, "typed_ensemble", inputs, outputs=["LABEL", "Y"]))
     same(got, mock.infer("typed", inputs, outputs=["LABEL", "Y"]))
+
+
+def test_an_on_demand_step_model_is_loaded_at_first_use(server):
+    assert not server.client().is_model_ready("labeler_lazy")
+    inputs = typed_inputs(2, 3)
+    same(infer(server, "typed_on_demand", inputs), infer(server, "typed_ensemble", inputs))

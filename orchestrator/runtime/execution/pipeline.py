@@ -143,13 +143,16 @@ class PipelineRun:
         fills: switch name -> its fill rows (``routing.pipeline.fill_rows``), made once at load.
         plans: node list id -> its generations, made once at load.
         exports: switch name -> the tensors it puts back (``routing.pipeline.switch_exports``).
+        models: the on-demand model manager (``bls.ondemand.ModelManager``; None: no step is
+            loaded on demand): a step's ``on_demand`` model is loaded before its call.
     """
 
     def __init__(self, steps: Sequence[PNode], router: RouterSpec, call: CallFn, clock: Callable[[], float],
                  metrics: Optional[Metrics], fills: Dict[str, Dict[str, NDArray[Any]]],
-                 plans: Dict[int, List[List[PNode]]], exports: Dict[str, Tuple[str, ...]]):
+                 plans: Dict[int, List[List[PNode]]], exports: Dict[str, Tuple[str, ...]], models: Any = None):
         self.steps, self.router, self.call, self.clock = steps, router, call, clock
         self.metrics, self.fills, self.plans, self.exports = metrics, fills, plans, exports
+        self.models = models
         self.batching = router.max_batch_size > 0
 
     async def run(self, reqs: Sequence[Req]) -> None:
@@ -228,7 +231,7 @@ class PipelineRun:
         if retry:  # each request of a failed merged call alone: only those that fail get the error
             await self.run_step(step, list(retry.values()), separate=True)
         if fallback:  # the next model, for the requests whose call failed
-            nxt = replace(step, model=step.fallback[0], version=-1, fallback=step.fallback[1:], max_batch_size=0)
+            nxt = replace(step, model=step.fallback[0], version=-1, fallback=step.fallback[1:], max_batch_size=0, on_demand=None)
             await self.run_step(nxt, list(fallback.values()), separate=True)
         for v in views:  # a view retried or passed to the fallback was stored there, whole
             if id(v) in pieces and v.req.error is None and id(v) not in retry and id(v) not in fallback:
@@ -315,6 +318,13 @@ class PipelineRun:
         if self.metrics is not None:
             self.metrics.inc("orchestrator_step_rows_total", sum(b - a for _, a, b in segments), node=step.name, model=step.target)
         outputs = [name for name, _ in step.outputs]
+        if step.on_demand is not None and self.models is not None:
+            await self.models.acquire(step.model)  # UnavailableError (NOT_LOADED) when its load failed
+            try:
+                return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options,
+                                       outputs, len(reqs) > 1)
+            finally:
+                self.models.release(step.model)
         return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs,
                                len(reqs) > 1)
 

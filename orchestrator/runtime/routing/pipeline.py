@@ -43,6 +43,7 @@ import numpy as np
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.routing import schema as S
 from orchestrator.runtime.routing.conditions import Cond, check_literals, read_condition
+from orchestrator.runtime.routing.nodes.model import ON_DEMAND, OnDemand
 from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
 
 __all__ = [
@@ -73,6 +74,7 @@ class Step:
         where: its location in the policy.
         fallback: models tried in turn, with the same inputs and outputs, for the requests
             whose call to ``model`` failed (its error, or its circuit open).
+        on_demand: load ``model`` on first use and unload it when idle (None: always loaded).
     """
 
     name: str
@@ -86,6 +88,7 @@ class Step:
     where: str = ""
     kind: str = "step"
     fallback: Tuple[str, ...] = ()
+    on_demand: Optional[OnDemand] = None
 
     @property
     def target(self) -> str:
@@ -298,6 +301,8 @@ STEP = S.Struct("pipeline.step", [
           computed="the model's `max_batch_size` from its config.pbtxt, else one call per request"),
     S.Key("fallback", S.Strings(1), "models tried in turn, with the same `inputs` and `outputs`, for the requests "
           "whose call failed (an error, or the model's circuit open)"),
+    S.Key("on_demand", S.TrueOr(ON_DEMAND), "load the model on first use and unload it when idle (needs "
+          "`--model-control-mode=explicit`)"),
     S.Key("when", _CondType(), "run the step only for the rows (or requests) where this holds"),
 ] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
 
@@ -366,7 +371,8 @@ def _read_node(value: Any, where: str, names: _Names) -> PNode:
     v = STEP.read(value, where, names)
     step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
                 -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
-                bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()))
+                bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()),
+                on_demand=v["on_demand"])
     if v["when"] is None:
         if v["scope"] is not None or v["fill"] is not None or v["omit"] is not None:
             raise PolicyError(f"{where}: scope, fill and omit go with `when`")

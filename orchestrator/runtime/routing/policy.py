@@ -293,8 +293,12 @@ class PipelinePolicy:
         return self.pipeline.models()
 
     def on_demand(self) -> Dict[str, OnDemand]:
-        """Pipeline steps are never loaded on demand."""
-        return {}
+        """Step models marked ``on_demand``, with their settings (the first mention wins)."""
+        out: Dict[str, OnDemand] = {}
+        for s in self.pipeline.step_nodes():
+            if s.on_demand is not None:
+                out.setdefault(s.model, s.on_demand)
+        return out
 
     def tokenizers(self) -> List[str]:
         """A pipeline has no tokenizer models of its own."""

@@ -243,7 +243,7 @@ class PipelineRouter:
                 responses[k] = self.fail(exc)
         observe_stage(self.metrics, "parse", began)
         run = PipelineRun(self.pipeline.steps, self.spec, self.downstream.call_step, self.clock, self.metrics,
-                          self.fills, self.plans, self.exports)
+                          self.fills, self.plans, self.exports, self.downstream.models if self.downstream.models.enabled else None)
         try:
             await run.run(list(reqs.values()))
         except Exception as exc:  # a bug fails these requests, never the instance

@@ -67,3 +67,47 @@ def test_the_report_says_when_anything_differs():
     assert "  B: largest difference 0.25, DIFFERENT" in report.text()
     assert report.text().endswith("the router's answers differ from the ensemble's")
     assert not Report("e", "r", 1, {"A": OutputStats()}, ["request 0: outputs ensemble ['A'], router []"]).identical
+
+
+class FakeProbe:
+    """Stands in for :class:`Probe`: a live ensemble answering ``order``, a comparison
+    finding ``identical``."""
+
+    order = ["prob"]
+    identical = True
+    compared = []
+
+    def __init__(self, url, protocol, ensemble, requests, batch_size, seed):
+        self.ensemble = ensemble
+
+    def ensemble_order(self):
+        return list(self.order)
+
+    def compare(self, router):
+        FakeProbe.compared.append(router)
+        stats = OutputStats(identical=self.identical, max_diff=0.0 if self.identical else 0.5)
+        return Report(self.ensemble.name, router, 2, {name: stats for name in self.order})
+
+
+def test_check_uses_the_live_order_and_fails_on_a_difference(tmp_path, capsys, monkeypatch):
+    from orchestrator.tooling import migrate_check
+    from orchestrator.tooling.cli import main
+    from tests.unit.test_migrate import INNER, NO_BATCH, UNBATCHED
+
+    ens = build(tmp_path, parse_config(NO_BATCH), {"inner": INNER, "unbatched": UNBATCHED})
+    (ens / "labels.txt").write_text("a\n")
+    monkeypatch.setattr(migrate_check, "Probe", FakeProbe)
+    monkeypatch.setattr(FakeProbe, "compared", [])
+    monkeypatch.setattr(FakeProbe, "order", ["prob", "aux"])  # the rule says aux, prob
+    code = main(["migrate", str(ens), "--name", "r1", "--repo", str(tmp_path), "--model-config-name", "",
+                 "--check", "127.0.0.1:1"])
+    out = capsys.readouterr().out
+    assert code == 0 and FakeProbe.compared == ["r1"]
+    assert "the live ensemble answers prob, aux (the rule gave aux, prob): using the live order" in out
+    import yaml
+
+    assert yaml.safe_load((tmp_path / "r1" / "policy.yaml").read_text())["pipeline"]["outputs"] == ["prob", "aux"]
+    monkeypatch.setattr(FakeProbe, "identical", False)
+    assert main(["migrate", str(ens), "--name", "r2", "--repo", str(tmp_path), "--model-config-name", "",
+                 "--check", "127.0.0.1:1"]) == 1
+    assert "DIFFERENT" in capsys.readouterr().out

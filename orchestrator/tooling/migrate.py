@@ -14,9 +14,9 @@ made a router model.
 
    - ``config.pbtxt``: ``backend: "python"``, the ensemble's ``max_batch_size``, inputs,
      outputs (names, data types, dims, reshape, optional, label files), ``version_policy``
-     and ``parameters``, one ``KIND_CPU`` instance, the parameter ``policy: policy.yaml``,
-     and ``dynamic_batching {}`` where ``max_batch_size`` > 0 (the requests waiting for the
-     one instance go to it together; their rows reach each step's model in one BLS call);
+     and ``parameters``, one ``KIND_CPU`` instance, the parameter ``policy: policy.yaml``;
+     no ``dynamic_batching`` (an ensemble never merges requests; add it to let one execute
+     serve several requests);
    - one version directory per version directory of the ensemble, each with the one-line
      ``model.py`` of every router;
    - the label files the outputs name, copied;
@@ -169,10 +169,6 @@ def router_config(ensemble: ModelConfig, name: str) -> ModelConfig:
     for key in ensemble.parameters:
         config.parameters[key].CopyFrom(ensemble.parameters[key])
     config.parameters["policy"].string_value = POLICY_FILE
-    if ensemble.max_batch_size > 0:
-        # one Python-backend instance runs one execute at a time: without the batcher,
-        # concurrent requests would wait for each other where the ensemble runs them side by side
-        config.dynamic_batching.SetInParent()
     group = config.instance_group.add()
     group.count = 1
     group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU

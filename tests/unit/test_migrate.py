@@ -57,7 +57,7 @@ def test_the_router_keeps_the_ensembles_interface(nested, tmp_path):
     assert config.parameters["team"].string_value == "vision"
     assert config.parameters["policy"].string_value == "policy.yaml"
     assert [(g.kind, g.count) for g in config.instance_group] == [(model_config_pb2.ModelInstanceGroup.KIND_CPU, 1)]
-    assert not config.HasField("dynamic_batching")  # max_batch_size 0: nothing to batch
+    assert not config.HasField("dynamic_batching")  # an ensemble never merges requests
     assert sorted(p.name for p in router.iterdir()) == ["1", "3", "config.pbtxt", "labels.txt", "policy.yaml"]
     assert (router / "1" / "model.py").read_text() == (router / "3" / "model.py").read_text() == MODEL_PY
     assert (router / "labels.txt").read_text() == "a\nb\n"
@@ -84,7 +84,6 @@ def test_a_batching_router_adds_no_batch_dimension(tmp_path):
     assert [s["name"] for s in migration.policy["pipeline"]["steps"]] == ["one", "split", "join"]
     assert not any("add_batch_dim" in s for s in migration.policy["pipeline"]["steps"])
     assert migration.config.max_batch_size == 4
-    assert migration.config.HasField("dynamic_batching")  # concurrent requests share an execute
 
 
 def test_the_written_policy_reads_back(nested, tmp_path):

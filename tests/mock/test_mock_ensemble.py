@@ -115,6 +115,19 @@ CONFIGS["many_out"] = (
     + " ".join(f'output_map {{ key: "{n}" value: "{n}" }}' for n in MANY) + " } ] }", None)
 
 
+PLUS_ONE_IO = ('input [{ name: "X" data_type: TYPE_FP32 dims: [16] }] '
+               'output [{ name: "Y" data_type: TYPE_FP32 dims: [16] }] ')
+# a batching model's [1, 16] answer reaches a model without batching as [16] (Triton strips it)
+CONFIGS["b4"] = ('name: "b4" backend: "python" max_batch_size: 4 ' + PLUS_ONE_IO + 'instance_group [{ kind: KIND_CPU }]',
+                 PLUS_ONE)
+CONFIGS["nb"] = ('name: "nb" backend: "python" max_batch_size: 0 ' + PLUS_ONE_IO + 'instance_group [{ kind: KIND_CPU }]',
+                 PLUS_ONE)
+CONFIGS["strip"] = ('name: "strip" platform: "ensemble" max_batch_size: 0 ' + PLUS_ONE_IO.replace('"Y"', '"OUT"')
+                    + 'ensemble_scheduling { step [ { model_name: "b4" model_version: -1 input_map { key: "X" '
+                    'value: "X" } output_map { key: "Y" value: "T" } }, { model_name: "nb" model_version: -1 '
+                    'input_map { key: "X" value: "T" } output_map { key: "Y" value: "OUT" } } ] }', None)
+
+
 def write_repository(dest: Path) -> Path:
     """The models of these tests in ``dest`` (also served by the real server in
     tests/server/test_migrate_server.py)."""
@@ -160,6 +173,13 @@ def test_twenty_outputs_come_in_triton_order(repo):
         out = mock.infer("many_out", {"X": np.array([1.0], np.float32)})
         assert list(out) == response_order(MANY_ORDER)
         assert list(out)[:4] == ["OUT_fifteen", "OUT_fourteen", "OUT_one", "OUT_six"]  # seen on Triton 2.51
+
+
+def test_a_batch_dimension_is_stripped_into_a_model_without_batching(repo):
+    with MockTriton(repo) as mock:
+        mock.load("strip")
+        out = mock.infer("strip", {"X": np.zeros(16, np.float32)})
+        assert out["OUT"].shape == (16,) and out["OUT"][0] == 2.0
 
 
 def test_an_output_no_step_produced_is_left_out(repo):

@@ -49,7 +49,7 @@ def infer(server, protocol, model, inputs, outputs=None, parameters=None):
 @pytest.fixture(scope="module")
 def ensembles(tmp_path_factory):
     repo = write_repository(tmp_path_factory.mktemp("ensembles"))
-    with TritonServer(repo, models=["fan", "many_out"]) as server:
+    with TritonServer(repo, models=["fan", "many_out", "strip"]) as server:
         yield server, repo
 
 
@@ -77,6 +77,10 @@ def test_the_mock_answers_as_triton(ensembles):
             for name, value in real:
                 assert (value.dtype, value.shape, value.tobytes()) == (
                     mocked[name].dtype, mocked[name].shape, mocked[name].tobytes()), (parameters, name)
+        mock.load("strip")
+        x16 = {"X": np.arange(16, dtype=np.float32)}
+        real, mocked = infer(server, "grpc", "strip", x16), mock.infer("strip", x16)
+        assert [(n, v.shape, v.tobytes()) for n, v in real] == [(n, v.shape, v.tobytes()) for n, v in mocked.items()]
         with pytest.raises(InferenceServerException, match="expected 1 inputs but got 0 inputs") as real_error:
             infer(server, "http", "fan", {"X": x}, None, {"skip_b": True})
         with pytest.raises(InferError, match="expected 1 inputs but got 0 inputs"):

@@ -217,10 +217,12 @@ def run_ensemble(
     server's validation and execution. Step errors come back with stage ``"exec"`` (a
     client sees the composing model's message as is).
     """
-    tensors: Dict[str, tuple] = {name: (dtype, array) for name, dtype, array in req.inputs}
+    ens_batching = ensemble.config.get("max_batch_size", 0) > 0
+    # tensor -> (dtype, array, the batch size it came with: 0 from what does not batch)
+    tensors: Dict[str, tuple] = {name: (dtype, array, _batch(array, ens_batching))
+                                 for name, dtype, array in req.inputs}
     order = response_order(list(ensemble.outputs))
     wanted = [name for name in order if not req.requested or name in req.requested]
-    no_batch = ensemble.config.get("max_batch_size", 0) == 0
     for step in _needed_steps(ensemble.steps, wanted):
         sub = lookup(step.model_name, step.model_version)
         if sub is None or not sub.ready:
@@ -228,22 +230,29 @@ def run_ensemble(
                 f"Request for unknown model: '{step.model_name}' has no available versions",
                 ErrorCode.NOT_FOUND, "exec",
             )
-        reshape = no_batch and sub.config.get("max_batch_size", 0) > 0
+        batching = sub.config.get("max_batch_size", 0) > 0
         # an input no step produced is not sent: the model's own validation answers
-        sub_req = req.derived(
-            [(k, tensors[v][0], _to_step(tensors[v][1], sub.inputs.get(k), reshape))
-             for k, v in step.input_map.items() if v in tensors],
-            list(step.output_map.keys()),
-        )
+        inputs = [(k, tensors[v][0], _reshape(tensors[v][1], _config_dims(sub.inputs.get(k), False), batching,
+                                              tensors[v][2])) for k, v in step.input_map.items() if v in tensors]
+        sub_req = req.derived(inputs, list(step.output_map.keys()))
         result = run(sub, [sub_req])[0]
         if isinstance(result, Err):
             return Err(result.message, result.code, "exec")
         produced = {name: (dtype, array) for name, dtype, array in result.outputs}
+        size = _batch(inputs[0][2], batching) if inputs else 0
         for model_output, tensor in step.output_map.items():
             if model_output in produced:  # else: Triton logs "did not output tensor" and goes on
                 dtype, array = produced[model_output]
-                tensors[tensor] = (dtype, _from_step(array, ensemble.outputs.get(tensor), reshape))
-    return Ok([(name, tensors[name][0], tensors[name][1]) for name in wanted if name in tensors])
+                tensors[tensor] = (dtype, array, size)
+    return Ok([(name, tensors[name][0], _reshape(tensors[name][1], _config_dims(ensemble.outputs.get(name), True),
+                                                 ens_batching, tensors[name][2]))
+               for name in wanted if name in tensors])
+
+
+def _batch(array, batching: bool) -> int:
+    """The batch size a tensor carries: its first dimension where it comes from (or goes
+    through) something that batches, else 0."""
+    return int(array.shape[0]) if batching and getattr(array, "ndim", 0) >= 1 else 0
 
 
 def _needed_steps(steps: List[Step], wanted: List[str]) -> List[Step]:
@@ -257,10 +266,12 @@ def _needed_steps(steps: List[Step], wanted: List[str]) -> List[Step]:
     return keep[::-1]
 
 
-def _dims(config: Optional[dict]) -> Optional[List[int]]:
+def _config_dims(config: Optional[dict], reshaped: bool) -> Optional[List[int]]:
+    """A config entry's dims (``reshaped``: its ``reshape`` where it has one, as Triton keeps
+    an ensemble output's expected shape)."""
     if config is None:
         return None
-    reshape = config.get("reshape")
+    reshape = config.get("reshape") if reshaped else None
     return [int(d) for d in (reshape["shape"] if reshape else config.get("dims", []))]
 
 
@@ -268,20 +279,15 @@ def _matches(shape, dims: List[int]) -> bool:
     return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
 
 
-def _to_step(array, config: Optional[dict], reshape: bool):
-    """``ReshapeTensorDims`` going into a batching step of an ensemble without batching:
-    a tensor whose shape is the step input's per-row dims gets a batch dimension of 1."""
-    dims = None if config is None else [int(d) for d in config.get("dims", [])]
-    if reshape and dims is not None and hasattr(array, "shape") and _matches(array.shape, dims):
-        return array.reshape((1, *array.shape))
-    return array
-
-
-def _from_step(array, config: Optional[dict], reshape: bool):
-    """Coming back from a batching step into an ensemble output without batching: a batch-1
-    result whose shape is not the output's declared dims loses its batch dimension."""
-    dims = _dims(config)
-    if (reshape and dims is not None and hasattr(array, "shape") and array.ndim >= 1 and array.shape[0] == 1
-            and not _matches(array.shape, dims)):
+def _reshape(array, dims: Optional[List[int]], batching: bool, batch_size: int):
+    """Triton's ``ReshapeTensorDims`` (core ``ensemble_scheduler.cc``): only where one side
+    batches and the other does not. Into something that batches, a tensor whose shape is the
+    per-row ``dims`` gets a batch dimension of 1; into something that does not, a tensor of
+    batch size 1 whose shape is not ``dims`` loses its batch dimension."""
+    if dims is None or not hasattr(array, "shape") or batching == (batch_size != 0):
+        return array
+    if batching:
+        return array.reshape((1, *array.shape)) if _matches(array.shape, dims) else array
+    if batch_size == 1 and not _matches(array.shape, dims):
         return array.reshape(array.shape[1:])
     return array

@@ -16,9 +16,11 @@ The response, as Triton 2.51's ensemble scheduler builds it (core
 - an output no step produced is left out of the response (no error); a later step reading
   such a tensor gets no input of that name, and the composing model's own validation
   answers (a non-optional input: its "missing required input" error);
-- with ``max_batch_size: 0`` and a batching step (``ReshapeTensorDims``): an input whose
-  shape is the step's per-row dims gets a batch dimension of 1 prepended, and a batch-1
-  output whose shape does not match the ensemble's declared dims loses it;
+- where a tensor goes between something that batches and something that does not
+  (``ReshapeTensorDims``, for step inputs and the ensemble's outputs): into a batching model,
+  a tensor whose shape is the per-row dims gets a batch dimension of 1; into a model or an
+  ensemble output without batching, a tensor of batch size 1 whose shape is not the dims
+  loses its batch dimension;
 - the outputs come in the order of :func:`response_order`: Triton builds the response by
   iterating a ``std::unordered_map`` of the configuration's outputs, so its order is the
   iteration order of libstdc++'s hash table after inserting the outputs in configuration

@@ -61,7 +61,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 import yaml
 
 from orchestrator.runtime.routing.heads import HeadError, repository_heads
-from orchestrator.runtime.routing.policy import PolicyError, bind_heads, load_policy
+from orchestrator.runtime.routing.policy import PipelinePolicy, PolicyError, bind_heads, load_any
 from orchestrator.tooling import cves, frontdoor
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.kserve_pod import predictor_pod
@@ -126,12 +126,12 @@ def always_on_models(repo: Path = MODEL_REPOSITORY, routers: Optional[Sequence[s
 def router_policy(repo: Path, router: str):
     """The policy a router model reads: its config's parameter ``policy`` (default
     ``policy.yaml``) relative to its model directory, bound to the repository's heads as
-    the router binds it (so the tokenizer models its models name are known). Raises
-    DeployError."""
+    the router binds it (so its models' tokenizer models are known); a pipeline as parsed.
+    Raises DeployError."""
     try:
         config = read_config(Path(repo) / router / "config.pbtxt")
-        policy = load_policy(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
-        return bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
+        policy = load_any(Path(repo) / router / (get_parameter(config, "policy") or "policy.yaml"))
+        return policy if isinstance(policy, PipelinePolicy) else bind_heads(policy, repository_heads(repo, [n.model for n in policy.model_nodes()]))
     except (ConfigError, PolicyError, HeadError, OSError) as exc:
         raise DeployError(f"router {router!r}: {exc}") from None
 

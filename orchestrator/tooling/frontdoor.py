@@ -57,7 +57,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from orchestrator.runtime.routing.policy import PolicyError, load_policy
+from orchestrator.runtime.routing.policy import PolicyError, load_any
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.paths import PROJECT_ROOT
 from orchestrator.tooling.repository import get_parameter, read_config
@@ -417,7 +417,7 @@ def max_request_bytes(repo: Path, router: str) -> int:
     ``policy``, default ``policy.yaml``)."""
     try:
         name = get_parameter(read_config(Path(repo) / router / "config.pbtxt"), "policy") or "policy.yaml"
-        return load_policy(Path(repo) / router / name).limits.max_request_bytes
+        return load_any(Path(repo) / router / name).limits.max_request_bytes
     except (ConfigError, PolicyError, OSError) as exc:
         raise FrontDoorError(f"router {router!r}: {exc}") from None
 

@@ -269,3 +269,32 @@ def test_an_on_demand_step_model_is_loaded_at_first_use_and_unloaded_when_idle(m
     while mock.is_model_ready("labeler_lazy") and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not mock.is_model_ready("labeler_lazy")
+
+
+@pytest.mark.parametrize("release", ["24.10", "26.08"])
+def test_a_pipeline_router_is_not_ready_while_a_step_model_is_missing_where_the_server_asks(tmp_path, release):
+    repo = make_pipeline_repository(tmp_path / "repo")
+    with MockTriton(repo, model_config_name=None, release=release) as m:
+        for name in ("mixer", "labeler", "labeler_lazy", "typed", "typed_on_demand"):
+            m.load(name)
+        assert m.is_model_ready("typed")
+        m.unload("labeler")
+        assert m.is_model_ready("typed") is (release == "24.10")
+        m.unload("labeler_lazy")  # loaded on demand: not required
+        assert m.is_model_ready("typed_on_demand")
+
+
+def test_a_step_may_pin_its_model_version(tmp_path):
+    from tests.pipeline_repo import TYPED_IN, TYPED_OUT, TYPED_STEPS, config, policy, write_router
+
+    repo = make_pipeline_repository(tmp_path / "repo")
+    steps = [TYPED_STEPS[0], dict(TYPED_STEPS[1], version=1)]
+    write_router(repo, "typed_pinned", config("typed_pinned", 8, TYPED_IN, TYPED_OUT), policy(["Y", "CODE", "LABEL", "ECHO"], steps))
+    steps = [TYPED_STEPS[0], dict(TYPED_STEPS[1], version=2)]
+    write_router(repo, "typed_missing", config("typed_missing", 8, TYPED_IN, TYPED_OUT), policy(["Y", "CODE", "LABEL", "ECHO"], steps))
+    with MockTriton(repo, model_config_name=None, models=["mixer", "labeler", "typed_ensemble", "typed_pinned", "typed_missing"]) as m:
+        inputs = typed_inputs(2, 3)
+        same(m.infer("typed_pinned", inputs), m.infer("typed_ensemble", inputs))
+        with pytest.raises(InferError) as err:
+            m.infer("typed_missing", inputs)
+        assert "step 'labeler' failed" in err.value.message and "labeler@2" in err.value.message

@@ -49,8 +49,8 @@ def test_a_document_is_a_text_policy_or_a_pipeline_never_both():
         parse_any(dict(STOP_EARLY, root={"kind": "model", "model": "m"}))
     with pytest.raises(PolicyError, match="tensor pipeline"):
         parse_policy(STOP_EARLY)
-    with pytest.raises(PolicyError, match="policy.limits: a key of text policies"):
-        parse_any(dict(STOP_EARLY, limits={}))
+    with pytest.raises(PolicyError, match="policy.inline: a key of text policies"):
+        parse_any(dict(STOP_EARLY, inline={"tokenizer": True}))
 
 
 def steps(*nodes, outputs=("OUT",)):
@@ -187,3 +187,27 @@ def test_the_published_json_schema_accepts_the_pipelines_and_rejects_what_the_pa
         parse_any(bad)
     both = dict(STOP_EARLY, root={"kind": "constant", "probability": 0.5})
     assert not validator.is_valid(both)
+
+
+def test_the_router_tensors_are_as_the_model_sees_them_reshape_included():
+    spec = router_spec({"name": "r", "max_batch_size": 4, "input": [
+        {"name": "A", "data_type": "TYPE_FP32", "dims": [1], "reshape": {}},
+        {"name": "B", "data_type": "TYPE_INT8", "dims": [2, 3], "reshape": {"shape": [6]}, "optional": True}],
+        "output": [{"name": "C", "data_type": "TYPE_STRING", "dims": [-1]}]})
+    assert [(t.name, t.dims, t.optional) for t in spec.inputs] == [("A", (), False), ("B", (6,), True)]
+    assert spec.output("C").dtype is np.object_ and spec.output("D") is None
+
+
+def test_deploy_and_the_front_door_read_a_pipeline_router(tmp_path):
+    from orchestrator.tooling.deploy import always_on_models
+    from orchestrator.tooling.frontdoor import max_request_bytes
+    from tests.pipeline_repo import make_pipeline_repository
+
+    repo = make_pipeline_repository(tmp_path / "repo")
+    assert always_on_models(repo, ["per_class", "typed_on_demand", "typed_fallback"]) == [
+        "per_class", "detector", "cls_cat", "cls_dog", "typed_on_demand", "mixer", "typed_fallback", "labeler",
+        "labeler_spare"]
+    document = yaml.safe_load((repo / "per_class" / "policy.yaml").read_text())
+    document["limits"] = {"max_request_bytes": 1 << 24}
+    (repo / "per_class" / "policy.yaml").write_text(yaml.safe_dump(document))
+    assert max_request_bytes(repo, "per_class") == 1 << 24

@@ -162,3 +162,24 @@ def test_a_step_falls_back_to_the_next_model_for_the_requests_whose_call_failed(
     fake = Fake()
     ok, bad = run(policy, [[1], [13]], fake)  # 13 fails in both models: its request fails, naming the last
     assert values(ok) == [100] and "step 'big' failed: model 'mid' failed: unlucky row" in str(bad.error)
+
+
+def test_a_failed_call_of_several_requests_is_no_verdict_on_the_circuit_unless_the_model_cannot_serve():
+    from orchestrator.runtime.bls.downstream import CircuitBreaker
+    from orchestrator.runtime.bls.health import CircuitState
+    from orchestrator.runtime.errors import Cause, UnavailableError
+    from orchestrator.runtime.routing.settings import BreakerSettings
+
+    async def fail(breaker, neutral, exc):
+        with pytest.raises(type(exc)):
+            async with breaker.guard("m", neutral=neutral):
+                raise exc
+
+    breaker = CircuitBreaker(BreakerSettings(consecutive_failures=1))
+    asyncio.run(fail(breaker, True, DownstreamError("model 'm' failed: bad row")))
+    assert breaker.state("m") is CircuitState.CLOSED  # the per-request retries decide
+    asyncio.run(fail(breaker, True, UnavailableError("model 'm' is not ready", Cause.NOT_READY)))
+    assert breaker.state("m") is CircuitState.OPEN
+    other = CircuitBreaker(BreakerSettings(consecutive_failures=1))
+    asyncio.run(fail(other, False, DownstreamError("model 'm' failed: bad row")))
+    assert other.state("m") is CircuitState.OPEN

@@ -141,14 +141,14 @@ class Downstream:
 
     async def _call(self, breaker: CircuitBreaker, model: str, inputs: Dict[str, NDArray[Any]],
                     parameters: Optional[Dict[str, Any]], request_id: str, alone: bool,
-                    options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
+                    options: CallOptions) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` under ``breaker`` (:class:`CallGuard`), failed at once
         when the stub watch saw its stub exit (raises DownstreamError)."""
         async with breaker.guard(model):
             dead = self._stub_dead(model)
             if dead:  # as python_backend would say it, 1 s later
                 raise UnavailableError(dead, Cause.STUB_DEAD)
-            return await self._bls(model, inputs, parameters, request_id, alone, options, outputs)
+            return await self._bls(model, inputs, parameters, request_id, alone, options)
 
     async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                    alone: bool, options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
@@ -190,8 +190,9 @@ class Downstream:
         circuit open. Asks ``pb_utils.is_model_ready`` once per model; safe beside
         ``execute`` (the circuit states are read under the breaker's lock).
         """
-        if isinstance(self.policy, PipelinePolicy):  # every step's model is needed
-            missing = [m for m in self.policy.models() if not self._ready(m)]
+        if isinstance(self.policy, PipelinePolicy):  # every step's own model, but those loaded on demand
+            steps = self.policy.pipeline.step_nodes()
+            missing = [m for m in dict.fromkeys(s.target for s in steps if s.on_demand is None) if not self._ready(m)]
             return f"required models not ready: {', '.join(missing)}" if missing else None
         required, answering = _answer_models(self.policy)
         on_demand = self.policy.on_demand()

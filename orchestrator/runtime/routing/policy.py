@@ -32,6 +32,11 @@ a new, bound policy. Policies and their nodes are immutable (frozen dataclasses)
 changes while the router serves (a cascade's escalation budget) is held by the engine
 (``nodes.base.Engine.state``).
 
+A document with ``pipeline`` instead of ``root`` is a tensor pipeline (``routing.pipeline``):
+:func:`parse_pipeline_policy` reads it into a :class:`PipelinePolicy` (the text-only keys
+``tokenizer``, ``inline``, ``max_sequence_length``, ``bls_max_batch_size`` and ``defaults``
+are refused there); :func:`load_any` reads either kind.
+
 Errors: :class:`PolicyError`, whose message starts with the location of the bad key
 (``root.steps[1].stages[0].model``).
 """
@@ -261,7 +266,7 @@ TOP = S.Struct(
 )
 
 #: Top-level keys of text policies only (a pipeline policy refuses them).
-TEXT_ONLY = ("tokenizer", "inline", "max_sequence_length", "bls_max_batch_size", "limits", "defaults")
+TEXT_ONLY = ("tokenizer", "inline", "max_sequence_length", "bls_max_batch_size", "defaults")
 
 
 @dataclass(frozen=True)
@@ -277,6 +282,8 @@ class PipelinePolicy:
         admission: admission control (None: every request runs).
         source: the validated document.
         version: the policy format's version.
+        limits: only ``max_request_bytes`` counts for a pipeline: the request body the front
+            door (``orchestrator frontdoor``) and ``orchestrator deploy`` size for this router.
     """
 
     pipeline: Pipeline
@@ -287,6 +294,7 @@ class PipelinePolicy:
     source: Dict[str, Any] = field(default_factory=dict)
     version: int = 1
     inline_tokenizer: Union[bool, str, None] = None  # none: the Downstream's readiness reads it
+    limits: Limits = field(default_factory=Limits)
 
     def models(self) -> List[str]:
         """Every call target of the pipeline's steps (``model`` or ``model@version``)."""
@@ -339,6 +347,7 @@ def parse_pipeline_policy(document: Any) -> PipelinePolicy:
         admission=v["admission"],
         source=json.loads(json.dumps(document)),
         version=v["version"],
+        limits=v["limits"],
     )
 
 

@@ -55,12 +55,14 @@ class RouterSpec:
         return next((o for o in self.outputs if o.name == name), None)
 
 
-def _specs(entries: Any, inputs: bool) -> Tuple[TensorSpec, ...]:
+def _specs(entries: Any) -> Tuple[TensorSpec, ...]:
+    """The tensors as the model sees them: an input's or output's ``reshape`` where it has one
+    (Triton reshapes an input before the model gets it, and an output after)."""
     out = []
     for e in entries or []:
         dims = e.get("dims") or []
-        reshape = (e.get("reshape") or {}).get("shape")
-        shape = reshape if reshape is not None and not inputs else dims
+        # `reshape: { shape: [] }` (a scalar per row) comes as an empty mapping
+        shape = (e["reshape"] or {}).get("shape") or [] if "reshape" in e else dims
         out.append(TensorSpec(str(e["name"]), str(e.get("data_type", "")), tuple(int(d) for d in shape), bool(e.get("optional", False))))
     return tuple(out)
 
@@ -68,7 +70,7 @@ def _specs(entries: Any, inputs: bool) -> Tuple[TensorSpec, ...]:
 def router_spec(config: Mapping[str, Any]) -> RouterSpec:
     """The router's :class:`RouterSpec` from its configuration (``args['model_config']`` as a dict)."""
     return RouterSpec(str(config.get("name", "router")), int(config.get("max_batch_size", 0) or 0),
-                      _specs(config.get("input"), True), _specs(config.get("output"), False))
+                      _specs(config.get("input")), _specs(config.get("output")))
 
 
 _MBS = re.compile(r"^\s*max_batch_size\s*:\s*(\d+)", re.MULTILINE)

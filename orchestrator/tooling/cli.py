@@ -27,6 +27,7 @@ VERB_EXTRA: Dict[str, str] = {
     "policy": "client",
     "deploy": "client",
     "frontdoor": "client",
+    "migrate": "client",
     "env": "env",
     "stub": "env",
     "doctor": "env",
@@ -128,6 +129,8 @@ VERBS: Tuple[Tuple[str, str, str, str, str], ...] = (
      "orchestrator.tooling.deploy", "add_deploy_arguments", "deploy_command"),
     ("frontdoor", "the front door (nginx): render its configuration, check the committed one",
      "orchestrator.tooling.frontdoor", "add_frontdoor_arguments", "frontdoor_command"),
+    ("migrate", "make an ensemble a router model: checked as Triton checks it, its steps in a pipeline policy",
+     "orchestrator.tooling.migrate", "add_migrate_arguments", "migrate_command"),
 )
 
 

@@ -270,6 +270,33 @@ def add_policy_arguments(parser) -> None:
     show.add_argument("--json", action="store_true", help="print the policy document as JSON instead of the graph")
 
 
+def step_errors(policy: "P.PipelinePolicy", repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
+    """What Triton would refuse at a pipeline's first request, per step (located
+    ``pipeline.steps[1]...``): a pinned version its model does not serve, an ``inputs`` or
+    ``outputs`` key that is not one of the model's inputs or outputs (steps whose model is
+    not in ``repo`` are left to :func:`check_pipeline`'s own message)."""
+    errors = []
+    for step in policy.pipeline.step_nodes():
+        model_dir = repo / step.model
+        path = config_path(model_dir, config_name) if model_dir.is_dir() else None
+        if path is None:
+            continue
+        try:
+            config = read_config(path)
+        except ConfigError as exc:
+            errors.append(f"{step.where}.model: {exc}")
+            continue
+        if step.version >= 0 and step.version not in served_versions(model_dir, config):
+            errors.append(f"{step.where}.version: version {step.version} of '{step.model}' is not served from "
+                          f"{model_dir} (served by its version_policy: "
+                          f"{', '.join(map(str, served_versions(model_dir, config))) or 'none'})")
+        names = {"inputs": {t.name for t in config.input}, "outputs": {t.name for t in config.output}}
+        for key, pairs in (("inputs", step.inputs), ("outputs", step.outputs)):
+            errors += [f"{step.where}.{key}.{name}: '{step.model}' has no {key[:-1]} '{name}' ({path})"
+                       for name, _ in pairs if name not in names[key]]
+    return errors
+
+
 def check_pipeline(path: Path, args) -> int:
     """``orchestrator policy check`` of a pipeline policy: parsed, and with the router's config
     beside it (or ``--repo``), checked against it as the router checks it at load; every step's
@@ -304,6 +331,7 @@ def check_pipeline(path: Path, args) -> int:
         errors += [f"model '{m}' is not in the model repository {repo}" for m in missing]
         if not missing:
             print(f"models {', '.join(policy.models())} are in {repo}")
+        errors += step_errors(policy, repo, config_name) + repository_errors(repo)
     for error in errors:
         print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
     if errors:

@@ -4,17 +4,101 @@ At load time every composing model is loaded and each step's tensors are checked
 against the composing models' configurations (names and datatypes), in dependency
 order, as Triton's ensemble scheduler does when it builds the pipeline. A request runs
 the steps one after the other in that order (Triton may run independent steps
-concurrently); parameters, id, correlation id, flags and timeout go to every step.
+concurrently; a documented difference), only those some requested output depends on (as
+Triton prunes the others); parameters, id, correlation id, flags and timeout go to every
+step.
+
+The response, as Triton 2.51's ensemble scheduler builds it (core
+``src/ensemble_scheduler/ensemble_scheduler.cc``):
+
+- each output has the dtype and shape its step produced (Triton never checks a composing
+  model's output dtype against the ensemble's configuration);
+- an output no step produced is left out of the response (no error); a later step reading
+  such a tensor gets no input of that name, and the composing model's own validation
+  answers (a non-optional input: its "missing required input" error);
+- where a tensor goes between something that batches and something that does not
+  (``ReshapeTensorDims``, for step inputs and the ensemble's outputs): into a batching model,
+  a tensor whose shape is the per-row dims gets a batch dimension of 1; into a model or an
+  ensemble output without batching, a tensor of batch size 1 whose shape is not the dims
+  loses its batch dimension;
+- the outputs come in the order of :func:`response_order`: Triton builds the response by
+  iterating a ``std::unordered_map`` of the configuration's outputs, so its order is the
+  iteration order of libstdc++'s hash table after inserting the outputs in configuration
+  order (two outputs whose hashes fall in different buckets: the reverse of the
+  configuration's order). Checked on Triton 2.51 (tests/server/test_migrate_server.py).
 """
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+import bisect
+from typing import Callable, Dict, List, Optional, Sequence
 
 from orchestrator.testing.mock.config import validate_io
 from orchestrator.testing.mock.errors import ErrorCode, LoadError
 from orchestrator.testing.mock.instances import LoadedModel, Step
 from orchestrator.testing.mock.records import Err, Ok, Req, Result
+
+_MASK = (1 << 64) - 1
+_MUL = (0xC6A4A793 << 32) + 0x5BD1E995  # libstdc++ hash_bytes.cc, 64-bit size_t
+_SEED = 0xC70F6907  # std::hash<std::string>'s seed (libstdc++ functional_hash.h)
+# libstdc++ hashtable_c++0x.cc / hashtable-aux.cc: the bucket counts of _Prime_rehash_policy
+_FAST_BUCKETS = (2, 2, 2, 3, 5, 5, 7, 7, 11, 11, 11, 11, 13, 13)
+_PRIMES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79, 83, 89, 97, 103,
+           109, 113, 127, 137, 139, 149, 157, 167, 179, 193, 199, 211, 227, 241, 257, 277, 293, 313, 337, 359, 383,
+           409, 439, 467, 503, 541, 577, 619, 661, 709, 761, 823, 887, 953, 1031, 1109, 1193, 1289, 1381, 1493, 1613,
+           1741, 1879, 2029, 2179, 2357, 2549, 2753, 2971, 3209, 3469, 3739, 4027, 4349, 4703, 5087, 5503, 5953)
+
+
+def _shift_mix(v: int) -> int:
+    return v ^ (v >> 47)
+
+
+def std_hash(name: str) -> int:
+    """``std::hash<std::string>`` of libstdc++ on a 64-bit platform (``_Hash_bytes``, a
+    MurmurHash64A variant) of ``name``'s UTF-8 bytes."""
+    data = name.encode("utf-8")
+    n, aligned = len(data), len(data) & ~7
+    h = _SEED ^ ((n * _MUL) & _MASK)
+    for i in range(0, aligned, 8):
+        h ^= (_shift_mix((int.from_bytes(data[i:i + 8], "little") * _MUL) & _MASK) * _MUL) & _MASK
+        h = (h * _MUL) & _MASK
+    if n & 7:
+        h = ((h ^ int.from_bytes(data[aligned:], "little")) * _MUL) & _MASK
+    return _shift_mix((_shift_mix(h) * _MUL) & _MASK)
+
+
+def _next_buckets(want: int) -> int:
+    return _FAST_BUCKETS[want] if want < len(_FAST_BUCKETS) else _PRIMES[bisect.bisect_left(_PRIMES, want)]
+
+
+def response_order(outputs: Sequence[str]) -> List[str]:
+    """The order in which Triton 2.51's ensemble answers ``outputs`` (the configuration's
+    output names, in configuration order): the iteration order of a libstdc++
+    ``std::unordered_map<std::string, ...>`` after inserting them in that order (unique
+    keys, max load factor 1, the prime rehash policy). A request that asks for some outputs
+    gets them in this order too."""
+    buckets, next_resize, items = 1, 0, []  # items: the hash table's one list, in iteration order
+
+    def bucket(key: str) -> int:
+        return std_hash(key) % buckets
+
+    def insert(key: str) -> None:
+        # _M_insert_bucket_begin: first of its bucket's group, else the front of the list
+        same = [i for i, other in enumerate(items) if bucket(other) == bucket(key)]
+        items.insert(same[0] if same else 0, key)
+
+    for count, name in enumerate(outputs):
+        if count + 1 > next_resize:  # _Prime_rehash_policy::_M_need_rehash
+            least = max(count + 1, 0 if next_resize else 11)
+            if least >= buckets:
+                buckets = next_resize = _next_buckets(max(least + 1, buckets * 2))
+                old, items = items, []
+                for key in old:  # _M_rehash_aux: the same insertion rule, in the old order
+                    insert(key)
+            else:
+                next_resize = buckets
+        insert(name)
+    return items
 
 
 def _steps(model: LoadedModel) -> List[Step]:
@@ -135,37 +219,77 @@ def run_ensemble(
     server's validation and execution. Step errors come back with stage ``"exec"`` (a
     client sees the composing model's message as is).
     """
-    tensors: Dict[str, tuple] = {name: (dtype, array) for name, dtype, array in req.inputs}
-    for step in ensemble.steps:
+    ens_batching = ensemble.config.get("max_batch_size", 0) > 0
+    # tensor -> (dtype, array, the batch size it came with: 0 from what does not batch)
+    tensors: Dict[str, tuple] = {name: (dtype, array, _batch(array, ens_batching))
+                                 for name, dtype, array in req.inputs}
+    order = response_order(list(ensemble.outputs))
+    wanted = [name for name in order if not req.requested or name in req.requested]
+    for step in _needed_steps(ensemble.steps, wanted):
         sub = lookup(step.model_name, step.model_version)
         if sub is None or not sub.ready:
             return Err(
                 f"Request for unknown model: '{step.model_name}' has no available versions",
                 ErrorCode.NOT_FOUND, "exec",
             )
-        absent = [v for v in step.input_map.values() if v not in tensors]
-        if absent:
-            return Err(
-                f"in ensemble '{ensemble.name}', tensor(s) {absent} needed by model "
-                f"'{step.model_name}' are not available (optional ensemble inputs that "
-                "were not sent are not supported by the mock)",
-                ErrorCode.INVALID_ARG, "exec",
-            )
-        sub_req = req.derived(
-            [(k, tensors[v][0], tensors[v][1]) for k, v in step.input_map.items()],
-            list(step.output_map.keys()),
-        )
+        batching = sub.config.get("max_batch_size", 0) > 0
+        # an input no step produced is not sent: the model's own validation answers
+        inputs = [(k, tensors[v][0], _reshape(tensors[v][1], _config_dims(sub.inputs.get(k), False), batching,
+                                              tensors[v][2])) for k, v in step.input_map.items() if v in tensors]
+        sub_req = req.derived(inputs, list(step.output_map.keys()))
         result = run(sub, [sub_req])[0]
         if isinstance(result, Err):
             return Err(result.message, result.code, "exec")
         produced = {name: (dtype, array) for name, dtype, array in result.outputs}
+        size = _batch(inputs[0][2], batching) if inputs else 0
         for model_output, tensor in step.output_map.items():
-            if model_output not in produced:
-                return Err(
-                    f"in ensemble '{ensemble.name}', model '{step.model_name}' did not "
-                    f"return output '{model_output}' (ensemble tensor '{tensor}')",
-                    ErrorCode.INTERNAL, "exec",
-                )
-            tensors[tensor] = produced[model_output]
-    wanted = req.requested or list(ensemble.outputs)
-    return Ok([(name, tensors[name][0], tensors[name][1]) for name in wanted])
+            if model_output in produced:  # else: Triton logs "did not output tensor" and goes on
+                dtype, array = produced[model_output]
+                tensors[tensor] = (dtype, array, size)
+    return Ok([(name, tensors[name][0], _reshape(tensors[name][1], _config_dims(ensemble.outputs.get(name), True),
+                                                 ens_batching, tensors[name][2]))
+               for name in wanted if name in tensors])
+
+
+def _batch(array, batching: bool) -> int:
+    """The batch size a tensor carries: its first dimension where it comes from (or goes
+    through) something that batches, else 0."""
+    return int(array.shape[0]) if batching and getattr(array, "ndim", 0) >= 1 else 0
+
+
+def _needed_steps(steps: List[Step], wanted: List[str]) -> List[Step]:
+    """The steps some output in ``wanted`` depends on, in run order (Triton prunes the
+    others from a request that asks for some outputs only)."""
+    needed, keep = set(wanted), []
+    for step in reversed(steps):
+        if needed & set(step.output_map.values()):
+            keep.append(step)
+            needed |= set(step.input_map.values())
+    return keep[::-1]
+
+
+def _config_dims(config: Optional[dict], reshaped: bool) -> Optional[List[int]]:
+    """A config entry's dims (``reshaped``: its ``reshape`` where it has one, as Triton keeps
+    an ensemble output's expected shape)."""
+    if config is None:
+        return None
+    reshape = config.get("reshape") if reshaped else None
+    return [int(d) for d in (reshape["shape"] if reshape else config.get("dims", []))]
+
+
+def _matches(shape, dims: List[int]) -> bool:
+    return len(shape) == len(dims) and all(d == -1 or d == s for s, d in zip(shape, dims))
+
+
+def _reshape(array, dims: Optional[List[int]], batching: bool, batch_size: int):
+    """Triton's ``ReshapeTensorDims`` (core ``ensemble_scheduler.cc``): only where one side
+    batches and the other does not. Into something that batches, a tensor whose shape is the
+    per-row ``dims`` gets a batch dimension of 1; into something that does not, a tensor of
+    batch size 1 whose shape is not ``dims`` loses its batch dimension."""
+    if dims is None or not hasattr(array, "shape") or batching == (batch_size != 0):
+        return array
+    if batching:
+        return array.reshape((1, *array.shape)) if _matches(array.shape, dims) else array
+    if batch_size == 1 and not _matches(array.shape, dims):
+        return array.reshape(array.shape[1:])
+    return array

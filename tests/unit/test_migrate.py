@@ -112,7 +112,7 @@ def test_migrate_without_the_client_extra_says_which(tmp_path):
     proc = _run_without(["tritonclient"], ["migrate", str(REPO / "ensemble"), "--name", "n", "--repo", str(tmp_path)],
                         tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr == "error: orchestrator migrate needs the 'client' extra: pip install 'orchestrator[client]'\n"
+    assert proc.stderr == "error: orchestrator migrate needs the 'client' extra: pip install 'triton-orchestrator[client]'\n"
     assert list(tmp_path.iterdir()) == []
 
 

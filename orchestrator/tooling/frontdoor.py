@@ -693,12 +693,14 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE) -> List[str]:
-    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``):
-    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx or its Lua
-    module is not installed; ``main`` says so)."""
+def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE, repo: Path = MODEL_REPOSITORY,
+                   routers: Optional[Sequence[str]] = None) -> List[str]:
+    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``,
+    the policies in ``repo`` and ``routers``, default :data:`ROUTERS`): differs from a fresh
+    render, or ``nginx -t`` refuses it (not run when nginx or its Lua module is not installed;
+    ``main`` says so)."""
     problems = []
-    fresh = render(load_quotas(quotas), body_limits())
+    fresh = render(load_quotas(quotas), body_limits(repo, routers), routers=routers)
     if not Path(path).exists() or Path(path).read_text() != fresh:
         problems.append(f"{_shown(path)} differs from the policy and quotas.yaml: "
                         f"python -m orchestrator.tooling.frontdoor render --out {_shown(path)}")
@@ -722,8 +724,10 @@ def _no_proxy_problems(container: dict) -> List[str]:
             for var in ("NO_PROXY", "no_proxy") if not set(LOOPBACK_NO_PROXY) <= set((env.get(var) or "").split(","))]
 
 
-def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None) -> List[str]:
-    """What is wrong with a Deployment's pod behind the front door (messages)."""
+def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None, routers: Optional[Sequence[str]] = None) -> List[str]:
+    """What is wrong with a Deployment's pod behind the front door (messages); its readiness
+    probe asks for the first of ``routers`` (default :data:`ROUTERS`)."""
+    first = (routers or ROUTERS)[0]
     containers = pod.get("containers") or []
     triton = containers[0] if containers else {}
     door = next((c for c in containers if c.get("name") == "frontdoor"), None)
@@ -744,9 +748,9 @@ def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None) -
     if not (volume.get("configMap") or {}).get("name", "").startswith("orchestrator-frontdoor"):
         out.append("frontdoor does not mount the ConfigMap orchestrator-frontdoor at /etc/orchestrator-frontdoor")
     ready = ((door.get("readinessProbe") or {}).get("httpGet") or {}).get("path")
-    if ready != f"/v2/models/{ROUTERS[0]}/ready":
+    if ready != f"/v2/models/{first}/ready":
         out.append(f"frontdoor readinessProbe path {ready!r}: the first router of deploy/routers.yaml is "
-                   f"/v2/models/{ROUTERS[0]}/ready")
+                   f"/v2/models/{first}/ready")
     if "/tmp/nginx" not in mounts:
         out.append("frontdoor has no writable /tmp/nginx (pid file, request bodies) under a read-only root")
     else:
@@ -771,21 +775,23 @@ def spool_bytes(quotas: Quotas, limits: Limits) -> int:
     return quotas.in_flight_total * max(limits.http, limits.grpc)
 
 
-def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> List[Tuple[str, str]]:
+def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
+                    routers: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
     """``make deploy-check``'s front-door problems as ``(source, message)``: the configuration
-    in step with the policy and quotas (and ``nginx -t``), every Deployment's pod behind it
-    (Triton on loopback, the front door's ports, its ConfigMap holding the rendered
-    configuration, room in its run directory for every body it may hold), and ``NO_PROXY``
-    for loopback in every Triton container."""
+    in step with the policies in ``repo``, ``routers`` (default :data:`ROUTERS`) and the
+    quotas (and ``nginx -t``), every Deployment's pod behind it (Triton on loopback, the front
+    door's ports, its ConfigMap holding the rendered configuration, room in its run directory
+    for every body it may hold), and ``NO_PROXY`` for loopback in every Triton container."""
     conf = deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf"
-    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, deploy_dir / "frontdoor" / "quotas.yaml")]
+    quotas = deploy_dir / "frontdoor" / "quotas.yaml"
+    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, quotas, repo, routers)]
     expected = conf.read_text() if conf.exists() else None
-    spool = spool_bytes(load_quotas(deploy_dir / "frontdoor" / "quotas.yaml"), body_limits())
+    spool = spool_bytes(load_quotas(quotas), body_limits(repo, routers))
     for rel, text in rendered.items():
         for doc in (d for d in yaml.safe_load_all(text) if isinstance(d, dict)):
             kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
             if kind == "Deployment":
-                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"], spool=spool)]
+                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"], spool=spool, routers=routers)]
             elif kind == "ServingRuntime":
                 out += [(rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
             elif kind == "ConfigMap" and name.startswith("orchestrator-frontdoor") and (doc.get("data") or {}).get("nginx.conf") != expected:

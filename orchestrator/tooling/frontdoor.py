@@ -109,6 +109,10 @@ MODULES_DIR = "/usr/lib/nginx/modules"
 LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
 #: Debian's libnginx-mod-stream: the TCP layer in front that caps connections per source address.
 STREAM_MODULE = "ngx_stream_module.so"
+#: The Debian package the image installs for each module the configuration loads (the Lua
+#: module's package pulls the NDK's).
+MODULE_PACKAGES = {"ndk_http_module.so": "libnginx-mod-http-lua", "ngx_http_lua_module.so": "libnginx-mod-http-lua",
+                   STREAM_MODULE: "libnginx-mod-stream"}
 
 #: How the gRPC check reads a field: its protobuf kind (``string``: UTF-8 checked; ``int``:
 #: any varint type; ``bool``: a varint of 0 or 1; ``fixed32``/``fixed64``: float, double),
@@ -839,17 +843,37 @@ def spool_bytes(quotas: Quotas, limits: Limits) -> int:
     return quotas.in_flight_total * max(limits.http, limits.grpc)
 
 
+def image_module_problems(conf: str, dockerfile: str) -> List[str]:
+    """The modules the configuration ``conf`` loads (``load_module``) whose Debian package
+    (:data:`MODULE_PACKAGES`) the front door's Dockerfile (text ``dockerfile``, comments
+    ignored) does not install: nginx in that image would refuse to start."""
+    installed = set(re.findall(r"\b(libnginx-mod-[a-z0-9-]+)", "\n".join(
+        line for line in dockerfile.splitlines() if not line.lstrip().startswith("#"))))
+    out = []
+    for module in re.findall(r"^load_module \S+/([^/\s;]+);", conf, re.M):
+        package = MODULE_PACKAGES.get(module)
+        if package is None:
+            out.append(f"the configuration loads {module}, a module of no known Debian package")
+        elif package not in installed:
+            out.append(f"the configuration loads {module}, but the image does not install {package}")
+    return out
+
+
 def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
                     routers: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
     """``make deploy-check``'s front-door problems as ``(source, message)``: the configuration
     in step with the policies in ``repo``, ``routers`` (default :data:`ROUTERS`) and the
     quotas (and ``nginx -t``), every Deployment's pod behind it (Triton on loopback, the front
     door's ports, its ConfigMap holding the rendered configuration, room in its run directory
-    for every body it may hold), and ``NO_PROXY`` for loopback in every Triton container."""
+    for every body it may hold), ``NO_PROXY`` for loopback in every Triton container, and the
+    front door's image installing every module the configuration loads."""
     conf = deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf"
     quotas = deploy_dir / "frontdoor" / "quotas.yaml"
     out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, quotas, repo, routers)]
     expected = conf.read_text() if conf.exists() else None
+    image = deploy_dir / "frontdoor" / "Dockerfile"
+    if expected is not None and image.exists():
+        out += [("deploy/frontdoor/Dockerfile", p) for p in image_module_problems(expected, image.read_text())]
     spool = spool_bytes(load_quotas(quotas), body_limits(repo, routers))
     for rel, text in rendered.items():
         for doc in (d for d in yaml.safe_load_all(text) if isinstance(d, dict)):

@@ -283,6 +283,19 @@ def test_connections_are_capped_per_source_address_before_any_request():
     assert F.CLIENT_CONNECTIONS == 2 * F.WORKER_CONNECTIONS // 3 and quotas.connections_per_address * 5 < F.CLIENT_CONNECTIONS
 
 
+def test_the_image_installs_every_module_the_configuration_loads():
+    conf = (ROOT / "deploy/k8s/base/frontdoor/nginx.conf").read_text()
+    dockerfile = (ROOT / "deploy/frontdoor/Dockerfile").read_text()
+    assert "load_module /usr/lib/nginx/modules/ngx_stream_module.so;" in conf
+    assert F.image_module_problems(conf, dockerfile) == []
+    without = "\n".join(line for line in dockerfile.splitlines() if not line.strip().startswith("libnginx-mod-stream="))
+    assert "libnginx-mod-stream" in without  # a comment still names it: comments do not count
+    assert F.image_module_problems(conf, without) == [
+        "the configuration loads ngx_stream_module.so, but the image does not install libnginx-mod-stream"]
+    assert F.image_module_problems("load_module /m/ngx_x.so;\n", dockerfile) == [
+        "the configuration loads ngx_x.so, a module of no known Debian package"]
+
+
 @pytest.mark.parametrize("value", [0, -1, "many", True, F.CLIENT_CONNECTIONS + 1])
 def test_a_bad_connection_cap_is_named(value):
     with pytest.raises(F.FrontDoorError, match=f"connections_per_address must be an integer from 1 to {F.CLIENT_CONNECTIONS}"):

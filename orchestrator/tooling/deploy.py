@@ -63,7 +63,7 @@ import yaml
 from orchestrator.runtime.routing.heads import HeadError, repository_heads
 from orchestrator.runtime.routing.policy import PipelinePolicy, PolicyError, bind_heads, load_any
 from orchestrator.tooling import cves, frontdoor
-from orchestrator.tooling.deploy_render import check_router_names, deploy_routers, frontdoor_for, render_deploy
+from orchestrator.tooling.deploy_render import check_router_names, deploy_routers, render_deploy
 from orchestrator.tooling.errors import ConfigError, ToolingError
 from orchestrator.tooling.kserve_pod import predictor_pod
 from orchestrator.tooling.paths import PROJECT_ROOT
@@ -842,8 +842,7 @@ def check_all(tools: Optional[Tools] = None, deploy_dir: Path = DEPLOY_DIR, repo
     say("checkov: manifests and Dockerfile")
     with tempfile.TemporaryDirectory(prefix="deploy-check-") as tmp:
         findings += checkov(checkov_files(rendered, Path(tmp)) + [deploy_dir / "Dockerfile", deploy_dir / "frontdoor" / "Dockerfile"], tools)
-    with frontdoor_for(repo, routers):
-        findings += _check_rest(rendered, tools, deploy_dir, repo, routers, prod, say)
+    findings += _check_rest(rendered, tools, deploy_dir, repo, routers, prod, say)
     return findings
 
 
@@ -853,7 +852,7 @@ def _check_rest(rendered: dict, tools: Tools, deploy_dir: Path, repo: Path, rout
     for name, run in (("hadolint: Dockerfiles", lambda: hadolint(deploy_dir / "Dockerfile", tools)
                        + hadolint(deploy_dir / "frontdoor" / "Dockerfile", tools)),
                       ("front door: proxy sidecar, ports, config", lambda: [Finding("frontdoor", *f)
-                                                                            for f in frontdoor.check_manifests(rendered, deploy_dir)]),
+                                                                            for f in frontdoor.check_manifests(rendered, deploy_dir, repo, routers)]),
                       ("CVE gate: base release against deploy/triton-cves.yaml", lambda: [
                           Finding("cve", "deploy/Dockerfile", m)
                           for m in cves.check_base(base.reference, base.release, deploy_dir / cves.CVE_FILE.name)]),

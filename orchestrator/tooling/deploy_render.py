@@ -29,9 +29,8 @@ from __future__ import annotations
 
 import json
 import re
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.routers import load_routers
@@ -106,22 +105,6 @@ def render_dashboard(text: str) -> str:
             for key in ("allValue", "current", "options"):
                 var.pop(key, None)
     return json.dumps(dashboard, indent=2, ensure_ascii=False) + "\n"
-
-
-@contextmanager
-def frontdoor_for(repo: Path, routers: Sequence[str]) -> Iterator[None]:
-    """The front door's module reading ``routers`` and ``repo`` (its checks take the checkout's
-    ``deploy/routers.yaml`` and model repository otherwise)."""
-    from orchestrator.tooling import frontdoor
-
-    saved = frontdoor.ROUTERS, frontdoor.body_limits
-    original = frontdoor.body_limits
-    frontdoor.ROUTERS = tuple(routers)
-    frontdoor.body_limits = lambda repo_=None, routers_=None: original(Path(repo_ or repo), routers_ or tuple(routers))
-    try:
-        yield
-    finally:
-        frontdoor.ROUTERS, frontdoor.body_limits = saved
 
 
 def render_deploy(deploy_dir: Path, repo: Path, routers: Optional[Sequence[str]] = None) -> List[Path]:

@@ -25,6 +25,11 @@ client of the router needs and bounds and meters every request:
   limits of their own; requests in flight per source address too; a request's header must come
   within :data:`HEADER_TIMEOUT_S`, its body keep moving (:data:`BODY_TIMEOUT_S`); the gRPC
   check's work per request is bounded (:data:`CHECK_BUDGET`).
+* Connections: each public port is a TCP server of nginx's stream module that holds at most
+  ``connections_per_address`` connections per source address (closing one more at once, before
+  any request is read) and passes each on to its HTTP server over a unix socket in the run
+  directory with the PROXY protocol; the HTTP side takes the client's address from it, so every
+  per-address limit and log sees the client (:func:`render`'s ``stream``).
 * Bodies (read whole before anything goes to Triton): HTTP up to the manifests'
   ``HTTP_MAX_INPUT_SIZE`` (2 x the router policy's ``limits.max_request_bytes`` + 64 KiB: JSON
   escapes texts), gRPC ``ModelInfer`` up to ``max_request_bytes`` + 64 KiB (binary tensors:
@@ -102,6 +107,12 @@ GRPC_MODEL_NAMED = ("ModelInfer", "ModelMetadata", "ModelReady")
 #: Debian's dynamic modules (libnginx-mod-http-lua, which pulls libnginx-mod-http-ndk).
 MODULES_DIR = "/usr/lib/nginx/modules"
 LUA_MODULES = ("ndk_http_module.so", "ngx_http_lua_module.so")
+#: Debian's libnginx-mod-stream: the TCP layer in front that caps connections per source address.
+STREAM_MODULE = "ngx_stream_module.so"
+#: The Debian package the image installs for each module the configuration loads (the Lua
+#: module's package pulls the NDK's).
+MODULE_PACKAGES = {"ndk_http_module.so": "libnginx-mod-http-lua", "ngx_http_lua_module.so": "libnginx-mod-http-lua",
+                   STREAM_MODULE: "libnginx-mod-stream"}
 
 #: How the gRPC check reads a field: its protobuf kind (``string``: UTF-8 checked; ``int``:
 #: any varint type; ``bool``: a varint of 0 or 1; ``fixed32``/``fixed64``: float, double),
@@ -176,8 +187,9 @@ def model_check_lua(budget: int = CHECK_BUDGET, refused: Sequence[str] = (DESCRI
 
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _HEADER = re.compile(r"^[a-z0-9-]{1,64}$")
-INSTALL_HINT = ("apt-get install nginx-light libnginx-mod-http-lua (Debian/Ubuntu; nginx >= 1.19.5 with the http_v2 "
-                "module, and the Lua module for the gRPC model check)")
+INSTALL_HINT = ("apt-get install nginx-light libnginx-mod-http-lua libnginx-mod-stream (Debian/Ubuntu; nginx >= 1.19.5 "
+                "with the http_v2 and realip modules, the Lua module for the gRPC model check and the stream module "
+                "for the per-address connection cap)")
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,7 @@ class Quotas:
     in_flight_total: int = 192
     in_flight_per_address: int = 64
     describe_policy: bool = False
+    connections_per_address: int = 512
 
 
 def _quota(value: object, where: str) -> Quota:
@@ -222,7 +235,7 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     if not isinstance(data, dict):
         raise FrontDoorError(f"{source}: a mapping with client_header, default and clients, not {type(data).__name__}")
     known = {"client_header", "default", "clients", "grpc", "grpc_model_check", "in_flight_per_client", "in_flight_total",
-             "in_flight_per_address", "describe_policy"}
+             "in_flight_per_address", "describe_policy", "connections_per_address"}
     unknown = set(data) - known
     if unknown:
         raise FrontDoorError(f"{source}: unknown keys {sorted(unknown)} ({', '.join(sorted(known))})")
@@ -240,8 +253,13 @@ def parse_quotas(data: object, source: str = "quotas") -> Quotas:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise FrontDoorError(f"{source}: {key} must be true or false, not {value!r}")
+    connections = data.get("connections_per_address", Quotas.connections_per_address)
+    if not isinstance(connections, int) or isinstance(connections, bool) or not 1 <= connections <= CLIENT_CONNECTIONS:
+        raise FrontDoorError(f"{source}: connections_per_address must be an integer from 1 to {CLIENT_CONNECTIONS} "
+                             "(TCP connections at once per source address, the door's client connections in all), "
+                             f"not {connections!r}")
     return Quotas(header, _quota(data["default"], f"{source}: default"), clients, flags["grpc"], flags["grpc_model_check"],
-                  describe_policy=flags["describe_policy"], **_in_flight(data, source))
+                  describe_policy=flags["describe_policy"], connections_per_address=connections, **_in_flight(data, source))
 
 
 def _in_flight(data: dict, source: str) -> Dict[str, int]:
@@ -328,6 +346,40 @@ WORKER_CONNECTIONS = 4096
 #: source address and in all: the kubelet's probes come one at a time from the node.
 PROBES_PER_ADDRESS = 8
 PROBES_TOTAL = 64
+#: Worker connections one client connection takes with the per-address cap in front: the
+#: client's own (stream layer), the hop to the HTTP side over a unix socket, and that side's.
+CONNECTIONS_PER_CLIENT = 3
+#: Client connections the door holds in all (both workers), with the cap in front.
+CLIENT_CONNECTIONS = 2 * WORKER_CONNECTIONS // CONNECTIONS_PER_CLIENT
+#: The stream layer's buffer per direction and connection (nginx's default is 16k).
+STREAM_BUFFER = 16 * 1024
+
+
+def _side(listen: str, port: int, run_dir: str, name: str, stream: bool) -> str:
+    """Where an HTTP server listens: behind the stream layer a unix socket in the run directory
+    speaking the PROXY protocol, else the public port."""
+    return f"unix:{run_dir}/{name}.sock proxy_protocol" if stream else f"{listen}:{port}"
+
+
+def _stream_block(quotas: Quotas, ports: Ports, run_dir: str) -> List[str]:
+    """The TCP layer on the public ports: at most ``connections_per_address`` connections per
+    source address (one more is closed at once), each handed to its HTTP server's unix socket."""
+    public = [("http", ports.http), *([("grpc", ports.grpc)] if quotas.grpc else []), ("metrics", ports.metrics)]
+    return [
+        "# TCP connections per source address, counted from the connection's start (the HTTP side's",
+        "# limit_conn counts a connection only once its request header is read): one more is closed.",
+        "stream {",
+        "  limit_conn_zone $binary_remote_addr zone=connections:10m;",
+        "  limit_conn_log_level warn;",
+        "  proxy_protocol on;",
+        f"  proxy_buffer_size {STREAM_BUFFER // 1024}k;",
+        "  proxy_connect_timeout 5s;",
+        "  # Idle longer than the HTTP side keeps a connection (keepalive_timeout): that side closes first.",
+        "  proxy_timeout 630s;",
+        *[f"  server {{ listen {ports.listen}:{port}; limit_conn connections {quotas.connections_per_address}; "
+          f"proxy_pass unix:{run_dir}/{name}.sock; }}" for name, port in public],
+        "}",
+    ]
 
 
 def _lua_set(names: Sequence[str]) -> str:
@@ -335,10 +387,16 @@ def _lua_set(names: Sequence[str]) -> str:
 
 
 def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: str = "/tmp/nginx",
-           routers: Optional[Sequence[str]] = None, workers: int = 2, modules_dir: str = MODULES_DIR) -> str:
-    """The nginx configuration (text). ``run_dir``: a writable directory for the pid file and
-    request-body buffers (an emptyDir in the pod); ``routers``: the models admitted (default:
-    :data:`ROUTERS`); ``workers``: nginx worker processes."""
+           routers: Optional[Sequence[str]] = None, workers: int = 2, modules_dir: str = MODULES_DIR,
+           stream: bool = True) -> str:
+    """The nginx configuration (text). ``run_dir``: a writable directory for the pid file,
+    request-body buffers and the HTTP side's unix sockets (an emptyDir in the pod); ``routers``:
+    the models admitted (default: :data:`ROUTERS`); ``workers``: nginx worker processes;
+    ``stream``: the TCP layer on the public ports that caps connections per source address
+    (``quotas.connections_per_address``) and hands each to the HTTP side over a unix socket with
+    the PROXY protocol (the HTTP side's limits and logs see the client's address). False: the
+    HTTP side listens on the public ports itself, with no connection cap (for a comparison of the
+    hop's cost, not for a deployment)."""
     routers = tuple(routers or ROUTERS)
     h = quotas.header.replace("-", "_")
     names = sorted(quotas.clients)
@@ -353,6 +411,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "# (orchestrator deploy check and tests/unit/test_frontdoor.py compare it with a fresh render).",
         f"worker_processes {workers};",
         *([f"load_module {modules_dir}/{m};" for m in LUA_MODULES] if lua else []),
+        *([f"load_module {modules_dir}/{STREAM_MODULE};"] if stream else []),
         f"pid {run_dir}/nginx.pid;",
         "error_log stderr warn;",
         "daemon off;",
@@ -381,6 +440,9 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "  map $http_grpc_encoding $frontdoor_grpc_encoded { default 1; \"\" 0; \"~*^identity$\" 0; }",
         "  # A request with a body (a length over 0, or chunked): refused where none is read.",
         "  map \"$http_content_length:$http_transfer_encoding\" $frontdoor_body { default 1; \":\" 0; \"~^0+:$\" 0; }",
+        *(["  # The stream layer passes each connection on with the PROXY protocol: every limit and",
+           "  # log below sees the client's address, not the unix socket's.",
+           "  set_real_ip_from unix:; real_ip_header proxy_protocol;"] if stream else []),
         "  proxy_http_version 1.1;",
         "  proxy_set_header Connection \"\";",
         f"  upstream triton_http {{ server 127.0.0.1:{ports.triton_http}; keepalive 32; }}",
@@ -474,7 +536,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         *(["  init_by_lua_block {\n" + model_check_lua(refused=refused).rstrip() + "\n  }"] if lua else []),
         "",
         "  server {",
-        f"    listen {ports.listen}:{ports.http};",
+        f"    listen {_side(ports.listen, ports.http, run_dir, 'http', stream)};",
         f"    client_max_body_size {limits.http};",
         "    default_type application/json;",
         "    # A control character in the decoded path (router/infer%0a) is refused, never passed on.",
@@ -520,7 +582,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         out += [
             "",
             "  server {",
-            f"    listen {ports.listen}:{ports.grpc} http2;",
+            f"    listen {_side(ports.listen, ports.grpc, run_dir, 'grpc', stream)} http2;",
             f"    client_max_body_size {limits.grpc};",
             "    # A client's streams on one connection: no more than it may have in flight.",
             f"    http2_max_concurrent_streams {quotas.in_flight_per_client};",
@@ -542,7 +604,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
     out += [
         "",
         "  server {",
-        f"    listen {ports.listen}:{ports.metrics};",
+        f"    listen {_side(ports.listen, ports.metrics, run_dir, 'metrics', stream)};",
         f"    client_max_body_size {SMALL_BODY};",
         "    default_type application/json;",
         f"    location = /metrics {{ limit_except GET {{ deny all; }} {no_body} {probes} "
@@ -550,6 +612,7 @@ def render(quotas: Quotas, limits: Limits, ports: Ports = Ports(), *, run_dir: s
         "    location / { return 404; }",
         "  }",
         "}",
+        *(_stream_block(quotas, ports, run_dir) if stream else []),
     ]
     return "\n".join(out) + "\n"
 
@@ -572,8 +635,13 @@ def nginx_binary() -> Optional[str]:
 
 
 def nginx_ready() -> bool:
-    """nginx and the Lua modules the shipped configuration loads are installed."""
-    return nginx_binary() is not None and all(Path(MODULES_DIR, m).exists() for m in LUA_MODULES)
+    """nginx and the modules the shipped configuration loads (Lua, stream) are installed."""
+    return nginx_binary() is not None and all(Path(MODULES_DIR, m).exists() for m in LUA_MODULES + (STREAM_MODULE,))
+
+
+def _in_run_dir(text: str, run_dir: str) -> str:
+    """``text`` with its run directory (pid file, body buffers, unix sockets) moved to ``run_dir``."""
+    return re.sub(r"(pid |_temp_path |unix:)/tmp/nginx/", lambda m: f"{m.group(1)}{run_dir}/", text)
 
 
 def check_config(text: str, binary: Optional[str] = None) -> subprocess.CompletedProcess:
@@ -583,7 +651,7 @@ def check_config(text: str, binary: Optional[str] = None) -> subprocess.Complete
         raise FrontDoorError(f"nginx is not installed: {INSTALL_HINT}")
     with tempfile.TemporaryDirectory(prefix="frontdoor-") as tmp:
         conf = Path(tmp) / "nginx.conf"
-        conf.write_text(re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {tmp}", text))
+        conf.write_text(_in_run_dir(text, tmp))
         return subprocess.run([binary, "-t", "-q", "-e", "stderr", "-p", tmp, "-c", str(conf)],
                               capture_output=True, text=True, timeout=60)
 
@@ -604,7 +672,7 @@ class FrontDoor:
         self.ports = ports
         self._tmp = None if run_dir else tempfile.TemporaryDirectory(prefix="frontdoor-")
         self.run_dir = Path(run_dir) if run_dir else Path(self._tmp.name)  # type: ignore[union-attr]
-        self.text = re.sub(r"(pid|_temp_path) /tmp/nginx", rf"\1 {self.run_dir}", text)
+        self.text = _in_run_dir(text, str(self.run_dir))
         # Started as root, nginx's workers run as nobody and must reach their body buffers.
         self.run_dir.chmod(0o711)
         self.proc: Optional[subprocess.Popen] = None
@@ -693,12 +761,14 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE) -> List[str]:
-    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``):
-    differs from a fresh render, or ``nginx -t`` refuses it (not run when nginx or its Lua
-    module is not installed; ``main`` says so)."""
+def check_rendered(path: Path = RENDERED_FILE, quotas: Path = QUOTAS_FILE, repo: Path = MODEL_REPOSITORY,
+                   routers: Optional[Sequence[str]] = None) -> List[str]:
+    """Problems with the manifests' configuration (``path``, from the quotas file ``quotas``,
+    the policies in ``repo`` and ``routers``, default :data:`ROUTERS`): differs from a fresh
+    render, or ``nginx -t`` refuses it (not run when nginx or its Lua module is not installed;
+    ``main`` says so)."""
     problems = []
-    fresh = render(load_quotas(quotas), body_limits())
+    fresh = render(load_quotas(quotas), body_limits(repo, routers), routers=routers)
     if not Path(path).exists() or Path(path).read_text() != fresh:
         problems.append(f"{_shown(path)} differs from the policy and quotas.yaml: "
                         f"python -m orchestrator.tooling.frontdoor render --out {_shown(path)}")
@@ -722,8 +792,10 @@ def _no_proxy_problems(container: dict) -> List[str]:
             for var in ("NO_PROXY", "no_proxy") if not set(LOOPBACK_NO_PROXY) <= set((env.get(var) or "").split(","))]
 
 
-def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None) -> List[str]:
-    """What is wrong with a Deployment's pod behind the front door (messages)."""
+def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None, routers: Optional[Sequence[str]] = None) -> List[str]:
+    """What is wrong with a Deployment's pod behind the front door (messages); its readiness
+    probe asks for the first of ``routers`` (default :data:`ROUTERS`)."""
+    first = (routers or ROUTERS)[0]
     containers = pod.get("containers") or []
     triton = containers[0] if containers else {}
     door = next((c for c in containers if c.get("name") == "frontdoor"), None)
@@ -744,9 +816,9 @@ def _check_pod(pod: dict, ports: Ports = Ports(), spool: Optional[int] = None) -
     if not (volume.get("configMap") or {}).get("name", "").startswith("orchestrator-frontdoor"):
         out.append("frontdoor does not mount the ConfigMap orchestrator-frontdoor at /etc/orchestrator-frontdoor")
     ready = ((door.get("readinessProbe") or {}).get("httpGet") or {}).get("path")
-    if ready != f"/v2/models/{ROUTERS[0]}/ready":
+    if ready != f"/v2/models/{first}/ready":
         out.append(f"frontdoor readinessProbe path {ready!r}: the first router of deploy/routers.yaml is "
-                   f"/v2/models/{ROUTERS[0]}/ready")
+                   f"/v2/models/{first}/ready")
     if "/tmp/nginx" not in mounts:
         out.append("frontdoor has no writable /tmp/nginx (pid file, request bodies) under a read-only root")
     else:
@@ -771,21 +843,43 @@ def spool_bytes(quotas: Quotas, limits: Limits) -> int:
     return quotas.in_flight_total * max(limits.http, limits.grpc)
 
 
-def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR) -> List[Tuple[str, str]]:
+def image_module_problems(conf: str, dockerfile: str) -> List[str]:
+    """The modules the configuration ``conf`` loads (``load_module``) whose Debian package
+    (:data:`MODULE_PACKAGES`) the front door's Dockerfile (text ``dockerfile``, comments
+    ignored) does not install: nginx in that image would refuse to start."""
+    installed = set(re.findall(r"\b(libnginx-mod-[a-z0-9-]+)", "\n".join(
+        line for line in dockerfile.splitlines() if not line.lstrip().startswith("#"))))
+    out = []
+    for module in re.findall(r"^load_module \S+/([^/\s;]+);", conf, re.M):
+        package = MODULE_PACKAGES.get(module)
+        if package is None:
+            out.append(f"the configuration loads {module}, a module of no known Debian package")
+        elif package not in installed:
+            out.append(f"the configuration loads {module}, but the image does not install {package}")
+    return out
+
+
+def check_manifests(rendered: Dict[str, str], deploy_dir: Path = DEPLOY_DIR, repo: Path = MODEL_REPOSITORY,
+                    routers: Optional[Sequence[str]] = None) -> List[Tuple[str, str]]:
     """``make deploy-check``'s front-door problems as ``(source, message)``: the configuration
-    in step with the policy and quotas (and ``nginx -t``), every Deployment's pod behind it
-    (Triton on loopback, the front door's ports, its ConfigMap holding the rendered
-    configuration, room in its run directory for every body it may hold), and ``NO_PROXY``
-    for loopback in every Triton container."""
+    in step with the policies in ``repo``, ``routers`` (default :data:`ROUTERS`) and the
+    quotas (and ``nginx -t``), every Deployment's pod behind it (Triton on loopback, the front
+    door's ports, its ConfigMap holding the rendered configuration, room in its run directory
+    for every body it may hold), ``NO_PROXY`` for loopback in every Triton container, and the
+    front door's image installing every module the configuration loads."""
     conf = deploy_dir / "k8s" / "base" / "frontdoor" / "nginx.conf"
-    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, deploy_dir / "frontdoor" / "quotas.yaml")]
+    quotas = deploy_dir / "frontdoor" / "quotas.yaml"
+    out = [("deploy/k8s/base/frontdoor", p) for p in check_rendered(conf, quotas, repo, routers)]
     expected = conf.read_text() if conf.exists() else None
-    spool = spool_bytes(load_quotas(deploy_dir / "frontdoor" / "quotas.yaml"), body_limits())
+    image = deploy_dir / "frontdoor" / "Dockerfile"
+    if expected is not None and image.exists():
+        out += [("deploy/frontdoor/Dockerfile", p) for p in image_module_problems(expected, image.read_text())]
+    spool = spool_bytes(load_quotas(quotas), body_limits(repo, routers))
     for rel, text in rendered.items():
         for doc in (d for d in yaml.safe_load_all(text) if isinstance(d, dict)):
             kind, name = doc.get("kind"), (doc.get("metadata") or {}).get("name", "")
             if kind == "Deployment":
-                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"], spool=spool)]
+                out += [(rel, f"Deployment/{name}: {m}") for m in _check_pod(doc["spec"]["template"]["spec"], spool=spool, routers=routers)]
             elif kind == "ServingRuntime":
                 out += [(rel, f"ServingRuntime/{name}: {m}") for m in _no_proxy_problems((doc["spec"].get("containers") or [{}])[0])]
             elif kind == "ConfigMap" and name.startswith("orchestrator-frontdoor") and (doc.get("data") or {}).get("nginx.conf") != expected:

@@ -639,10 +639,10 @@ def test_endpoints_that_need_no_body_refuse_one_without_holding_it(stack):
 
 
 def test_connections_that_never_finish_a_request_are_closed(stack):
-    """One source opens 3,000 connections and sends 50 bytes of a request on each (such
-    connections once used all of nginx's worker connections for 60 s each): a second client's
-    probe and router call answer within LEGIT_S meanwhile, and the door closes every one of
-    them within its header timeout (+2 s)."""
+    """Six sources open 3,000 connections (500 each, under the per-address cap) and send 50
+    bytes of a request on each (such connections once used all of nginx's worker connections
+    for 60 s each): a second client's probe and router call answer within LEGIT_S meanwhile,
+    and the door closes every one of them within its header timeout (+2 s)."""
     import socket
     import time
 
@@ -651,8 +651,8 @@ def test_connections_that_never_finish_a_request_are_closed(stack):
     baseline = _pss_bytes(door.proc.pid)
     try:
         start = time.monotonic()
-        for _ in range(3000):
-            s = socket.create_connection(("127.0.0.1", door.ports.http))
+        for i in range(3000):
+            s = socket.create_connection(("127.0.0.1", door.ports.http), source_address=(f"127.0.1.{i // 500 + 1}", 0))
             s.sendall(b"POST /v2/models/router/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: 01234")
             socks.append(s)
         per_connection = (_pss_bytes(door.proc.pid) - baseline) / 3000
@@ -681,6 +681,72 @@ def test_connections_that_never_finish_a_request_are_closed(stack):
 
     workers = inspect.signature(F.render).parameters["workers"].default
     assert baseline + per_connection * workers * F.WORKER_CONNECTIONS < _manifest_memory_limit() / 2, per_connection
+
+
+def _closed_within(socks, seconds: float) -> int:
+    """How many of ``socks`` the peer closes (EOF or reset) within ``seconds``."""
+    import select
+    import time
+
+    closed, open_ = 0, list(socks)
+    deadline = time.monotonic() + seconds
+    while open_ and time.monotonic() < deadline:
+        ready, _, _ = select.select(open_, [], [], max(0.0, deadline - time.monotonic()))
+        for s in ready:
+            try:
+                gone = s.recv(1) == b""
+            except OSError:
+                gone = True
+            if gone:
+                closed += 1
+                open_.remove(s)
+    return closed
+
+
+def test_one_source_holds_at_most_its_connection_cap(stack):
+    """One source address opens the per-address cap + 200 connections to the HTTP port (and 20
+    more to gRPC and metrics), each sending 50 bytes of a request and nothing more: the door
+    holds exactly the cap (HTTP's limit_conn would count none of them: no header is complete);
+    every connection over it is closed within 1 s; meanwhile a second address's probe, router
+    call over HTTP and over gRPC (HTTP/2 through the stream layer) answer within LEGIT_S. When
+    the source's connections end, it is served again."""
+    import socket
+
+    server, door, _ = stack
+    cap = F.Quotas("x", F.Quota(1, 1)).connections_per_address
+    assert cap == F.load_quotas().connections_per_address  # the shipped setting is the one tested
+    attacker = "127.0.2.1"
+    socks = []
+    try:
+        for port in [door.ports.http] * (cap + 200) + [door.ports.grpc, door.ports.metrics] * 10:
+            s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(attacker, 0))
+            try:
+                s.sendall(b"POST /v2/models/router/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: 01234")
+            except OSError:
+                pass  # closed by the cap already
+            socks.append(s)
+        refused = _closed_within(socks, 1.0)
+        slowest = max(_timed(lambda: http(door.ports.http, "/v2/models/router/ready")),
+                      _timed(lambda: http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["fine"]))),
+                      _timed(lambda: grpc_client(door).is_model_ready("router")))
+        assert grpc_client(door).is_model_ready("router")
+    finally:
+        for s in socks:
+            s.close()
+    print(f"{len(socks)} unfinished connections from one address: {len(socks) - refused} held (cap {cap}), "
+          f"slowest legit call {slowest * 1000:.0f} ms")
+    assert len(socks) - refused == cap
+    assert slowest < LEGIT_S
+
+    def live_from_attacker() -> bytes:
+        with socket.create_connection(("127.0.0.1", door.ports.http), timeout=5, source_address=(attacker, 0)) as s:
+            try:
+                s.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                return s.recv(4096)[:12]
+            except OSError:
+                return b""
+
+    assert eventually(live_from_attacker, b"HTTP/1.1 200", timeout=5) == b"HTTP/1.1 200"
 
 
 def test_an_encoded_body_is_refused_before_triton_inflates_it(stack):

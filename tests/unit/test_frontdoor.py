@@ -181,7 +181,8 @@ def test_the_model_check_guards_exactly_the_methods_that_name_a_model():
     assert f"client_body_buffer_size {F.BODY_BUFFER // 1024}k;" in F.render_default()  # bodies past it wait in a file
     off = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False, "describe_policy": True}),
                    F.Limits(100, 100))
-    assert "lua" not in off and "load_module" not in off and "grpc_pass" in off
+    modules = [line for line in off.splitlines() if line.startswith("load_module")]
+    assert "lua" not in off and modules == [f"load_module {F.MODULES_DIR}/{F.STREAM_MODULE};"] and "grpc_pass" in off
     # describe_policy refused (the default) needs the Lua module for HTTP's JSON even without the gRPC check
     http_only = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc_model_check": False}), F.Limits(100, 100))
     assert "load_module" in http_only and "{ frontdoor.admit_http() }" in http_only
@@ -235,7 +236,7 @@ def test_every_location_bounds_bodies_and_requests_in_flight():
     limit; encoded bodies and compressed gRPC messages are refused at the door; connections that
     never finish a request are closed after a short timeout."""
     text = F.render_default()
-    http, grpc, metrics = text.split("  server {")[1:]
+    http, grpc, metrics = text.split("stream {")[0].split("  server {")[1:]
     for server in (http, metrics):
         for line in server.splitlines():
             if "limit_except GET" in line:
@@ -249,6 +250,56 @@ def test_every_location_bounds_bodies_and_requests_in_flight():
     assert f"worker_connections {F.WORKER_CONNECTIONS};" in text
     assert "error_page 400 /.frontdoor/bad-request;" in http and "location = /.frontdoor/bad-request { internal;" in http
     assert "$frontdoor_why" in grpc.split("location @malformed")[1].split("\n")[0]
+
+
+def test_connections_are_capped_per_source_address_before_any_request():
+    """A stream layer on every public port counts TCP connections per source address
+    (``connections_per_address``) and hands each to its HTTP server's unix socket with the PROXY
+    protocol; the HTTP side takes the client's address from it, so every per-address limit
+    still sees the client. Without the layer (``stream=False``) the HTTP servers face the port."""
+    quotas = F.load_quotas()
+    ports = F.Ports("0.0.0.0", 8000, 8001, 8002)
+    text = F.render(quotas, F.Limits(100, 100), ports)
+    assert f"load_module {F.MODULES_DIR}/{F.STREAM_MODULE};" in text
+    stream = text.split("\nstream {")[1]
+    assert "limit_conn_zone $binary_remote_addr zone=connections:10m;" in stream and "proxy_protocol on;" in stream
+    for name, port in (("http", 8000), ("grpc", 8001), ("metrics", 8002)):
+        assert (f"server {{ listen 0.0.0.0:{port}; limit_conn connections {quotas.connections_per_address}; "
+                f"proxy_pass unix:/tmp/nginx/{name}.sock; }}") in stream
+    http, grpc, metrics = text.split("stream {")[0].split("  server {")[1:]
+    assert "listen unix:/tmp/nginx/http.sock proxy_protocol;" in http and "listen unix:/tmp/nginx/metrics.sock proxy_protocol;" in metrics
+    assert "listen unix:/tmp/nginx/grpc.sock proxy_protocol http2;" in grpc
+    assert "set_real_ip_from unix:; real_ip_header proxy_protocol;" in text
+    # every directory the door writes moves with the run directory (tests, nginx -t)
+    moved = F._in_run_dir(text, "/run/x")
+    assert "/tmp/nginx" not in moved and "proxy_pass unix:/run/x/http.sock;" in moved
+    plain = F.render(quotas, F.Limits(100, 100), ports, stream=False)
+    assert "stream {" not in plain and F.STREAM_MODULE not in plain and "real_ip_header" not in plain
+    assert "listen 0.0.0.0:8000;" in plain and "listen 0.0.0.0:8001 http2;" in plain
+    closed = F.render(F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "grpc": False, "connections_per_address": 7}),
+                      F.Limits(100, 100), ports)
+    assert "limit_conn connections 7;" in closed and "0.0.0.0:8001" not in closed and "grpc.sock" not in closed
+    # the shipped cap keeps one source under a fifth of the client connections the door holds
+    assert F.CLIENT_CONNECTIONS == 2 * F.WORKER_CONNECTIONS // 3 and quotas.connections_per_address * 5 < F.CLIENT_CONNECTIONS
+
+
+def test_the_image_installs_every_module_the_configuration_loads():
+    conf = (ROOT / "deploy/k8s/base/frontdoor/nginx.conf").read_text()
+    dockerfile = (ROOT / "deploy/frontdoor/Dockerfile").read_text()
+    assert "load_module /usr/lib/nginx/modules/ngx_stream_module.so;" in conf
+    assert F.image_module_problems(conf, dockerfile) == []
+    without = "\n".join(line for line in dockerfile.splitlines() if not line.strip().startswith("libnginx-mod-stream="))
+    assert "libnginx-mod-stream" in without  # a comment still names it: comments do not count
+    assert F.image_module_problems(conf, without) == [
+        "the configuration loads ngx_stream_module.so, but the image does not install libnginx-mod-stream"]
+    assert F.image_module_problems("load_module /m/ngx_x.so;\n", dockerfile) == [
+        "the configuration loads ngx_x.so, a module of no known Debian package"]
+
+
+@pytest.mark.parametrize("value", [0, -1, "many", True, F.CLIENT_CONNECTIONS + 1])
+def test_a_bad_connection_cap_is_named(value):
+    with pytest.raises(F.FrontDoorError, match=f"connections_per_address must be an integer from 1 to {F.CLIENT_CONNECTIONS}"):
+        F.parse_quotas({"default": {"rate_per_s": 1, "burst": 1}, "connections_per_address": value}, "quotas.yaml")
 
 
 @pytest.mark.parametrize("data, words", [
@@ -298,10 +349,17 @@ def test_the_guide_states_the_shipped_limits():
     text = F.render_default()
     workers = inspect.signature(F.render).parameters["workers"].default
     assert f"worker_processes {workers};" in text and f"Each of the {workers} nginx workers" in guide
-    assert f"holds up to {F.WORKER_CONNECTIONS:,} connections" in guide and f"the {workers * F.WORKER_CONNECTIONS:,} the door has" in guide
+    assert f"holds up to {F.WORKER_CONNECTIONS:,} connections" in guide
+    clients, cap = workers * F.WORKER_CONNECTIONS // F.CONNECTIONS_PER_CLIENT, quotas.connections_per_address
+    assert clients == F.CLIENT_CONNECTIONS and f"holds {clients:,} client connections in all" in guide
+    assert f"`connections_per_address` connections of one source address at once ({cap} shipped" in guide
+    assert f"(at most {clients:,})" in guide and "set_real_ip_from unix:; real_ip_header proxy_protocol;" in text
+    assert f"at most {cap} connections at once (`connections_per_address`), under a fifth of the {clients:,}" in guide and cap * 5 < clients
+    assert f"at least {clients - cap:,} stay for others" in guide and f"one actor with {-(-clients // cap)} addresses" in guide
+    quotas_file = (ROOT / "deploy/frontdoor/quotas.yaml").read_text()
+    assert f"The door holds {clients} client connections in all: {cap} keeps one" in " ".join(quotas_file.replace("# ", "").split())
+    assert f"(at most {clients})" in quotas_file
     assert f"header within {F.HEADER_TIMEOUT_S} s" in guide and f"at most {F.BODY_TIMEOUT_S} s between two reads" in guide
-    rate = workers * F.WORKER_CONNECTIONS // F.HEADER_TIMEOUT_S // 100 * 100
-    assert f"must open over {rate} connections a second" in guide
     assert f"held at most {F.HEADER_TIMEOUT_S} s" in guide and "keepalive_timeout 620s;" in text and "open up to 620 s" in guide
     per_address, total, per_client = quotas.in_flight_per_address, quotas.in_flight_total, quotas.in_flight_per_client
     assert f"(`in_flight_per_address`, {per_address}:" in guide and f"(`in_flight_total`, {total})" in guide

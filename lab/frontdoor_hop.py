@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling import frontdoor_nginx as N
 from orchestrator.tooling.deploy import always_on_models
 from orchestrator.tooling.server import TritonServer, find_free_ports
 
@@ -41,7 +42,7 @@ def _body(texts: Sequence[str]) -> bytes:
     ]}).encode()
 
 
-def _calls(door: F.FrontDoor) -> Dict[str, Callable[[], None]]:
+def _calls(door: N.FrontDoor) -> Dict[str, Callable[[], None]]:
     import tritonclient.grpc as grpcclient
 
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -101,13 +102,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     server = TritonServer(F.MODEL_REPOSITORY, models=always_on_models(F.MODEL_REPOSITORY, F.ROUTERS), http_port=t_http,
                           grpc_port=t_grpc, metrics_port=t_metrics)
     quotas = F.Quotas("x-client-id", F.Quota(100000, 100000))
-    doors: Dict[str, F.FrontDoor] = {}
+    doors: Dict[str, N.FrontDoor] = {}
     try:
         server.start()
         limits = F.body_limits()
         for name, stream in (("stream", True), ("plain", False)):
             ports = F.Ports("127.0.0.1", *find_free_ports(3), t_http, t_grpc, t_metrics)
-            doors[name] = F.FrontDoor(F.render(quotas, limits, ports, stream=stream), ports).start()
+            doors[name] = N.FrontDoor(F.render(quotas, limits, ports, stream=stream), ports).start()
         calls = {name: _calls(door) for name, door in doors.items()}
         for name in doors:  # warm up: connections, the router's first calls
             for kind in KINDS:

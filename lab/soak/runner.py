@@ -532,7 +532,7 @@ def run_soak(config: SoakConfig = FULL, source_repository: Optional[Path] = None
             stack = read_stack(server, embedded=True)
             target = server
             if config.front_door:  # the clients through nginx (orchestrator.tooling.frontdoor)
-                from orchestrator.tooling.frontdoor import start_in_front_of
+                from orchestrator.tooling.frontdoor_nginx import start_in_front_of
 
                 target = start_in_front_of(server, repo=repo)
                 log(f"[soak] clients through the front door (nginx) at {target.http_url} and {target.grpc_url}")

@@ -8,8 +8,8 @@ the first; the rest of each file is left as it is, comments included):
   ``HEALTHCHECK``: ``/v2/models/R0/ready`` (any ``/v2/models/NAME/ready|infer`` in a
   manifest, a comment or the Dockerfile);
 - ``LOAD_MODELS`` and ``HTTP_MAX_INPUT_SIZE`` in every manifest and the Dockerfile's ``ENV``:
-  :func:`~orchestrator.tooling.deploy.always_on_models` and
-  :func:`~orchestrator.tooling.deploy.http_max_input_size` of ``R``;
+  :func:`~orchestrator.tooling.deploy_models.always_on_models` and
+  :func:`~orchestrator.tooling.deploy_models.http_max_input_size` of ``R``;
 - every PromQL label matcher on ``model`` or ``router`` (the KEDA ScaledObject, the
   Prometheus adapter's rules, the PrometheusRule, any manifest): ``model="R0"`` for one
   router, ``model=~"R0|R1"`` for several. In deploy/'s queries these two labels always
@@ -22,7 +22,7 @@ the first; the rest of each file is left as it is, comments included):
   :func:`orchestrator.tooling.frontdoor.render` with ``R``).
 
 :func:`check_router_names` (part of ``orchestrator deploy check``) finds every one of those
-places naming anything else. Errors: :class:`~orchestrator.tooling.deploy.DeployError`.
+places naming anything else. Errors: :class:`~orchestrator.tooling.deploy_models.DeployError`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import re
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
+from orchestrator.tooling.deploy_models import DeployError, always_on_models, http_max_input_size
 from orchestrator.tooling.errors import ConfigError
 from orchestrator.tooling.routers import load_routers
 
@@ -51,7 +52,6 @@ _ENV_DOCKER = re.compile(r"\b(LOAD_MODELS|HTTP_MAX_INPUT_SIZE)=(\S+)")
 
 def deploy_routers(deploy_dir: Path) -> Tuple[str, ...]:
     """The routers of ``<deploy_dir>/routers.yaml``. Raises DeployError when it is malformed."""
-    from orchestrator.tooling.deploy import DeployError
 
     try:
         return load_routers(Path(deploy_dir) / "routers.yaml")
@@ -111,12 +111,12 @@ def render_deploy(deploy_dir: Path, repo: Path, routers: Optional[Sequence[str]]
     """Write every router-naming piece of ``deploy_dir`` (module docstring) from ``routers``
     (default: ``<deploy_dir>/routers.yaml``) and the policies in ``repo``; returns the files
     whose text changed. Raises DeployError when a router's config or policy cannot be read."""
-    from orchestrator.tooling import deploy, frontdoor
+    from orchestrator.tooling import frontdoor
 
     deploy_dir, repo = Path(deploy_dir), Path(repo)
     routers = tuple(routers or deploy_routers(deploy_dir))
-    load_models = ",".join(deploy.always_on_models(repo, routers))
-    max_input = str(deploy.http_max_input_size(repo, routers))
+    load_models = ",".join(always_on_models(repo, routers))
+    max_input = str(http_max_input_size(repo, routers))
     new = {}
     for path in query_files(deploy_dir):
         if path.is_file():
@@ -129,7 +129,7 @@ def render_deploy(deploy_dir: Path, repo: Path, routers: Optional[Sequence[str]]
         new[conf] = frontdoor.render(frontdoor.load_quotas(deploy_dir / FRONTDOOR_QUOTAS),
                                      frontdoor.body_limits(repo, routers), routers=routers)
     except frontdoor.FrontDoorError as exc:
-        raise deploy.DeployError(f"the front door's configuration: {exc}") from None
+        raise DeployError(f"the front door's configuration: {exc}") from None
     changed = []
     for path, text in new.items():
         if not path.is_file() or path.read_text() != text:

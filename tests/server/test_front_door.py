@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling import frontdoor_nginx as N
 from orchestrator.tooling.client import text_inputs
 from orchestrator.tooling.deploy import always_on_models
 from orchestrator.tooling.server import TritonServer, find_free_ports
@@ -56,10 +57,10 @@ def stack(test_repository):
     server.start()
     ports = F.Ports("127.0.0.1", p_http, p_grpc, p_metrics, t_http, t_grpc, t_metrics)
     limits = F.body_limits(test_repository)
-    door = F.FrontDoor(F.render(QUOTAS, limits, ports, workers=1), ports)
+    door = N.FrontDoor(F.render(QUOTAS, limits, ports, workers=1), ports)
     # a second door admitting two routers, one not named router (deploy/routers.yaml lists them)
     ports2 = F.Ports("127.0.0.1", *find_free_ports(3), t_http, t_grpc, t_metrics)
-    door2 = F.FrontDoor(F.render(QUOTAS, F.body_limits(test_repository, ROUTERS), ports2, workers=1, routers=ROUTERS), ports2)
+    door2 = N.FrontDoor(F.render(QUOTAS, F.body_limits(test_repository, ROUTERS), ports2, workers=1, routers=ROUTERS), ports2)
     try:
         door.start()
         door2.start()
@@ -105,7 +106,7 @@ def infer_body(texts, request_id: str = "") -> bytes:
     ]}).encode()
 
 
-def grpc_client(door: F.FrontDoor, client_id: str | None = None):
+def grpc_client(door: N.FrontDoor, client_id: str | None = None):
     return grpcclient.InferenceServerClient(f"127.0.0.1:{door.ports.grpc}", channel_args=[("grpc.enable_http_proxy", 0)])
 
 
@@ -290,7 +291,7 @@ def test_no_response_lost_or_duplicated_under_load(stack):
     assert all(same for _, same in answers), "a response differs from Triton's own answer"
 
 
-def raw_grpc(door: F.FrontDoor, method: str, payload: bytes, client: str | None = None):
+def raw_grpc(door: N.FrontDoor, method: str, payload: bytes, client: str | None = None):
     """One unary call of ``method`` with ``payload`` sent as it is (no protobuf in between):
     ``(status name, message, response bytes or None)``."""
     import grpc
@@ -518,7 +519,7 @@ def test_the_routers_of_the_one_setting_are_admitted_and_nothing_else(stack):
 # The door's own resources under attack: CPU, memory, disk and connections per request and
 # per source, each with the figure it must stay under.
 
-def _worker_cpu_s(door: F.FrontDoor) -> float:
+def _worker_cpu_s(door: N.FrontDoor) -> float:
     """CPU seconds (user + system) of nginx's workers so far."""
     import os
 
@@ -856,7 +857,7 @@ def test_a_refusal_for_requests_in_flight_names_the_limit_reached(stack, test_re
     quotas = F.Quotas("x-client-id", F.Quota(10000, 10000), {n: F.Quota(10000, 10000) for n in names},
                       in_flight_per_client=2, in_flight_per_address=3, in_flight_total=4)
     ports = F.Ports("127.0.0.1", *find_free_ports(3), server.http_port, server.grpc_port, server.metrics_port)
-    door = F.FrontDoor(F.render(quotas, limits, ports, workers=1), ports).start()
+    door = N.FrontDoor(F.render(quotas, limits, ports, workers=1), ports).start()
 
     def request(source: str, client: str, hold: bool):
         s = socket.create_connection(("127.0.0.1", ports.http), timeout=10, source_address=(source, 0))

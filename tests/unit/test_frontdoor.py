@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling import frontdoor_nginx as N
 from orchestrator.tooling.deploy import http_max_input_size, router_policy
 from tests.helpers import ROOT
 
@@ -135,7 +136,7 @@ def test_soak_front_door_mode_is_wired():
     class Door:
         ports = F.Ports("127.0.0.1", 9000, 9001, 9002)
 
-    seen = F.ThroughFrontDoor(Server(), Door())  # type: ignore[arg-type]
+    seen = N.ThroughFrontDoor(Server(), Door())  # type: ignore[arg-type]
     assert (seen.http_url, seen.grpc_url, seen.admin_grpc_url, seen.pid) == ("127.0.0.1:9000", "127.0.0.1:9001", "127.0.0.1:1", 42)
 
 

@@ -24,6 +24,7 @@ from google.protobuf.message import DecodeError  # noqa: E402
 from tritonclient.grpc import service_pb2 as pb  # noqa: E402
 
 from orchestrator.tooling import frontdoor as F
+from orchestrator.tooling import frontdoor_nginx as N
 from tests.unit.frontdoor_lua import LUAJIT_HINT, LuaCheck, luajit  # noqa: E402
 from tests.unit.test_frontdoor_lua import CHECK_MS  # noqa: E402
 
@@ -97,7 +98,7 @@ def checker(request):
         "      content_by_lua_block { ngx.print('admitted') } } } }",
     ])
     # FrontDoor moves /tmp/nginx to its own run directory, one nginx's workers can reach.
-    door = F.FrontDoor(text, F.Ports("127.0.0.1", port, 0, port)).start()
+    door = N.FrontDoor(text, F.Ports("127.0.0.1", port, 0, port)).start()
     conn = [http.client.HTTPConnection("127.0.0.1", port, timeout=30)]
 
     def check(request: str, body: bytes) -> str:

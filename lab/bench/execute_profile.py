@@ -1,0 +1,235 @@
+"""Where one ``execute`` of the router spends its time, phase by phase, without a server:
+``python -m lab.bench.execute_profile [--executes N] [--models router router_single] [--json PATH]``.
+
+The router (this checkout's ``TritonPythonModel``) runs on the in-process mock
+(``orchestrator.testing.mock``) in the benchmark repository (``router`` with the shipped policy,
+``router_single`` with one classifier call per text: ``lab.bench.plan.VARIANTS``), one request of
+one short text per ``execute`` (c=1), ``--executes`` times after ``--warmup``. Two passes per model:
+
+* **bare**: only ``execute`` and the BLS ``exec``/``async_exec`` are timed
+  (``time.perf_counter_ns``); the router's own time of one execute is ``execute`` less the time
+  inside BLS calls (the downstream model and the mock's side of the call). Its median is the
+  number to compare.
+* **phases**: every phase below is wrapped too, and each execute's time is split into
+  *exclusive* times (a phase's time less that of the phases inside it), so the phases add up
+  to the execute. The wrappers cost about a microsecond each, so this pass's total is above the
+  bare one; read it for shares, the bare pass for the total.
+
+Phases (what each wraps): ``parse`` (``_parse``: input tensors, ``parse_request``, the request
+context), ``tokenize`` (the inline tokenizer's ``encode``), ``plan`` (``Run.run`` itself: items,
+the policy's entry, results), ``deadlines`` (``Deadlines``), ``nodes`` (each node kind's handler
+and ``Run.run_node``), ``model call`` (``ModelCalls.classify``/``batched``: padding, input
+tensors), ``bls build`` (``Downstream.infer``/``_call``/``_bls`` and the circuit breaker: the
+``InferenceRequest``, its ``Tensor``s, reading the response), ``heads`` (``Head`` methods:
+sigmoid, verdicts, margins), ``metrics`` (``Metrics`` and the run's counters, observations and
+stage timings), ``response`` (``_response``: output tensors, the ``InferenceResponse``),
+``adapter`` (``execute``, ``_timed_execute``, ``_execute`` themselves and the event loop's
+``run_until_complete``: what no other phase holds), and ``bls exec`` (the downstream call
+itself: not the router's).
+
+The mock's ``Tensor``/``InferenceRequest``/``InferenceResponse`` are Python, where the stub's
+are C++ bindings, so ``bls build`` and ``response`` here are an upper bound of the stub's;
+everything else is the code the stub runs. Prints one JSON document (also to ``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import inspect
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
+
+import numpy as np
+
+from lab.bench.machine import load_average
+
+TEXT = "A gorgeous, witty film."
+PHASES = ("parse", "tokenize", "plan", "deadlines", "nodes", "model call", "bls build", "heads", "metrics",
+          "response", "adapter", "bls exec")
+
+
+class Clock:
+    """Exclusive time per phase on the thread that runs ``execute`` (a stack of open phases)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.totals: Dict[str, int] = {}
+
+    def _stack(self) -> List[List[Any]]:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def enter(self, phase: str) -> None:
+        self._stack().append([phase, time.perf_counter_ns(), 0])
+
+    def leave(self) -> None:
+        now = time.perf_counter_ns()
+        stack = self._stack()
+        phase, began, inner = stack.pop()
+        elapsed = now - began
+        self.totals[phase] = self.totals.get(phase, 0) + elapsed - inner
+        if stack:
+            stack[-1][2] += elapsed
+
+    def take(self) -> Dict[str, int]:
+        totals, self.totals = self.totals, {}
+        return totals
+
+
+def wrap(clock: Clock, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` timed as ``phase`` (a coroutine function stays one: its awaits count to it,
+    which at c=1 with the blocking ``exec`` never suspend)."""
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            clock.enter(phase)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                clock.leave()
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        clock.enter(phase)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.leave()
+    return timed
+
+
+def patch(undo: List[Callable[[], None]], owner: Any, name: str, new: Any) -> None:
+    old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+    setattr(owner, name, new)
+    undo.append(lambda: setattr(owner, name, old))
+
+
+def instrument(clock: Clock, full: bool) -> Callable[[], None]:
+    """Wrap the phases (``full``) or only execute and the BLS exec; returns the undo."""
+    import triton_python_backend_utils as pb
+
+    from orchestrator.runtime.bls import downstream
+    from orchestrator.runtime.execution import engine, tokenize
+    from orchestrator.runtime.metrics import Metrics
+    from orchestrator.runtime.request import Deadlines
+    from orchestrator.runtime.routing import heads
+    from orchestrator.runtime.routing import nodes as N
+    from orchestrator.runtime.serving import router
+
+    undo: List[Callable[[], None]] = []
+
+    def methods(owner: Any, phase: str, names: Sequence[str]) -> None:
+        for name in names:
+            if name in owner.__dict__:
+                raw = owner.__dict__[name]
+                if isinstance(raw, staticmethod):
+                    patch(undo, owner, name, staticmethod(wrap(clock, phase, raw.__func__)))
+                else:
+                    patch(undo, owner, name, wrap(clock, phase, raw))
+
+    methods(router.TritonPythonModel, "adapter", ["execute"])
+    methods(pb.InferenceRequest, "bls exec", ["exec", "async_exec"])
+    if not full:
+        return lambda: [u() for u in reversed(undo)] and None
+    methods(router.TritonPythonModel, "adapter", ["_timed_execute", "_execute"])
+    methods(router.TritonPythonModel, "parse", ["_parse"])
+    methods(router.TritonPythonModel, "response", ["_response"])
+    methods(tokenize.TextTokenizer, "tokenize", ["encode", "pad"])
+    methods(engine.Run, "plan", ["run"])
+    methods(engine.Run, "nodes", ["run_node"])
+    methods(engine.Run, "metrics", ["count", "gauge", "observe", "stage", "flush"])
+    methods(engine.ModelCalls, "model call", ["classify", "batched", "ensure_tokens"])
+    methods(Deadlines, "deadlines", [n for n, v in vars(Deadlines).items() if inspect.isfunction(v) and not n.startswith("__")])
+    methods(downstream.Downstream, "bls build", ["infer", "_call", "_bls"])
+    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__"])
+    methods(downstream.CircuitBreaker, "bls build", ["before_call", "on_success", "state"])
+    methods(heads.Head, "heads", ["probabilities", "verdicts", "unsure", "thresholds", "combine", "flipped"])
+    methods(Metrics, "metrics", ["inc", "observe", "set", "record"])
+    patch(undo, router, "observe_stage", wrap(clock, "metrics", router.observe_stage))
+    kinds = dict(N.KINDS)
+    N.KINDS.update({name: replace(kind, run=wrap(clock, "nodes", kind.run)) for name, kind in kinds.items()})
+    undo.append(lambda: N.KINDS.update(kinds))
+    loop_cls = asyncio.BaseEventLoop
+    patch(undo, loop_cls, "run_until_complete", wrap(clock, "adapter", loop_cls.run_until_complete))
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
+    """One pass over ``model`` (module docstring); medians in microseconds."""
+    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    for _ in range(warmup):
+        mock.infer(model, inputs)
+    clock = Clock()
+    undo = instrument(clock, full)
+    per_execute: List[Dict[str, int]] = []
+    try:
+        for _ in range(warmup // 5):
+            mock.infer(model, inputs)
+        clock.take()
+        for _ in range(executes):
+            mock.infer(model, inputs)
+            per_execute.append(clock.take())
+    finally:
+        undo()
+    totals = [sum(p.values()) for p in per_execute]
+    own = [t - p.get("bls exec", 0) for t, p in zip(totals, per_execute)]
+    out: Dict[str, Any] = {
+        "executes": executes,
+        "execute_us": round(statistics.median(totals) / 1e3, 1),
+        "own_us": round(statistics.median(own) / 1e3, 1),
+        "own_us_quartiles": [round(q / 1e3, 1) for q in statistics.quantiles(own, n=4)],
+    }
+    if full:
+        out["phases_median_us"] = {ph: round(statistics.median(p.get(ph, 0) for p in per_execute) / 1e3, 1) for ph in PHASES}
+        out["phases_mean_us"] = {ph: round(statistics.fmean(p.get(ph, 0) for p in per_execute) / 1e3, 1) for ph in PHASES}
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--executes", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--models", nargs="+", default=["router", "router_single"])
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    import orchestrator
+    from lab.bench.plan import VARIANTS
+    from lab.bench.variants import make_bench_repository
+    from orchestrator.testing.mock import MockTriton
+
+    report: Dict[str, Any] = {"orchestrator": str(Path(orchestrator.__file__).parent), "python": sys.version.split()[0],
+                              "load_before": load_average(), "text": TEXT, "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {k: VARIANTS[k] for k in args.models if k in VARIANTS}
+        repo = make_bench_repository(Path(tmp) / "model_repository", variants=variants)
+        with MockTriton(repo) as mock:
+            for name in ("tokenizer", "classifier", "classifier_fast", *args.models):
+                mock.load(name)
+            for model in args.models:
+                bare = measure(mock, model, args.executes, args.warmup, full=False)
+                phases = measure(mock, model, args.executes, args.warmup, full=True)
+                report["models"][model] = {"bare": bare, "phases": phases}
+    report["load_after"] = load_average()
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

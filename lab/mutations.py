@@ -219,6 +219,13 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a cascade escalates a text whose verdict its first stage fixed",
              Target(R + "routing/nodes/cascade.py", "unsure", "answers[it.idx].verdict is None"), "True",
              ("tests/unit/test_engine.py",)),
+    # the router's own time at c=1: cuts that keep every answer
+    Mutation("a negative logit's sigmoid taken as a positive one's",
+             Target(R + "routing/heads.py", "sigmoid", "e / (1.0 + e)"), "1.0 / (1.0 + e)",
+             ("tests/unit/test_engine_heads.py",)),
+    Mutation("every request's parameters read as none",
+             Target(R + "request.py", "request_parameters", "raw == '{}'"), "True",
+             ("tests/unit/test_engine_heads.py", ADAPTER)),
     # admission control
     Mutation("admission refuses a request that ends exactly at the bound",
              Target(R + "serving/admission.py", "Admission.admit", "math.floor(room / per + 1e-09)"), "math.ceil(room / per) - 1",

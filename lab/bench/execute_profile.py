@@ -30,6 +30,9 @@ itself: not the router's).
 The mock's ``Tensor``/``InferenceRequest``/``InferenceResponse`` are Python, where the stub's
 are C++ bindings, so ``bls build`` and ``response`` here are an upper bound of the stub's;
 everything else is the code the stub runs. Prints one JSON document (also to ``--json``).
+
+``--ablate FEATURE...``: what one feature costs at c=1 (:func:`ablation`): the bare pass in
+alternating blocks (ABBA) with the feature on and patched off.
 """
 
 from __future__ import annotations
@@ -166,6 +169,73 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
     return lambda: [u() for u in reversed(undo)] and None
 
 
+def ablate(feature: str) -> Callable[[], None]:
+    """Turn ``feature`` off by patching (the lab's stand-in for a switch): ``timing`` (the
+    ``orchestrator_stage_seconds`` and ``orchestrator_node_latency_seconds`` observations),
+    ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
+    estimate and its gauge). Returns the undo."""
+    from orchestrator.runtime.execution import engine
+    from orchestrator.runtime.metrics import SAMPLED_HISTOGRAMS, Metrics
+    from orchestrator.runtime.serving import router
+
+    undo: List[Callable[[], None]] = []
+    if feature in ("timing", "metrics"):
+        observe = engine.Run.observe
+
+        def run_observe(self: Any, family: str, value: float, **labels: str) -> None:
+            if feature == "timing" and family not in SAMPLED_HISTOGRAMS:
+                observe(self, family, value, **labels)
+
+        patch(undo, engine.Run, "stage", lambda self, stage, began: None)
+        patch(undo, engine.Run, "observe", run_observe)
+        patch(undo, router, "observe_stage", lambda metrics, stage, began: None)
+    if feature == "metrics":
+        for name in ("count", "gauge", "flush"):
+            patch(undo, engine.Run, name, lambda self, *a, **k: None)
+        for name in ("inc", "set", "observe", "record"):
+            patch(undo, Metrics, name, lambda self, *a, **k: None)
+    if feature == "queue_delay":
+        patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
+        patch(undo, router.QueueDelay, "end", lambda self: None)
+    if not undo:
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics or queue_delay")
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
+    """The router's own time with ``feature`` on and off (:func:`ablate`), in alternating
+    blocks of ``block`` executes: the median of each block, and the median of the paired
+    block differences (on - off) with the blocks' 5th and 95th percentiles of it."""
+    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    for _ in range(warmup):
+        mock.infer(model, inputs)
+    clock = Clock()
+    undo = instrument(clock, False)
+    on: List[float] = []
+    off: List[float] = []
+    try:
+        for b in range(2 * blocks):
+            turned_off = (b % 2 == 1) if (b // 2) % 2 == 0 else (b % 2 == 0)  # ABBA: neither side always first
+            restore = ablate(feature) if turned_off else None
+            own = []
+            try:
+                for _ in range(block):
+                    mock.infer(model, inputs)
+                    p = clock.take()
+                    own.append(sum(p.values()) - p.get("bls exec", 0))
+            finally:
+                if restore:
+                    restore()
+            (off if turned_off else on).append(statistics.median(own) / 1e3)
+    finally:
+        undo()
+    diffs = sorted(a - b for a, b in zip(on, off))
+    q = statistics.quantiles(diffs, n=20) if len(diffs) >= 2 else [diffs[0]] * 19
+    return {"feature": feature, "blocks": blocks, "block": block, "on_us": round(statistics.median(on), 1),
+            "off_us": round(statistics.median(off), 1), "cost_us": round(statistics.median(diffs), 1),
+            "cost_us_p5_p95": [round(q[0], 1), round(q[-1], 1)]}
+
+
 def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
     """One pass over ``model`` (module docstring); medians in microseconds."""
     inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
@@ -203,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay")
+    ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side (default %(default)s)")
     args = ap.parse_args(argv)
 
     import orchestrator
@@ -222,6 +294,9 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
                 bare = measure(mock, model, args.executes, args.warmup, full=False)
                 phases = measure(mock, model, args.executes, args.warmup, full=True)
                 report["models"][model] = {"bare": bare, "phases": phases}
+                for feature in args.ablate:
+                    report["models"][model].setdefault("ablations", []).append(
+                        ablation(mock, model, feature, args.blocks, max(1, args.executes // (2 * args.blocks)), args.warmup // 5))
     report["load_after"] = load_average()
     text = json.dumps(report, indent=2)
     if args.json:

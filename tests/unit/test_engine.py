@@ -244,3 +244,20 @@ def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carri
     fake.calls.clear()
     asyncio.run(engine.run([Work(["good"], thr, {}), Work(["bad"], thr, {})]))
     assert [c["options"].trace for c in fake.calls] == [None, None]
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_timing_off_skips_the_timing_observations_and_keeps_every_count(timing):
+    """``metrics_timing_sample: off`` (``Metrics.timing`` False): a run takes no stage or
+    node-latency observation at all, and counts every text as before."""
+    from tests.unit.test_shadow import RecordingMetrics
+
+    metrics = RecordingMetrics()
+    metrics.timing = timing
+    doc = {"version": 1, "root": {"kind": "cascade", "name": "cas", "margin": 0.4, "stages": [model("fast"), model("accurate")]}}
+    engine = Engine(parse_policy(doc), FakeBLS(), metrics)
+    [result] = asyncio.run(engine.run([Work(list(TEXTS), np.full(len(TEXTS), 0.5, np.float32), {}, "")]))
+    timed = {k[0] for k in metrics.observations}
+    assert timed == ({"orchestrator_stage_seconds", "orchestrator_node_latency_seconds"} if timing else set())
+    assert sum(v for (family, _), v in metrics.counts.items() if family == "orchestrator_texts_total") == len(TEXTS)
+    assert len(result.routes) == len(TEXTS)

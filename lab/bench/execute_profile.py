@@ -267,6 +267,25 @@ def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Di
     return out
 
 
+def render(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
+    """Markdown tables of two reports (``--json`` files) side by side: per model, the bare
+    own time and each phase's median, before and after; then each ablation of ``after``."""
+    L = []
+    for model in after["models"]:
+        b, a = before["models"].get(model), after["models"][model]
+        L += ["", f"`{model}` (medians over {a['bare']['executes']} executes, microseconds):", "",
+              "| | before | after |", "|---|---:|---:|"]
+        L.append(f"| own time per execute (bare pass) | {b['bare']['own_us'] if b else '-'} | {a['bare']['own_us']} |")
+        L.append(f"| own time per execute (phases pass) | {b['phases']['own_us'] if b else '-'} | {a['phases']['own_us']} |")
+        for ph in PHASES:
+            L.append(f"| {ph} | {b['phases']['phases_median_us'][ph] if b else '-'} | {a['phases']['phases_median_us'][ph]} |")
+        for ab in a.get("ablations", []):
+            L.append(f"\n`{ab['feature']}` on / off: {ab['on_us']} / {ab['off_us']} us; cost {ab['cost_us']} us "
+                     f"(5th-95th percentile of {ab['blocks']} paired blocks of {ab['block']}: {ab['cost_us_p5_p95'][0]} "
+                     f"to {ab['cost_us_p5_p95'][1]})")
+    return L
+
+
 def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--executes", type=int, default=2000)
@@ -275,7 +294,13 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay")
     ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side (default %(default)s)")
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                    help="print two --json reports side by side as markdown, and measure nothing")
     args = ap.parse_args(argv)
+    if args.render:
+        docs = [json.loads(p.read_text()) for p in args.render]
+        print("\n".join(render(*docs)))
+        return {"rendered": [str(p) for p in args.render]}
 
     import orchestrator
     from lab.bench.plan import VARIANTS

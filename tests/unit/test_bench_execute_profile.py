@@ -42,3 +42,6 @@ def test_a_short_run_of_router_single_adds_up_and_restores_the_runtime(tmp_path)
     (a,) = m["ablations"]
     assert a["feature"] == "timing" and a["blocks"] == 2 and a["on_us"] > 0 and a["off_us"] > 0
     assert TritonPythonModel.execute is execute and Run.stage is stage  # every wrapper and patch undone
+    text = "\n".join(X.render(r, r))
+    assert f"| own time per execute (bare pass) | {m['bare']['own_us']} | {m['bare']['own_us']} |" in text
+    assert "`timing` on / off" in text

@@ -309,8 +309,8 @@ class TritonPythonModel:
     """Triton Python-backend adapter around :class:`~orchestrator.runtime.execution.engine.Engine`.
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
-    in the calling (stub main) thread. A downstream call that is the only one in flight
-    uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
+    in the calling (stub main) thread, its first step inline (:func:`run_eagerly`). A
+    downstream call that is the only one in flight uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
     ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that

@@ -310,9 +310,9 @@ class TritonPythonModel:
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
     in the calling (stub main) thread, its first step inline (:func:`run_eagerly`). A
-    downstream call that is the only one in flight uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
-    ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
-    ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
+    downstream call that is the only one in flight uses the blocking BLS ``exec``; calls
+    that run beside others (several parts of a batch, ``parallel``/``split``/``switch``
+    branches, retries) or under a ``timeout_ms`` use ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/results/benchmarks.md has the measurement.
     Every downstream call goes through :class:`~orchestrator.runtime.bls.downstream.Downstream`

@@ -29,30 +29,34 @@ SAMPLED_HISTOGRAMS = frozenset({"orchestrator_node_latency_seconds", "orchestrat
 #: default (``make profile`` found one stub-server round trip per observation in 8% of the
 #: router stub's samples; ``make bench-flush`` measures the two side by side).
 MAX_SAMPLED = 8
-#: The router's config parameter that sets the sample: a positive integer, or ``all``.
+#: The router's config parameter that sets the sample: a positive integer, ``all``, or ``off``
+#: (no timing observation is taken at all: the histograms stay empty, and each execute skips
+#: their clock reads and bookkeeping; ``lab.bench.execute_profile --ablate timing`` measures it).
 SAMPLE_PARAMETER = "metrics_timing_sample"
 
 
 def timing_sample(params: Mapping[str, str]) -> Optional[int]:
     """The number of timing observations per series per flush that the config parameters
     ``params`` ask for (:data:`SAMPLE_PARAMETER`): :data:`MAX_SAMPLED` when absent, None
-    (send every one) for ``all``.
+    (send every one) for ``all``, 0 (take none) for ``off``.
 
     Raises:
-        ValueError: the value is neither a positive integer nor ``all`` (the router then
-            fails to load, naming the parameter).
+        ValueError: the value is neither a positive integer, ``all`` nor ``off`` (the router
+            then fails to load, naming the parameter).
     """
     raw = params.get(SAMPLE_PARAMETER)
     if raw is None or raw == "":
         return MAX_SAMPLED
     if raw.strip().lower() == "all":
         return None
+    if raw.strip().lower() == "off":
+        return 0
     try:
         n = int(raw)
     except ValueError:
         n = 0
     if n < 1:
-        raise ValueError(f"router: parameter {SAMPLE_PARAMETER}={raw!r}: expected a positive integer or 'all'")
+        raise ValueError(f"router: parameter {SAMPLE_PARAMETER}={raw!r}: expected a positive integer, 'all' or 'off'")
     return n
 
 
@@ -63,7 +67,7 @@ Key = Tuple[str, Tuple[Tuple[str, str], ...]]
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
     """Observe ``orchestrator_stage_seconds{stage}`` (one of :data:`STAGES`): the seconds of
     ``time.perf_counter()`` since ``began``; nothing when ``metrics`` is None."""
-    if metrics:
+    if metrics and metrics.timing:
         metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
 
 
@@ -183,6 +187,7 @@ class Metrics:
                  max_sampled: Optional[int] = MAX_SAMPLED):
         self.router = router_name
         self.max_sampled = max_sampled  # None: every timing observation (timing_sample)
+        self.timing = max_sampled != 0  # False: no timing observation is taken (``off``)
         self.families = {}
         self.metrics: Dict[Tuple[str, Labels], Any] = {}  # pb_utils.Metric by (family, labels)
         self.lock = threading.Lock()
@@ -224,8 +229,9 @@ class Metrics:
                 self.counts[key] = self.counts.get(key, 0.0) + value
 
     def observe(self, family: str, value: float, **labels: str) -> None:
-        """Add one observation to histogram ``family`` (sent at the next flush)."""
-        if family in self.families:
+        """Add one observation to histogram ``family`` (sent at the next flush; none of a
+        timing histogram when :attr:`timing` is off)."""
+        if family in self.families and (self.timing or family not in SAMPLED_HISTOGRAMS):
             key = (family, tuple(sorted(labels.items())))
             with self.lock:
                 self.observations.setdefault(key, []).append(value)
@@ -245,7 +251,7 @@ class Metrics:
                 if key[0] in self.families and value:
                     self.counts[key] = self.counts.get(key, 0.0) + value
             for key, values in observations.items():
-                if key[0] in self.families:
+                if key[0] in self.families and (self.timing or key[0] not in SAMPLED_HISTOGRAMS):
                     self.observations.setdefault(key, []).extend(values)
             for key, value in gauges.items():
                 if key[0] in self.families:

@@ -34,8 +34,9 @@ What it does (docs/guides/tune.md):
    other texts (never the tuning texts), next to the last stage alone, the ensemble's
    answer (the last stage reading the first ``max_sequence_length`` tokens) and the router
    reading every window;
-7. with ``--url``: each stage model's throughput measured on that server and every point's
-   predicted, the chosen point run through the router where it serves that margin
+7. with ``--url``: each stage model's throughput and the router's own overhead per text
+   measured on that server and every point's predicted, the chosen point run through the
+   router where it serves that margin
    (:mod:`orchestrator.tooling.tune_throughput`).
 
 Errors: :class:`TuneError` (message names the input); ``ParityError``/``OSError`` for data.
@@ -658,12 +659,13 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
          chunk_target: str = "accuracy>=last", report_data: Optional[str] = None, out: Optional[Path] = None,
          write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS, url: Optional[str] = None,
          concurrency: Optional[int] = None, duration_s: Optional[float] = None,
-         router_model: Optional[str] = None) -> Dict[str, Any]:
+         router_model: Optional[str] = None, router_overhead_ms: Optional[float] = None) -> Dict[str, Any]:
     """The command (module docstring); returns ``curves.json``'s document. ``url``
     (``grpc://HOST:PORT`` or ``http://HOST:PORT``): each point's throughput predicted on that
     server (:mod:`orchestrator.tooling.tune_throughput`, ``concurrency`` clients,
     ``duration_s`` seconds per model; ``router_model`` default: the policy file's directory
-    name) under ``"throughput"``."""
+    name; ``router_overhead_ms``: the router's own milliseconds per text, instead of
+    measuring it) under ``"throughput"``."""
     from orchestrator.tooling.modeling.parity.calibration import load_data
     from orchestrator.tooling.policy_cli import _repository_for, bind_repository
 
@@ -733,7 +735,8 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
         result["throughput"] = TT.throughput_report(
             url, head, result, plan, stage_answers_of, models, router_model or policy_path.resolve().parent.name,
             policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S,
-            cascade_answers=cascade_answers, cascades_of=cascades)
+            cascade_answers=cascade_answers, cascades_of=cascades,
+            router_overhead_s=None if router_overhead_ms is None else router_overhead_ms / 1000.0)
         for c in result["throughput"]["cascades"]:
             TT.plot_throughput(out / f"throughput_{c['name']}.png", c, f"cascade {c['name']} on {url}: accuracy on {data} "
                                f"against predicted throughput (concurrency {result['throughput']['concurrency']})")
@@ -858,6 +861,9 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--duration", type=float, default=5.0, help="--url: timed seconds per model (default %(default)s)")
     parser.add_argument("--router-model", default=None,
                         help="--url: the router serving the policy (default: the policy file's directory name)")
+    parser.add_argument("--router-overhead-ms", type=float, default=None,
+                        help="--url: the router's own milliseconds per text to predict with, instead of measuring it at "
+                             "the margin the router serves (e.g. one measured at another margin)")
     return parser
 
 
@@ -865,7 +871,8 @@ def tune_command(args: argparse.Namespace) -> int:
     try:
         r = tune(args.policy, args.data, args.repo, args.target, args.chunk_target, args.report_data, args.out,
                  args.write, args.threshold, args.long_texts, getattr(args, "url", None), getattr(args, "concurrency", None),
-                 getattr(args, "duration", None), getattr(args, "router_model", None))
+                 getattr(args, "duration", None), getattr(args, "router_model", None),
+                 getattr(args, "router_overhead_ms", None))
     except (ToolingError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -6,13 +6,22 @@ clients (tritonclient), each sending one text per request, tokenized as the rout
 ``attention_mask`` int64 [1, T]), for ``duration_s`` seconds after one untimed request per
 client. A stage's cost per text is ``c = 1 / throughput`` (seconds). A point that sends a
 share ``e_i`` of the texts to stage ``i`` (``e_0 = 1``; for two stages ``e_1`` is the
-escalation rate) is predicted to serve ``1 / sum(e_i * c_i)`` texts per second: the
-router's own per-request overhead is left out, so the prediction is an upper bound.
+escalation rate) is predicted to serve ``1 / (o + sum(e_i * c_i))`` texts per second, where
+``o`` is the router's own cost per text on that server (:func:`predicted`): its Python work
+on each execute (parsing, the policy, tokenizing, BLS requests, responses, metrics) and the
+stub's hand-offs, which share the server's CPUs with the stage models.
 
-When the server serves a router (``--router-model``, default the policy file's directory
-name) whose cascade has the chosen margin (its ``describe_policy`` answer), the same closed
-loop runs against it and the measured throughput is printed beside the predicted one;
-otherwise the result says what could not run and why.
+``o`` is measured on the server (:func:`router_overhead`): the same closed loop runs against
+the router (``--router-model``, default the policy file's directory name) at the margin it
+serves now (its ``describe_policy`` answer), and ``o = 1 / T_router - sum(e_i * c_i)`` at that
+margin's stage shares (computed on the tuning texts), at least 0. ``--router-overhead-ms``
+gives ``o`` instead (one measured earlier, at another margin): a point checked with an ``o``
+measured at another margin checks the model, not the calibration. Without a router that
+answers, ``o`` is 0 and the result says why: the predictions are then upper bounds.
+
+When the router serves the chosen margin, a second closed loop runs against it and the
+measured throughput is printed beside the predicted one; otherwise the result says what
+could not run and why.
 
 Errors: :class:`orchestrator.tooling.errors.TuneError` (a bad ``--url``, a stage model the
 server does not answer).
@@ -29,7 +38,8 @@ import numpy as np
 #: Default closed-loop clients and timed seconds per model.
 CONCURRENCY = 16
 DURATION_S = 5.0
-FORMULA = "1 / (c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share of texts reaching stage i; the router's own per-request overhead is not counted"
+FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share "
+           "of texts reaching stage i, o the router's own overhead per text (measured on the server at the margin it serves)")
 
 
 def parse_url(url: str) -> Tuple[str, str]:
@@ -150,10 +160,19 @@ def measure_router(protocol: str, address: str, model: str, texts: Sequence[str]
     return {"model": model, **closed_loop(_client_maker(protocol, address), send, concurrency, duration_s)}
 
 
-def predicted(reach: Sequence[float], costs: Sequence[float]) -> float:
+def predicted(reach: Sequence[float], costs: Sequence[float], overhead_s: float = 0.0) -> float:
     """Texts per second of a cascade whose stage ``i`` sees the share ``reach[i]`` of the
-    texts (``reach[0]`` = 1) and costs ``costs[i]`` seconds per text: ``1 / sum(reach * cost)``."""
-    return 1.0 / float(np.dot(reach, costs))
+    texts (``reach[0]`` = 1) and costs ``costs[i]`` seconds per text, behind a router that
+    costs ``overhead_s`` seconds per text itself: ``1 / (overhead_s + sum(reach * cost))``."""
+    return 1.0 / (overhead_s + float(np.dot(reach, costs)))
+
+
+def overhead_from(router_throughput: float, reach: Sequence[float], costs: Sequence[float]) -> float:
+    """The router's own seconds per text: ``1 / router_throughput`` (texts per second, the
+    router's closed loop at a margin whose stage shares are ``reach``) less what its stages
+    cost there (``sum(reach * costs)``), at least 0 (a router measured faster than its stages
+    alone: noise, or stages whose batches fill better behind the router)."""
+    return max(0.0, 1.0 / router_throughput - float(np.dot(reach, costs)))
 
 
 def served_cascade(protocol: str, address: str, router: str, cascade: str,
@@ -179,7 +198,7 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
                       answers_of: Mapping[str, Tuple[Sequence[np.ndarray], Any]], models: Any, router: str,
                       max_length: int, threshold: float = 0.5, concurrency: int = CONCURRENCY,
                       duration_s: float = DURATION_S, *, cascade_answers: Callable[..., Any],
-                      cascades_of: Callable[[Any], Sequence[Any]]) -> Dict[str, Any]:
+                      cascades_of: Callable[[Any], Sequence[Any]], router_overhead_s: Optional[float] = None) -> Dict[str, Any]:
     """``curves.json``'s ``"throughput"``: each stage model measured on the server, every
     cascade point's predicted throughput (texts/s) beside its accuracy, and the chosen point
     run through ``router`` where it serves that margin (else ``"router_not_run"``: why).
@@ -188,7 +207,12 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
     (cascade node, stages); ``answers_of``: cascade name -> (stage answers float64 [N,
     columns] each, the measured texts); ``models``: :class:`orchestrator.tooling.tune.Models`;
     ``cascade_answers``, ``cascades_of``: ``tune``'s (passed in: this module does not import
-    ``tune``, which imports it).
+    ``tune``, which imports it); ``router_overhead_s``: the router's own seconds per text to
+    use instead of measuring it (:func:`router_overhead`).
+
+    Each cascade's ``"overhead"``: ``{"overhead_s", "source"}`` (``given``, ``measured``: with
+    the router's closed loop, ``margin``, ``reach`` and ``stage_cost_s``, or ``none``: with
+    ``reason``); each point's ``predicted_throughput`` includes ``overhead_s``.
 
     Raises:
         TuneError: a bad ``url``, or a stage model with no successful request.
@@ -209,17 +233,22 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
                 out["models"][name] = measure_model(protocol, address, name, rows, mh.pad_token_id, s.model.version,
                                                     concurrency, duration_s)
             costs.append(out["models"][name]["cost_s"])
+
+        def reach_at(margin: float, answers: Sequence[np.ndarray] = answers) -> List[float]:
+            return [float(r.mean()) for r in cascade_answers(head, answers, margin, threshold)[1]]
+
+        served, why = served_cascade(protocol, address, router, cascade.name, cascades_of)
+        overhead = router_overhead(protocol, address, router, served, why, reach_at, costs, measured.texts, threshold,
+                                   concurrency, duration_s, router_overhead_s)
         points = []
         for p in entry["points"]:
-            reached = cascade_answers(head, answers, p["margin"], threshold)[1]
-            reach = [float(r.mean()) for r in reached]
+            reach = reach_at(p["margin"])
             points.append({"margin": p["margin"], "escalation_rate": p["escalation_rate"], "accuracy": p["accuracy"],
-                           "reach": reach, "predicted_throughput": predicted(reach, costs)})
+                           "reach": reach, "predicted_throughput": predicted(reach, costs, overhead["overhead_s"])})
         chosen = next(q for q in points if q["margin"] == entry["chosen"]["margin"])
-        c = {"name": cascade.name, "points": points, "chosen": chosen,
+        c = {"name": cascade.name, "points": points, "chosen": chosen, "overhead": overhead,
              "last_stage_alone": {"accuracy": entry["last_stage_accuracy"], "predicted_throughput": 1.0 / costs[-1]},
              "first_stage_alone": {"predicted_throughput": 1.0 / costs[0]}}
-        served, why = served_cascade(protocol, address, router, cascade.name, cascades_of)
         if served is not None and abs(served.margin - chosen["margin"]) > 1e-9:
             why = (f"model '{router}' serves cascade '{cascade.name}' with margin {served.margin:g}, not the chosen "
                    f"{chosen['margin']:g} (serve the tuned policy and run again)")
@@ -229,9 +258,34 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
         else:
             run = measure_router(protocol, address, router, measured.texts, threshold, concurrency, duration_s)
             c["router"] = {**run, "predicted_throughput": chosen["predicted_throughput"],
-                           "measured_over_predicted": run["throughput"] / chosen["predicted_throughput"]}
+                           "measured_over_predicted": run["throughput"] / chosen["predicted_throughput"],
+                           # o measured at this very margin: the check is of repeatability, not of the model
+                           "overhead_measured_here": overhead["source"] == "measured"
+                           and abs(overhead["margin"] - chosen["margin"]) <= 1e-9}
         out["cascades"].append(c)
     return out
+
+
+def router_overhead(protocol: str, address: str, router: str, served: Optional[Any], why: str,
+                    reach_at: Callable[[float], List[float]], costs: Sequence[float], texts: Sequence[str],
+                    threshold: float, concurrency: int, duration_s: float,
+                    given_s: Optional[float] = None) -> Dict[str, Any]:
+    """The router's own seconds per text on the server (module docstring): ``given_s`` when
+    set; else :func:`overhead_from` the router's closed loop (:func:`measure_router`) at the
+    margin its ``served`` cascade has (``reach_at(margin)``: the stage shares there; ``costs``:
+    the stages' seconds per text); else 0, with the reason (``why``: the served cascade's,
+    or the closed loop answered nothing)."""
+    if given_s is not None:
+        return {"overhead_s": float(given_s), "source": "given"}
+    if served is None:
+        return {"overhead_s": 0.0, "source": "none", "reason": why}
+    run = measure_router(protocol, address, router, texts, threshold, concurrency, duration_s)
+    if run["requests"] == 0:
+        return {"overhead_s": 0.0, "source": "none",
+                "reason": f"model '{router}' answered no request" + (f" ({run['first_error']})" if run["first_error"] else "")}
+    reach = reach_at(served.margin)
+    return {"overhead_s": overhead_from(run["throughput"], reach, costs), "source": "measured", "margin": served.margin,
+            "reach": reach, "stage_cost_s": float(np.dot(reach, costs)), "router": run}
 
 
 def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
@@ -245,6 +299,15 @@ def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
     for name, m in t["models"].items():
         L.append(f"| {name} | {m['requests']} | {m['errors']} | {m['throughput']:.1f} | {1000 * m['cost_s']:.2f} |")
     for c in t["cascades"]:
+        o = c.get("overhead", {"overhead_s": 0.0, "source": "none", "reason": "not measured"})
+        if o["source"] == "measured":
+            L += ["", f"Router overhead o = {1000 * o['overhead_s']:.3f} ms per text: the router's closed loop at the margin it "
+                  f"serves ({o['margin']:g}) measured {o['router']['throughput']:.1f} texts/s, its stages there cost "
+                  f"{1000 * o['stage_cost_s']:.3f} ms per text."]
+        elif o["source"] == "given":
+            L += ["", f"Router overhead o = {1000 * o['overhead_s']:.3f} ms per text (given: --router-overhead-ms)."]
+        else:
+            L += ["", f"Router overhead not measured ({o['reason']}): o = 0, every prediction is an upper bound."]
         L += ["", f"Cascade `{c['name']}` (every {step:g} of margin and the chosen point; all in curves.json):", "",
               "| margin | escalation rate | accuracy | predicted texts/s |", "|---:|---:|---:|---:|"]
         for p in c["points"]:
@@ -259,7 +322,9 @@ def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
             r = c["router"]
             L += ["", f"Chosen point on the server (router '{r['model']}', same closed loop): measured "
                   f"{r['throughput']:.1f} texts/s ({r['requests']} requests, {r['errors']} errors), predicted "
-                  f"{r['predicted_throughput']:.1f}: measured/predicted {r['measured_over_predicted']:.2f}."]
+                  f"{r['predicted_throughput']:.1f}: measured/predicted {r['measured_over_predicted']:.2f}"
+                  + (" (o was measured at this margin: this checks repeatability; check the model at another margin "
+                     "with --router-overhead-ms)." if r.get("overhead_measured_here") else ".")]
         else:
             L += ["", f"Chosen point not run on the server: {c['router_not_run']}."]
     return L

@@ -1,7 +1,7 @@
 """The router's config parameter ``metrics_timing_sample`` (runtime/metrics.py) on the
 in-process mock: absent, the router sends at most ``MAX_SAMPLED`` timing observations per
-series per flush; ``all`` sends every one; a bad value fails the router's load, naming the
-parameter."""
+series per flush; ``all`` sends every one; ``off`` takes none (every other metric still
+counts); a bad value fails the router's load, naming the parameter."""
 
 from __future__ import annotations
 
@@ -54,6 +54,23 @@ def test_the_shipped_router_sends_a_sample_and_all_sends_every_observation(tmp_p
     assert sampled == M.MAX_SAMPLED and 0 < count <= M.MAX_SAMPLED
     every, count = _stage_count(tmp_path / "all", "all")
     assert every is None and count == 40
+
+
+def test_off_takes_no_timing_observation_and_keeps_every_other_metric(tmp_path):
+    sampled, count = _stage_count(tmp_path / "off", "off")
+    assert sampled == 0 and count == 0
+    with MockTriton(_repo(tmp_path / "off2", "off")) as mock:
+        for name in ("tokenizer", "classifier", "classifier_fast", "router"):
+            mock.load(name)
+        router = mock.loaded("router").instance
+        for i in range(3):
+            mock.infer("router", {"TEXT": np.array([[f"review {i}: a fine film".encode()]], dtype=np.object_),
+                                  "THRESHOLD": np.full((1, 1), 0.5, np.float32)})
+        router.metrics.flush()
+        families = mock.metrics()
+        assert not families.get("orchestrator_stage_seconds") and not families.get("orchestrator_node_latency_seconds")
+        assert mock.metric("orchestrator_requests_total", {"router": "router", "outcome": "success"}) == 3
+        assert sum(families["orchestrator_texts_total"].values()) == 3
 
 
 def test_a_bad_value_fails_the_load_by_name(tmp_path):

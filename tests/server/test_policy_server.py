@@ -205,7 +205,7 @@ def test_an_invalid_policy_or_config_parameter_stops_the_router_from_loading(tes
         # A config parameter the router cannot read fails its load the same way, named.
         with pytest.raises(ServerError) as info:
             server.load_model(BAD_SAMPLE_VARIANT)
-        assert "parameter metrics_timing_sample='every': expected a positive integer or 'all'" in str(info.value)
+        assert "parameter metrics_timing_sample='every': expected a positive integer, 'all' or 'off'" in str(info.value)
         assert state(server, "postprocess") == "READY"
 
 

@@ -1,7 +1,9 @@
-"""``orchestrator tune --url`` against a real tritonserver: each stage model measured in a
-short closed loop, every point's predicted throughput, the chosen point refused while the
-router serves another margin and run once it serves the tuned policy
-(orchestrator/tooling/tune_throughput.py)."""
+"""``orchestrator tune --url`` against a real tritonserver: each stage model and the router's
+own overhead measured in short closed loops, every point's predicted throughput with the
+overhead in it, the chosen point refused while the router serves another margin, run once it
+serves the tuned policy, and checked against an overhead measured at the other margin
+(orchestrator/tooling/tune_throughput.py). The mechanics only: whether the prediction is
+within 15% of the measurement needs a quiet machine and longer loops."""
 
 from __future__ import annotations
 
@@ -34,8 +36,12 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         (c,) = t["cascades"]
         assert len(c["points"]) == len(T.MARGINS) and (tmp_path / "a" / "throughput_cascade.png").is_file()
         fast, slow = t["models"]["classifier_fast"]["cost_s"], t["models"]["classifier"]["cost_s"]
+        o = c["overhead"]  # measured on the router as served (the shipped margin)
+        assert o["source"] == "measured" and o["router"]["requests"] > 0 and o["router"]["errors"] == 0
+        assert o["margin"] == T.cascades(T.P.load_policy(policy))[0].margin and o["overhead_s"] >= 0.0
+        assert o["overhead_s"] == pytest.approx(max(0.0, 1 / o["router"]["throughput"] - o["stage_cost_s"]))
         for p in c["points"]:
-            assert p["predicted_throughput"] == pytest.approx(1 / (fast + p["escalation_rate"] * slow))
+            assert p["predicted_throughput"] == pytest.approx(1 / (o["overhead_s"] + fast + p["escalation_rate"] * slow))
         chosen = first["cascades"][0]["chosen"]["margin"]
         served = T.P.load_policy(policy)
         if T.cascades(served)[0].margin != chosen:  # the shipped margin: not what was chosen on these texts
@@ -49,7 +55,13 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         r = c["router"]
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["measured_over_predicted"] == pytest.approx(r["throughput"] / c["chosen"]["predicted_throughput"])
+        assert r["overhead_measured_here"] is (c["overhead"]["margin"] == c["chosen"]["margin"])
         text = T.render(second)
-        assert "measured/predicted" in text and "concurrency 2, 1 s per model" in text
+        assert "measured/predicted" in text and "concurrency 2, 1 s per model" in text and "Router overhead o = " in text
+        # the chosen point checked against the overhead measured at the shipped margin: not a calibration
+        third = T.tune(policy, str(data), url=url, out=tmp_path / "c", router_overhead_ms=1000 * o["overhead_s"], **kw)
+        (c,) = third["throughput"]["cascades"]
+        assert c["overhead"] == {"overhead_s": pytest.approx(o["overhead_s"]), "source": "given"}
+        assert c["router"]["requests"] > 0 and c["router"]["overhead_measured_here"] is False
         with capsys.disabled():
             print("\n" + text[text.index("## Throughput"):])

@@ -244,3 +244,104 @@ def test_a_request_trace_goes_with_every_call_made_for_it_and_a_mixed_call_carri
     fake.calls.clear()
     asyncio.run(engine.run([Work(["good"], thr, {}), Work(["bad"], thr, {})]))
     assert [c["options"].trace for c in fake.calls] == [None, None]
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_timing_off_skips_the_timing_observations_and_keeps_every_count(timing):
+    """``metrics_timing_sample: off`` (``Metrics.timing`` False): a run takes no stage or
+    node-latency observation at all, and counts every text as before."""
+    from tests.unit.test_shadow import RecordingMetrics
+
+    metrics = RecordingMetrics()
+    metrics.timing = timing
+    doc = {"version": 1, "root": {"kind": "cascade", "name": "cas", "margin": 0.4, "stages": [model("fast"), model("accurate")]}}
+    engine = Engine(parse_policy(doc), FakeBLS(), metrics)
+    [result] = asyncio.run(engine.run([Work(list(TEXTS), np.full(len(TEXTS), 0.5, np.float32), {}, "")]))
+    timed = {k[0] for k in metrics.observations}
+    assert timed == ({"orchestrator_stage_seconds", "orchestrator_node_latency_seconds"} if timing else set())
+    assert sum(v for (family, _), v in metrics.counts.items() if family == "orchestrator_texts_total") == len(TEXTS)
+    assert len(result.routes) == len(TEXTS)
+
+
+def test_run_eagerly_returns_without_the_loop_when_nothing_suspends():
+    from orchestrator.runtime.serving.router import run_eagerly
+
+    loop = asyncio.new_event_loop()
+    seen = []
+
+    async def quick():
+        seen.append(asyncio.get_running_loop())  # the loop is the running one during the step
+        return 7
+
+    try:
+        assert run_eagerly(loop, quick()) == 7 and seen == [loop]
+        assert asyncio._get_running_loop() is None and not loop.is_running()
+        with pytest.raises(ValueError, match="bad"):
+            async def fails():
+                raise ValueError("bad")
+            run_eagerly(loop, fails())
+        assert asyncio._get_running_loop() is None
+    finally:
+        loop.close()
+
+
+def test_run_eagerly_resumes_a_suspended_coroutine_on_the_loop_in_its_context():
+    """After a suspension the coroutine goes on as a task: futures' results and exceptions
+    reach it where it awaited them, gathers and executors work, and a context variable set in
+    the first step is reset in the same context (as ``as_concurrent`` does)."""
+    import contextvars
+
+    from orchestrator.runtime.execution.engine import as_concurrent, in_concurrent_branch
+    from orchestrator.runtime.serving.router import run_eagerly
+
+    loop = asyncio.new_event_loop()
+    var = contextvars.ContextVar("v", default=0)
+
+    async def slow():
+        token = var.set(1)
+        try:
+            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)  # a bare yield
+            a, b = await asyncio.gather(asyncio.sleep(0, "a"), asyncio.get_running_loop().run_in_executor(None, lambda: "b"))
+            inside = await as_concurrent(_flag())
+            try:
+                await asyncio.wait_for(asyncio.sleep(1), 0.01)
+            except asyncio.TimeoutError:
+                timed_out = True
+            return a, b, inside, timed_out, var.get()
+        finally:
+            var.reset(token)  # a ValueError if the rest ran in another context
+
+    async def _flag():
+        await asyncio.sleep(0)
+        return in_concurrent_branch()
+
+    async def fails_later():
+        await asyncio.sleep(0)
+        raise KeyError("late")
+
+    try:
+        assert run_eagerly(loop, slow()) == ("a", "b", True, True, 1)
+        assert var.get() == 0 and not in_concurrent_branch()  # the caller's context untouched
+        with pytest.raises(KeyError, match="late"):
+            run_eagerly(loop, fails_later())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()
+
+
+def test_run_eagerly_inside_a_running_loop_refuses_as_run_until_complete_does():
+    from orchestrator.runtime.serving.router import run_eagerly
+
+    async def outer():
+        async def inner():
+            return 1
+
+        coro = inner()
+        try:
+            run_eagerly(asyncio.get_running_loop(), coro)
+        finally:
+            coro.close()
+
+    with pytest.raises(RuntimeError):
+        asyncio.run(outer())

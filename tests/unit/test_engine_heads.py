@@ -238,3 +238,27 @@ def test_heads_that_agree_bind_with_label_case_ignored():
     policy = parse_policy({"version": 1, "root": {"kind": "fallback", "nodes": [model("fast"), model("fast_b")]}})
     plan = bind_heads(policy, HEADS)
     assert plan.head == LEGACY and plan.tokenizers() == ["tokenizer", "tok_b"]
+
+
+def test_sigmoid_is_the_two_stable_formulas_bit_for_bit():
+    """The head's sigmoid: 1 / (1 + exp(-x)) for x >= 0 and exp(x) / (1 + exp(x)) below, the
+    very same float64 operations, finite at +-800 and 1/0 at +-inf."""
+    from orchestrator.runtime.routing.heads import sigmoid
+
+    x = np.concatenate([np.random.default_rng(0).normal(0.0, 12.0, 5000), [0.0, -0.0, 1e-300, -1e-300, 800.0, -800.0]])
+    want = np.where(x >= 0, 1.0 / (1.0 + np.exp(-np.maximum(x, 0))), np.exp(np.minimum(x, 0)) / (1.0 + np.exp(np.minimum(x, 0))))
+    got = sigmoid(x)
+    assert got.dtype == np.float64 and got.shape == x.shape and got.tobytes() == want.tobytes()
+    assert sigmoid(np.array([[np.inf, -np.inf]])).tolist() == [[1.0, 0.0]]
+    assert sigmoid(np.array([-3.0]))[0] == pytest.approx(1 / (1 + np.exp(3.0)), rel=1e-15)
+
+
+def test_request_parameters_empty_object_and_json():
+    from orchestrator.runtime.errors import InputError
+    from orchestrator.runtime.request import request_parameters
+
+    assert request_parameters("{}") == {} and request_parameters("") == {} and request_parameters(None) == {}
+    assert request_parameters('{"route": "fast", "n": 2}') == {"route": "fast", "n": 2}
+    assert request_parameters(' {} ') == {}
+    with pytest.raises(InputError, match="expected a JSON object"):
+        request_parameters("[]")

@@ -72,6 +72,7 @@ def test_the_config_parameter_sets_the_sample_or_sends_every_observation():
     assert M.timing_sample({}) == M.MAX_SAMPLED
     assert M.timing_sample({"metrics_timing_sample": "3"}) == 3
     assert M.timing_sample({"metrics_timing_sample": "ALL"}) is None
+    assert M.timing_sample({"metrics_timing_sample": "off"}) == 0
     assert len(_flushed_stage_observations(3)) == 3
     assert sorted(_flushed_stage_observations(None)) == [i / 1000 for i in range(50)]
     assert len(_flushed_stage_observations(50)) == 50  # a sample as large as the interval's: all
@@ -81,5 +82,5 @@ def test_a_bad_sample_parameter_is_refused_by_name():
     import pytest
 
     for bad in ("0", "-2", "many", "1.5"):
-        with pytest.raises(ValueError, match="metrics_timing_sample=.*positive integer or 'all'"):
+        with pytest.raises(ValueError, match="metrics_timing_sample=.*positive integer, 'all' or 'off'"):
             M.timing_sample({"metrics_timing_sample": bad})

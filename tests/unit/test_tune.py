@@ -373,3 +373,96 @@ def test_noninferior_on_a_byom_distilbert_to_bert_cascade(tmp_path):
     short = result["report"]["cascades"][0]["sets"]["short"]
     assert short["router_minus_last_stage_low_one_sided"] >= short["router_minus_last_stage"]["low"]
     assert "one-sided 95% lower bound" in (tmp_path / "out" / "tune.md").read_text()
+
+
+def test_router_overhead_arithmetic():
+    from orchestrator.tooling import tune_throughput as TT
+
+    # 2 ms + a quarter of 8 ms = 4 ms of stages a text; 1 ms of router on top -> 200 texts/s
+    assert TT.predicted([1.0, 0.25], [0.002, 0.008], 0.001) == pytest.approx(200.0)
+    assert TT.predicted([1.0, 0.25], [0.002, 0.008]) == pytest.approx(250.0)  # o = 0: the upper bound
+    # a router measured at 200 texts/s where its stages cost 4 ms a text spends 1 ms itself
+    assert TT.overhead_from(200.0, [1.0, 0.25], [0.002, 0.008]) == pytest.approx(0.001)
+    assert TT.overhead_from(300.0, [1.0, 0.25], [0.002, 0.008]) == 0.0  # faster than its stages: noise, not < 0
+    # what the overhead measured at one margin predicts at another: 1 / (1 + 2 + 0.5 * 8) ms
+    o = TT.overhead_from(200.0, [1.0, 0.25], [0.002, 0.008])
+    assert TT.predicted([1.0, 0.5], [0.002, 0.008], o) == pytest.approx(1000.0 / 7.0)
+
+
+class _Served:
+    def __init__(self, name, margin):
+        self.name, self.margin = name, margin
+
+
+def _throughput_with_fakes(monkeypatch, served_margin, router_tps, given_s=None):
+    """throughput_report on fakes: stages cost 2 ms (fast) and 8 ms (accurate) a text, the
+    router answers ``router_tps`` texts/s, its cascade serves ``served_margin``; the reach at
+    margin m is [1, m] (so the escalation rate is the margin itself)."""
+    from types import SimpleNamespace
+
+    from orchestrator.tooling import tune_throughput as TT
+
+    costs = {"fast": 0.002, "accurate": 0.008}
+    calls = []
+    monkeypatch.setattr(TT, "measure_model", lambda p, a, name, *args, **kw: {"model": name, "requests": 10, "errors": 0,
+                                                                              "throughput": 1 / costs[name], "cost_s": costs[name]})
+
+    def measure_router(protocol, address, model, texts, threshold, concurrency, duration_s):
+        calls.append(model)
+        return {"model": model, "requests": 100, "errors": 0, "seconds": 1.0, "throughput": router_tps, "first_error": None}
+
+    monkeypatch.setattr(TT, "measure_router", measure_router)
+    monkeypatch.setattr(TT, "served_cascade", lambda *a: (_Served("cas", served_margin), ""))
+    stages = [SimpleNamespace(model=SimpleNamespace(model=m, version=None)) for m in ("fast", "accurate")]
+    cascade = SimpleNamespace(name="cas")
+    heads = {m: SimpleNamespace(max_length=128, tokenizer="tok", pad_token_id=0) for m in costs}
+    models = SimpleNamespace(heads=heads, ids=lambda tok, texts: [np.array([1, 2, 3])] * len(texts))
+    margins = (0.1, 0.25, 0.5)
+    result = {"cascades": [{"points": [{"margin": m, "escalation_rate": m, "accuracy": 0.9} for m in margins],
+                            "chosen": {"margin": 0.25}, "last_stage_accuracy": 0.91}]}
+    measured = SimpleNamespace(texts=["a", "b"])
+
+    def cascade_answers(head, answers, margin, threshold):
+        return None, [np.ones(4), np.array([1.0] * int(margin * 4) + [0.0] * (4 - int(margin * 4)))]
+
+    t = TT.throughput_report("grpc://127.0.0.1:1", None, result, [(cascade, stages)], {"cas": ([], measured)}, models,
+                             "router", 128, concurrency=2, duration_s=0.1, cascade_answers=cascade_answers,
+                             cascades_of=lambda p: [], router_overhead_s=given_s)
+    return t, calls
+
+
+def test_throughput_predictions_include_the_router_overhead_measured_at_the_served_margin(monkeypatch):
+    # served at margin 0.5: stages cost 2 + 0.5 * 8 = 6 ms a text, the router 1 / 125 = 8 ms: o = 2 ms
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.5, router_tps=125.0)
+    (c,) = t["cascades"]
+    o = c["overhead"]
+    assert o["source"] == "measured" and o["margin"] == 0.5 and o["reach"] == [1.0, 0.5]
+    assert o["overhead_s"] == pytest.approx(0.002) and o["stage_cost_s"] == pytest.approx(0.006)
+    for p in c["points"]:
+        assert p["predicted_throughput"] == pytest.approx(1 / (0.002 + 0.002 + p["reach"][1] * 0.008))
+    # the router serves 0.5, not the chosen 0.25: only the overhead's closed loop ran
+    assert calls == ["router"] and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
+    assert "Router overhead o = 2.000 ms per text" in "\n".join(_render(t))
+
+
+def test_the_chosen_point_checked_against_a_given_overhead_and_the_calibration_flagged(monkeypatch):
+    # o given (measured at another margin): no closed loop for it, one for the chosen point
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, router_tps=125.0, given_s=0.001)
+    (c,) = t["cascades"]
+    assert c["overhead"] == {"overhead_s": 0.001, "source": "given"} and calls == ["router"]
+    r = c["router"]
+    assert c["chosen"]["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + 0.25 * 0.008))
+    assert r["measured_over_predicted"] == pytest.approx(125.0 * (0.001 + 0.002 + 0.25 * 0.008))
+    assert r["overhead_measured_here"] is False
+    # o measured at the chosen margin itself: two closed loops, and the check says it is one of repeatability
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, router_tps=125.0)
+    (c,) = t["cascades"]
+    assert calls == ["router", "router"] and c["router"]["overhead_measured_here"] is True
+    assert c["router"]["measured_over_predicted"] == pytest.approx(1.0)
+    assert "checks repeatability" in "\n".join(_render(t))
+
+
+def _render(t):
+    from orchestrator.tooling.tune_throughput import render_throughput
+
+    return render_throughput(t)

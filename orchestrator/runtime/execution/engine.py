@@ -194,6 +194,8 @@ class Run:
     def __init__(self, engine: Engine, infer: InferFn, models: Optional[ModelManager], metrics: Optional[Metrics],
                  mirror_runner: Optional[Mirror]) -> None:
         self.engine, self.head, self.metrics, self.mirror_runner = engine, engine.head, metrics, mirror_runner
+        # the timing histograms (stage, node latency): off with metrics_timing_sample=off
+        self.timing = metrics is not None and bool(getattr(metrics, "timing", True))
         self.deadlines = Deadlines(engine.clock, metrics, engine.costs)
         self.calls = ModelCalls(engine.policy, infer, models, self.deadlines, engine.tokenizers, self.stage)
         self.counter = 0
@@ -221,8 +223,10 @@ class Run:
             self.observations.setdefault((family, tuple(sorted(labels.items()))), []).append(value)
 
     def stage(self, stage: str, began: float) -> None:
-        """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``."""
-        self.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+        """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``
+        (nothing when timing is off)."""
+        if self.timing:
+            self.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
 
     def flush(self) -> None:
         """Hand this run's counters, observations and gauges to its metrics sink, at once."""
@@ -292,7 +296,8 @@ class Run:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
-            self.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+            if self.timing:
+                self.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
 
     # -- one execute call
 

@@ -59,11 +59,10 @@ LOGIT_EPS = 1e-12
 def sigmoid(logits: ArrayLike) -> NDArray[Any]:
     """Numerically stable logistic function; float64 in, float64 out, same shape."""
     x = np.asarray(logits, dtype=np.float64)
-    out = np.empty_like(x)
-    pos = x >= 0
-    out[pos] = 1.0 / (1.0 + np.exp(-x[pos]))
-    ex = np.exp(x[~pos])
-    out[~pos] = ex / (1.0 + ex)
+    # exp(-|x|) is exp(-x) where x >= 0 and exp(x) below: the same two formulas, bit for bit,
+    # without boolean indexing (a third of the router's head time on one text)
+    e = np.exp(-np.abs(x))
+    out: NDArray[Any] = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
     return out
 
 

@@ -1,0 +1,342 @@
+"""Where one ``execute`` of the router spends its time, phase by phase, without a server:
+``python -m lab.bench.execute_profile [--executes N] [--models router router_single] [--json PATH]``.
+
+The router (this checkout's ``TritonPythonModel``) runs on the in-process mock
+(``orchestrator.testing.mock``) in the benchmark repository (``router`` with the shipped policy,
+``router_single`` with one classifier call per text: ``lab.bench.plan.VARIANTS``), one request of
+one short text per ``execute`` (c=1), ``--executes`` times after ``--warmup``. Two passes per model:
+
+* **bare**: only ``execute`` and the BLS ``exec``/``async_exec`` are timed
+  (``time.perf_counter_ns``); the router's own time of one execute is ``execute`` less the time
+  inside BLS calls (the downstream model and the mock's side of the call). Its median is the
+  number to compare.
+* **phases**: every phase below is wrapped too, and each execute's time is split into
+  *exclusive* times (a phase's time less that of the phases inside it), so the phases add up
+  to the execute. The wrappers cost about a microsecond each, so this pass's total is above the
+  bare one; read it for shares, the bare pass for the total.
+
+Phases (what each wraps): ``parse`` (``_parse``: input tensors, ``parse_request``, the request
+context), ``tokenize`` (the inline tokenizer's ``encode``), ``plan`` (``Run.run`` itself: items,
+the policy's entry, results), ``deadlines`` (``Deadlines``), ``nodes`` (each node kind's handler
+and ``Run.run_node``), ``model call`` (``ModelCalls.classify``/``batched``: padding, input
+tensors), ``bls build`` (``Downstream.infer``/``_call``/``_bls`` and the circuit breaker: the
+``InferenceRequest``, its ``Tensor``s, reading the response), ``heads`` (``Head`` methods:
+sigmoid, verdicts, margins), ``metrics`` (``Metrics`` and the run's counters, observations and
+stage timings), ``response`` (``_response``: output tensors, the ``InferenceResponse``),
+``adapter`` (``execute``, ``_timed_execute``, ``_execute`` themselves and the event loop's
+``run_until_complete``: what no other phase holds), and ``bls exec`` (the downstream call
+itself: not the router's).
+
+The mock's ``Tensor``/``InferenceRequest``/``InferenceResponse`` are Python, where the stub's
+are C++ bindings, so ``bls build`` and ``response`` here are an upper bound of the stub's;
+everything else is the code the stub runs. Prints one JSON document (also to ``--json``).
+
+``--ablate FEATURE...``: what one feature costs at c=1 (:func:`ablation`): the bare pass in
+alternating blocks (ABBA) with the feature on and patched off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import inspect
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
+
+import numpy as np
+
+from lab.bench.machine import load_average
+
+TEXT = "A gorgeous, witty film."
+PHASES = ("parse", "tokenize", "plan", "deadlines", "nodes", "model call", "bls build", "heads", "metrics",
+          "response", "adapter", "bls exec")
+
+
+class Clock:
+    """Exclusive time per phase on the thread that runs ``execute`` (a stack of open phases)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.totals: Dict[str, int] = {}
+
+    def _stack(self) -> List[List[Any]]:
+        stack = getattr(self.local, "stack", None)
+        if stack is None:
+            stack = self.local.stack = []
+        return stack
+
+    def enter(self, phase: str) -> None:
+        self._stack().append([phase, time.perf_counter_ns(), 0])
+
+    def leave(self) -> None:
+        now = time.perf_counter_ns()
+        stack = self._stack()
+        phase, began, inner = stack.pop()
+        elapsed = now - began
+        self.totals[phase] = self.totals.get(phase, 0) + elapsed - inner
+        if stack:
+            stack[-1][2] += elapsed
+
+    def take(self) -> Dict[str, int]:
+        totals, self.totals = self.totals, {}
+        return totals
+
+
+def wrap(clock: Clock, phase: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` timed as ``phase`` (a coroutine function stays one: its awaits count to it,
+    which at c=1 with the blocking ``exec`` never suspend)."""
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def timed_async(*args: Any, **kwargs: Any) -> Any:
+            clock.enter(phase)
+            try:
+                return await fn(*args, **kwargs)
+            finally:
+                clock.leave()
+        return timed_async
+
+    @functools.wraps(fn)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        clock.enter(phase)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            clock.leave()
+    return timed
+
+
+def patch(undo: List[Callable[[], None]], owner: Any, name: str, new: Any) -> None:
+    old = owner.__dict__[name] if name in owner.__dict__ else getattr(owner, name)
+    setattr(owner, name, new)
+    undo.append(lambda: setattr(owner, name, old))
+
+
+def instrument(clock: Clock, full: bool) -> Callable[[], None]:
+    """Wrap the phases (``full``) or only execute and the BLS exec; returns the undo."""
+    import triton_python_backend_utils as pb
+
+    from orchestrator.runtime.bls import downstream
+    from orchestrator.runtime.execution import engine, tokenize
+    from orchestrator.runtime.metrics import Metrics
+    from orchestrator.runtime.request import Deadlines
+    from orchestrator.runtime.routing import heads
+    from orchestrator.runtime.routing import nodes as N
+    from orchestrator.runtime.serving import router
+
+    undo: List[Callable[[], None]] = []
+
+    def methods(owner: Any, phase: str, names: Sequence[str]) -> None:
+        for name in names:
+            if name in owner.__dict__:
+                raw = owner.__dict__[name]
+                if isinstance(raw, staticmethod):
+                    patch(undo, owner, name, staticmethod(wrap(clock, phase, raw.__func__)))
+                else:
+                    patch(undo, owner, name, wrap(clock, phase, raw))
+
+    methods(router.TritonPythonModel, "adapter", ["execute"])
+    methods(pb.InferenceRequest, "bls exec", ["exec", "async_exec"])
+    if not full:
+        return lambda: [u() for u in reversed(undo)] and None
+    methods(router.TritonPythonModel, "adapter", ["_timed_execute", "_execute"])
+    methods(router.TritonPythonModel, "parse", ["_parse"])
+    methods(router.TritonPythonModel, "response", ["_response"])
+    methods(tokenize.TextTokenizer, "tokenize", ["encode", "pad"])
+    methods(engine.Run, "plan", ["run"])
+    methods(engine.Run, "nodes", ["run_node"])
+    methods(engine.Run, "metrics", ["count", "gauge", "observe", "stage", "flush"])
+    methods(engine.ModelCalls, "model call", ["classify", "batched", "ensure_tokens"])
+    methods(Deadlines, "deadlines", [n for n, v in vars(Deadlines).items() if inspect.isfunction(v) and not n.startswith("__")])
+    methods(downstream.Downstream, "bls build", ["infer", "_call", "_bls"])
+    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__"])
+    methods(downstream.CircuitBreaker, "bls build", ["before_call", "on_success", "state"])
+    methods(heads.Head, "heads", ["probabilities", "verdicts", "unsure", "thresholds", "combine", "flipped"])
+    methods(Metrics, "metrics", ["inc", "observe", "set", "record"])
+    patch(undo, router, "observe_stage", wrap(clock, "metrics", router.observe_stage))
+    kinds = dict(N.KINDS)
+    N.KINDS.update({name: replace(kind, run=wrap(clock, "nodes", kind.run)) for name, kind in kinds.items()})
+    undo.append(lambda: N.KINDS.update(kinds))
+    loop_cls = asyncio.BaseEventLoop
+    patch(undo, loop_cls, "run_until_complete", wrap(clock, "adapter", loop_cls.run_until_complete))
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+def ablate(feature: str) -> Callable[[], None]:
+    """Turn ``feature`` off by patching (the lab's stand-in for a switch): ``timing`` (the
+    ``orchestrator_stage_seconds`` and ``orchestrator_node_latency_seconds`` observations),
+    ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
+    estimate and its gauge), ``eager`` (``execute``'s first step run without the event loop,
+    ``serving.router.run_eagerly``: off is ``loop.run_until_complete``). Returns the undo."""
+    from orchestrator.runtime.execution import engine
+    from orchestrator.runtime.metrics import SAMPLED_HISTOGRAMS, Metrics
+    from orchestrator.runtime.serving import router
+
+    undo: List[Callable[[], None]] = []
+    if feature in ("timing", "metrics"):
+        observe = engine.Run.observe
+
+        def run_observe(self: Any, family: str, value: float, **labels: str) -> None:
+            if feature == "timing" and family not in SAMPLED_HISTOGRAMS:
+                observe(self, family, value, **labels)
+
+        patch(undo, engine.Run, "stage", lambda self, stage, began: None)
+        patch(undo, engine.Run, "observe", run_observe)
+        patch(undo, router, "observe_stage", lambda metrics, stage, began: None)
+    if feature == "metrics":
+        for name in ("count", "gauge", "flush"):
+            patch(undo, engine.Run, name, lambda self, *a, **k: None)
+        for name in ("inc", "set", "observe", "record"):
+            patch(undo, Metrics, name, lambda self, *a, **k: None)
+    if feature == "eager":
+        if not hasattr(router, "run_eagerly"):
+            raise SystemExit("--ablate eager: this checkout's router has no run_eagerly")
+        patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))
+    if feature == "queue_delay":
+        patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
+        patch(undo, router.QueueDelay, "end", lambda self: None)
+    if not undo:
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay or eager")
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
+    """The router's own time with ``feature`` on and off (:func:`ablate`), in alternating
+    blocks of ``block`` executes: the median of each block, and the median of the paired
+    block differences (on - off) with the blocks' 5th and 95th percentiles of it."""
+    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    for _ in range(warmup):
+        mock.infer(model, inputs)
+    clock = Clock()
+    undo = instrument(clock, False)
+    on: List[float] = []
+    off: List[float] = []
+    try:
+        for b in range(2 * blocks):
+            turned_off = (b % 2 == 1) if (b // 2) % 2 == 0 else (b % 2 == 0)  # ABBA: neither side always first
+            restore = ablate(feature) if turned_off else None
+            own = []
+            try:
+                for _ in range(block):
+                    mock.infer(model, inputs)
+                    p = clock.take()
+                    own.append(sum(p.values()) - p.get("bls exec", 0))
+            finally:
+                if restore:
+                    restore()
+            (off if turned_off else on).append(statistics.median(own) / 1e3)
+    finally:
+        undo()
+    diffs = sorted(a - b for a, b in zip(on, off))
+    q = statistics.quantiles(diffs, n=20) if len(diffs) >= 2 else [diffs[0]] * 19
+    return {"feature": feature, "blocks": blocks, "block": block, "on_us": round(statistics.median(on), 1),
+            "off_us": round(statistics.median(off), 1), "cost_us": round(statistics.median(diffs), 1),
+            "cost_us_p5_p95": [round(q[0], 1), round(q[-1], 1)]}
+
+
+def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
+    """One pass over ``model`` (module docstring); medians in microseconds."""
+    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    for _ in range(warmup):
+        mock.infer(model, inputs)
+    clock = Clock()
+    undo = instrument(clock, full)
+    per_execute: List[Dict[str, int]] = []
+    try:
+        for _ in range(warmup // 5):
+            mock.infer(model, inputs)
+        clock.take()
+        for _ in range(executes):
+            mock.infer(model, inputs)
+            per_execute.append(clock.take())
+    finally:
+        undo()
+    totals = [sum(p.values()) for p in per_execute]
+    own = [t - p.get("bls exec", 0) for t, p in zip(totals, per_execute)]
+    out: Dict[str, Any] = {
+        "executes": executes,
+        "execute_us": round(statistics.median(totals) / 1e3, 1),
+        "own_us": round(statistics.median(own) / 1e3, 1),
+        "own_us_quartiles": [round(q / 1e3, 1) for q in statistics.quantiles(own, n=4)],
+    }
+    if full:
+        out["phases_median_us"] = {ph: round(statistics.median(p.get(ph, 0) for p in per_execute) / 1e3, 1) for ph in PHASES}
+        out["phases_mean_us"] = {ph: round(statistics.fmean(p.get(ph, 0) for p in per_execute) / 1e3, 1) for ph in PHASES}
+    return out
+
+
+def render(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
+    """Markdown tables of two reports (``--json`` files) side by side: per model, the bare
+    own time and each phase's median, before and after; then each ablation of ``after``."""
+    L = []
+    for model in after["models"]:
+        b, a = before["models"].get(model), after["models"][model]
+        L += ["", f"`{model}` (medians over {a['bare']['executes']} executes, microseconds):", "",
+              "| | before | after |", "|---|---:|---:|"]
+        L.append(f"| own time per execute (bare pass) | {b['bare']['own_us'] if b else '-'} | {a['bare']['own_us']} |")
+        L.append(f"| own time per execute (phases pass) | {b['phases']['own_us'] if b else '-'} | {a['phases']['own_us']} |")
+        for ph in PHASES:
+            L.append(f"| {ph} | {b['phases']['phases_median_us'][ph] if b else '-'} | {a['phases']['phases_median_us'][ph]} |")
+        for ab in a.get("ablations", []):
+            L.append(f"\n`{ab['feature']}` on / off: {ab['on_us']} / {ab['off_us']} us; cost {ab['cost_us']} us "
+                     f"(5th-95th percentile of {ab['blocks']} paired blocks of {ab['block']}: {ab['cost_us_p5_p95'][0]} "
+                     f"to {ab['cost_us_p5_p95'][1]})")
+    return L
+
+
+def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    ap.add_argument("--executes", type=int, default=2000)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--models", nargs="+", default=["router", "router_single"])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager")
+    ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side (default %(default)s)")
+    ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
+    ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
+                    help="print two --json reports side by side as markdown, and measure nothing")
+    args = ap.parse_args(argv)
+    if args.render:
+        docs = [json.loads(p.read_text()) for p in args.render]
+        print("\n".join(render(*docs)))
+        return {"rendered": [str(p) for p in args.render]}
+
+    import orchestrator
+    from lab.bench.plan import VARIANTS
+    from lab.bench.variants import make_bench_repository
+    from orchestrator.testing.mock import MockTriton
+
+    report: Dict[str, Any] = {"orchestrator": str(Path(orchestrator.__file__).parent), "python": sys.version.split()[0],
+                              "load_before": load_average(), "text": TEXT, "models": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        variants = {k: VARIANTS[k] for k in args.models if k in VARIANTS}
+        repo = make_bench_repository(Path(tmp) / "model_repository", variants=variants)
+        with MockTriton(repo) as mock:
+            for name in ("tokenizer", "classifier", "classifier_fast", *args.models):
+                mock.load(name)
+            for model in args.models:
+                bare = measure(mock, model, args.executes, args.warmup, full=False)
+                report["models"][model] = {"bare": bare}
+                if not args.bare:
+                    report["models"][model]["phases"] = measure(mock, model, args.executes, args.warmup, full=True)
+                for feature in args.ablate:
+                    report["models"][model].setdefault("ablations", []).append(
+                        ablation(mock, model, feature, args.blocks, max(1, args.executes // (2 * args.blocks)), args.warmup // 5))
+    report["load_after"] = load_average()
+    text = json.dumps(report, indent=2)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(text + "\n")
+    print(text)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""lab/bench/execute_profile.py: the router's own time of one execute on the in-process mock,
+split into exclusive phases, and a feature timed on and off."""
+
+from __future__ import annotations
+
+import time
+
+from lab.bench import execute_profile as X
+
+
+def test_the_clock_splits_nested_phases_into_exclusive_times():
+    clock = X.Clock()
+    began = time.perf_counter_ns()
+    clock.enter("adapter")
+    time.sleep(0.002)
+    clock.enter("parse")
+    time.sleep(0.003)
+    clock.leave()
+    clock.enter("bls exec")
+    time.sleep(0.004)
+    clock.leave()
+    clock.leave()
+    outer = time.perf_counter_ns() - began
+    got = clock.take()
+    assert set(got) == {"adapter", "parse", "bls exec"} and clock.take() == {}
+    assert got["parse"] >= 3e6 and got["bls exec"] >= 4e6 and got["adapter"] >= 2e6
+    assert outer - 1e6 < sum(got.values()) <= outer  # exclusive: the parts add up to the whole, once
+
+
+def test_a_short_run_of_router_single_adds_up_and_restores_the_runtime(tmp_path):
+    from orchestrator.runtime.execution.engine import Run
+    from orchestrator.runtime.serving.router import TritonPythonModel
+
+    execute, stage = TritonPythonModel.execute, Run.stage
+    r = X.main(["--executes", "20", "--warmup", "10", "--models", "router_single", "--ablate", "timing",
+                "--blocks", "2", "--json", str(tmp_path / "p.json")])
+    m = r["models"]["router_single"]
+    assert (tmp_path / "p.json").is_file() and r["orchestrator"].endswith("orchestrator")
+    assert 0 < m["bare"]["own_us"] < m["bare"]["execute_us"]
+    phases = m["phases"]["phases_median_us"]
+    assert set(phases) == set(X.PHASES) and phases["bls exec"] > 0 and phases["parse"] > 0 and phases["tokenize"] > 0
+    (a,) = m["ablations"]
+    assert a["feature"] == "timing" and a["blocks"] == 2 and a["on_us"] > 0 and a["off_us"] > 0
+    assert TritonPythonModel.execute is execute and Run.stage is stage  # every wrapper and patch undone
+    text = "\n".join(X.render(r, r))
+    assert f"| own time per execute (bare pass) | {m['bare']['own_us']} | {m['bare']['own_us']} |" in text
+    assert "`timing` on / off" in text

@@ -173,8 +173,7 @@ def ablate(feature: str) -> Callable[[], None]:
     """Turn ``feature`` off by patching (the lab's stand-in for a switch): ``timing`` (the
     ``orchestrator_stage_seconds`` and ``orchestrator_node_latency_seconds`` observations),
     ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
-    estimate and its gauge), ``eager`` (``execute``'s first step run without the event loop,
-    ``serving.router.run_eagerly``: off is ``loop.run_until_complete``). Returns the undo."""
+    estimate and its gauge). Returns the undo."""
     from orchestrator.runtime.execution import engine
     from orchestrator.runtime.metrics import SAMPLED_HISTOGRAMS, Metrics
     from orchestrator.runtime.serving import router
@@ -195,15 +194,11 @@ def ablate(feature: str) -> Callable[[], None]:
             patch(undo, engine.Run, name, lambda self, *a, **k: None)
         for name in ("inc", "set", "observe", "record"):
             patch(undo, Metrics, name, lambda self, *a, **k: None)
-    if feature == "eager":
-        if not hasattr(router, "run_eagerly"):
-            raise SystemExit("--ablate eager: this checkout's router has no run_eagerly")
-        patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))
     if feature == "queue_delay":
         patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
         patch(undo, router.QueueDelay, "end", lambda self: None)
     if not undo:
-        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay or eager")
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics or queue_delay")
     return lambda: [u() for u in reversed(undo)] and None
 
 
@@ -297,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager")
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay")
     ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side (default %(default)s)")
     ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),

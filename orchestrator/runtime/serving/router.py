@@ -83,13 +83,12 @@ loading beside the router can fail its load.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import json
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Coroutine, Dict, List, Optional, TypeVar, Union, cast
+from typing import Any, Callable, Dict, List, Optional, Union, cast
 
 import numpy as np
 
@@ -214,67 +213,6 @@ class QueueDelay:
             return self._estimate_s * 1000.0
 
 
-# ----------------------------------------------------------------------------- the first step inline
-
-T = TypeVar("T")
-
-
-def run_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
-    """``loop.run_until_complete(coro)``, without its task and loop iterations while ``coro``
-    does not suspend.
-
-    ``coro``'s first step runs here, with ``loop`` as the running loop (so
-    ``get_running_loop``, ``gather`` and ``async_exec`` find it) in a copy of the current
-    context; a coroutine that finishes without suspending (one text through the blocking
-    ``exec``: the router's path at concurrency 1) returns at once. One that suspends on a
-    future (``async_exec``, a gather, a timeout) goes on as a task on ``loop`` in that same
-    context (:func:`_resume`), which waits for each future it yields and resumes it, as the
-    loop's own task would. Exceptions propagate as from ``run_until_complete``. Python 3.12's
-    ``asyncio.eager_task_factory`` does the same for tasks; the stub's Python may be 3.11.
-    The saving: about 40 us per execute on a loaded 2-core machine
-    (``lab.bench.execute_profile --ablate eager``; docs/results/benchmarks.md). Here, in the
-    module whose coroutines it runs, so a request's path does not leave it and come back.
-
-    Raises:
-        RuntimeError: a loop already runs in this thread (as ``run_until_complete`` would).
-    """
-    if asyncio._get_running_loop() is not None:
-        return loop.run_until_complete(coro)  # raises as it always did
-    ctx = contextvars.copy_context()
-    asyncio._set_running_loop(loop)
-    try:
-        yielded = ctx.run(coro.send, None)
-    except StopIteration as done:
-        result: T = done.value
-        return result
-    except BaseException:
-        coro.close()
-        raise
-    finally:
-        asyncio._set_running_loop(None)
-    return loop.run_until_complete(loop.create_task(_resume(coro, yielded), context=ctx))
-
-
-async def _resume(coro: Coroutine[Any, Any, T], yielded: Any) -> T:
-    """The rest of ``coro`` (:func:`run_eagerly`) after it yielded ``yielded``: wait for each
-    future it yields (a bare ``yield``: one loop iteration), then resume it, until it returns;
-    the future's result or exception reaches ``coro`` where it awaited it."""
-    while True:
-        if yielded is None:
-            await asyncio.sleep(0)
-        elif getattr(yielded, "_asyncio_future_blocking", None) is not None:
-            yielded._asyncio_future_blocking = False  # as asyncio's Task does before it waits
-            await asyncio.wait((yielded,))
-        else:
-            coro.close()
-            raise RuntimeError(f"run_eagerly: the coroutine yielded {yielded!r}, not a future")
-        try:
-            yielded = coro.send(None)
-        except StopIteration as done:
-            result: T = done.value
-            return result
-
-
 # ----------------------------------------------------------------------------- the router
 
 
@@ -314,10 +252,10 @@ class TritonPythonModel:
     """Triton Python-backend adapter around :class:`~orchestrator.runtime.execution.engine.Engine`.
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
-    in the calling (stub main) thread, its first step inline (:func:`run_eagerly`). A
-    downstream call that is the only one in flight uses the blocking BLS ``exec``; calls
-    that run beside others (several parts of a batch, ``parallel``/``split``/``switch``
-    branches, retries) or under a ``timeout_ms`` use ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
+    in the calling (stub main) thread. A downstream call that is the only one in flight
+    uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
+    ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
+    ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
     and ``async_exec`` in a thread pool, four thread hand-offs per request on the path that
     matters most (one text, one classifier call); docs/results/benchmarks.md has the measurement.
     Every downstream call goes through :class:`~orchestrator.runtime.bls.downstream.Downstream`
@@ -471,7 +409,7 @@ class TritonPythonModel:
         if self.warmups_left > 0:
             self.warmups_left -= 1
             if all(self._is_warmup_sample(r) for r in requests):
-                return run_eagerly(self.loop, self._warmup(requests))
+                return self.loop.run_until_complete(self._warmup(requests))
         return self._timed_execute(requests)
 
     def _timed_execute(self, requests: List[Any]) -> List[Any]:
@@ -487,7 +425,7 @@ class TritonPythonModel:
                 refusal = Overloaded(self.admission.message(delay_s, admitted))
         began = time.perf_counter()
         try:
-            responses: List[Any] = run_eagerly(self.loop, self._execute(requests[:admitted]))
+            responses: List[Any] = self.loop.run_until_complete(self._execute(requests[:admitted]))
         finally:
             if self.admission is not None:
                 self.admission.ran(admitted, time.perf_counter() - began)

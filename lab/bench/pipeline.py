@@ -31,7 +31,10 @@ decide it at this run's spread):
   1 / (c_first + share * c_second + overhead) (:func:`skip_cost_model`): c_first and
   c_second are 1 / the throughput of ``tokenizer`` and ``classifier`` alone, overhead =
   1/T(``skip_never``) - c_first - c_second (the router's own cost per request), share the
-  fraction of requests that run the second step (0.5), all from the same round.
+  fraction of ``skip_half``'s requests that ran the second step during its measurement
+  (Triton's statistics: ``classifier``'s inference count over ``skip_half``'s, both taken
+  before and after it; in a closed loop the requests that skip come back sooner, so the
+  share answered can be under the input data's 0.5), all from the same round.
 
 Units: throughput in inferences (requests of one text) per second, latency in
 milliseconds, costs in seconds per request in the arithmetic (milliseconds in the report).
@@ -107,11 +110,14 @@ def skip_cost_model(t_first: float, t_second: float, t_never: float, t_skip: flo
 
 def round_cost_models(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> List[Dict[str, Any]]:
     """:func:`skip_cost_model` of each round in which ``COST_MODELS`` were all measured at
-    ``COST_CONCURRENCY``, with its ``round``; rounds without a prediction left out."""
+    ``COST_CONCURRENCY``, with its ``round`` and ``share`` (the ``skip_half`` measurement's
+    ``second_share`` where it has one, else ``share``); rounds without a prediction left out."""
     tables = {m: _by_round(measurements, m, COST_CONCURRENCY) for m in COST_MODELS}
     rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
-    out = [{"round": r, **skip_cost_model(tables[FIRST][r]["throughput"], tables[SECOND][r]["throughput"],
-                                          tables[NEVER][r]["throughput"], tables[SKIP][r]["throughput"], share)}
+    shares = {r: tables[SKIP][r].get("second_share", share) for r in rounds}
+    out = [{"round": r, "share": shares[r],
+            **skip_cost_model(tables[FIRST][r]["throughput"], tables[SECOND][r]["throughput"],
+                              tables[NEVER][r]["throughput"], tables[SKIP][r]["throughput"], shares[r])}
            for r in rounds]
     return [r for r in out if r["predicted"] is not None]
 
@@ -133,8 +139,9 @@ def cost_medians(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) 
     rounds = round_cost_models(measurements, share)
     if not rounds:
         return None
-    med = {k: statistics.median(r[k] for r in rounds) for k in ("c_first", "c_second", "overhead", "predicted", "measured")}
-    return {"c_first_ms": round(1000 * med["c_first"], 3), "c_second_ms": round(1000 * med["c_second"], 3),
+    med = {k: statistics.median(r[k] for r in rounds)
+           for k in ("c_first", "c_second", "overhead", "predicted", "measured", "share")}
+    return {"share": round(med["share"], 3), "c_first_ms": round(1000 * med["c_first"], 3), "c_second_ms": round(1000 * med["c_second"], 3),
             "overhead_ms": round(1000 * med["overhead"], 3), "predicted": round(med["predicted"], 1),
             "measured": round(med["measured"], 1)}
 
@@ -201,6 +208,24 @@ def make_pipeline_repository(dest: Path, repo: Path = REPO) -> Path:
     return dest
 
 
+def second_share(before: Mapping[str, int], after: Mapping[str, int]) -> Optional[float]:
+    """The fraction of ``skip_half``'s requests that reached ``classifier`` between two
+    readings of Triton's inference counts (``{model: count}``); None without requests."""
+    n = after[SKIP] - before[SKIP]
+    return round((after[SECOND] - before[SECOND]) / n, 4) if n > 0 else None
+
+
+def inference_counts(server: Any, models: Sequence[str]) -> Dict[str, int]:
+    """Triton's ``inference_count`` of each of ``models`` (its statistics API, with the
+    server's control header)."""
+    client = server.client()
+    try:
+        return {m: int(client.get_inference_statistics(m, headers=server.control_headers())["model_stats"][0]
+                       .get("inference_count", 0)) for m in models}
+    finally:
+        client.close()
+
+
 def _median(ms: Sequence[Mapping[str, Any]], model: str, c: int, key: str) -> Optional[float]:
     rows = [float(m[key]) for m in ms if m["model"] == model and int(m["concurrency"]) == c and not m.get("error")]
     return round(statistics.median(rows), 2) if rows else None
@@ -230,10 +255,13 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"- `migrated` p50 at c=1 at most {P50_GOAL}x the ensemble's: {_fmt_decision(g['p50_c1_vs_ensemble'])}. "
           f"Per round: {', '.join(map(str, g['p50_c1_vs_ensemble']['per_round']))}."]
     med = r.get("cost_medians")
-    L += ["", f"The skipping pipeline at c={COST_CONCURRENCY} (share of requests running the second step: {r['share']}):", ""]
+    L += ["", f"The skipping pipeline at c={COST_CONCURRENCY} (the input data sends {r['share']} of its requests to "
+          "the second step; share: the fraction of the requests answered that ran it, from Triton's statistics):", ""]
     if med:
-        L += ["| c_first, ms | c_second, ms | overhead, ms | predicted, infer/s | measured, infer/s |", "|---|---|---|---|---|",
-              f"| {med['c_first_ms']} | {med['c_second_ms']} | {med['overhead_ms']} | {med['predicted']} | {med['measured']} |"]
+        L += ["| share | c_first, ms | c_second, ms | overhead, ms | predicted, infer/s | measured, infer/s |",
+              "|---|---|---|---|---|---|",
+              f"| {med['share']} | {med['c_first_ms']} | {med['c_second_ms']} | {med['overhead_ms']} | {med['predicted']} | "
+              f"{med['measured']} |"]
     else:
         L.append("No round measured every model the cost model needs: not computed.")
     L += ["", f"- `skip_half` at least {COST_GOAL}x its cost model's prediction: {_fmt_decision(g['skip_vs_cost_model'])}. "
@@ -286,8 +314,13 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, window_ms:
             warm = {(m, DATASETS[m]): 10.0 for m in (*SIDE_MODELS, *COST_MODELS)}
             specs = plan(rounds)
             for i, spec in enumerate(specs, 1):
+                before = inference_counts(server, (SKIP, SECOND)) if spec.model == SKIP else None
                 m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,
                                  measurements, warm)
+                if before is not None:
+                    share = second_share(before, inference_counts(server, (SKIP, SECOND)))
+                    if share is not None:
+                        m["second_share"] = share
                 _log(f"[pipeline {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
     results.update(measurements=measurements, load_max_during=max_load(measurements),
                    goals=goals(measurements, results["share"]), cost_medians=cost_medians(measurements, results["share"]))

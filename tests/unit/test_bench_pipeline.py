@@ -69,9 +69,19 @@ def test_the_skip_cost_model_on_known_inputs():
 def test_round_cost_models_need_every_model_in_a_round():
     ms = rounds_of(2) + [m("skip_half", 16, 2, 100.0, 5.0), m("tokenizer", 16, 3, 100.0, 5.0, error="x")]
     assert [r["round"] for r in P.round_cost_models(ms)] == [0, 1]
-    assert P.cost_medians(ms) == {"c_first_ms": 2.0, "c_second_ms": 6.0, "overhead_ms": 2.0, "predicted": 142.9,
+    assert P.cost_medians(ms) == {"share": 0.5, "c_first_ms": 2.0, "c_second_ms": 6.0, "overhead_ms": 2.0, "predicted": 142.9,
                                   "measured": 142.9}
     assert P.cost_medians([]) is None
+
+
+def test_the_share_answered_comes_from_tritons_counts_and_feeds_the_cost_model():
+    assert P.second_share({"skip_half": 10, "classifier": 100}, {"skip_half": 110, "classifier": 130}) == 0.3
+    assert P.second_share({"skip_half": 10, "classifier": 100}, {"skip_half": 10, "classifier": 100}) is None
+    ms = rounds_of(1)
+    next(x for x in ms if x["model"] == "skip_half")["second_share"] = 0.25
+    (r,) = P.round_cost_models(ms)
+    assert r["share"] == 0.25 and r["predicted"] == pytest.approx(1 / (0.002 + 0.25 * 0.006 + 0.002))
+    assert P.round_cost_models(rounds_of(1))[0]["share"] == 0.5  # no reading: the input data's share
 
 
 def test_goals_met_not_met_and_undecided_with_rounds_to_decide():
@@ -117,5 +127,5 @@ def test_the_section_renders_the_goals_and_is_kept_across_runs():
     assert "`--quick` run" in text
     assert "| 16 | `migrated` | 96.0 | 30.0 | 60.0 |" in text
     assert "`migrated` throughput at c=16 at least 0.95x `hand_pipeline`'s: median 0.96x over 8 rounds" in text
-    assert "| 2.0 | 6.0 | 2.0 | 142.9 | 142.9 |" in text
+    assert "| 0.5 | 2.0 | 6.0 | 2.0 | 142.9 | 142.9 |" in text
     assert "**met**" in text

@@ -187,6 +187,7 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     steps[0]["model_dims"]["inputs"] = {"bogus": [16]}
     steps[1]["version"] = 7
     steps[2]["model"] = "gone"
+    steps[1]["model_dims"] = {"max_batch_size": 2, "inputs": {"input": [8]}}
     document["pipeline"]["outputs"].append("nope")
     policy.write_text(yaml.safe_dump(document))
     capsys.readouterr()
@@ -195,6 +196,8 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     assert "pipeline.outputs[2]: 'nope' is not an output of router 'r'" in err
     assert "pipeline.steps[0].inputs.bogus: 'one' has no input 'bogus'" in err
     assert "pipeline.steps[1].version: version 7 of 'one' is not served" in err
+    assert "pipeline.steps[1].model_dims.max_batch_size: 2, but 'one' has max_batch_size 4" in err
+    assert "pipeline.steps[1].model_dims.inputs.input: [8], but 'one' input 'input' has dims [16]" in err
     assert "model 'gone' is not in the model repository" in err
 
 

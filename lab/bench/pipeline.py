@@ -9,13 +9,13 @@ The benchmark repository is a copy of ``model_repository/`` with:
 - ``hand_pipeline`` (``lab/bench/hand_pipeline``, beside ``lab/bench/hand_bls``): the same
   three calls written by hand with BLS, with the migrated router's configuration;
 - ``skip_half`` and ``skip_never``: two-step pipelines (``tokenizer``, then ``classifier``);
-  in ``skip_half`` the second step runs only for the requests whose ``THRESHOLD`` is at
-  least 0.5 (a ``when``, request scope, ``logits`` omitted otherwise), in ``skip_never``
+  in ``skip_half`` the second step runs only for the texts of more tokens than the held-out
+  texts' median (a ``when`` on ``input_ids``' shape, request scope, ``logits`` omitted
+  otherwise): half the texts, whatever order perf_analyzer sends them in; in ``skip_never``
   always.
 
-Every request carries one held-out text; ``THRESHOLD`` alternates 0.25 and 0.75 from one
-input-data step to the next, so ``skip_half`` skips its second step for half of them.
-perf_analyzer (gRPC, closed loop), in rounds with the model order rotated each round:
+Every request carries one held-out text (``THRESHOLD`` 0.5). perf_analyzer (gRPC, closed
+loop), in rounds with the model order rotated each round:
 
 1. ``ensemble``, ``migrated`` and ``hand_pipeline`` at c=1 and c=16;
 2. at c=16, ``skip_half``, ``skip_never``, ``tokenizer`` alone (the texts) and ``classifier``
@@ -34,7 +34,7 @@ decide it at this run's spread):
   fraction of ``skip_half``'s requests that ran the second step during its measurement
   (Triton's statistics: ``classifier``'s inference count over ``skip_half``'s, both taken
   before and after it; in a closed loop the requests that skip come back sooner, so the
-  share answered can be under the input data's 0.5), all from the same round.
+  share answered can be under the texts' 0.5), all from the same round.
 
 Units: throughput in inferences (requests of one text) per second, latency in
 milliseconds, costs in seconds per request in the arithmetic (milliseconds in the report).
@@ -47,7 +47,7 @@ import argparse
 import json
 import statistics
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import yaml
@@ -68,8 +68,6 @@ THROUGHPUT_GOAL = 0.95
 P50_GOAL = 1.10
 #: ``skip_half`` throughput at c=16 over its cost model's prediction: at least.
 COST_GOAL = 0.9
-#: The two ``THRESHOLD`` values, alternating: ``skip_half`` runs its second step for the second.
-THRESHOLDS = (0.25, 0.75)
 ROUNDS = 8
 DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", SKIP: "texts", NEVER: "texts",
             FIRST: "text_only", SECOND: "tokens"}
@@ -146,29 +144,25 @@ def cost_medians(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) 
             "measured": round(med["measured"], 1)}
 
 
-def input_data(texts: Sequence[str], thresholds: Sequence[float] = THRESHOLDS) -> Dict[str, Any]:
-    """perf_analyzer ``--input-data``: one step per text, ``TEXT`` and ``THRESHOLD`` (cycling
-    through ``thresholds``), batch-1 shapes. Raises ValueError on no texts."""
-    if not texts:
-        raise ValueError("input data needs at least one text")
-    return {"data": [{"TEXT": {"content": [str(t)], "shape": [1]},
-                      "THRESHOLD": {"content": [float(thresholds[i % len(thresholds)])], "shape": [1]}}
-                     for i, t in enumerate(texts)]}
+def length_split(lengths: Sequence[int]) -> Tuple[int, float]:
+    """``(split, share)``: the median token count of ``lengths`` (rounded down) and the
+    fraction of them above it (the texts ``skip_half`` sends to its second step). Raises
+    ValueError on no lengths."""
+    if not lengths:
+        raise ValueError("no texts")
+    split = int(statistics.median(lengths))
+    return split, round(sum(1 for n in lengths if n > split) / len(lengths), 4)
 
 
-def skip_share(data: Mapping[str, Any]) -> float:
-    """The fraction of ``data``'s steps whose ``THRESHOLD`` runs ``skip_half``'s second step."""
-    steps = data["data"]
-    return sum(1 for s in steps if s["THRESHOLD"]["content"][0] >= 0.5) / len(steps)
-
-
-def skip_policy(when: bool) -> Dict[str, Any]:
-    """``skip_half``'s policy (``when``) or ``skip_never``'s."""
+def skip_policy(split: Optional[int]) -> Dict[str, Any]:
+    """``skip_half``'s policy (the second step only for texts of more than ``split`` tokens)
+    or, with None, ``skip_never``'s."""
     second: Dict[str, Any] = {"kind": "step", "model": SECOND, "inputs": {"input_ids": "input_ids",
                                                                          "attention_mask": "attention_mask"},
                               "outputs": {"logits": "logits"}}
-    if when:
-        second.update(when={"tensor": "THRESHOLD", "op": "ge", "value": 0.5}, scope="request", omit=["logits"])
+    if split is not None:
+        second.update(when={"shape": {"tensor": "input_ids", "dim": -1, "op": "gt", "value": int(split)}},
+                      scope="request", omit=["logits"])
     return {"version": 1, "ignored_parameters": ["*"], "pipeline": {"outputs": ["input_ids", "logits"], "steps": [
         {"kind": "step", "model": FIRST, "inputs": {"TEXT": "TEXT"},
          "outputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}}, second]}}
@@ -190,8 +184,9 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 '''
 
 
-def make_pipeline_repository(dest: Path, repo: Path = REPO) -> Path:
-    """The benchmark repository (module docstring) at ``dest``."""
+def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
+    """The benchmark repository (module docstring) at ``dest``; ``skip_half`` runs its second
+    step for texts of more than ``split`` tokens."""
     from lab.bench.plan import BenchError
     from lab.bench.variants import make_bench_repository
     from orchestrator.tooling.cli import main as cli
@@ -200,7 +195,7 @@ def make_pipeline_repository(dest: Path, repo: Path = REPO) -> Path:
     make_bench_repository(dest, repo, variants={HAND: {"source": "lab/bench/hand_pipeline"}})
     if cli(["migrate", str(dest / ENSEMBLE), "--name", MIGRATED, "--repo", str(dest)]) != 0:
         raise BenchError("orchestrator migrate failed on the benchmark repository's ensemble")
-    for name, when in ((SKIP, True), (NEVER, False)):
+    for name, when in ((SKIP, split), (NEVER, None)):
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "1" / "model.py").write_text(MODEL_PY)
         (dest / name / "config.pbtxt").write_text(SKIP_CONFIG.format(name=name))
@@ -255,8 +250,9 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"- `migrated` p50 at c=1 at most {P50_GOAL}x the ensemble's: {_fmt_decision(g['p50_c1_vs_ensemble'])}. "
           f"Per round: {', '.join(map(str, g['p50_c1_vs_ensemble']['per_round']))}."]
     med = r.get("cost_medians")
-    L += ["", f"The skipping pipeline at c={COST_CONCURRENCY} (the input data sends {r['share']} of its requests to "
-          "the second step; share: the fraction of the requests answered that ran it, from Triton's statistics):", ""]
+    L += ["", f"The skipping pipeline at c={COST_CONCURRENCY} (the second step for texts of more than {r['split']} "
+          f"tokens: {r['share']} of the held-out texts; share: the fraction of the requests answered that ran it, from "
+          "Triton's statistics):", ""]
     if med:
         L += ["| share | c_first, ms | c_second, ms | overhead, ms | predicted, infer/s | measured, infer/s |",
               "|---|---|---|---|---|---|",
@@ -279,7 +275,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, window_ms:
     from lab.bench.floor import classifier_input_json, tokenize_held_out
     from lab.bench.instances import _log
     from lab.bench.machine import load_average, machine_info
-    from lab.bench.measurement import max_load, measure_next, outcome
+    from lab.bench.measurement import input_data_json, max_load, measure_next, outcome
     from lab.bench.perf_analyzer import install_perf_analyzer
     from lab.bench.plan import PASettings
     from lab.bench.report import write_kept_outputs
@@ -298,15 +294,15 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, window_ms:
     held_out = data.held_out_examples()
     texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
     texts = [t for t in texts if t.strip()]
+    ids, pad = tokenize_held_out(texts, REPO)
+    results["split"], results["share"] = length_split([len(x) for x in ids])
     with tempfile.TemporaryDirectory(prefix="bench-pipeline-") as tmp:
-        repo = make_pipeline_repository(Path(tmp) / "model_repository")
+        repo = make_pipeline_repository(Path(tmp) / "model_repository", results["split"])
         inputs = {name: Path(tmp) / f"{name}.json" for name in ("texts", "text_only", "tokens")}
-        both = input_data(texts)
-        results["share"] = skip_share(both)
+        both = input_data_json(texts)
         inputs["texts"].write_text(json.dumps(both, ensure_ascii=False), encoding="utf-8")
         inputs["text_only"].write_text(json.dumps({"data": [{"TEXT": s["TEXT"]} for s in both["data"]]},
                                                   ensure_ascii=False), encoding="utf-8")
-        ids, pad = tokenize_held_out(texts, repo)
         inputs["tokens"].write_text(json.dumps(classifier_input_json(ids, pad)))
         with TritonServer(repo, models=["tokenizer", "classifier", "postprocess", *SIDE_MODELS, SKIP, NEVER]) as server:
             results["stack"] = read_stack(server, embedded=True)

@@ -43,14 +43,11 @@ def test_the_plan_rotates_the_models_each_round():
                                                   "classifier": "tokens"}
 
 
-def test_input_data_alternates_the_threshold_so_half_skip():
-    data = P.input_data(["a", "b", "c", "d"])
-    assert [s["THRESHOLD"]["content"] for s in data["data"]] == [[0.25], [0.75], [0.25], [0.75]]
-    assert data["data"][1]["TEXT"] == {"content": ["b"], "shape": [1]}
-    assert P.skip_share(data) == 0.5
-    assert P.skip_share(P.input_data(["a", "b", "c"])) == pytest.approx(1 / 3)
+def test_the_split_is_the_median_token_count_and_the_share_the_texts_above_it():
+    assert P.length_split([3, 5, 8, 9]) == (6, 0.5)
+    assert P.length_split([4, 4, 4, 10]) == (4, 0.25)  # ties at the median stay below it
     with pytest.raises(ValueError):
-        P.input_data([])
+        P.length_split([])
 
 
 def test_the_skip_cost_model_on_known_inputs():
@@ -102,7 +99,7 @@ def test_goals_met_not_met_and_undecided_with_rounds_to_decide():
 
 
 def test_the_benchmark_repository_serves_the_four_side_by_side(tmp_path):
-    repo = P.make_pipeline_repository(tmp_path / "repo")
+    repo = P.make_pipeline_repository(tmp_path / "repo", 21)
     assert read_config(repo / "migrated" / "config.pbtxt").max_batch_size == read_config(
         repo / "ensemble" / "config.pbtxt").max_batch_size
     migrated = yaml.safe_load((repo / "migrated" / "policy.yaml").read_text())
@@ -111,7 +108,8 @@ def test_the_benchmark_repository_serves_the_four_side_by_side(tmp_path):
     assert hand.name == "hand_pipeline" and not hand.HasField("dynamic_batching")  # as the migrated router
     assert [(i.name, list(i.dims)) for i in hand.input] == [("TEXT", [1]), ("THRESHOLD", [1])]
     skip = yaml.safe_load((repo / "skip_half" / "policy.yaml").read_text())
-    assert skip["pipeline"]["steps"][1]["when"] == {"tensor": "THRESHOLD", "op": "ge", "value": 0.5}
+    assert skip["pipeline"]["steps"][1]["when"] == {"shape": {"tensor": "input_ids", "dim": -1, "op": "gt", "value": 21}}
+    assert skip["pipeline"]["steps"][1]["omit"] == ["logits"] and skip["pipeline"]["steps"][1]["scope"] == "request"
     assert "when" not in yaml.safe_load((repo / "skip_never" / "policy.yaml").read_text())["pipeline"]["steps"][1]
     from orchestrator.tooling.cli import main
     for name in ("skip_half", "skip_never", "migrated"):
@@ -121,7 +119,7 @@ def test_the_benchmark_repository_serves_the_four_side_by_side(tmp_path):
 def test_the_section_renders_the_goals_and_is_kept_across_runs():
     r = {"command": P.COMMAND, "started_utc": "2026-01-01 00:00", "machine": {"cores": 2, "cpu_model": "x"},
          "load_before": [1.0], "load_max_during": 2.0, "rounds": 8, "window_ms": 1000, "quick": True,
-         "measurements": rounds_of(8), "share": 0.5, "goals": P.goals(rounds_of(8)), "cost_medians": P.cost_medians(rounds_of(8))}
+         "measurements": rounds_of(8), "split": 21, "share": 0.5, "goals": P.goals(rounds_of(8)), "cost_medians": P.cost_medians(rounds_of(8))}
     text = P.render_section(r)
     assert text.startswith(PIPELINE_START) and text.endswith(PIPELINE_END) and (PIPELINE_START, PIPELINE_END) in KEPT_SECTIONS
     assert "`--quick` run" in text
@@ -129,3 +127,4 @@ def test_the_section_renders_the_goals_and_is_kept_across_runs():
     assert "`migrated` throughput at c=16 at least 0.95x `hand_pipeline`'s: median 0.96x over 8 rounds" in text
     assert "| 0.5 | 2.0 | 6.0 | 2.0 | 142.9 | 142.9 |" in text
     assert "**met**" in text
+    assert "the second step for texts of more than 21 tokens: 0.5 of the held-out texts" in text

@@ -172,6 +172,15 @@ bench-single: $(STAMP)
 bench-floor: $(STAMP)
 	$(PY) -m lab.bench.instances --compare floor --soak-report docs/results/bench/soak_short.json --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# A migrated pipeline side by side (about 9 minutes on 2 cores): the shipped ensemble, its
+# migrated router, a hand-written BLS model making the same three calls (lab/bench/hand_pipeline)
+# at c=1 and c=16, and a pipeline skipping its second step for half the requests against its
+# cost model, 8 rounds. Writes the "bench-pipeline" section of $(BENCH_OUT)/benchmarks.md and
+# $(BENCH_OUT)/bench/pipeline.json.
+.PHONY: bench-pipeline
+bench-pipeline: $(STAMP)
+	$(PY) -m lab.bench.pipeline --out $(BENCH_OUT) $(BENCH_ARGS)
+
 # The runtime before and after a change (15 rounds, up to 1.7 minutes each on 2 cores: about 25
 # minutes, measured at a load of 2 to 6; less where perf_analyzer's windows settle at once):
 # this checkout's router beside the router of BASELINE, a checkout of another

@@ -40,6 +40,7 @@ SEVERAL = "tests/unit/test_several.py"
 REPAIR = "tests/unit/test_repair.py"
 PIPELINE_RUN = "tests/unit/test_pipeline_run.py"
 PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
+PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
 
 
 class TargetError(Exception):
@@ -282,6 +283,13 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a failed merged pipeline call fails every request in it",
              Target(R + "execution/pipeline.py", "PipelineRun.run_step", "len({id(s[0].req) for s in segments}) > 1"), "False",
              (PIPELINE_RUN,)),
+    Mutation("a batching step's batch dimension is never stripped going into a model without batching",
+             Target(R + "execution/pipeline.py", "reshape_dims",
+                    "batch == 1 and array.ndim > 0 and array.shape[0] == 1 and not _fits(array.shape, dims)"), "False",
+             (PIPELINE_RESHAPE,)),
+    Mutation("a batch dimension is prepended going into a batching model whatever the tensor's dims",
+             Target(R + "execution/pipeline.py", "reshape_dims", "_fits(array.shape, dims)", field="IfExp.test"), "True",
+             (PIPELINE_RESHAPE,)),
 )
 
 

@@ -38,6 +38,8 @@ Modules: :mod:`.plan` (variants, levels, window settings, :class:`BenchError`),
 :mod:`.measurement` (input data, rounds, accuracy, the raw floor), :mod:`.goals` (ratios
 and goals), :mod:`.machine`, :mod:`.report` and :mod:`.plots` (``benchmarks.md`` and the
 PNGs), :mod:`.run` (one run), :mod:`.cli` (the command line; ``__main__``),
-:mod:`.features` (``make bench-features``: warmup, response cache and shadow cost).
+:mod:`.features` (``make bench-features``: warmup, response cache and shadow cost),
+:mod:`.pipeline` (``make bench-pipeline``: a migrated pipeline against its ensemble, a
+hand-written BLS model and a cost model).
 This package re-exports nothing: import from the module that defines a name.
 """

@@ -22,8 +22,10 @@ made a router model.
    - the label files the outputs name, copied;
    - ``policy.yaml``: a pipeline policy with one ``step`` node per ensemble step (model,
      pinned version, ``inputs`` = ``input_map``, ``outputs`` = ``output_map``; every request
-     parameter forwarded, as the ensemble forwards them; ``add_batch_dim`` where the router
-     has ``max_batch_size: 0`` and the step's model batches) and ``pipeline.outputs`` in the
+     parameter forwarded, as the ensemble forwards them; where the router has
+     ``max_batch_size: 0`` and a step's model batches, every step's ``model_dims``: its
+     model's ``max_batch_size`` and input dims, from which the router adds or strips a batch
+     dimension per tensor as Triton does) and ``pipeline.outputs`` in the
      order the ensemble answers (:func:`orchestrator.testing.mock.ensemble.response_order`:
      Triton iterates a hash map; with ``--check``, the live ensemble's order, probed).
 3. The router is checked offline as ``orchestrator policy check REPO/NAME/policy.yaml --repo
@@ -101,54 +103,6 @@ def _refuse_decoupled(ensemble: RepoModel, repo: Repository) -> None:
                 "request) is not migrated; keep this ensemble, or make the step's model answer once per request")
 
 
-def _may_match(config_dims, dims) -> bool:
-    """Triton's ``CompareDimsWithWildcard``, where a -1 on either side may match."""
-    return len(config_dims) == len(dims) and all(a == b or -1 in (a, b) for a, b in zip(config_dims, dims))
-
-
-def _check_batch_dims(ensemble: RepoModel, repo: Repository) -> None:
-    """For a router with ``max_batch_size: 0``: each step's tensors get or lose a batch
-    dimension as Triton's ``ReshapeTensorDims`` gives them, which ``add_batch_dim`` (a
-    batch dimension for every input not yet batched, per step) can express only where a
-    tensor without one has the batching model's per-row rank, and a batched tensor going
-    into a model without batching fits it as it is.
-
-    Raises:
-        MigrateError: a step where Triton reshapes per tensor in a way the router cannot.
-    """
-    config = ensemble.config
-    if config.max_batch_size != 0:
-        return
-    dims = {io.name: (tuple(io.dims), False) for io in config.input}  # tensor -> (dims, batched)
-    pending = list(enumerate(config.ensemble_scheduling.step))
-    while pending:
-        ready = [(i, s) for i, s in pending if all(t in dims for t in s.input_map.values())]
-        if not ready:
-            return  # an output waits on a circle: Triton's own check refused it before
-        for index, step in ready:
-            pending.remove((index, step))
-            sub = repo.get(step.model_name)
-            assert sub is not None
-            batching = sub.config.max_batch_size > 0
-            wanted = {io.name: tuple(io.dims) for io in sub.config.input}
-            for key, tensor in step.input_map.items():
-                have, batched = dims[tensor]
-                full = ((-1,) + have) if batched else have
-                if batching and not batched and not _may_match(wanted[key], have):
-                    raise MigrateError(
-                        f"step {index} ({step.model_name}): tensor '{tensor}' has dims {list(have)}, not the per-row "
-                        f"dims {list(wanted[key])} of input '{key}': Triton sends it without a batch dimension, while "
-                        "the router adds one to every input of a batching step of a max_batch_size 0 router")
-                if not batching and batched and not _may_match(wanted[key], full):
-                    raise MigrateError(
-                        f"step {index} ({step.model_name}): tensor '{tensor}' comes with a batch dimension from a "
-                        f"batching step and does not fit input '{key}' dims {list(wanted[key])}: Triton strips it, "
-                        "the router does not")
-            outputs = {io.name: tuple(io.dims) for io in sub.config.output}
-            for key, tensor in step.output_map.items():
-                dims[tensor] = (outputs[key], batching)
-
-
 def router_config(ensemble: ModelConfig, name: str) -> ModelConfig:
     """The router's configuration: the ensemble's interface, served by the Python backend.
 
@@ -186,6 +140,9 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
         counts[step.model_name] = counts.get(step.model_name, 0) + 1
     seen: Dict[str, int] = {}
     steps = []
+    subs = [repo.get(step.model_name) for step in config.ensemble_scheduling.step]
+    # max_batch_size 0 around a batching model: Triton reshapes per tensor (ReshapeTensorDims)
+    reshapes = config.max_batch_size == 0 and any(sub is not None and sub.config.max_batch_size > 0 for sub in subs)
     for step in config.ensemble_scheduling.step:
         node: Dict[str, Any] = {"kind": "step"}
         if counts[step.model_name] > 1:
@@ -199,8 +156,10 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
         node["inputs"] = {k: step.input_map[k] for k in sorted(step.input_map)}
         node["outputs"] = {k: step.output_map[k] for k in sorted(step.output_map)}
         sub = repo.get(step.model_name)
-        if config.max_batch_size == 0 and sub is not None and sub.config.max_batch_size > 0:
-            node["add_batch_dim"] = True
+        if reshapes and sub is not None:
+            wanted = {io.name: [int(d) for d in io.dims] for io in sub.config.input}
+            node["model_dims"] = {"max_batch_size": int(sub.config.max_batch_size),
+                                  "inputs": {k: wanted[k] for k in node["inputs"] if k in wanted}}
         steps.append(node)
     order = list(outputs) if outputs is not None else response_order([o.name for o in config.output])
     return {
@@ -228,7 +187,6 @@ def plan_migration(ensemble_dir: Path, name: str, config_name: Optional[str] = "
     except EnsembleError as exc:
         raise MigrateError(str(exc)) from None
     _refuse_decoupled(ensemble, repo)
-    _check_batch_dims(ensemble, repo)
     config = router_config(ensemble.config, name)
     versions = sorted((p.name for p in ensemble.directory.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
     labels = sorted({o.label_filename for o in ensemble.config.output if o.label_filename})

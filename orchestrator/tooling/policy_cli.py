@@ -273,8 +273,9 @@ def add_policy_arguments(parser) -> None:
 def step_errors(policy: "P.PipelinePolicy", repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
     """What Triton would refuse at a pipeline's first request, per step (located
     ``pipeline.steps[1]...``): a pinned version its model does not serve, an ``inputs`` or
-    ``outputs`` key that is not one of the model's inputs or outputs (steps whose model is
-    not in ``repo`` are left to :func:`check_pipeline`'s own message)."""
+    ``outputs`` key that is not one of the model's inputs or outputs, a ``model_dims`` that
+    is not the model's ``max_batch_size`` and input dims (steps whose model is not in
+    ``repo`` are left to :func:`check_pipeline`'s own message)."""
     errors = []
     for step in policy.pipeline.step_nodes():
         model_dir = repo / step.model
@@ -294,6 +295,13 @@ def step_errors(policy: "P.PipelinePolicy", repo: Path, config_name: Optional[st
         for key, pairs in (("inputs", step.inputs), ("outputs", step.outputs)):
             errors += [f"{step.where}.{key}.{name}: '{step.model}' has no {key[:-1]} '{name}' ({path})"
                        for name, _ in pairs if name not in names[key]]
+        if step.model_dims is not None:
+            dims = {t.name: tuple(int(d) for d in t.dims) for t in config.input}
+            if step.model_dims.max_batch_size != config.max_batch_size:
+                errors.append(f"{step.where}.model_dims.max_batch_size: {step.model_dims.max_batch_size}, but "
+                              f"'{step.model}' has max_batch_size {config.max_batch_size} ({path})")
+            errors += [f"{step.where}.model_dims.inputs.{name}: {list(d)}, but '{step.model}' input '{name}' has dims "
+                       f"{list(dims[name])} ({path})" for name, d in step.model_dims.inputs if name in dims and dims[name] != d]
     return errors
 
 

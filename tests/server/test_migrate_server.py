@@ -400,3 +400,27 @@ def test_migrate_check_embedded_starts_its_own_server(tmp_path, capsys):
     assert "every output byte-identical" in out
     assert [line.split(":")[0].strip() for line in out.splitlines() if "largest difference" in line] == ["MID", "ALPHA",
                                                                                                          "ZETA"]
+
+
+def test_batch_dimensions_reshaped_per_tensor_both_ways_are_byte_identical(tmp_path):
+    """max_batch_size 0 around batching and non-batching steps (tests/reshape_repo.py):
+    Triton adds a batch dimension of 1 going into a batching model, strips it going into
+    one without batching and from the ensemble's outputs where the dims lack it; the
+    migrated router's ``model_dims`` does the same, byte-identical on the server and the mock."""
+    from orchestrator.tooling.cli import main
+    from tests import reshape_repo
+
+    repo = reshape_repo.write(tmp_path / "repo")
+    assert main(["migrate", str(repo / "bothways"), "--name", "bothways_bls", "--repo", str(repo),
+                 "--model-config-name", ""]) == 0
+    with TritonServer(repo, models=list(reshape_repo.MODELS) + ["bothways_bls"]) as server, \
+            MockTriton(repo, model_config_name=None) as mock:
+        mock.load("bothways")
+        mock.load("bothways_bls")
+        for index, request in enumerate(reshape_repo.requests(12)):
+            for protocol in ("http", "grpc"):
+                ens = infer(server, protocol, "bothways", request)
+                assert [(n, v.shape) for n, v in sorted(ens)] == [("K", (1, 4)), ("V", (4,)), ("Y", (4,)), ("Z", (4,))]
+                _same(ens, infer(server, protocol, "bothways_bls", request), (protocol, index))
+            _same(ens, list(mock.infer("bothways", request).items()), ("mock = server", index))
+            _same(ens, list(mock.infer("bothways_bls", request).items()), ("mock router", index))

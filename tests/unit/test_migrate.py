@@ -72,17 +72,18 @@ def test_the_policy_has_one_step_per_ensemble_step(nested, tmp_path):
     assert [(s["name"], s["model"], s.get("version")) for s in steps] == [
         ("one_1", "one", 1), ("one_2", "one", None), ("inner", "inner", None)]
     assert steps[0]["inputs"] == {"input": "data"} and steps[0]["outputs"] == {"output": "t1"}
-    # max_batch_size 0 router: a batching step gets a batch dimension, the nested ensemble
-    # (called as a model, max_batch_size 0) does not
-    assert [s.get("add_batch_dim", False) for s in steps] == [True, True, False]
+    # max_batch_size 0 router around batching steps: every step's model's batching and input
+    # dims, from which the router reshapes per tensor as Triton does
+    assert [s["model_dims"] for s in steps] == [{"max_batch_size": 4, "inputs": {"input": [16]}}] * 2 + [
+        {"max_batch_size": 0, "inputs": {"x": [16]}}]
     assert document["pipeline"]["outputs"] == ["aux", "prob"]  # Triton's order: the reverse of the config's here
-    assert all(set(s) <= {"kind", "name", "model", "version", "inputs", "outputs", "add_batch_dim"} for s in steps)
+    assert all(set(s) <= {"kind", "name", "model", "version", "inputs", "outputs", "model_dims"} for s in steps)
 
 
 def test_a_batching_router_adds_no_batch_dimension(tmp_path):
     migration = plan_migration(build(tmp_path, parse_config(ENSEMBLE)), "r", config_name=None)
     assert [s["name"] for s in migration.policy["pipeline"]["steps"]] == ["one", "split", "join"]
-    assert not any("add_batch_dim" in s for s in migration.policy["pipeline"]["steps"])
+    assert not any("add_batch_dim" in s or "model_dims" in s for s in migration.policy["pipeline"]["steps"])
     assert migration.config.max_batch_size == 4
 
 
@@ -183,8 +184,10 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     document = yaml.safe_load(policy.read_text())
     steps = document["pipeline"]["steps"]
     steps[0]["inputs"] = {"bogus": "data"}
+    steps[0]["model_dims"]["inputs"] = {"bogus": [16]}
     steps[1]["version"] = 7
     steps[2]["model"] = "gone"
+    steps[1]["model_dims"] = {"max_batch_size": 2, "inputs": {"input": [8]}}
     document["pipeline"]["outputs"].append("nope")
     policy.write_text(yaml.safe_dump(document))
     capsys.readouterr()
@@ -193,32 +196,24 @@ def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_p
     assert "pipeline.outputs[2]: 'nope' is not an output of router 'r'" in err
     assert "pipeline.steps[0].inputs.bogus: 'one' has no input 'bogus'" in err
     assert "pipeline.steps[1].version: version 7 of 'one' is not served" in err
+    assert "pipeline.steps[1].model_dims.max_batch_size: 2, but 'one' has max_batch_size 4" in err
+    assert "pipeline.steps[1].model_dims.inputs.input: [8], but 'one' input 'input' has dims [16]" in err
     assert "model 'gone' is not in the model repository" in err
 
 
-def test_a_reshape_the_router_cannot_express_is_refused(tmp_path):
+def test_reshapes_per_tensor_are_migrated_as_model_dims(tmp_path):
     """max_batch_size 0: an input already shaped [1, 16] into a batching model of dims [16]
-    goes to it as is in Triton (no batch dimension added); the router's add_batch_dim would
-    add one, so migrate refuses, naming the step and the tensor."""
+    (Triton sends it as it is), and a batching step's output into a model without batching
+    (Triton strips its batch dimension): migrated, each step with its model's dims."""
     text = NO_BATCH.replace('input [{ name: "data" data_type: TYPE_FP32 dims: [16] }]',
                             'input [{ name: "data" data_type: TYPE_FP32 dims: [1, 16] }]').replace(
         'input_map { key: "x" value: "data" }', 'input_map { key: "x" value: "t1" }')
     ens = build(tmp_path, parse_config(text), {"inner": INNER, "unbatched": UNBATCHED})
     (ens / "labels.txt").write_text("a\nb\n")
-    with pytest.raises(MigrateError, match=r"step 0 \(one\): tensor 'data' has dims \[1, 16\], not the per-row dims "
-                                           r"\[16\] of input 'input'"):
-        plan_migration(ens, "r", config_name=None)
-
-
-def test_a_batched_tensor_into_a_model_without_batching_is_refused(tmp_path):
-    """max_batch_size 0: a batching step's [1, 16] output into a model of dims [16] without
-    batching: Triton strips the batch dimension, the router passes the tensor as it is."""
-    text = NO_BATCH.replace('input_map { key: "x" value: "data" }', 'input_map { key: "x" value: "t1" }')
-    ens = build(tmp_path, parse_config(text), {"inner": INNER, "unbatched": UNBATCHED})
-    (ens / "labels.txt").write_text("a\nb\n")
-    with pytest.raises(MigrateError, match=r"step 2 \(inner\): tensor 't1' comes with a batch dimension from a "
-                                           r"batching step and does not fit input 'x' dims \[16\]: Triton strips it"):
-        plan_migration(ens, "r", config_name=None)
+    steps = plan_migration(ens, "r", config_name=None).policy["pipeline"]["steps"]
+    assert [(s["model"], s["model_dims"]) for s in steps] == [
+        ("one", {"max_batch_size": 4, "inputs": {"input": [16]}}), ("one", {"max_batch_size": 4, "inputs": {"input": [16]}}),
+        ("inner", {"max_batch_size": 0, "inputs": {"x": [16]}})]
 
 
 def test_the_guides_before_block_is_the_shipped_ensemble():

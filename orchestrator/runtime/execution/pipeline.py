@@ -78,7 +78,10 @@ class Req:
         request_id: its id, passed on to every call.
         context: its ``request.RequestContext``-like fields: ``trace``, ``deadline`` (engine
             clock seconds, None: none), ``is_cancelled``.
-        batched: tensors given a batch dimension by ``add_batch_dim`` steps.
+        batch: the batch size each tensor came with, as Triton's ensembles track it (a
+            ``max_batch_size: 0`` router's inputs and the outputs of models without
+            batching: absent, 0; a batching step's outputs: the first dimension of its
+            first input sent; an ``add_batch_dim`` step's: 1).
         error: set once it failed; it then takes no further part.
         requested: the outputs the client asked for (empty: all).
     """
@@ -91,9 +94,31 @@ class Req:
     trace: Any = None
     deadline: Optional[float] = None
     is_cancelled: Callable[[], bool] = lambda: False
-    batched: Set[str] = field(default_factory=set)
+    batch: Dict[str, int] = field(default_factory=dict)
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
+
+
+def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:
+    """Triton's ``CompareDimsWithWildcard``: same rank, each dim equal or -1 in ``dims``."""
+    return len(shape) == len(dims) and all(d < 0 or d == s for s, d in zip(shape, dims))
+
+
+def reshape_dims(array: NDArray[Any], dims: Sequence[int], batching: bool, batch: int) -> NDArray[Any]:
+    """``array`` as Triton's ensembles pass it on (core ``ensemble_scheduler.cc``,
+    ``ReshapeTensorDims``): only where the receiver's batching (``batching``: a model with
+    ``max_batch_size`` > 0) differs from the tensor's (``batch``: the batch size it came
+    with, 0 from what does not batch). Into a batching receiver, a tensor whose shape fits
+    the per-row ``dims`` gets a leading dimension of 1; into one without batching, a tensor
+    of batch size 1 that does not fit ``dims`` loses its leading dimension of 1. Anything
+    else goes as it is (the receiver's own shape check then answers)."""
+    if batching == (batch != 0):
+        return array
+    if batching:
+        return array[np.newaxis] if _fits(array.shape, dims) else array
+    if batch == 1 and array.ndim > 0 and array.shape[0] == 1 and not _fits(array.shape, dims):
+        return array.reshape(array.shape[1:])
+    return array
 
 
 @dataclass
@@ -197,7 +222,11 @@ class PipelineRun:
             array = v.tensors.get(tensor)
             if array is None:
                 continue  # absent: the model gets it as an absent (optional) input, as in an ensemble
-            if step.add_batch_dim and tensor not in v.req.batched:
+            md = step.model_dims
+            dims = md.dims(name) if md is not None else None
+            if md is not None and dims is not None:
+                array = reshape_dims(array, dims, md.max_batch_size > 0, v.req.batch.get(tensor, 0))
+            elif step.add_batch_dim and not v.req.batch.get(tensor, 0):
                 array = array[np.newaxis]
             out[name] = array
         return out
@@ -347,6 +376,10 @@ class PipelineRun:
 
     def _store(self, step: Step, v: View, parts: List[Tuple[int, Dict[str, NDArray[Any]]]]) -> None:
         parts.sort(key=lambda p: p[0])
+        batch = 1 if step.add_batch_dim else 0
+        if step.model_dims is not None and step.model_dims.max_batch_size > 0:
+            sent = list(self._inputs(step, v).values())  # as the call got them (outputs not stored yet)
+            batch = int(sent[0].shape[0]) if sent and sent[0].ndim > 0 else 0
         for name, tensor in step.outputs:
             got = [p[name] for _, p in parts if name in p]
             if len(got) != len(parts):
@@ -360,8 +393,10 @@ class PipelineRun:
                                               f"calls of different shapes or types for one request")
                 return
             v.tensors[tensor] = array
-            if step.add_batch_dim:
-                v.req.batched.add(tensor)
+            if batch:
+                v.req.batch[tensor] = batch
+            else:
+                v.req.batch.pop(tensor, None)
 
     # -- switches
 

@@ -68,7 +68,11 @@ class Step:
             ``none``, or the names forwarded.
         add_batch_dim: prepend a batch dimension of 1 to each input (a router with
             ``max_batch_size: 0`` calling a batching model); such outputs lose it again in the
-            response when the router's output dims lack it.
+            response when the router's output dims lack it. ``model_dims`` supersedes it.
+        model_dims: the called model's ``max_batch_size`` and input dims, from which the
+            router reshapes each tensor as Triton's ensembles do (``ReshapeTensorDims``):
+            a batch dimension of 1 added or stripped per tensor, going in and coming back
+            (``max_batch_size: 0`` routers only; None: tensors go as they are).
         max_batch_size: rows per BLS call (None: the callee's ``max_batch_size`` from its
             ``config.pbtxt`` in the repository when found, else the rows of one request per call).
         where: its location in the policy.
@@ -89,11 +93,31 @@ class Step:
     kind: str = "step"
     fallback: Tuple[str, ...] = ()
     on_demand: Optional[OnDemand] = None
+    model_dims: Optional["ModelDims"] = None
 
     @property
     def target(self) -> str:
         """The call target: ``model`` or ``model@version`` (the circuit breaker's key)."""
         return self.model if self.version < 0 else f"{self.model}@{self.version}"
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """A step model's batching and input dims, as its ``config.pbtxt`` declares them.
+
+    Attributes:
+        max_batch_size: the model's ``max_batch_size`` (> 0: it batches; its ``dims`` are
+            per row).
+        inputs: (model input, its ``dims``) pairs; -1: any size. An input not listed goes
+            as it is.
+    """
+
+    max_batch_size: int
+    inputs: Tuple[Tuple[str, Tuple[int, ...]], ...]
+
+    def dims(self, name: str) -> Optional[Tuple[int, ...]]:
+        """The dims of input ``name`` (None: not listed)."""
+        return next((d for n, d in self.inputs if n == name), None)
 
 
 @dataclass(frozen=True)
@@ -211,6 +235,39 @@ class _StrMap(S.Type):
         return f"mapping: {self.what}"
 
 
+class _DimsMap(S.Type):
+    """A mapping of model input names to dims: lists of integers >= -1."""
+
+    def read(self, value: Any, where: str, ctx: Any) -> Tuple[Tuple[str, Tuple[int, ...]], ...]:
+        if not isinstance(value, Mapping) or not value:
+            raise PolicyError(f"{where}: expected a non-empty mapping (model input -> dims)")
+        out = []
+        for k, v in value.items():
+            if (not isinstance(k, str) or not k or not isinstance(v, list)
+                    or not all(isinstance(d, int) and not isinstance(d, bool) and d >= -1 for d in v)):
+                raise PolicyError(f"{where}.{k}: expected a list of dims (integers, -1: any size), got {v!r}")
+            out.append((str(k), tuple(int(d) for d in v)))
+        return tuple(out)
+
+    def json(self) -> Dict[str, Any]:
+        return {"type": "object", "minProperties": 1,
+                "additionalProperties": {"type": "array", "items": {"type": "integer", "minimum": -1}}}
+
+    def text(self) -> str:
+        return "mapping: model input -> dims"
+
+
+#: A step's ``model_dims``.
+MODEL_DIMS = S.Struct("pipeline.step.model_dims", [
+    S.Key("max_batch_size", S.Int(0, 1 << 31), "the model's `max_batch_size` (> 0: it batches, its dims are per row)",
+          required=True),
+    S.Key("inputs", _DimsMap(), "model input -> its config `dims` (-1: any size); an input not listed goes as it is",
+          required=True),
+], build=lambda v, where: ModelDims(v["max_batch_size"], v["inputs"]),
+    doc="The step model's batching and input dims: the router adds or strips a batch dimension of 1 per tensor as "
+        "Triton's ensembles do (`ReshapeTensorDims`). Only for a router with `max_batch_size: 0`.")
+
+
 class _FillValues(S.Type):
     """Tensor -> a scalar (number, boolean, string) or a nested list of them."""
 
@@ -296,7 +353,13 @@ STEP = S.Struct("pipeline.step", [
     S.Key("parameters", _Parameters(), "request parameters passed on: `forward` (all that BLS can carry: bool, int, "
           "string; an ensemble passes every one), `none`, or these names"),
     S.Key("add_batch_dim", S.Bool(), "prepend a batch dimension of 1 to each input (a router with `max_batch_size: 0` "
-          "calling a batching model); a router output keeps it only when its dims have it"),
+          "calling a batching model); a router output keeps it only when its dims have it. `model_dims` does this "
+          "per tensor, as Triton does; not both"),
+    S.Key("model_dims", MODEL_DIMS, "the model's `max_batch_size` and input dims: each tensor gets or loses a batch "
+          "dimension of 1 going in and coming back as in Triton's ensembles (into a batching model: 1 prepended to "
+          "a tensor without one whose shape is the input's per-row dims; into a model without batching: a leading 1 "
+          "stripped from a tensor of a batching step that does not match the input's dims; the router's outputs "
+          "likewise against its own dims); `orchestrator migrate` writes it"),
     S.Key("max_batch_size", S.Int(0, 1 << 20), "rows per BLS call; 0: one call per request",
           computed="the model's `max_batch_size` from its config.pbtxt, else one call per request"),
     S.Key("fallback", S.Strings(1), "models tried in turn, with the same `inputs` and `outputs`, for the requests "
@@ -372,7 +435,15 @@ def _read_node(value: Any, where: str, names: _Names) -> PNode:
     step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
                 -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
                 bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()),
-                on_demand=v["on_demand"])
+                on_demand=v["on_demand"], model_dims=v["model_dims"])
+    if step.model_dims is not None:
+        if step.add_batch_dim:
+            raise PolicyError(f"{where}: add_batch_dim and model_dims together; model_dims alone reshapes per tensor")
+        step_inputs = {m for m, _ in step.inputs}
+        for name, _ in step.model_dims.inputs:
+            if name not in step_inputs:
+                raise PolicyError(f"{where}.model_dims.inputs.{name}: not one of the step's inputs "
+                                  f"({', '.join(sorted(step_inputs))})")
     if v["when"] is None:
         if v["scope"] is not None or v["fill"] is not None or v["omit"] is not None:
             raise PolicyError(f"{where}: scope, fill and omit go with `when`")
@@ -498,6 +569,11 @@ def bind_pipeline(pipeline: Pipeline, router: RouterSpec) -> Pipeline:
                               f"(its config has: {', '.join(sorted(outputs))})")
     if len(set(pipeline.outputs)) != len(pipeline.outputs):
         raise PolicyError("pipeline.outputs: a tensor is listed twice")
+    if router.max_batch_size > 0:
+        for step in pipeline.step_nodes():
+            if step.model_dims is not None:
+                raise PolicyError(f"{step.where}.model_dims: router '{router.name}' batches (max_batch_size "
+                                  f"{router.max_batch_size}); model_dims reshapes for a router with max_batch_size 0")
     dtypes = {t.name: np.dtype(t.dtype) for t in router.inputs}
     _check_list(pipeline.steps, {i.name for i in router.inputs}, router, dtypes, "pipeline.steps", switch_exports(pipeline))
     written = {t for n in pipeline.steps for t in node_writes(n)}
@@ -528,7 +604,8 @@ def describe_pipeline(pipeline: Pipeline) -> str:
                 ins = ", ".join(f"{t}->{m}" for m, t in n.inputs)
                 outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
                 batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
-                extra = (" add_batch_dim" if n.add_batch_dim else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
+                extra = (" add_batch_dim" if n.add_batch_dim else "") + (
+                    f" model_dims(max_batch_size {n.model_dims.max_batch_size})" if n.model_dims else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
                 lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
                 continue
             fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""

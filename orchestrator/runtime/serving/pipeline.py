@@ -15,8 +15,9 @@ contract with clients, as an ensemble's is:
   is refused naming it;
 - the response carries ``pipeline.outputs`` in that order, each as the step produced it
   (data type included: Triton does not convert a model's outputs either), an output no node
-  produced for the request left out; with ``max_batch_size: 0`` an output given a batch
-  dimension by an ``add_batch_dim`` step loses it when the router's dims lack it.
+  produced for the request left out; with ``max_batch_size: 0`` an output of a batching
+  step (``model_dims`` or ``add_batch_dim``) of batch size 1 loses that dimension when it
+  does not fit the router's dims, as Triton reshapes an ensemble's outputs.
 
 Every BLS call goes through ``bls.downstream.Downstream`` (circuit breaker per model, stub
 watch, CPU memory, the request's trace and time left). Warmup samples (``model_warmup``)
@@ -43,7 +44,7 @@ from orchestrator.runtime.errors import (
     PolicyError,
     RequestCancelled,
 )
-from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
+from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists, reshape_dims
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
 from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, switch_exports, with_batches
@@ -158,9 +159,8 @@ class PipelineRouter:
             if array is None or (req.requested and name not in req.requested):
                 continue  # no node produced it (left out, as an ensemble does), or not asked for
             spec = self.spec.output(name)
-            if (self.spec.max_batch_size == 0 and name in req.batched and spec is not None
-                    and array.ndim == len(spec.dims) + 1 and array.shape[0] == 1):
-                array = array[0]
+            if self.spec.max_batch_size == 0 and spec is not None:  # a batching step's output, as an ensemble's
+                array = reshape_dims(array, spec.dims, False, req.batch.get(name, 0))
             tensors.append(self.pb.Tensor(name, array))
         return self.pb.InferenceResponse(output_tensors=tensors)
 

@@ -311,7 +311,7 @@ def check_pipeline(path: Path, args) -> int:
     model must be in the repository."""
     from google.protobuf.json_format import MessageToDict
 
-    from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline
+    from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, describe_pipeline
     from orchestrator.runtime.routing.tensors import router_spec
     from orchestrator.tooling.repository import config_path, read_config
 

@@ -1,5 +1,5 @@
 """Pipeline policies (top-level ``pipeline``): the parser and the checks made at load
-(``routing.pipeline.bind_pipeline``), conditions as row masks (``routing.conditions``), and
+(``routing.pipeline_plan.bind_pipeline``), conditions as row masks (``routing.conditions``), and
 the guide's policies being the ones the tests serve."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import yaml
 
 from orchestrator.runtime.errors import InputError, PolicyError
 from orchestrator.runtime.routing.conditions import evaluate, read_condition
-from orchestrator.runtime.routing.pipeline import bind_pipeline
+from orchestrator.runtime.routing.pipeline_plan import bind_pipeline
 from orchestrator.runtime.routing.policy import load_any, parse_any, parse_pipeline_policy, parse_policy
 from orchestrator.runtime.routing.tensors import router_spec
 from tests.helpers import ROOT

@@ -12,7 +12,8 @@ import pytest
 
 from orchestrator.runtime.errors import DownstreamError, PolicyError
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
-from orchestrator.runtime.routing.pipeline import bind_pipeline, read_pipeline, switch_exports, with_batches
+from orchestrator.runtime.routing.pipeline import read_pipeline
+from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.tensors import router_spec
 
 CONFIG = {"name": "r", "max_batch_size": 16,

@@ -49,14 +49,8 @@ from orchestrator.runtime.execution.engine import gather, in_concurrent_branch
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.request import CallOptions, call_trace
 from orchestrator.runtime.routing.conditions import evaluate
-from orchestrator.runtime.routing.pipeline import (
-    PNode,
-    Step,
-    Switch,
-    fill_rows,
-    node_reads,
-    node_writes,
-)
+from orchestrator.runtime.routing.pipeline import PNode, Step, Switch, node_reads, node_writes
+from orchestrator.runtime.routing.pipeline_plan import fill_rows
 from orchestrator.runtime.routing.tensors import RouterSpec
 
 #: ``(target, inputs, parameters, request_id, alone, options, outputs, several) -> outputs``: one
@@ -165,9 +159,9 @@ class PipelineRun:
         call: one BLS call (:data:`CallFn`; ``bls.downstream.Downstream.call_step``).
         clock: the engine clock (deadlines), seconds.
         metrics: per-step counters and latencies (None: none).
-        fills: switch name -> its fill rows (``routing.pipeline.fill_rows``), made once at load.
+        fills: switch name -> its fill rows (``routing.pipeline_plan.fill_rows``), made once at load.
         plans: node list id -> its generations, made once at load.
-        exports: switch name -> the tensors it puts back (``routing.pipeline.switch_exports``).
+        exports: switch name -> the tensors it puts back (``routing.pipeline_plan.switch_exports``).
         models: the on-demand model manager (``bls.ondemand.ModelManager``; None: no step is
             loaded on demand): a step's ``on_demand`` model is loaded before its call.
     """

@@ -47,7 +47,7 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists, reshape_dims
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline import bind_pipeline, describe_pipeline, switch_exports, with_batches
+from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
 from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission

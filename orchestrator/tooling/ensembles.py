@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from orchestrator.tooling.errors import ToolingError
-from orchestrator.tooling.repository import ModelConfig, config_path, model_config_pb2, read_config
+from orchestrator.tooling.repository import ModelConfig, config_path, model_config_pb2, read_config, served_versions
 
 ENSEMBLE_PLATFORM = "ensemble"
 WILDCARD = -1
@@ -50,20 +50,6 @@ class RepoModel:
     @property
     def decoupled(self) -> bool:
         return bool(self.config.model_transaction_policy.decoupled)
-
-
-def served_versions(model_dir: Path, config: ModelConfig) -> List[int]:
-    """The versions Triton serves of the model in ``model_dir``: its numeric version
-    directories (> 0) filtered by ``version_policy`` (``latest`` n, default 1: the n
-    highest; ``all``; ``specific``: those listed), ascending."""
-    present = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
-    which = config.version_policy.WhichOneof("policy_choice")
-    if which == "all":
-        return present
-    if which == "specific":
-        return [v for v in present if v in set(config.version_policy.specific.versions)]
-    n = config.version_policy.latest.num_versions if which == "latest" else 1
-    return present[-max(1, n):] if present else []
 
 
 class Repository:

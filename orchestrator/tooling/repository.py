@@ -139,6 +139,20 @@ def list_models(model_repository: PathLike, config_name: Optional[str] = "embedd
     ]
 
 
+def served_versions(model_dir: Path, config: ModelConfig) -> List[int]:
+    """The versions Triton serves of the model in ``model_dir``: its numeric version
+    directories filtered by ``version_policy`` (``latest`` n, default 1: the n highest;
+    ``all``; ``specific``: those listed), ascending."""
+    present = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and int(p.name) > 0)
+    which = config.version_policy.WhichOneof("policy_choice")
+    if which == "all":
+        return present
+    if which == "specific":
+        return [v for v in present if v in set(config.version_policy.specific.versions)]
+    n = config.version_policy.latest.num_versions if which == "latest" else 1
+    return present[-max(1, n):] if present else []
+
+
 def is_python_model(config: ModelConfig) -> bool:
     """True when ``config`` is served by the Python backend."""
     return config.backend == "python"

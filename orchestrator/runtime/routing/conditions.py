@@ -41,7 +41,7 @@ from numpy.typing import NDArray
 from orchestrator.runtime.errors import InputError, PolicyError
 from orchestrator.runtime.routing import schema as S
 
-__all__ = ["Cond", "CONDITION", "OPS", "REDUCES", "read_condition", "condition_json", "evaluate", "literal_for"]
+__all__ = ["Cond", "CondRef", "CONDITION", "OPS", "REDUCES", "read_condition", "condition_json", "evaluate", "literal_for"]
 
 OPS: Tuple[str, ...] = ("eq", "ne", "lt", "le", "gt", "ge", "in")
 #: Per-element (all, any) and per-row reductions.
@@ -127,16 +127,19 @@ class _Literal(S.Type):
         return "number, boolean, string, or a list of them (for `in`)"
 
 
-class _CondRef(S.Type):
-    """A condition (recursive: ``all``/``any``/``not`` hold conditions)."""
+class CondRef(S.Type):
+    """A condition as a key's value (recursive: ``all``/``any``/``not`` hold conditions; a step's and a case's ``when``)."""
 
     def read(self, value: Any, where: str, ctx: Any) -> Cond:
+        """:func:`read_condition` of ``value`` (raises PolicyError naming ``where``)."""
         return read_condition(value, where)
 
     def json(self) -> Dict[str, Any]:
+        """A reference to the JSON Schema's ``condition`` definition."""
         return {"$ref": "#/definitions/condition"}
 
     def text(self) -> str:
+        """The type's name in the policy reference."""
         return "condition (`pipeline.condition`)"
 
 
@@ -179,9 +182,9 @@ CONDITION = S.Struct("pipeline.condition", [
     S.Key("bytes", _BYTES, "a test of BYTES elements"),
     S.Key("present", S.Str(), "the tensor exists for the request"),
     S.Key("param", _PARAM, "a request parameter's value"),
-    S.Key("all", S.ListOf(_CondRef(), 1), "every condition holds"),
-    S.Key("any", S.ListOf(_CondRef(), 1), "some condition holds"),
-    S.Key("not", _CondRef(), "the condition does not hold"),
+    S.Key("all", S.ListOf(CondRef(), 1), "every condition holds"),
+    S.Key("any", S.ListOf(CondRef(), 1), "some condition holds"),
+    S.Key("not", CondRef(), "the condition does not hold"),
 ], one_of=(("tensor", "shape", "bytes", "present", "param", "all", "any", "not"),
            "give exactly one of tensor, shape, bytes, present, param, all, any, not"),
     doc="A condition (`when` of a step or a switch case), evaluated per row as one vectorised mask.")

@@ -40,7 +40,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.routing import schema as S
-from orchestrator.runtime.routing.conditions import Cond, read_condition
+from orchestrator.runtime.routing.conditions import Cond, CondRef
 from orchestrator.runtime.routing.nodes.model import ON_DEMAND, OnDemand
 
 __all__ = [
@@ -315,17 +315,6 @@ class _PNodeRef(S.Type):
         return "pipeline node (`step` or `switch`)"
 
 
-class _CondType(S.Type):
-    def read(self, value: Any, where: str, ctx: Any) -> Cond:
-        return read_condition(value, where)
-
-    def json(self) -> Dict[str, Any]:
-        return {"$ref": "#/definitions/condition"}
-
-    def text(self) -> str:
-        return "condition (`pipeline.condition`)"
-
-
 _NODES = S.ListOf(_PNodeRef(), 1)
 _SCOPE = S.Choice(("row", "request"))
 _GUARD_KEYS = [
@@ -363,11 +352,11 @@ STEP = S.Struct("pipeline.step", [
           "whose call failed (an error, or the model's circuit open)"),
     S.Key("on_demand", S.TrueOr(ON_DEMAND), "load the model on first use and unload it when idle (needs "
           "`--model-control-mode=explicit`)"),
-    S.Key("when", _CondType(), "run the step only for the rows (or requests) where this holds"),
+    S.Key("when", CondRef(), "run the step only for the rows (or requests) where this holds"),
 ] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
 
 _CASE = S.Struct("pipeline.switch.case", [
-    S.Key("when", _CondType(), "the condition", required=True),
+    S.Key("when", CondRef(), "the condition", required=True),
     S.Key("then", _NODES, "the branch: a sub-pipeline", required=True),
 ], doc="One case: a condition and its branch.")
 

@@ -47,6 +47,16 @@ from orchestrator.tooling.repository import (
 POLICY_FILE = "policy.yaml"
 
 
+def report_policy_errors(path: str, errors: List[str]) -> int:
+    """Print each of ``errors`` for the policy at ``path`` (stderr) or that it is valid: 1 or 0."""
+    for error in errors:
+        print(f"invalid policy: {path}: {error}", file=sys.stderr)
+    if errors:
+        return 1
+    print("policy is valid")
+    return 0
+
+
 def version_errors(policy: P.Policy, repo: Path, config_name: Optional[str] = "embedded") -> List[str]:
     """One located message per model node whose pinned ``version`` the repository does
     not serve (``root.cases[0].then.version: ...``); empty when all are served."""
@@ -326,12 +336,7 @@ def check_pipeline(path: Path, args) -> int:
         if not missing:
             print(f"models {', '.join(policy.models())} are in {repo}")
         errors += step_errors(policy, repo, config_name) + repository_errors(repo)
-    for error in errors:
-        print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
-    if errors:
-        return 1
-    print("policy is valid")
-    return 0
+    return report_policy_errors(args.path, errors)
 
 
 def _is_pipeline_file(path: Path) -> bool:
@@ -378,12 +383,7 @@ def check_command(args) -> int:
                               f"run `orchestrator policy check {args.path} --repo {repo} --write-labels`")
     if getattr(args, "repo", None) or router_dir is not None:
         errors += repository_errors(repo)
-    for error in errors:
-        print(f"invalid policy: {args.path}: {error}", file=sys.stderr)
-    if errors:
-        return 1
-    print("policy is valid")
-    return 0
+    return report_policy_errors(args.path, errors)
 
 
 def policy_command(args) -> int:

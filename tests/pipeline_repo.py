@@ -220,6 +220,8 @@ def make_pipeline_repository(repo: Path) -> Path:
     admitted = policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS)
     admitted["admission"] = {"max_wait_ms": 50}
     write_router(repo, "typed_admission", config("typed_admission", 8, TYPED_IN, TYPED_OUT), admitted)
+    write_router(repo, "typed_unchecked", config("typed_unchecked", 8, TYPED_IN, TYPED_OUT),
+                 dict(policy(["Y", "CODE", "LABEL", "ECHO"], TYPED_STEPS), check_cancelled=False))
     (repo / "typed_ensemble").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "1").mkdir(exist_ok=True)
     (repo / "typed_ensemble" / "config.pbtxt").write_text(ensemble("typed_ensemble", 8, TYPED_IN, TYPED_OUT, TYPED_STEPS))

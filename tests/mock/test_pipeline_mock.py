@@ -298,3 +298,27 @@ def test_a_step_may_pin_its_model_version(tmp_path):
         with pytest.raises(InferError) as err:
             m.infer("typed_missing", inputs)
         assert "step 'labeler' failed" in err.value.message and "labeler@2" in err.value.message
+
+
+@pytest.mark.parametrize("router", ["typed", "typed_unchecked"])
+def test_a_cancelled_request_stops_before_its_next_step_unless_the_policy_never_asks(tmp_path, monkeypatch, router):
+    from orchestrator.testing.mock import requests as mock_requests
+
+    asked = []
+
+    def is_cancelled(self):  # the client cancelled request "gone" once it was sent
+        asked.append(self.request_id())
+        return self.request_id() == "gone"
+
+    monkeypatch.setattr(mock_requests.InferenceRequest, "is_cancelled", is_cancelled)
+    repo = make_pipeline_repository(tmp_path / "repo")
+    with MockTriton(repo, model_config_name=None, models=["mixer", "labeler", router]) as m:
+        inputs = typed_inputs(2, 3)
+        out = m.infer_batch(router, [{"inputs": inputs, "request_id": "gone"}, {"inputs": inputs, "request_id": "kept"}])
+        if router == "typed":  # asked once each, before the second step only
+            assert isinstance(out[0], InferError) and out[0].code == "CANCELLED"
+            assert "request cancelled before step 'labeler'" in out[0].message
+            assert sorted(asked) == ["gone", "kept"]
+        else:  # check_cancelled: false: never asked, the request runs to its end
+            assert asked == [] and not isinstance(out[0], InferError)
+        assert not isinstance(out[1], InferError) and sorted(out[1]) == ["CODE", "ECHO", "LABEL", "Y"]

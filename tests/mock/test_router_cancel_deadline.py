@@ -19,6 +19,7 @@ from tests.helpers import REPO, add_router_variant, set_node_fields
 
 # every text escalates: the second stage is always wanted
 ACCURATE = "router_accurate"
+UNCHECKED = "router_unchecked"  # the same with check_cancelled: false
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +29,9 @@ def mock(tmp_path_factory):
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     set_node_fields(document, {"cascade": {"margin": 1.0}})
     add_router_variant(repo, ACCURATE, document)
+    add_router_variant(repo, UNCHECKED, dict(document, check_cancelled=False))
     with MockTriton(repo) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", ACCURATE):
+        for name in ("tokenizer", "classifier", "classifier_fast", ACCURATE, UNCHECKED):
             m.load(name)
         yield m
 
@@ -80,6 +82,19 @@ def test_a_cancelled_request_gets_one_cancelled_response_and_no_escalation(mock,
     assert sent == [("classifier_fast", 5, "gone,kept"), ("classifier", 3, "kept")]
     assert sorted(asked) == ["gone", "kept"]  # once each, before the second stage only
     assert settled(mock, "orchestrator_cancelled_requests_total", before + 1) == before + 1
+
+
+def test_a_policy_that_never_asks_escalates_a_cancelled_request(mock, monkeypatch):
+    asked = []
+
+    def is_cancelled(self):
+        asked.append(self.request_id())
+        return True
+
+    monkeypatch.setattr(mock_requests.InferenceRequest, "is_cancelled", is_cancelled)
+    [out] = mock.infer_batch(UNCHECKED, [request(["A fine film.", "Dull."], "gone")])
+    assert asked == [] and not isinstance(out, InferError)
+    assert [r.decode() for r in out["ROUTE"].reshape(-1)] == ["classifier"] * 2
 
 
 def test_the_request_timeout_is_the_budget_of_its_calls(mock, monkeypatch):

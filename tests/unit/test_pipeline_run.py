@@ -10,7 +10,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.runtime.errors import DownstreamError, PolicyError
+from orchestrator.runtime.errors import DownstreamError, PolicyError, RequestCancelled
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
 from orchestrator.runtime.routing.pipeline import read_pipeline
 from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, switch_exports, with_batches
@@ -92,19 +92,40 @@ def test_a_transient_failure_of_a_merged_call_is_answered_by_the_retries():
 
 
 def test_a_request_past_its_deadline_or_cancelled_stops_before_the_next_step():
-    from orchestrator.runtime.errors import DeadlineExceeded, RequestCancelled
+    from orchestrator.runtime.errors import DeadlineExceeded
 
     spec = router_spec(CONFIG)
     bound = with_batches(bind_pipeline(read_pipeline(SWITCH), spec), {"big": 4, "mid": 4})
     plans, fills = plan_lists(bound.steps, spec)
     late = Req({"X": np.array([[11]], dtype=np.int32)}, 1, deadline=5.0)
-    cancelled = Req({"X": np.array([[12]], dtype=np.int32)}, 1, is_cancelled=lambda: True)
+    cancelled = Req({"X": np.array([[12]], dtype=np.int32)}, 1, is_cancelled=lambda: True, started=True)
     fine = Req({"X": np.array([[13 - 2]], dtype=np.int32)}, 1, deadline=20.0)
     fake = Fake()
     asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 10.0, None, fills, plans, switch_exports(bound)).run([late, cancelled, fine]))
     assert isinstance(late.error, DeadlineExceeded) and "before step 'big'" in str(late.error)
     assert isinstance(cancelled.error, RequestCancelled)
     assert fine.error is None and values(fine) == [1100] and fake.calls == [("big", [11])]
+
+
+def test_cancellation_is_asked_only_after_a_request_had_a_downstream_call():
+    chain = {"outputs": ["Y"], "steps": [
+        {"kind": "step", "name": "first", "model": "mid", "inputs": {"IN": "X"}, "outputs": {"OUT": "T"}},
+        {"kind": "step", "name": "second", "model": "big", "inputs": {"IN": "T"}, "outputs": {"OUT": "Y"}}]}
+    spec = router_spec(CONFIG)
+    bound = with_batches(bind_pipeline(read_pipeline(chain), spec), {"big": 4, "mid": 4})
+    plans, fills = plan_lists(bound.steps, spec)
+    asked = []
+
+    def is_cancelled():  # the client cancels while the first step runs
+        asked.append(len(fake.calls))
+        return len(fake.calls) > 0
+
+    req = Req({"X": np.array([[2]], dtype=np.int32)}, 1, is_cancelled=is_cancelled)
+    fake = Fake()
+    asyncio.run(PipelineRun(bound.steps, spec, fake, lambda: 0.0, None, fills, plans, switch_exports(bound)).run([req]))
+    assert asked == [1], "asked once: before the second step, never before the first (an IPC round trip per ask)"
+    assert isinstance(req.error, RequestCancelled) and "before step 'second'" in str(req.error)
+    assert fake.calls == [("mid", [2])]
 
 
 def test_a_tensor_only_its_branch_reads_needs_no_fill_and_stays_inside():

@@ -78,6 +78,7 @@ class Req:
             first input sent; an ``add_batch_dim`` step's: 1).
         error: set once it failed; it then takes no further part.
         requested: the outputs the client asked for (empty: all).
+        started: a downstream call was made for it (before, ``is_cancelled`` is not asked).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -91,6 +92,7 @@ class Req:
     batch: Dict[str, int] = field(default_factory=dict)
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
+    started: bool = False
 
 
 def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:
@@ -199,11 +201,17 @@ class PipelineRun:
     # -- steps
 
     def _stopped(self, req: Req, step: Step) -> bool:
-        """True when ``req`` stops before ``step``: cancelled or past its deadline (then its error is set)."""
-        try:
-            cancelled = bool(req.is_cancelled())
-        except Exception:  # a failing check counts as not cancelled, as in text policies
-            cancelled = False
+        """True when ``req`` stops before ``step``: cancelled or past its deadline (then its error is set).
+
+        ``is_cancelled()`` (an IPC round trip in the stub, about 0.1 ms) is asked only of a
+        request that already had a downstream call: one that has just arrived is not, as
+        in text policies."""
+        cancelled = False
+        if req.started:
+            try:
+                cancelled = bool(req.is_cancelled())
+            except Exception:  # a failing check counts as not cancelled, as in text policies
+                cancelled = False
         if cancelled:
             req.error = RequestCancelled(f"request cancelled before step '{step.name}'")
         elif req.deadline is not None and self.clock() >= req.deadline:
@@ -335,6 +343,8 @@ class PipelineRun:
     async def _call(self, step: Step, segments: List[Tuple[View, int, int]], inputs: Dict[str, NDArray[Any]],
                     alone: bool) -> Dict[str, NDArray[Any]]:
         reqs = list({id(s[0].req): s[0].req for s in segments}.values())
+        for r in reqs:
+            r.started = True
         deadlines = [r.deadline for r in reqs if r.deadline is not None]
         timeout_us = max(1, int((min(deadlines) - self.clock()) * 1e6)) if deadlines else 0
         options = CallOptions(trace=call_trace(reqs), timeout_us=timeout_us)  # type: ignore[arg-type]  # Req has .trace

@@ -54,6 +54,10 @@ from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import cpu_outputs
 
 
+def _never() -> bool:
+    return False
+
+
 def _same_dtype(array: Any, wanted: Any) -> bool:
     if wanted is np.object_:
         return bool(array.dtype == np.object_ or array.dtype.kind in "SU")
@@ -146,7 +150,8 @@ class PipelineRouter:
         forward = {k: v for k, v in params.items() if isinstance(v, (bool, int, str))}
         timeout_us = int(request.timeout() or 0)
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
-                   start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled,
+                   start + timeout_us / 1e6 if timeout_us else None,
+                   request.is_cancelled if self.policy.check_cancelled else _never,
                    requested=tuple(request.requested_output_names()))
 
     def respond(self, req: Req) -> Any:

@@ -488,7 +488,8 @@ class TritonPythonModel:
         work.context = RequestContext(trace=request.trace())
         timeout_us = int(request.timeout() or 0) if start is not None else 0
         work.context.deadline = start + timeout_us / 1e6 if timeout_us and start is not None else None
-        work.context.is_cancelled = request.is_cancelled
+        if self.policy.check_cancelled:  # else the context's default: never cancelled, never asked
+            work.context.is_cancelled = request.is_cancelled
         return work
 
     async def _execute(self, requests: List[Any]) -> List[Any]:

@@ -7,7 +7,11 @@ The benchmark repository is a copy of ``model_repository/`` with:
 - ``migrated``: ``orchestrator migrate model_repository/ensemble --name migrated`` run into
   it (the shipped ensemble's tokenizer -> classifier -> postprocess as a pipeline policy);
 - ``hand_pipeline`` (``lab/bench/hand_pipeline``, beside ``lab/bench/hand_bls``): the same
-  three calls written by hand with BLS, with the migrated router's configuration;
+  three calls written by hand with BLS, request by request, with the migrated router's
+  configuration (``dynamic_batching``, as ``migrate`` writes it for a batching ensemble);
+- ``migrated_serial`` and ``hand_serial``: the same two without ``dynamic_batching``
+  (``migrate --no-dynamic-batching``): one request per ``execute``, so their throughput
+  at c=16 compares the router's own cost per request with the hand-written model's;
 - ``skip_half`` and ``skip_never``: two-step pipelines (``tokenizer``, then ``classifier``);
   in ``skip_half`` the second step runs only for the texts of more tokens than the held-out
   texts' median (a ``when`` on ``input_ids``' shape, request scope, ``logits`` omitted
@@ -19,7 +23,8 @@ loop), in rounds with the model order rotated each round:
 
 1. ``ensemble``, ``migrated`` and ``hand_pipeline`` at c=1 and c=16;
 2. at c=16, ``skip_half``, ``skip_never``, ``tokenizer`` alone (the texts) and ``classifier``
-   alone (the texts tokenized, each at its own length: :func:`lab.bench.floor.classifier_input_json`).
+   alone (the texts tokenized, each at its own length: :func:`lab.bench.floor.classifier_input_json`);
+3. at c=16, ``migrated_serial`` and ``hand_serial``.
 
 Goals, each judged by the distribution-free 95% interval of the median per-round ratio
 (:func:`lab.bench.floor.decide`: met, not met, or not decided with the rounds that would
@@ -27,6 +32,8 @@ decide it at this run's spread):
 
 - ``migrated`` throughput at c=16 at least :data:`THROUGHPUT_GOAL` x ``hand_pipeline``'s;
 - ``migrated`` p50 at c=1 at most :data:`P50_GOAL` x ``ensemble``'s;
+- ``migrated_serial`` throughput at c=16 at least :data:`THROUGHPUT_GOAL` x ``hand_serial``'s
+  (the router's own cost per request: reported beside the goals, decided the same way);
 - ``skip_half`` throughput at c=16 at least :data:`COST_GOAL` x the cost model's prediction
   1 / (c_first + share * c_second + overhead) (:func:`skip_cost_model`): c_first and
   c_second are 1 / the throughput of ``tokenizer`` and ``classifier`` alone, overhead =
@@ -45,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -57,6 +65,8 @@ from lab.bench.plan import REPO, Spec
 from lab.bench.report import PIPELINE_END, PIPELINE_START
 
 MIGRATED, HAND, ENSEMBLE = "migrated", "hand_pipeline", "ensemble"
+MIGRATED_SERIAL, HAND_SERIAL = "migrated_serial", "hand_serial"
+SERIAL_MODELS = (MIGRATED_SERIAL, HAND_SERIAL)
 SKIP, NEVER, FIRST, SECOND = "skip_half", "skip_never", "tokenizer", "classifier"
 SIDE_MODELS = (ENSEMBLE, MIGRATED, HAND)
 COST_MODELS = (SKIP, NEVER, FIRST, SECOND)
@@ -70,13 +80,13 @@ P50_GOAL = 1.10
 COST_GOAL = 0.9
 ROUNDS = 8
 DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", SKIP: "texts", NEVER: "texts",
-            FIRST: "text_only", SECOND: "tokens"}
+            FIRST: "text_only", SECOND: "tokens", MIGRATED_SERIAL: "texts", HAND_SERIAL: "texts"}
 COMMAND = "python -m lab.bench.pipeline"
 
 
 def plan(rounds: int) -> List[Spec]:
-    """Per round: ``SIDE_MODELS`` at each of ``CONCURRENCIES``, then ``COST_MODELS`` at
-    ``COST_CONCURRENCY``, each list's order rotated by one per round."""
+    """Per round: ``SIDE_MODELS`` at each of ``CONCURRENCIES``, then ``COST_MODELS`` and
+    ``SERIAL_MODELS`` at ``COST_CONCURRENCY``, each list's order rotated by one per round."""
     out: List[Spec] = []
     for r in range(rounds):
         side = list(SIDE_MODELS[r % 3:]) + list(SIDE_MODELS[:r % 3])
@@ -84,6 +94,8 @@ def plan(rounds: int) -> List[Spec]:
             out += [Spec("pipeline", m, DATASETS[m], c, 1, r) for m in side]
         cost = list(COST_MODELS[r % 4:]) + list(COST_MODELS[:r % 4])
         out += [Spec("cost", m, DATASETS[m], COST_CONCURRENCY, 1, r) for m in cost]
+        serial = list(SERIAL_MODELS[r % 2:]) + list(SERIAL_MODELS[:r % 2])
+        out += [Spec("serial", m, DATASETS[m], COST_CONCURRENCY, 1, r) for m in serial]
     return out
 
 
@@ -121,15 +133,17 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], share: float = 
 
 
 def goals(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Dict[str, Any]:
-    """The three goals (module docstring), each :func:`lab.bench.floor.decide` of its
-    per-round ratios with ``per_round``."""
+    """The three goals and the serial comparison (module docstring), each
+    :func:`lab.bench.floor.decide` of its per-round ratios with ``per_round``."""
     thr = pair_ratios(measurements, MIGRATED, HAND, 16, "throughput")
+    serial = pair_ratios(measurements, MIGRATED_SERIAL, HAND_SERIAL, 16, "throughput")
     p50 = pair_ratios(measurements, MIGRATED, ENSEMBLE, 1, "p50_ms")
     cost = [r["ratio"] for r in round_cost_models(measurements, share)]
     return {name: {**decide(values, goal, at_most), "per_round": [round(v, 3) for v in values]}
             for name, values, goal, at_most in (("throughput_c16_vs_hand", thr, THROUGHPUT_GOAL, False),
                                                 ("p50_c1_vs_ensemble", p50, P50_GOAL, True),
-                                                ("skip_vs_cost_model", cost, COST_GOAL, False))}
+                                                ("skip_vs_cost_model", cost, COST_GOAL, False),
+                                                ("serial_c16_vs_hand", serial, THROUGHPUT_GOAL, False))}
 
 
 def cost_medians(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Optional[Dict[str, float]]:
@@ -191,10 +205,17 @@ def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
     from lab.bench.variants import make_bench_repository
     from orchestrator.tooling.cli import main as cli
     from orchestrator.tooling.migrate import MODEL_PY
+    from orchestrator.tooling.repository import read_config, write_config
 
     make_bench_repository(dest, repo, variants={HAND: {"source": "lab/bench/hand_pipeline"}})
-    if cli(["migrate", str(dest / ENSEMBLE), "--name", MIGRATED, "--repo", str(dest)]) != 0:
-        raise BenchError("orchestrator migrate failed on the benchmark repository's ensemble")
+    for name, extra in ((MIGRATED, []), (MIGRATED_SERIAL, ["--no-dynamic-batching"])):
+        if cli(["migrate", str(dest / ENSEMBLE), "--name", name, "--repo", str(dest), *extra]) != 0:
+            raise BenchError("orchestrator migrate failed on the benchmark repository's ensemble")
+    shutil.copytree(dest / HAND, dest / HAND_SERIAL)
+    serial = read_config(dest / HAND / "config.pbtxt")
+    serial.name = HAND_SERIAL
+    serial.ClearField("dynamic_batching")
+    write_config(dest / HAND_SERIAL / "config.pbtxt", serial, ["# hand_pipeline without dynamic_batching: one request per execute"])
     for name, when in ((SKIP, split), (NEVER, None)):
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "1" / "model.py").write_text(MODEL_PY)
@@ -262,6 +283,15 @@ def render_section(r: Mapping[str, Any]) -> str:
         L.append("No round measured every model the cost model needs: not computed.")
     L += ["", f"- `skip_half` at least {COST_GOAL}x its cost model's prediction: {_fmt_decision(g['skip_vs_cost_model'])}. "
           f"Per round: {', '.join(map(str, g['skip_vs_cost_model']['per_round']))}."]
+    L += ["", f"One request per `execute` (no `dynamic_batching`: `migrate --no-dynamic-batching`) at c={COST_CONCURRENCY}, "
+          "the router's own cost per request against the hand-written model's:", "",
+          "| model | throughput, infer/s | p50, ms |", "|---|---|---|"]
+    for model in SERIAL_MODELS:
+        L.append(f"| `{model}` | {_median(ms, model, COST_CONCURRENCY, 'throughput')} | "
+                 f"{_median(ms, model, COST_CONCURRENCY, 'p50_ms')} |")
+    if "serial_c16_vs_hand" in g:
+        L += ["", f"- `{MIGRATED_SERIAL}` throughput at least {THROUGHPUT_GOAL}x `{HAND_SERIAL}`'s: "
+              f"{_fmt_decision(g['serial_c16_vs_hand'])}. Per round: {', '.join(map(str, g['serial_c16_vs_hand']['per_round']))}."]
     L += [*failed_note(ms), "", PIPELINE_END]
     return "\n".join(L)
 
@@ -304,10 +334,10 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, window_ms:
         inputs["text_only"].write_text(json.dumps({"data": [{"TEXT": s["TEXT"]} for s in both["data"]]},
                                                   ensure_ascii=False), encoding="utf-8")
         inputs["tokens"].write_text(json.dumps(classifier_input_json(ids, pad)))
-        with TritonServer(repo, models=["tokenizer", "classifier", "postprocess", *SIDE_MODELS, SKIP, NEVER]) as server:
+        with TritonServer(repo, models=["tokenizer", "classifier", "postprocess", *SIDE_MODELS, SKIP, NEVER, *SERIAL_MODELS]) as server:
             results["stack"] = read_stack(server, embedded=True)
             measurements: List[Dict[str, Any]] = []
-            warm = {(m, DATASETS[m]): 10.0 for m in (*SIDE_MODELS, *COST_MODELS)}
+            warm = {(m, DATASETS[m]): 10.0 for m in (*SIDE_MODELS, *COST_MODELS, *SERIAL_MODELS)}
             specs = plan(rounds)
             for i, spec in enumerate(specs, 1):
                 before = inference_counts(server, (SKIP, SECOND)) if spec.model == SKIP else None

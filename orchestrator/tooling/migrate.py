@@ -15,8 +15,13 @@ made a router model.
    - ``config.pbtxt``: ``backend: "python"``, the ensemble's ``max_batch_size``, inputs,
      outputs (names, data types, dims, reshape, optional, label files), ``version_policy``
      and ``parameters``, one ``KIND_CPU`` instance, the parameter ``policy: policy.yaml``;
-     no ``dynamic_batching`` (an ensemble never merges requests; add it to let one execute
-     serve several requests);
+     ``dynamic_batching { }`` when the ensemble batches (``max_batch_size`` > 0; not with
+     ``--no-dynamic-batching``): an ensemble has no scheduler of its own, each request goes
+     straight to its steps' models and they batch; the router is one model whose instance
+     runs one ``execute`` at a time, so without a batcher of its own it serves one request at
+     a time, where with one, the requests that queued while it was busy share its next
+     ``execute`` and each step's call carries all their rows (no delay is added: a request
+     waits only while the router is busy);
    - one version directory per version directory of the ensemble, each with the one-line
      ``model.py`` of every router;
    - the label files the outputs name, copied;
@@ -103,8 +108,10 @@ def _refuse_decoupled(ensemble: RepoModel, repo: Repository) -> None:
                 "request) is not migrated; keep this ensemble, or make the step's model answer once per request")
 
 
-def router_config(ensemble: ModelConfig, name: str) -> ModelConfig:
-    """The router's configuration: the ensemble's interface, served by the Python backend.
+def router_config(ensemble: ModelConfig, name: str, dynamic_batching: bool = True) -> ModelConfig:
+    """The router's configuration: the ensemble's interface, served by the Python backend;
+    ``dynamic_batching``: with ``dynamic_batching { }`` when the ensemble batches (module
+    docstring).
 
     Raises:
         MigrateError: the ensemble's parameters already hold ``policy`` (the router's own).
@@ -123,6 +130,8 @@ def router_config(ensemble: ModelConfig, name: str) -> ModelConfig:
     for key in ensemble.parameters:
         config.parameters[key].CopyFrom(ensemble.parameters[key])
     config.parameters["policy"].string_value = POLICY_FILE
+    if dynamic_batching and config.max_batch_size > 0:
+        config.dynamic_batching.SetInParent()
     group = config.instance_group.add()
     group.count = 1
     group.kind = model_config_pb2.ModelInstanceGroup.KIND_CPU
@@ -172,9 +181,10 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
 
 
 def plan_migration(ensemble_dir: Path, name: str, config_name: Optional[str] = "embedded",
-                   outputs: Optional[Sequence[str]] = None) -> Migration:
+                   outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True) -> Migration:
     """Check the ensemble in ``ensemble_dir`` (its repository: the directory's parent) and
-    make what ``migrate`` writes for a router named ``name``.
+    make what ``migrate`` writes for a router named ``name`` (``dynamic_batching``:
+    :func:`router_config`).
 
     Raises:
         MigrateError: Triton refuses the ensemble (its reason), or a step is decoupled.
@@ -187,7 +197,7 @@ def plan_migration(ensemble_dir: Path, name: str, config_name: Optional[str] = "
     except EnsembleError as exc:
         raise MigrateError(str(exc)) from None
     _refuse_decoupled(ensemble, repo)
-    config = router_config(ensemble.config, name)
+    config = router_config(ensemble.config, name, dynamic_batching)
     versions = sorted((p.name for p in ensemble.directory.iterdir() if p.is_dir() and p.name.isdigit()), key=int)
     labels = sorted({o.label_filename for o in ensemble.config.output if o.label_filename})
     for label in labels:
@@ -243,10 +253,10 @@ def check_offline(model_dir: Path, repo: Path, config_name: Optional[str] = "emb
 
 
 def migrate(ensemble_dir: Path, name: str, repo: Path, config_name: Optional[str] = "embedded",
-            outputs: Optional[Sequence[str]] = None) -> Migration:
+            outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True) -> Migration:
     """:func:`plan_migration` then :func:`write_router`; nothing is written when the plan
     is refused. Returns the migration."""
-    migration = plan_migration(ensemble_dir, name, config_name, outputs)
+    migration = plan_migration(ensemble_dir, name, config_name, outputs, dynamic_batching)
     write_router(migration, repo)
     return migration
 
@@ -259,6 +269,9 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-config-name", default="embedded",
                         help="the configuration Triton reads for each model, as the server's --model-config-name "
                              "(configs/<name>.pbtxt, else config.pbtxt; default: %(default)s; '' for config.pbtxt)")
+    parser.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_false",
+                        help="write no dynamic_batching in the router's config.pbtxt: one request per execute "
+                             "(by default a batching ensemble's router batches: see the guide)")
     parser.add_argument("--check", metavar="URL", default=None,
                         help="a running server (host:port) serving the ensemble and REPO, or 'embedded' (the embedded "
                              "Triton on REPO, started and stopped here; the 'serve' extra): probe the ensemble's output "
@@ -299,7 +312,7 @@ def _migrate(args: argparse.Namespace, check_url: Optional[str]) -> int:
     config_name = args.model_config_name or None
     ensemble_dir, repo = Path(args.ensemble_dir), Path(args.repo)
     try:
-        migration = plan_migration(ensemble_dir, args.name, config_name)
+        migration = plan_migration(ensemble_dir, args.name, config_name, dynamic_batching=args.dynamic_batching)
     except (MigrateError, ConfigError) as exc:
         print(f"error: {ensemble_dir}: {exc}", file=sys.stderr)
         return 1
@@ -317,7 +330,7 @@ def _migrate(args: argparse.Namespace, check_url: Optional[str]) -> int:
         if order != migration.outputs:
             print(f"the live ensemble answers {', '.join(order)} (the rule gave {', '.join(migration.outputs)}): "
                   "using the live order")
-            migration = plan_migration(ensemble_dir, args.name, config_name, order)
+            migration = plan_migration(ensemble_dir, args.name, config_name, order, args.dynamic_batching)
     try:
         target = write_router(migration, repo)
     except (MigrateError, OSError) as exc:

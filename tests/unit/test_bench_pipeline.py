@@ -25,22 +25,25 @@ def rounds_of(n, hand=100.0, migrated=96.0, ens_p50=10.0, mig_p50=10.5, skip=Non
                 m("ensemble", 16, r, 90.0, 30.0), m("migrated", 1, r, 50.0, mig_p50 * wobble),
                 m("ensemble", 1, r, 50.0, ens_p50), m("hand_pipeline", 1, r, 50.0, 9.0),
                 m("tokenizer", 16, r, 500.0, 5.0), m("classifier", 16, r, 1000.0 / 6, 5.0),
-                m("skip_never", 16, r, 100.0, 5.0), m("skip_half", 16, r, skip if skip is not None else 1000.0 / 7, 5.0)]
+                m("skip_never", 16, r, 100.0, 5.0), m("skip_half", 16, r, skip if skip is not None else 1000.0 / 7, 5.0),
+                m("migrated_serial", 16, r, 80.0, 40.0), m("hand_serial", 16, r, 100.0, 32.0)]
     return out
 
 
 def test_the_plan_rotates_the_models_each_round():
     specs = P.plan(3)
-    assert len(specs) == 3 * (3 * 2 + 4)
+    assert len(specs) == 3 * (3 * 2 + 4 + 2)
     first = [(s.model, s.concurrency) for s in specs if s.round == 0]
     assert first[:6] == [("ensemble", 1), ("migrated", 1), ("hand_pipeline", 1),
                          ("ensemble", 16), ("migrated", 16), ("hand_pipeline", 16)]
     assert [s.model for s in specs if s.round == 1 and s.section == "pipeline"][:3] == ["migrated", "hand_pipeline", "ensemble"]
     assert [s.model for s in specs if s.round == 1 and s.section == "cost"] == ["skip_never", "tokenizer", "classifier", "skip_half"]
-    assert all(s.concurrency == 16 for s in specs if s.section == "cost")
+    assert all(s.concurrency == 16 for s in specs if s.section in ("cost", "serial"))
+    assert [s.model for s in specs if s.section == "serial"] == ["migrated_serial", "hand_serial", "hand_serial",
+                                                                 "migrated_serial", "migrated_serial", "hand_serial"]
     assert {s.model: s.dataset for s in specs} == {"ensemble": "texts", "migrated": "texts", "hand_pipeline": "texts",
                                                   "skip_half": "texts", "skip_never": "texts", "tokenizer": "text_only",
-                                                  "classifier": "tokens"}
+                                                  "classifier": "tokens", "migrated_serial": "texts", "hand_serial": "texts"}
 
 
 def test_the_split_is_the_median_token_count_and_the_share_the_texts_above_it():
@@ -86,6 +89,7 @@ def test_goals_met_not_met_and_undecided_with_rounds_to_decide():
     assert g["throughput_c16_vs_hand"]["verdict"] == "met" and g["throughput_c16_vs_hand"]["median"] == 0.96
     assert g["p50_c1_vs_ensemble"]["verdict"] == "met" and g["p50_c1_vs_ensemble"]["per_round"] == [1.05] * 8
     assert g["skip_vs_cost_model"]["verdict"] == "met" and g["skip_vs_cost_model"]["median"] == 1.0
+    assert g["serial_c16_vs_hand"]["verdict"] == "not met" and g["serial_c16_vs_hand"]["median"] == 0.8
     bad = P.goals(rounds_of(8, migrated=90.0, mig_p50=12.0, skip=100.0))
     assert [bad[k]["verdict"] for k in ("throughput_c16_vs_hand", "p50_c1_vs_ensemble", "skip_vs_cost_model")] == [
         "not met"] * 3
@@ -98,21 +102,26 @@ def test_goals_met_not_met_and_undecided_with_rounds_to_decide():
     assert (empty["n"], empty["median"], empty["verdict"], empty["per_round"]) == (0, None, "not decided", [])
 
 
-def test_the_benchmark_repository_serves_the_four_side_by_side(tmp_path):
+def test_the_benchmark_repository_serves_the_models_side_by_side(tmp_path):
     repo = P.make_pipeline_repository(tmp_path / "repo", 21)
     assert read_config(repo / "migrated" / "config.pbtxt").max_batch_size == read_config(
         repo / "ensemble" / "config.pbtxt").max_batch_size
     migrated = yaml.safe_load((repo / "migrated" / "policy.yaml").read_text())
     hand = read_config(repo / "hand_pipeline" / "config.pbtxt")
     assert [s["model"] for s in migrated["pipeline"]["steps"]] == ["tokenizer", "classifier", "postprocess"]
-    assert hand.name == "hand_pipeline" and not hand.HasField("dynamic_batching")  # as the migrated router
+    assert hand.name == "hand_pipeline" and hand.HasField("dynamic_batching")  # as the migrated router
+    assert read_config(repo / "migrated" / "config.pbtxt").HasField("dynamic_batching")
+    serial = read_config(repo / "hand_serial" / "config.pbtxt")
+    assert serial.name == "hand_serial" and not serial.HasField("dynamic_batching")
+    assert not read_config(repo / "migrated_serial" / "config.pbtxt").HasField("dynamic_batching")
+    assert (repo / "hand_serial" / "1" / "model.py").read_text() == (repo / "hand_pipeline" / "1" / "model.py").read_text()
     assert [(i.name, list(i.dims)) for i in hand.input] == [("TEXT", [1]), ("THRESHOLD", [1])]
     skip = yaml.safe_load((repo / "skip_half" / "policy.yaml").read_text())
     assert skip["pipeline"]["steps"][1]["when"] == {"shape": {"tensor": "input_ids", "dim": -1, "op": "gt", "value": 21}}
     assert skip["pipeline"]["steps"][1]["omit"] == ["logits"] and skip["pipeline"]["steps"][1]["scope"] == "request"
     assert "when" not in yaml.safe_load((repo / "skip_never" / "policy.yaml").read_text())["pipeline"]["steps"][1]
     from orchestrator.tooling.cli import main
-    for name in ("skip_half", "skip_never", "migrated"):
+    for name in ("skip_half", "skip_never", "migrated", "migrated_serial"):
         assert main(["policy", "check", str(repo / name / "policy.yaml"), "--repo", str(repo)]) == 0, name
 
 
@@ -128,3 +137,5 @@ def test_the_section_renders_the_goals_and_is_kept_across_runs():
     assert "| 0.5 | 2.0 | 6.0 | 2.0 | 142.9 | 142.9 |" in text
     assert "**met**" in text
     assert "the second step for texts of more than 21 tokens: 0.5 of the held-out texts" in text
+    assert "| `migrated_serial` | 80.0 | 40.0 |" in text
+    assert "`migrated_serial` throughput at least 0.95x `hand_serial`'s: median 0.8x over 8 rounds" in text

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from orchestrator.tooling.cli import main
-from orchestrator.tooling.migrate import MODEL_PY, MigrateError, plan_migration
+from orchestrator.tooling.migrate import MODEL_PY, MigrateError, plan_migration, router_config
 from orchestrator.tooling.repository import model_config_pb2, parse_config, read_config
 from tests.helpers import REPO
 from tests.unit.test_migrate_validation import ENSEMBLE, build
@@ -105,6 +105,15 @@ def test_the_shipped_ensemble_plan():
     assert migration.outputs == ["VERDICTS", "PROBABILITIES"]  # as Triton's ensemble answers
     assert [s["model"] for s in migration.policy["pipeline"]["steps"]] == ["tokenizer", "classifier", "postprocess"]
     assert migration.label_files == ["labels.txt"] and migration.versions == ["1"]
+    # a batching ensemble's router batches at its own door (the migrate guide says why)
+    assert migration.config.HasField("dynamic_batching") and migration.config.max_batch_size == 64
+    assert not plan_migration(REPO / "ensemble", "m", dynamic_batching=False).config.HasField("dynamic_batching")
+
+
+def test_a_router_of_an_ensemble_without_batching_gets_no_dynamic_batching(tmp_path):
+    config = parse_config(ENSEMBLE)
+    config.max_batch_size = 0
+    assert not router_config(config, "r").HasField("dynamic_batching")
 
 
 def test_migrate_without_the_client_extra_says_which(tmp_path):

@@ -20,13 +20,37 @@ import time
 import numpy as np
 import pytest
 
+from orchestrator.tooling.migrate import MODEL_PY as ROUTER_MODEL_PY
 from orchestrator.tooling.modeling import data
 from tests.helpers import REPO, add_router_variant, eventually
 
 pytestmark = pytest.mark.server
 
 SLOW_S = 2.0  # seconds classifier_slow sleeps per execute
-MODELS = ["tokenizer", "classifier", "classifier_fast", "classifier_slow", "router_slow_first", "router_slow_second"]
+MODELS = ["tokenizer", "classifier", "classifier_fast", "classifier_slow", "router_slow_first", "router_slow_second",
+          "postprocess", "pipe_slow", "pipe_slow_unchecked"]
+
+#: A pipeline router (tokenizer -> classifier_slow -> postprocess), the shipped ensemble's
+#: interface; ``pipe_slow_unchecked`` is the same with ``check_cancelled: false``.
+PIPE_CONFIG = '''# Test-only (tests/server/test_cancel_deadline.py): a pipeline router through classifier_slow.
+name: "{name}"
+backend: "python"
+max_batch_size: 64
+input {{ name: "TEXT" data_type: TYPE_STRING dims: 1 }}
+input {{ name: "THRESHOLD" data_type: TYPE_FP32 dims: 1 }}
+output {{ name: "PROBABILITIES" data_type: TYPE_FP32 dims: -1 }}
+output {{ name: "VERDICTS" data_type: TYPE_BOOL dims: -1 }}
+instance_group {{ count: 1 kind: KIND_CPU }}
+parameters {{ key: "policy" value {{ string_value: "policy.yaml" }} }}
+'''
+PIPE_STEPS = [
+    {"kind": "step", "model": "tokenizer", "inputs": {"TEXT": "TEXT"},
+     "outputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}},
+    {"kind": "step", "model": "classifier_slow", "inputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"},
+     "outputs": {"logits": "logits"}},
+    {"kind": "step", "model": "postprocess", "inputs": {"logits": "logits", "THRESHOLD": "THRESHOLD"},
+     "outputs": {"PROBABILITIES": "PROBABILITIES", "VERDICTS": "VERDICTS"}},
+]
 
 SLOW_MODEL = '''"""Test-only: sleeps SLOW_S seconds per execute, then answers logit 0 for every row."""
 import json
@@ -90,6 +114,13 @@ def server(tmp_path_factory):
     shutil.copy(REPO / "classifier" / "head.json", slow / "head.json")
     add_router_variant(repo, "router_slow_first", _policy(("slow", "classifier_slow"), ("accurate", "classifier")))
     add_router_variant(repo, "router_slow_second", _policy(("fast", "classifier_fast"), ("slow", "classifier_slow")))
+    shutil.copytree(REPO / "postprocess", repo / "postprocess", ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "env.pbtxt"))
+    for name, checked in (("pipe_slow", True), ("pipe_slow_unchecked", False)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(ROUTER_MODEL_PY)
+        (repo / name / "config.pbtxt").write_text(PIPE_CONFIG.format(name=name))
+        document = {"version": 1, "check_cancelled": checked, "pipeline": {"outputs": ["PROBABILITIES", "VERDICTS"], "steps": PIPE_STEPS}}
+        (repo / name / "policy.yaml").write_text(json.dumps(document))
     with TritonServer(repo, models=MODELS) as srv:
         yield srv
 
@@ -167,6 +198,34 @@ def test_a_cancelled_grpc_request_stops_before_its_next_stage(server):
     assert slow_after[1] == slow_before[1] + 1  # the first stage ran once (all windows in one call)
     assert executions(server, "classifier") == accurate_before  # the escalation was never sent
     assert settled_counter(server, "orchestrator_cancelled_requests_total", router, cancelled_before + 1) == cancelled_before + 1
+
+
+@pytest.mark.parametrize("router,asks", [("pipe_slow", True), ("pipe_slow_unchecked", False)])
+def test_a_cancelled_grpc_request_to_a_pipeline_stops_before_its_next_step_unless_its_policy_never_asks(server, router, asks):
+    import tritonclient.grpc as grpcclient
+
+    post_before = executions(server, "postprocess")
+    slow_before = executions(server, "classifier_slow")
+    cancelled_before = router_counter(server, "orchestrator_cancelled_requests_total", router)
+    results = []
+    done = threading.Event()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        handle = client.async_infer(router, inputs_grpc(["A fine film."], grpcclient),
+                                    callback=lambda result, error: (results.append((result, error)), done.set()))
+        time.sleep(SLOW_S / 2)  # the second step (classifier_slow) is running
+        handle.cancel()
+        assert done.wait(10), "the client got no callback"
+        assert results[0][0] is None and "cancel" in str(results[0][1]).lower()
+        wait_idle(server, "classifier_slow", slow_before[1] + 1)
+        time.sleep(1.0)  # the router's next step would have been called by now
+    finally:
+        client.close()
+    assert executions(server, "classifier_slow")[1] == slow_before[1] + 1
+    # asked before the third step: not run; never asked (check_cancelled: false): run, its answer dropped by Triton
+    assert executions(server, "postprocess")[1] == post_before[1] + (0 if asks else 1)
+    want = cancelled_before + (1 if asks else 0)
+    assert settled_counter(server, "orchestrator_cancelled_requests_total", router, want) == want
 
 
 def test_an_uncancelled_request_of_the_same_router_is_escalated(server):

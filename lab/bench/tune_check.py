@@ -4,7 +4,12 @@
 
 1. copies ``model_repository/`` (:func:`lab.bench.variants.make_bench_repository`, no variants) and
    starts one embedded Triton on it (:class:`orchestrator.tooling.server.TritonServer`, explicit
-   model control) serving ``classifier``, ``classifier_fast`` and ``router``;
+   model control) serving ``classifier``, ``classifier_fast`` and ``router``, and warms it: a
+   closed loop against ``router`` for ``--warmup`` seconds (:data:`WARMUP_S`), its figures kept
+   apart. A freshly started server is slower for its first seconds of traffic (each text
+   length's first run through the classifiers, each router's first requests): on 2 shared
+   cores, 1-second loops right after start measured the router at 97 and then 151 texts/s,
+   then about 200;
 2. runs ``orchestrator tune`` on the copy's ``router/policy.yaml`` with ``--url``
    (:func:`orchestrator.tooling.tune.tune`, ``--data`` default ``split:validation``, ``--target``
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per
@@ -16,8 +21,9 @@
    served by its own router variant ``router_margin_<m>`` (a copy of ``router`` whose cascade
    margin is set by tune's own policy editor: :func:`write_margin_variant`), loaded alone (the
    other routers unloaded), its margin read back from the server
-   (:func:`orchestrator.tooling.tune_throughput.served_cascade`), then measured with the same
-   closed loop on the same texts (:func:`orchestrator.tooling.tune_throughput.measure_router`);
+   (:func:`orchestrator.tooling.tune_throughput.served_cascade`), warmed as ``router`` was, then
+   measured with the same closed loop on the same texts
+   (:func:`orchestrator.tooling.tune_throughput.measure_router`);
 4. per point (:func:`checks`): predicted ``1 / (o + sum(e_i * c_i))``
    (:func:`orchestrator.tooling.tune_throughput.predicted`) with tune's ``o``, measured,
    measured/predicted and whether that is within :data:`TOLERANCE` (15%); and the point
@@ -62,6 +68,8 @@ DATA = "split:validation"
 #: The target the shipped margin was chosen with (model_repository/router/policy.yaml's comment).
 TARGET = "noninferior:0.5"
 COMMAND = "python -m lab.bench.tune_check"
+#: Seconds of untimed closed loop against each router before it is measured (module docstring).
+WARMUP_S = 10.0
 _SAME = 1e-9  # margins this close are the same margin
 
 
@@ -173,7 +181,7 @@ def _check(reach: Sequence[float], costs: Sequence[float], overhead_s: float, me
 def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Each point checked (module docstring, step 4). ``points``: ``{"margin", "role",
     "escalation_rate", "reach" (share of texts per stage), "router" (its closed loop:
-    ``measure_router``)}``; ``costs``: the stages' seconds per text; ``overhead``: tune's
+    ``measure_router``), "warmup" (optional: the untimed loop before it, kept as it is)}``; ``costs``: the stages' seconds per text; ``overhead``: tune's
     (``{"overhead_s", "margin"}``).
 
     Returns per point: the point's fields and ``measured`` (texts/s), ``requests``,
@@ -186,6 +194,8 @@ def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead
         run = p["router"]
         row: Dict[str, Any] = {k: p[k] for k in ("margin", "role", "escalation_rate", "reach")}
         row.update(model=run.get("model"), measured=run["throughput"], requests=run["requests"], errors=run["errors"])
+        if p.get("warmup") is not None:
+            row["warmup"] = p["warmup"]
         if run["requests"] == 0:
             row["error"] = run.get("first_error") or "no request succeeded"
         else:
@@ -256,8 +266,9 @@ def render_section(r: Mapping[str, Any]) -> str:
          f"One run of `{r['command']}` at {r['started_utc']} UTC on {r['machine']['cores']} cores "
          f"({r['machine']['cpu_model']}), 1-minute load average {r['load_before']} before, highest "
          f"{r['load_max_during']} during; every closed loop {r['concurrency']} clients for {r['duration_s']:g} s, one text "
-         f"per request, the {r['texts']} texts of `{r['data']}` (tune's `--target {r['target']}`); raw figures in "
-         "`bench/tune_check.json`.", "", header_line(r.get("stack"))]
+         f"per request, the {r['texts']} texts of `{r['data']}` (tune's `--target {r['target']}`), each router first "
+         f"warmed by {r.get('warmup_s', 0):g} s of the same loop, untimed; raw figures in `bench/tune_check.json`.", "",
+         header_line(r.get("stack"))]
     if r["concurrency"] < 16 or r["duration_s"] < 5:
         L += ["", "> **Short loops**: a smoke run of the mechanics, not the check."]
     costs = ", ".join(f"`{m}` {_ms(c)} ms" for m, c in zip(r["stages"], r["stage_costs_s"]))
@@ -305,7 +316,7 @@ def _log(msg: str) -> None:
 
 def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int = TT.CONCURRENCY,
         duration_s: float = TT.DURATION_S, data: str = DATA, target: str = TARGET, long_n: Optional[int] = None,
-        command: str = COMMAND) -> Dict[str, Any]:
+        warmup_s: float = WARMUP_S, command: str = COMMAND) -> Dict[str, Any]:
     """The whole check (module docstring); writes its outputs under ``out``; returns the results."""
     import datetime
     import tempfile
@@ -320,14 +331,17 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "load_before": load_average(), "machine": machine_info(), "command": command, "concurrency": concurrency,
-        "duration_s": duration_s, "data": data, "target": target, "tolerance": TOLERANCE}
+        "duration_s": duration_s, "warmup_s": warmup_s, "data": data, "target": target, "tolerance": TOLERANCE}
     loads: List[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-tune-check-") as tmp:
         repo = make_bench_repository(Path(tmp) / "model_repository", REPO, variants={})
         policy = repo / ROUTER / "policy.yaml"
+        texts = tuning_texts(policy, repo, data)
+        results["texts"] = len(texts)
         with TritonServer(repo, models=[*STAGE_MODELS, ROUTER]) as server:
             results["stack"] = read_stack(server, embedded=True)
             url = f"grpc://{server.grpc_url}"
+            results["warmup"] = _warm(server, ROUTER, texts, concurrency, warmup_s)
             _log(f"orchestrator tune {policy} --data {data} --target {target} --url {url}")
             tuned = T.tune(policy, data, repo=repo, target=target, out=Path(tmp) / "tune", url=url, concurrency=concurrency,
                            duration_s=duration_s, **({"long_n": long_n} if long_n is not None else {}))
@@ -345,8 +359,6 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
                 "router_requests": o["router"]["requests"], "router_errors": o["router"]["errors"],
                 "stage_cost_s": o["stage_cost_s"], "chosen_margin": chosen, "chosen_run": c.get("router"),
                 "chosen_not_run": c.get("router_not_run"), "models": thr["models"]})
-            texts = tuning_texts(policy, repo, data)
-            results["texts"] = len(texts)
             server.unload_model(ROUTER)  # each point's router alone, as the router was when tune measured o
             points = []
             for margin, role in picked:
@@ -358,17 +370,27 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
                 if abs(served.margin - margin) > _SAME:
                     raise BenchError(f"router variant '{name}' serves margin {served.margin:g}, not {margin:g}")
                 p = point_at(c["points"], margin)
+                warm = _warm(server, name, texts, concurrency, warmup_s)
                 measured = TT.measure_router("grpc", server.grpc_url, name, texts, concurrency=concurrency,
                                              duration_s=duration_s)
                 loads.append(load_average()[0])
                 server.unload_model(name)
                 _log(f"margin {margin:g} ({role}): {measured['throughput']:.1f} texts/s, {measured['errors']} errors")
                 points.append({"margin": margin, "role": role, "escalation_rate": p["escalation_rate"], "reach": p["reach"],
-                               "router": measured})
+                               "router": measured, "warmup": warm})
     rows = checks(points, costs, results["tune"])
     results.update(points=rows, verdict=verdict(rows), load_max_during=max(loads) if loads else None)
     write_kept_outputs(out, "tune_check", results, render_section(results), TUNE_CHECK_START, TUNE_CHECK_END)
     return results
+
+
+def _warm(server: Any, model: str, texts: Sequence[str], concurrency: int, seconds: float) -> Optional[Dict[str, Any]]:
+    """The untimed closed loop against ``model`` (module docstring, step 1), or None for 0 s."""
+    if seconds <= 0:
+        return None
+    r = TT.measure_router("grpc", server.grpc_url, model, texts, concurrency=concurrency, duration_s=seconds)
+    _log(f"{model} warmed: {r['requests']} requests in {seconds:g} s, {r['errors']} errors")
+    return r
 
 
 def command_line(args: argparse.Namespace) -> str:
@@ -378,7 +400,7 @@ def command_line(args: argparse.Namespace) -> str:
         parts += ["--margins", *(f"{m:g}" for m in args.margins)]
     for flag, value, default in (("--concurrency", args.concurrency, TT.CONCURRENCY), ("--duration", args.duration, TT.DURATION_S),
                                  ("--data", args.data, DATA), ("--target", args.target, TARGET),
-                                 ("--long-texts", args.long_texts, None)):
+                                 ("--long-texts", args.long_texts, None), ("--warmup", args.warmup, WARMUP_S)):
         if value != default:
             parts += [flag, shlex.quote(f"{value:g}" if isinstance(value, float) else str(value))]
     return " ".join(parts)
@@ -397,10 +419,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--data", default=DATA, help="tune's --data (default %(default)s)")
     parser.add_argument("--target", default=TARGET, help="tune's --target (default %(default)s)")
     parser.add_argument("--long-texts", type=int, default=None, help="tune's --long-texts (default: tune's)")
+    parser.add_argument("--warmup", type=float, default=WARMUP_S,
+                        help="untimed seconds of closed loop against each router before it is measured (default %(default)s)")
     add_out_argument(parser)
     args = parser.parse_args(argv)
     r = run(args.out, args.margins, args.concurrency, args.duration, args.data, args.target, args.long_texts,
-            command=command_line(args))
+            args.warmup, command=command_line(args))
     print(render_section(r))
     return 0
 

@@ -26,11 +26,11 @@ def test_the_tune_check_runs_end_to_end_and_writes_its_report(tmp_path, capsys):
     out.mkdir()
     (out / "benchmarks.md").write_text("# Benchmarks\n\nkept text\n")
     argv = ["--duration", "1", "--concurrency", "2", "--data", str(data), "--target", "accuracy>=last",
-            "--long-texts", "5", "--out", str(out)]
+            "--long-texts", "5", "--warmup", "1", "--out", str(out)]
     assert C.main(argv) == 0
     r = json.loads((out / "bench" / "tune_check.json").read_text())
     assert (r["concurrency"], r["duration_s"], r["texts"], r["cascade"]) == (2, 1.0, 300, "cascade")
-    assert r["command"] == f"{C.COMMAND} --concurrency 2 --duration 1 --data {data} --target 'accuracy>=last' --long-texts 5"
+    assert r["command"] == f"{C.COMMAND} --concurrency 2 --duration 1 --data {data} --target 'accuracy>=last' --long-texts 5 --warmup 1"
     assert r["stages"] == ["classifier_fast", "classifier"] and all(c > 0 for c in r["stage_costs_s"])
     t = r["tune"]
     shipped = T.cascades(P.load_policy(REPO / "router" / "policy.yaml"))[0].margin
@@ -48,6 +48,8 @@ def test_the_tune_check_runs_end_to_end_and_writes_its_report(tmp_path, capsys):
         assert p["tune"]["ratio"] == pytest.approx(p["measured"] / p["tune"]["predicted"])
         assert p["implied_overhead_s"] == pytest.approx(max(0.0, 1 / p["measured"] - fast - p["escalation_rate"] * slow))
         assert sorted(c["overhead_margin"] for c in p["others"]) == sorted(q["margin"] for q in points if q is not p)
+    assert r["warmup"]["model"] == "router" and r["warmup"]["requests"] > 0 and r["warmup_s"] == 1.0
+    assert all(p["warmup"]["model"] == p["model"] and p["warmup"]["requests"] > 0 for p in points)
     v = r["verdict"]
     assert v["verdict"] in ("met", "not met") and v["checks"] + v["repeatability"]["checks"] == 3 + 6
     text = (out / "benchmarks.md").read_text()

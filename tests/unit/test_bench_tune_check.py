@@ -133,7 +133,7 @@ def results(duration=5.0, concurrency=16):
               {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2], "router": loop(100.0)}]
     rows = C.checks(points, COSTS, TUNE_O)
     return {"command": C.COMMAND, "started_utc": "2026-01-01 00:00", "machine": {"cores": 2, "cpu_model": "x"},
-            "load_before": [1.0, 1.0, 1.0], "load_max_during": 3.5, "concurrency": concurrency, "duration_s": duration,
+            "load_before": [1.0, 1.0, 1.0], "load_max_during": 3.5, "concurrency": concurrency, "duration_s": duration, "warmup_s": 10.0,
             "data": "split:validation", "target": "noninferior:0.5", "texts": 1936, "tolerance": 0.15,
             "cascade": "cascade", "stages": ["classifier_fast", "classifier"], "stage_costs_s": COSTS,
             "tune": {"overhead_s": 0.002, "margin": 0.3, "router_throughput": 142.857, "chosen_margin": 0.3,
@@ -147,6 +147,7 @@ def test_the_section_renders_each_point_and_the_verdict_and_is_kept_across_runs(
     assert text.startswith(TUNE_CHECK_START) and text.endswith(TUNE_CHECK_END)
     assert (TUNE_CHECK_START, TUNE_CHECK_END) in KEPT_SECTIONS
     assert "load average [1.0, 1.0, 1.0] before, highest 3.5 during" in text and "16 clients for 5 s" in text
+    assert "each router first warmed by 10 s of the same loop, untimed" in text
     assert "Short loops" not in text
     assert "`classifier_fast` 2.000 ms, `classifier` 6.000 ms" in text and "o = 2.000 ms per text" in text
     assert "chosen margin 0.3" in text and "measured/predicted 0.98" in text
@@ -175,9 +176,9 @@ def test_a_point_not_measured_shows_in_the_section():
 
 def test_the_command_shows_what_differs_from_the_defaults():
     def ns(**kw):
-        base = dict(margins=None, concurrency=16, duration=5.0, data=C.DATA, target=C.TARGET, long_texts=None)
+        base = dict(margins=None, concurrency=16, duration=5.0, data=C.DATA, target=C.TARGET, long_texts=None, warmup=10.0)
         return argparse.Namespace(**{**base, **kw})
 
     assert C.command_line(ns()) == C.COMMAND
-    assert C.command_line(ns(margins=[0.295, 0.1, 0.45], duration=1.0, concurrency=2, data="a b.tsv")) == (
-        "python -m lab.bench.tune_check --margins 0.295 0.1 0.45 --concurrency 2 --duration 1 --data 'a b.tsv'")
+    assert C.command_line(ns(margins=[0.295, 0.1, 0.45], duration=1.0, concurrency=2, data="a b.tsv", warmup=0.0)) == (
+        "python -m lab.bench.tune_check --margins 0.295 0.1 0.45 --concurrency 2 --duration 1 --data 'a b.tsv' --warmup 0")

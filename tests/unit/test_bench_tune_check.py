@@ -182,3 +182,18 @@ def test_the_command_shows_what_differs_from_the_defaults():
     assert C.command_line(ns()) == C.COMMAND
     assert C.command_line(ns(margins=[0.295, 0.1, 0.45], duration=1.0, concurrency=2, data="a b.tsv", warmup=0.0)) == (
         "python -m lab.bench.tune_check --margins 0.295 0.1 0.45 --concurrency 2 --duration 1 --data 'a b.tsv' --warmup 0")
+
+
+def test_the_results_page_gives_the_command_with_its_defaults():
+    from orchestrator.tooling import tune_throughput as TT
+    from tests.helpers import ROOT
+
+    text = " ".join((ROOT / "docs" / "results" / "benchmarks.md").read_text(encoding="utf-8").split())
+    start = text.index("**`orchestrator tune --url` within 15% of what it then measures**")
+    item = text[start:start + 1500]  # the goals list's item (whitespace joined)
+    assert "`make bench-tune-check BENCH_OUT=docs/results` (`python -m lab.bench.tune_check`:" in item
+    shares = " and ".join(f"{round(100 * s)}%" for s in C.SHARES)
+    assert f"escalating nearest {shares} of the texts" in item
+    assert f"{TT.CONCURRENCY} clients for {TT.DURATION_S:g} s" in item and f"within {100 * C.TOLERANCE:g}% or not" in item
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "bench-tune-check: $(STAMP)\n\t$(PY) -m lab.bench.tune_check --out $(BENCH_OUT) $(BENCH_ARGS)\n" in makefile

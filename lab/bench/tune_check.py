@@ -6,10 +6,10 @@
    starts one embedded Triton on it (:class:`orchestrator.tooling.server.TritonServer`, explicit
    model control) serving ``classifier``, ``classifier_fast`` and ``router``, and warms it: a
    closed loop against ``router`` for ``--warmup`` seconds (:data:`WARMUP_S`), its figures kept
-   apart. A freshly started server is slower for its first seconds of traffic (each text
-   length's first run through the classifiers, each router's first requests): on 2 shared
-   cores, 1-second loops right after start measured the router at 97 and then 151 texts/s,
-   then about 200;
+   apart. A freshly started server, and a router freshly loaded into a warm one, answer slower
+   for their first seconds of traffic: on 2 shared cores, consecutive 1-second loops at
+   concurrency 2 measured the router right after start at 97, then 151, then about 200 texts/s,
+   and a second router loaded beside it (the classifiers warm) at 135 and 122, then about 170;
 2. runs ``orchestrator tune`` on the copy's ``router/policy.yaml`` with ``--url``
    (:func:`orchestrator.tooling.tune.tune`, ``--data`` default ``split:validation``, ``--target``
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per
@@ -345,7 +345,7 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
             _log(f"orchestrator tune {policy} --data {data} --target {target} --url {url}")
             tuned = T.tune(policy, data, repo=repo, target=target, out=Path(tmp) / "tune", url=url, concurrency=concurrency,
                            duration_s=duration_s, **({"long_n": long_n} if long_n is not None else {}))
-            loads.append(load_average()[0])
+            loads += load_average()[:1]
             thr, entry = tuned["throughput"], tuned["cascades"][0]
             c = thr["cascades"][0]
             o = c["overhead"]
@@ -373,7 +373,7 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
                 warm = _warm(server, name, texts, concurrency, warmup_s)
                 measured = TT.measure_router("grpc", server.grpc_url, name, texts, concurrency=concurrency,
                                              duration_s=duration_s)
-                loads.append(load_average()[0])
+                loads += load_average()[:1]
                 server.unload_model(name)
                 _log(f"margin {margin:g} ({role}): {measured['throughput']:.1f} texts/s, {measured['errors']} errors")
                 points.append({"margin": margin, "role": role, "escalation_rate": p["escalation_rate"], "reach": p["reach"],

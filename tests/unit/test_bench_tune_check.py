@@ -197,3 +197,9 @@ def test_the_results_page_gives_the_command_with_its_defaults():
     assert f"{TT.CONCURRENCY} clients for {TT.DURATION_S:g} s" in item and f"within {100 * C.TOLERANCE:g}% or not" in item
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "bench-tune-check: $(STAMP)\n\t$(PY) -m lab.bench.tune_check --out $(BENCH_OUT) $(BENCH_ARGS)\n" in makefile
+
+
+def test_the_texts_measured_are_tunes_data_in_its_order(tmp_path):
+    data = tmp_path / "val.tsv"
+    data.write_text("label\ttext\n1\tgreat film\n0\tdull and long\n1\tloved it\n")
+    assert C.tuning_texts(REPO / "router" / "policy.yaml", REPO, str(data)) == ["great film", "dull and long", "loved it"]

@@ -6,10 +6,11 @@
    starts one embedded Triton on it (:class:`orchestrator.tooling.server.TritonServer`, explicit
    model control) serving ``classifier``, ``classifier_fast`` and ``router``, and warms it: a
    closed loop against ``router`` for ``--warmup`` seconds (:data:`WARMUP_S`), its figures kept
-   apart. A freshly started server, and a router freshly loaded into a warm one, answer slower
-   for their first seconds of traffic: on 2 shared cores, consecutive 1-second loops at
-   concurrency 2 measured the router right after start at 97, then 151, then about 200 texts/s,
-   and a second router loaded beside it (the classifiers warm) at 135 and 122, then about 170;
+   apart. A freshly started server, and a router that has served nothing yet, answer slower for
+   their first seconds of traffic: on 2 shared cores, consecutive 1-second loops at concurrency 2
+   measured the router right after start at 97, then 151, then about 200 texts/s; a second
+   router loaded with it and first sent traffic after 8 s of loop against the first (the
+   classifiers warm) at 135 and 122, then about 170;
 2. runs ``orchestrator tune`` on the copy's ``router/policy.yaml`` with ``--url``
    (:func:`orchestrator.tooling.tune.tune`, ``--data`` default ``split:validation``, ``--target``
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per

@@ -181,6 +181,17 @@ bench-floor: $(STAMP)
 bench-pipeline: $(STAMP)
 	$(PY) -m lab.bench.pipeline --out $(BENCH_OUT) $(BENCH_ARGS)
 
+# `orchestrator tune --url` against what it then measures (a few minutes): its own server on a
+# copy of model_repository, tune run there (each stage's cost per text, the router's own overhead
+# at the margin it serves), then three cascade margins (the chosen one and those escalating
+# nearest 20% and 60% of the texts; BENCH_ARGS="--margins A B C") each served by a router variant
+# and measured with the same closed loop: measured/predicted within 15%, with the overhead tune
+# measured and with the one measured at each other margin. Writes the "bench-tune-check" section
+# of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/tune_check.json.
+.PHONY: bench-tune-check
+bench-tune-check: $(STAMP)
+	$(PY) -m lab.bench.tune_check --out $(BENCH_OUT) $(BENCH_ARGS)
+
 # The runtime before and after a change (15 rounds, up to 1.7 minutes each on 2 cores: about 25
 # minutes, measured at a load of 2 to 6; less where perf_analyzer's windows settle at once):
 # this checkout's router beside the router of BASELINE, a checkout of another

@@ -40,6 +40,7 @@ and goals), :mod:`.machine`, :mod:`.report` and :mod:`.plots` (``benchmarks.md``
 PNGs), :mod:`.run` (one run), :mod:`.cli` (the command line; ``__main__``),
 :mod:`.features` (``make bench-features``: warmup, response cache and shadow cost),
 :mod:`.pipeline` (``make bench-pipeline``: a migrated pipeline against its ensemble, a
-hand-written BLS model and a cost model).
+hand-written BLS model and a cost model), :mod:`.tune_check` (``make bench-tune-check``:
+``orchestrator tune --url``'s predictions against what three margins then measure).
 This package re-exports nothing: import from the module that defines a name.
 """

@@ -49,10 +49,13 @@ RUNTIME_END = "<!-- bench-runtime:end -->"
 #: The section ``make bench-pipeline`` writes (``lab.bench.pipeline``), kept across runs.
 PIPELINE_START = "<!-- bench-pipeline:start (written by `make bench-pipeline`) -->"
 PIPELINE_END = "<!-- bench-pipeline:end -->"
+#: The section ``make bench-tune-check`` writes (``lab.bench.tune_check``), kept across runs.
+TUNE_CHECK_START = "<!-- bench-tune-check:start (written by `make bench-tune-check`) -->"
+TUNE_CHECK_END = "<!-- bench-tune-check:end -->"
 KEPT_SECTIONS = ((OVERLOAD_START, OVERLOAD_END), (LONG_START, LONG_END), (FEATURES_START, FEATURES_END),
                  (PROFILE_START, PROFILE_END), (INSTANCES_START, INSTANCES_END), (FLUSH_START, FLUSH_END),
                  (SINGLE_START, SINGLE_END), (FLOOR_START, FLOOR_END), (RUNTIME_START, RUNTIME_END),
-                 (STACKS_START, STACKS_END), (PIPELINE_START, PIPELINE_END))
+                 (STACKS_START, STACKS_END), (PIPELINE_START, PIPELINE_END), (TUNE_CHECK_START, TUNE_CHECK_END))
 
 
 def replace_section(report: Path, section: str, start: str, end: str) -> None:

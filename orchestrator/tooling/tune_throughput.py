@@ -38,6 +38,11 @@ import numpy as np
 #: Default closed-loop clients and timed seconds per model.
 CONCURRENCY = 16
 DURATION_S = 5.0
+#: Untimed seconds of the same loop before each measurement: a model (and the router's stub)
+#: just loaded answers its first second of load markedly slower (about 0.5x to 0.7x the
+#: throughput of later seconds, measured on the embedded stack), which one call per client
+#: does not absorb.
+WARMUP_S = 2.0
 FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share "
            "of texts reaching stage i, o the router's own overhead per text (measured on the server at the margin it serves)")
 
@@ -60,10 +65,11 @@ def parse_url(url: str) -> Tuple[str, str]:
 
 
 def closed_loop(make_client: Callable[[], Any], send: Callable[[Any, int], None], concurrency: int,
-                duration_s: float) -> Dict[str, Any]:
+                duration_s: float, warmup_s: float = 0.0) -> Dict[str, Any]:
     """``concurrency`` threads, each with its own client (``make_client()``), calling
     ``send(client, k)`` (``k``: a request counter, distinct across threads) back to back: one
-    untimed call each, then ``duration_s`` seconds timed from when every thread is ready.
+    untimed call each, untimed calls until ``warmup_s`` seconds have passed since the loop
+    began, then ``duration_s`` seconds timed from when every thread is ready.
     Returns ``{"requests" (completed in the window), "errors", "seconds", "throughput"
     (requests per second), "first_error" (str or None)}``."""
     window: List[float] = []
@@ -71,14 +77,19 @@ def closed_loop(make_client: Callable[[], Any], send: Callable[[Any, int], None]
     ready = threading.Barrier(concurrency + 1, action=lambda: window.append(time.perf_counter()))
     state: Dict[str, Any] = {"ok": 0, "errors": 0, "first_error": None}
     lock = threading.Lock()
+    warm_until = time.perf_counter() + warmup_s
 
     def worker(w: int) -> None:
         client, k = make_client(), w
         try:
-            try:
-                send(client, k)  # warm: connections, the model's first batch
-            except Exception:  # noqa: BLE001 - counted below in the timed window
-                pass
+            while True:
+                try:
+                    send(client, k)  # warm: connections, the model's first batches
+                except Exception:  # noqa: BLE001 - counted below in the timed window
+                    pass
+                if time.perf_counter() >= warm_until:
+                    break
+                k += concurrency
             ready.wait()
             end = window[0] + duration_s
             while time.perf_counter() < end:
@@ -116,7 +127,7 @@ def _client_maker(protocol: str, address: str) -> Callable[[], Any]:
 
 def measure_model(protocol: str, address: str, model: str, rows: Sequence[np.ndarray], pad_id: int = 0,
                   version: Optional[int] = None, concurrency: int = CONCURRENCY,
-                  duration_s: float = DURATION_S) -> Dict[str, Any]:
+                  duration_s: float = DURATION_S, warmup_s: float = WARMUP_S) -> Dict[str, Any]:
     """A classifier model's closed-loop throughput on the server: one text per request,
     ``rows[k % len(rows)]`` (token ids int64 [T]) as ``input_ids``/``attention_mask`` int64
     [1, T]. Returns :func:`closed_loop`'s result with ``"model"`` and ``"cost_s"`` (seconds
@@ -139,7 +150,7 @@ def measure_model(protocol: str, address: str, model: str, rows: Sequence[np.nda
         client.infer(model, inputs, model_version="" if version is None else str(version),
                      outputs=[tc.InferRequestedOutput("logits")])
 
-    r = closed_loop(_client_maker(protocol, address), send, concurrency, duration_s)
+    r = closed_loop(_client_maker(protocol, address), send, concurrency, duration_s, warmup_s)
     if r["requests"] == 0:
         raise TuneError(f"model '{model}' at {protocol}://{address}: no request succeeded in {duration_s:g} s"
                         + (f" ({r['first_error']})" if r["first_error"] else ""))
@@ -147,9 +158,11 @@ def measure_model(protocol: str, address: str, model: str, rows: Sequence[np.nda
 
 
 def measure_router(protocol: str, address: str, model: str, texts: Sequence[str], threshold: float = 0.5,
-                   concurrency: int = CONCURRENCY, duration_s: float = DURATION_S) -> Dict[str, Any]:
+                   concurrency: int = CONCURRENCY, duration_s: float = DURATION_S,
+                   warmup_s: float = WARMUP_S) -> Dict[str, Any]:
     """The router's closed-loop throughput: one text per request (``texts[k % len(texts)]``,
-    TEXT BYTES [1, 1], THRESHOLD FP32 [1, 1]); :func:`closed_loop`'s result."""
+    TEXT BYTES [1, 1], THRESHOLD FP32 [1, 1]), after ``warmup_s`` untimed seconds;
+    :func:`closed_loop`'s result."""
     from orchestrator.tooling.client import client_module, text_inputs
 
     tc = client_module(protocol)
@@ -157,7 +170,7 @@ def measure_router(protocol: str, address: str, model: str, texts: Sequence[str]
     def send(client: Any, k: int) -> None:
         client.infer(model, text_inputs(tc, [texts[k % len(texts)]], threshold), outputs=[tc.InferRequestedOutput("VERDICTS")])
 
-    return {"model": model, **closed_loop(_client_maker(protocol, address), send, concurrency, duration_s)}
+    return {"model": model, **closed_loop(_client_maker(protocol, address), send, concurrency, duration_s, warmup_s)}
 
 
 def predicted(reach: Sequence[float], costs: Sequence[float], overhead_s: float = 0.0) -> float:

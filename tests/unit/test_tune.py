@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
+import time
 
 import numpy as np
 import pytest
@@ -342,6 +344,18 @@ def test_throughput_urls_formula_and_the_closed_loop():
     r = TT.closed_loop(Client, send, concurrency=3, duration_s=0.05)
     assert r["requests"] > 0 and r["errors"] == 1 and r["first_error"] == "RuntimeError: refused"
     assert r["throughput"] == r["requests"] / 0.05 and seen.count("closed") == 3
+    # warm-up calls are made (distinct counters) and not counted: only the timed window is
+    calls = []
+
+    def timed_send(client, k):
+        calls.append(time.perf_counter())
+        time.sleep(0.002)
+
+    began = time.perf_counter()
+    r = TT.closed_loop(Client, timed_send, concurrency=2, duration_s=0.05, warmup_s=0.1)
+    warm = [t for t in calls if t < began + 0.1 - 0.003]
+    assert len(warm) >= 20 and r["requests"] <= len(calls) - len(warm)
+    assert TT.WARMUP_S > 0 and "warmup_s" in inspect.signature(TT.measure_router).parameters
 
 
 def test_noninferior_on_a_byom_distilbert_to_bert_cascade(tmp_path):

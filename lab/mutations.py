@@ -41,6 +41,7 @@ REPAIR = "tests/unit/test_repair.py"
 PIPELINE_RUN = "tests/unit/test_pipeline_run.py"
 PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
 PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
+PIPELINE_PRUNING = "tests/mock/test_pipeline_pruning.py"
 
 
 class TargetError(Exception):
@@ -283,6 +284,16 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a failed merged pipeline call fails every request in it",
              Target(R + "execution/pipeline.py", "PipelineRun.run_step", "len({id(s[0].req) for s in segments}) > 1"), "False",
              (PIPELINE_RUN,)),
+    Mutation("a request for some outputs runs every pipeline step",
+             Target(R + "routing/pipeline_plan.py", "unneeded_nodes", "n.name not in needed", field="comprehension.ifs"),
+             "False", (PIPELINE_PRUNING,)),
+    Mutation("a pipeline node's reads do not make their writers needed",
+             Target(R + "routing/pipeline_plan.py", "unneeded_nodes",
+                    "{t for _, t in n.inputs} if isinstance(n, Step) else {t for c in n.cases for t in c.when.tensors()}"),
+             "set()", (PIPELINE_PRUNING,)),
+    Mutation("a pipeline run ignores the nodes a request skips",
+             Target(R + "execution/pipeline.py", "PipelineRun.run_node", "node.name not in v.req.skip"), "True",
+             (PIPELINE_PRUNING,)),
     Mutation("a batching step's batch dimension is never stripped going into a model without batching",
              Target(R + "execution/pipeline.py", "reshape_dims",
                     "batch == 1 and array.ndim > 0 and array.shape[0] == 1 and not _fits(array.shape, dims)"), "False",

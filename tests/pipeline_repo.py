@@ -195,6 +195,13 @@ ONE_OF_N = policy(["TEXT"], [
 ])
 
 
+#: A fork: two outputs from a chain (first -> second), one from a step beside it (detector).
+FORK_OUT = [tensor("SCORE", "TYPE_FP32", [1]), tensor("OUT", "TYPE_FP32", [2]), tensor("PROBS", "TYPE_FP32", [3])]
+FORK_STEPS = [step("first", {"IMG": "IMG"}, {"SCORE": "SCORE", "FEAT": "FEAT"}),
+              step("second", {"FEAT": "FEAT"}, {"OUT": "OUT"}),
+              step("detector", {"IMG": "IMG"}, {"PROBS": "PROBS"})]
+
+
 def make_pipeline_repository(repo: Path) -> Path:
     """Write every model and router of this module into ``repo`` (created); returns it."""
     repo.mkdir(parents=True, exist_ok=True)
@@ -271,6 +278,9 @@ def make_pipeline_repository(repo: Path) -> Path:
                                              f'parameters {{ key: "tag" value {{ string_value: "{c}" }} }}\n'), TAGGED)
     write_router(repo, "per_class", config("per_class", 8, [IMG], [tensor("PROBS", "TYPE_FP32", [3]),
                                                                   tensor("LABEL", "TYPE_STRING", [1])]), PER_CLASS)
+    write_router(repo, "fork", config("fork", 8, [IMG], FORK_OUT), policy(["SCORE", "OUT", "PROBS"], FORK_STEPS))
+    (repo / "fork_ensemble" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "fork_ensemble" / "config.pbtxt").write_text(ensemble("fork_ensemble", 8, [IMG], FORK_OUT, FORK_STEPS))
     for m in RECOGNIZERS:
         write_model(repo, m, config(m, 4, [tensor("TEXT_IN", "TYPE_STRING", [1])], [tensor("TEXT", "TYPE_STRING", [1])],
                                     f'parameters {{ key: "tag" value {{ string_value: "{m}" }} }}\n'), RECOGNIZER)
@@ -281,5 +291,5 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 #: Every model directory ``make_pipeline_repository`` writes.
 MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_on_demand", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
-          "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
+          "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class", "fork", "fork_ensemble",
           *RECOGNIZERS, "one_of_n"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -78,6 +78,8 @@ class Req:
             first input sent; an ``add_batch_dim`` step's: 1).
         error: set once it failed; it then takes no further part.
         requested: the outputs the client asked for (empty: all).
+        skip: the names of the nodes it does not run: they feed none of its requested
+            outputs (``routing.pipeline_plan.unneeded_nodes``).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -91,6 +93,7 @@ class Req:
     batch: Dict[str, int] = field(default_factory=dict)
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
+    skip: FrozenSet[str] = frozenset()
 
 
 def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:
@@ -184,8 +187,8 @@ class PipelineRun:
             await gather(self.run_node(n, views) for n in generation)
 
     async def run_node(self, node: PNode, views: Sequence[View]) -> None:
-        """One node over the views still running (``orchestrator_node_latency_seconds{node}``)."""
-        live = [v for v in views if v.req.error is None and v.rows > 0]
+        """One node over the views still running that need it (``orchestrator_node_latency_seconds{node}``)."""
+        live = [v for v in views if v.req.error is None and v.rows > 0 and node.name not in v.req.skip]
         if not live:
             return
         began = time.perf_counter()

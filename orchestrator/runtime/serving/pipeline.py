@@ -47,7 +47,7 @@ from orchestrator.runtime.errors import (
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists, reshape_dims
 from orchestrator.runtime.metrics import Metrics, observe_stage
 from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, describe_pipeline, switch_exports, with_batches
+from orchestrator.runtime.routing.pipeline_plan import Pruning, bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
 from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
@@ -94,6 +94,7 @@ class PipelineRouter:
         self.pipeline = with_batches(bound, {m: None if c is None else c.max_batch_size for m, c in callees.items()})
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
         self.exports = switch_exports(self.pipeline)
+        self.pruning = Pruning(self.pipeline)
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
         self.warmups_left = warmups
@@ -145,9 +146,10 @@ class PipelineRouter:
                 raise InputError(f"parameter {key!r}: not a parameter of this router (it accepts: {known})")
         forward = {k: v for k, v in params.items() if isinstance(v, (bool, int, str))}
         timeout_us = int(request.timeout() or 0)
+        requested = tuple(request.requested_output_names())
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
                    start + timeout_us / 1e6 if timeout_us else None, request.is_cancelled,
-                   requested=tuple(request.requested_output_names()))
+                   requested=requested, skip=self.pruning.skip(requested))
 
     def respond(self, req: Req) -> Any:
         """The response of a request the pipeline ran (its error, or its outputs in order)."""

@@ -42,6 +42,7 @@ PIPELINE_RUN = "tests/unit/test_pipeline_run.py"
 PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
 PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
 PIPELINE_PRUNING = "tests/mock/test_pipeline_pruning.py"
+PIPELINE_DESCRIBE = "tests/mock/test_pipeline_describe.py"
 
 
 class TargetError(Exception):
@@ -294,6 +295,16 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a pipeline run ignores the nodes a request skips",
              Target(R + "execution/pipeline.py", "PipelineRun.run_node", "node.name not in v.req.skip"), "True",
              (PIPELINE_PRUNING,)),
+    Mutation("describe_policy forwarded to a pipeline's steps",
+             Target(R + "serving/pipeline.py", "PipelineRouter.outputs", "params.pop(DESCRIBE_PARAMETER, False)"),
+             "params.get(DESCRIBE_PARAMETER, False)", (PIPELINE_DESCRIBE,)),
+    Mutation("a pipeline router answers POLICY without describe_policy",
+             Target(R + "serving/pipeline.py", "PipelineRouter.outputs",
+                    "self.policy_output is not None and POLICY_OUTPUT in requested and (not describe)"), "False",
+             (PIPELINE_DESCRIBE,)),
+    Mutation("a pipeline router never adds the POLICY output",
+             Target(R + "serving/pipeline.py", "PipelineRouter.respond", "req.describe and self.policy_output is not None"),
+             "False", (PIPELINE_DESCRIBE,)),
     Mutation("a batching step's batch dimension is never stripped going into a model without batching",
              Target(R + "execution/pipeline.py", "reshape_dims",
                     "batch == 1 and array.ndim > 0 and array.shape[0] == 1 and not _fits(array.shape, dims)"), "False",

@@ -195,6 +195,8 @@ ONE_OF_N = policy(["TEXT"], [
 ])
 
 
+#: The router's optional output of its policy document (requests with ``describe_policy: true``).
+POLICY_OUT = tensor("POLICY", "TYPE_STRING", [1])
 #: A fork: two outputs from a chain (first -> second), one from a step beside it (detector).
 FORK_OUT = [tensor("SCORE", "TYPE_FP32", [1]), tensor("OUT", "TYPE_FP32", [2]), tensor("PROBS", "TYPE_FP32", [3])]
 FORK_STEPS = [step("first", {"IMG": "IMG"}, {"SCORE": "SCORE", "FEAT": "FEAT"}),
@@ -233,7 +235,7 @@ def make_pipeline_repository(repo: Path) -> Path:
 
     write_model(repo, "flat", config("flat", 0, FLAT_IN, FLAT_OUT), BODIES["flat"])
     flat_steps = [step("flat", {"V": "V"}, {"W": "W", "N": "N"})]
-    write_router(repo, "flat_router", config("flat_router", 0, FLAT_IN, FLAT_OUT), policy(["W", "N"], flat_steps))
+    write_router(repo, "flat_router", config("flat_router", 0, FLAT_IN, FLAT_OUT + [POLICY_OUT]), policy(["W", "N"], flat_steps))
     (repo / "flat_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "flat_ensemble" / "config.pbtxt").write_text(ensemble("flat_ensemble", 0, FLAT_IN, FLAT_OUT, flat_steps))
     # max_batch_size 0 around a batching model: add_batch_dim in, stripped out where the dims lack it
@@ -278,7 +280,7 @@ def make_pipeline_repository(repo: Path) -> Path:
                                              f'parameters {{ key: "tag" value {{ string_value: "{c}" }} }}\n'), TAGGED)
     write_router(repo, "per_class", config("per_class", 8, [IMG], [tensor("PROBS", "TYPE_FP32", [3]),
                                                                   tensor("LABEL", "TYPE_STRING", [1])]), PER_CLASS)
-    write_router(repo, "fork", config("fork", 8, [IMG], FORK_OUT), policy(["SCORE", "OUT", "PROBS"], FORK_STEPS))
+    write_router(repo, "fork", config("fork", 8, [IMG], FORK_OUT + [POLICY_OUT]), policy(["SCORE", "OUT", "PROBS"], FORK_STEPS))
     (repo / "fork_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "fork_ensemble" / "config.pbtxt").write_text(ensemble("fork_ensemble", 8, [IMG], FORK_OUT, FORK_STEPS))
     for m in RECOGNIZERS:

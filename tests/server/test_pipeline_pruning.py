@@ -63,11 +63,11 @@ def served(server) -> dict:
         client.close()
 
 
-def run_counted(server, model, inputs, outputs):
+def run_counted(server, model, inputs, outputs, **kwargs):
     """(the answer or the error's text, the models whose statistics moved)."""
     before = served(server)
     try:
-        answer = infer(server, model, inputs, outputs=outputs)
+        answer = infer(server, model, inputs, outputs=outputs, **kwargs)
     except InferenceServerException as exc:
         answer = str(exc)
     after = served(server)

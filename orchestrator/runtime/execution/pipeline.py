@@ -80,6 +80,7 @@ class Req:
         requested: the outputs the client asked for (empty: all).
         skip: the names of the nodes it does not run: they feed none of its requested
             outputs (``routing.pipeline_plan.unneeded_nodes``).
+        describe: it asked for the ``POLICY`` output (``describe_policy``).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -94,6 +95,7 @@ class Req:
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
     skip: FrozenSet[str] = frozenset()
+    describe: bool = False
 
 
 def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:

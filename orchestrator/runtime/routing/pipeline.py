@@ -374,7 +374,11 @@ PIPELINE = S.Struct("pipeline", [
           "for a request is left out of its response", required=True),
     S.Key("steps", _NODES, "the nodes (`step`, `switch`), run in dataflow order", required=True),
 ], doc="A tensor pipeline (instead of `root`): steps moving named tensors between models, as an ensemble's "
-       "`ensemble_scheduling`, with conditions.")
+       "`ensemble_scheduling`, with conditions. A request that asks for some outputs runs only the nodes they need "
+       "(directly or through later nodes), as an ensemble prunes its steps. The request parameter "
+       "`describe_policy: true` adds the router's optional `POLICY` output (this document as JSON, BYTES, one per "
+       "row; `orchestrator policy show` reads it) where the router's config declares an output `POLICY` of "
+       "`TYPE_STRING` that is not a pipeline output; a router without one refuses the parameter, naming why.")
 
 
 def pipeline_json_definitions() -> Dict[str, Any]:

@@ -43,6 +43,7 @@ PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
 PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
 PIPELINE_PRUNING = "tests/mock/test_pipeline_pruning.py"
 PIPELINE_DESCRIBE = "tests/mock/test_pipeline_describe.py"
+PIPELINE_TIMEOUT = "tests/unit/test_pipeline_timeout.py"
 
 
 class TargetError(Exception):
@@ -295,6 +296,18 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a pipeline run ignores the nodes a request skips",
              Target(R + "execution/pipeline.py", "PipelineRun.run_node", "node.name not in v.req.skip"), "True",
              (PIPELINE_PRUNING,)),
+    Mutation("a pipeline step's timeout_ms never cuts its call",
+             Target(R + "execution/pipeline.py", "PipelineRun._call", "step.timeout_ms", field="If.test"), "False",
+             (PIPELINE_TIMEOUT,)),
+    Mutation("a pipeline step's BLS timeout ignores its timeout_ms",
+             Target(R + "execution/pipeline.py", "PipelineRun._call", "[step.timeout_ms / 1000.0] if step.timeout_ms else []"),
+             "[]", (PIPELINE_TIMEOUT,)),
+    Mutation("a cut merged pipeline call is retried per request",
+             Target(R + "execution/pipeline.py", "PipelineRun.run_step", "not isinstance(result, RequestStopped)"), "True",
+             (PIPELINE_TIMEOUT,)),
+    Mutation("a cut call is always the request's deadline, never the step's",
+             Target(R + "execution/pipeline.py", "PipelineRun._within", "own", field="If.test"), "False",
+             (PIPELINE_TIMEOUT,)),
     Mutation("describe_policy forwarded to a pipeline's steps",
              Target(R + "serving/pipeline.py", "PipelineRouter.outputs", "params.pop(DESCRIBE_PARAMETER, False)"),
              "params.get(DESCRIBE_PARAMETER, False)", (PIPELINE_DESCRIBE,)),

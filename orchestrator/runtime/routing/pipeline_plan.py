@@ -205,7 +205,8 @@ def describe_pipeline(pipeline: Pipeline) -> str:
                 outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
                 batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
                 extra = (" add_batch_dim" if n.add_batch_dim else "") + (
-                    f" model_dims(max_batch_size {n.model_dims.max_batch_size})" if n.model_dims else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
+                    f" model_dims(max_batch_size {n.model_dims.max_batch_size})" if n.model_dims else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "") + (
+                    f" timeout={n.timeout_ms:g}ms" if n.timeout_ms else "")
                 lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
                 continue
             fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""

@@ -32,11 +32,20 @@ FORK_RUNS = {
 STEP_MODELS = ("first", "second", "detector", "mixer", "labeler", *(f"cls_{c}" for c in CLASSES))
 
 
+def pruning_repository(repo):
+    """The pipeline repository with ``fork_migrated``: ``orchestrator migrate`` of ``fork_ensemble``."""
+    from orchestrator.tooling.migrate import migrate
+
+    make_pipeline_repository(repo)
+    migrate(repo / "fork_ensemble", "fork_migrated", repo, config_name=None)
+    return repo
+
+
 @pytest.fixture(scope="module")
 def mock(tmp_path_factory):
-    repo = make_pipeline_repository(tmp_path_factory.mktemp("pipelines") / "model_repository")
+    repo = pruning_repository(tmp_path_factory.mktemp("pipelines") / "model_repository")
     with MockTriton(repo, model_config_name=None) as m:
-        for name in MODELS:
+        for name in MODELS + ["fork_migrated"]:
             m.load(name)
         yield m
 
@@ -51,13 +60,16 @@ def test_every_subset_of_outputs_is_listed():
 
 
 @pytest.mark.parametrize("outputs,models", list(FORK_RUNS.items()))
-def test_the_router_runs_the_steps_the_ensemble_runs(mock, outputs, models):
+def test_the_router_and_the_migrated_ensemble_run_the_steps_the_ensemble_runs(mock, outputs, models):
     x = img([[0.9, 0.1, 0.3, 0.0], [0.2, 0.8, 0.1, 0.5]])
     mock.reset_calls()
     got = mock.infer("fork", {"IMG": x}, outputs=list(outputs))
     assert ran(mock) == models and set(got) == set(outputs)
     mock.reset_calls()
     same(got, mock.infer("fork_ensemble", {"IMG": x}, outputs=list(outputs)))
+    assert ran(mock) == models
+    mock.reset_calls()
+    same(got, mock.infer("fork_migrated", {"IMG": x}, outputs=list(outputs)))
     assert ran(mock) == models
 
 

@@ -13,20 +13,19 @@ from tritonclient.utils import InferenceServerException
 from orchestrator.testing.mock import InferError, MockTriton
 from tests.mock.test_mock_ensemble import FAN_PRUNING, write_repository
 from tests.mock.test_pipeline_mock import img, same, typed_inputs
-from tests.mock.test_pipeline_pruning import FORK_RUNS
-from tests.pipeline_repo import make_pipeline_repository
+from tests.mock.test_pipeline_pruning import FORK_RUNS, pruning_repository
 from tests.server.test_tensor_pipeline_server import infer
 
 pytestmark = pytest.mark.server
 
-MODELS = ["first", "second", "detector", "fork", "fork_ensemble", "mixer", "labeler", "typed", "typed_ensemble",
+MODELS = ["first", "second", "detector", "fork", "fork_ensemble", "fork_migrated", "mixer", "labeler", "typed", "typed_ensemble",
           "pair", "plus_one", "fan"]
 COUNTED = ["first", "second", "detector", "mixer", "labeler", "pair", "plus_one"]
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    repo = make_pipeline_repository(tmp_path_factory.mktemp("pruning") / "model_repository")
+    repo = pruning_repository(tmp_path_factory.mktemp("pruning") / "model_repository")
     return write_repository(repo)  # the mock's ensemble tests' models beside them (fan, pair, plus_one)
 
 
@@ -75,13 +74,16 @@ def run_counted(server, model, inputs, outputs, **kwargs):
 
 
 @pytest.mark.parametrize("outputs,models", list(FORK_RUNS.items()))
-def test_the_router_runs_what_the_ensemble_runs_and_answers_the_same(server, mock, outputs, models):
+def test_the_router_and_the_migrated_ensemble_run_what_the_ensemble_runs_and_answer_the_same(server, mock, outputs, models):
     x = {"IMG": img([[0.9, 0.1, 0.3, 0.0], [0.2, 0.8, 0.1, 0.5]])}
     got, ran = run_counted(server, "fork", x, list(outputs))
     assert ran == models and set(got) == set(outputs)
     expected, ran = run_counted(server, "fork_ensemble", x, list(outputs))
     assert ran == models
     same(got, expected)
+    migrated, ran = run_counted(server, "fork_migrated", x, list(outputs))
+    assert ran == models
+    same(migrated, expected)
     same(got, mock.infer("fork", x, outputs=list(outputs)))
 
 

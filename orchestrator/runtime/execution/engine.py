@@ -81,7 +81,7 @@ async def cut_after(coro: Awaitable[T], seconds: float) -> T:
     and ``asyncio.TimeoutError`` is raised. Unlike ``asyncio.wait_for`` (which Python 3.12
     allows only inside a task) it needs only a running loop: ``coro`` runs as a task of its
     own (its context copied)."""
-    task = asyncio.ensure_future(as_concurrent(coro))
+    task = asyncio.get_running_loop().create_task(as_concurrent(coro))
     try:
         done, _ = await asyncio.wait((task,), timeout=seconds)
     except asyncio.CancelledError:

@@ -164,6 +164,9 @@ def unneeded_nodes(pipeline: Pipeline, requested: Sequence[str]) -> FrozenSet[st
     return frozenset(n.name for n in nodes if n.name not in needed)
 
 
+_NONE: FrozenSet[str] = frozenset()
+
+
 class Pruning:
     """:func:`unneeded_nodes` per set of requested outputs, computed once each (at most
     ``limit`` sets kept: a pipeline with many outputs has many subsets)."""
@@ -174,6 +177,8 @@ class Pruning:
 
     def skip(self, requested: Sequence[str]) -> FrozenSet[str]:
         """The node names a request for ``requested`` outputs (empty: all) skips."""
+        if not requested:
+            return _NONE
         key = frozenset(requested)
         out = self.known.get(key)
         if out is None:

@@ -41,6 +41,9 @@ REPAIR = "tests/unit/test_repair.py"
 PIPELINE_RUN = "tests/unit/test_pipeline_run.py"
 PIPELINE_MOCK = "tests/mock/test_pipeline_mock.py"
 PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
+PIPELINE_PRUNING = "tests/mock/test_pipeline_pruning.py"
+PIPELINE_DESCRIBE = "tests/mock/test_pipeline_describe.py"
+PIPELINE_TIMEOUT = "tests/unit/test_pipeline_timeout.py"
 
 
 class TargetError(Exception):
@@ -292,6 +295,41 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a failed merged pipeline call fails every request in it",
              Target(R + "execution/pipeline.py", "PipelineRun.run_step", "len({id(s[0].req) for s in segments}) > 1"), "False",
              (PIPELINE_RUN,)),
+    Mutation("a request for some outputs runs every pipeline step",
+             Target(R + "routing/pipeline_plan.py", "unneeded_nodes", "n.name not in needed", field="comprehension.ifs"),
+             "False", (PIPELINE_PRUNING,)),
+    Mutation("a pipeline node's reads do not make their writers needed",
+             Target(R + "routing/pipeline_plan.py", "unneeded_nodes",
+                    "{t for _, t in n.inputs} if isinstance(n, Step) else {t for c in n.cases for t in c.when.tensors()}"),
+             "set()", (PIPELINE_PRUNING,)),
+    Mutation("a pipeline run ignores the nodes a request skips",
+             Target(R + "execution/pipeline.py", "PipelineRun.run_node", "node.name not in v.req.skip"), "True",
+             (PIPELINE_PRUNING,)),
+    Mutation("a call past its time is waited for, not cancelled",
+             Target(R + "execution/engine.py", "cut_after", "task.cancel()", kind="Expr", field="AsyncFunctionDef.body"),
+             "pass", (PIPELINE_TIMEOUT,)),
+    Mutation("a pipeline step's timeout_ms never cuts its call",
+             Target(R + "execution/pipeline.py", "PipelineRun._call", "step.timeout_ms", field="If.test"), "False",
+             (PIPELINE_TIMEOUT,)),
+    Mutation("a pipeline step's BLS timeout ignores its timeout_ms",
+             Target(R + "execution/pipeline.py", "PipelineRun._call", "[step.timeout_ms / 1000.0] if step.timeout_ms else []"),
+             "[]", (PIPELINE_TIMEOUT,)),
+    Mutation("a cut merged pipeline call is retried per request",
+             Target(R + "execution/pipeline.py", "PipelineRun.run_step", "not isinstance(result, RequestStopped)"), "True",
+             (PIPELINE_TIMEOUT,)),
+    Mutation("a cut call is always the request's deadline, never the step's",
+             Target(R + "execution/pipeline.py", "PipelineRun._within", "own", field="If.test"), "False",
+             (PIPELINE_TIMEOUT,)),
+    Mutation("describe_policy forwarded to a pipeline's steps",
+             Target(R + "serving/pipeline.py", "PipelineRouter.outputs", "params.pop(DESCRIBE_PARAMETER, False)"),
+             "params.get(DESCRIBE_PARAMETER, False)", (PIPELINE_DESCRIBE,)),
+    Mutation("a pipeline router answers POLICY without describe_policy",
+             Target(R + "serving/pipeline.py", "PipelineRouter.outputs",
+                    "self.policy_output is not None and POLICY_OUTPUT in requested and (not describe)"), "False",
+             (PIPELINE_DESCRIBE,)),
+    Mutation("a pipeline router never adds the POLICY output",
+             Target(R + "serving/pipeline.py", "PipelineRouter.respond", "req.describe and self.policy_output is not None"),
+             "False", (PIPELINE_DESCRIBE,)),
     Mutation("a batching step's batch dimension is never stripped going into a model without batching",
              Target(R + "execution/pipeline.py", "reshape_dims",
                     "batch == 1 and array.ndim > 0 and array.shape[0] == 1 and not _fits(array.shape, dims)"), "False",

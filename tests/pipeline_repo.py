@@ -56,6 +56,12 @@ BODIES: Dict[str, str] = {
         x = inp(r, "FEAT")
         outputs = {"OUT": (x[:, :2] + 1).astype(np.float32)}
     """,
+    # FEAT FP32 [4] -> OUT FP32 [2] (its first two values + 2), after sleeping the largest FEAT[:, 3] seconds
+    "sleeper": """
+        x = inp(r, "FEAT")
+        time.sleep(float(x[:, 3].max()))
+        outputs = {"OUT": (x[:, :2] + 2).astype(np.float32)}
+    """,
     # IMG FP32 [4] -> PROBS FP32 [3] (a softmax of IMG's first three values)
     "detector": """
         x = inp(r, "IMG")[:, :3].astype(np.float64)
@@ -77,6 +83,7 @@ RECOGNIZER = """
 
 MODEL_PY = '''
 import json
+import time
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -195,6 +202,17 @@ ONE_OF_N = policy(["TEXT"], [
 ])
 
 
+#: The ``timeout_ms`` of the ``timed*`` routers' step.
+TIMED_MS = 300
+#: The router's optional output of its policy document (requests with ``describe_policy: true``).
+POLICY_OUT = tensor("POLICY", "TYPE_STRING", [1])
+#: A fork: two outputs from a chain (first -> second), one from a step beside it (detector).
+FORK_OUT = [tensor("SCORE", "TYPE_FP32", [1]), tensor("OUT", "TYPE_FP32", [2]), tensor("PROBS", "TYPE_FP32", [3])]
+FORK_STEPS = [step("first", {"IMG": "IMG"}, {"SCORE": "SCORE", "FEAT": "FEAT"}),
+              step("second", {"FEAT": "FEAT"}, {"OUT": "OUT"}),
+              step("detector", {"IMG": "IMG"}, {"PROBS": "PROBS"})]
+
+
 def make_pipeline_repository(repo: Path) -> Path:
     """Write every model and router of this module into ``repo`` (created); returns it."""
     repo.mkdir(parents=True, exist_ok=True)
@@ -228,7 +246,7 @@ def make_pipeline_repository(repo: Path) -> Path:
 
     write_model(repo, "flat", config("flat", 0, FLAT_IN, FLAT_OUT), BODIES["flat"])
     flat_steps = [step("flat", {"V": "V"}, {"W": "W", "N": "N"})]
-    write_router(repo, "flat_router", config("flat_router", 0, FLAT_IN, FLAT_OUT), policy(["W", "N"], flat_steps))
+    write_router(repo, "flat_router", config("flat_router", 0, FLAT_IN, FLAT_OUT + [POLICY_OUT]), policy(["W", "N"], flat_steps))
     (repo / "flat_ensemble" / "1").mkdir(parents=True, exist_ok=True)
     (repo / "flat_ensemble" / "config.pbtxt").write_text(ensemble("flat_ensemble", 0, FLAT_IN, FLAT_OUT, flat_steps))
     # max_batch_size 0 around a batching model: add_batch_dim in, stripped out where the dims lack it
@@ -273,6 +291,18 @@ def make_pipeline_repository(repo: Path) -> Path:
                                              f'parameters {{ key: "tag" value {{ string_value: "{c}" }} }}\n'), TAGGED)
     write_router(repo, "per_class", config("per_class", 8, [IMG], [tensor("PROBS", "TYPE_FP32", [3]),
                                                                   tensor("LABEL", "TYPE_STRING", [1])]), PER_CLASS)
+    write_router(repo, "fork", config("fork", 8, [IMG], FORK_OUT + [POLICY_OUT]), policy(["SCORE", "OUT", "PROBS"], FORK_STEPS))
+    (repo / "fork_ensemble" / "1").mkdir(parents=True, exist_ok=True)
+    (repo / "fork_ensemble" / "config.pbtxt").write_text(ensemble("fork_ensemble", 8, [IMG], FORK_OUT, FORK_STEPS))
+    # a step's timeout_ms: sleeper sleeps FEAT[:, 3] seconds; second (FEAT -> OUT) is its fallback
+    feat, out = [tensor("FEAT", "TYPE_FP32", [4])], [tensor("OUT", "TYPE_FP32", [2])]
+    write_model(repo, "sleeper", config("sleeper", 8, feat, out), BODIES["sleeper"])
+    timed = step("sleeper", {"FEAT": "FEAT"}, {"OUT": "OUT"}, timeout_ms=TIMED_MS)
+    for name, extra, breaker in (("timed", {}, {}), ("timed_fallback", {"fallback": ["second"]}, {}),
+                                 ("timed_counting", {}, {"count_timeouts": True, "open_s": 60})):
+        p = policy(["OUT"], [dict(timed, **extra)])
+        p["circuit_breaker"] = {"consecutive_failures": 1, **breaker}
+        write_router(repo, name, config(name, 8, feat, out), p)
     for m in RECOGNIZERS:
         write_model(repo, m, config(m, 4, [tensor("TEXT_IN", "TYPE_STRING", [1])], [tensor("TEXT", "TYPE_STRING", [1])],
                                     f'parameters {{ key: "tag" value {{ string_value: "{m}" }} }}\n'), RECOGNIZER)
@@ -283,5 +313,6 @@ def make_pipeline_repository(repo: Path) -> Path:
 
 #: Every model directory ``make_pipeline_repository`` writes.
 MODELS = ["echo", "echo_router", "mixer", "labeler", "typed", "typed_warm", "typed_admission", "labeler_spare", "typed_fallback", "typed_on_demand", "typed_ensemble", "flat", "flat_router", "flat_ensemble", "unbatched",
-          "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class",
+          "unbatched_ensemble", "first", "second", "stop_early", "stop_early_request", "detector", *(f"cls_{c}" for c in CLASSES), "per_class", "fork", "fork_ensemble",
+          "sleeper", "timed", "timed_fallback", "timed_counting",
           *RECOGNIZERS, "one_of_n"]

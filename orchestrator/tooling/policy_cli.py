@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from orchestrator.runtime.request import POLICY_OUTPUT
 from orchestrator.runtime.routing import heads as H
 from orchestrator.runtime.routing import policy as P
 from orchestrator.runtime.routing.heads import LABEL_FILE, Head, HeadError
@@ -222,28 +223,57 @@ def _repository_for(policy_path: Path, repo: Optional[str]) -> Path:
     return default_model_repository()
 
 
+def _metadata_io(client, model: str, protocol: str, key: str) -> List[tuple]:
+    """``(name, datatype, shape)`` of the model's inputs or outputs (``key``) from its KServe v2
+    metadata (the model config is restricted to the admin key in the image)."""
+    meta = client.get_model_metadata(model)
+    if protocol == "http":
+        return [(t["name"], t["datatype"], [int(d) for d in t.get("shape", [])]) for t in meta[key]]
+    return [(t.name, t.datatype, [int(d) for d in t.shape]) for t in getattr(meta, key)]
+
+
 def fetch_policy(url: str, model: str = "router", protocol: str = "http") -> dict:
     """The policy document the running ``model`` uses, from its optional ``POLICY`` output.
 
-    Sends one empty text (answered without any model by policies that guard empty texts)
-    with the request parameter ``describe_policy: true``.
+    A text router gets one empty text (answered without any model by policies that guard
+    empty texts); a pipeline router one row of zeros (empty bytes) of each of its inputs,
+    variable dims as 1, asking for ``POLICY`` only, which runs no step. Both with the request
+    parameter ``describe_policy: true``.
 
     Raises:
         tritonclient.utils.InferenceServerException: the server is unreachable or the model
-            refuses the request.
-        RuntimeError: the model has no ``POLICY`` output (not an orchestrator router).
+            refuses the request (a pipeline router without a ``POLICY`` output says so).
+        RuntimeError: the model has no ``POLICY`` output (not an orchestrator router, or a
+            pipeline router whose config declares none).
     """
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+
     from orchestrator.tooling.client import client_module, text_inputs
 
     tc = client_module(protocol)
     client = tc.InferenceServerClient(url)
     try:
-        inputs = text_inputs(tc, [""])
-        outputs = [tc.InferRequestedOutput("POLICY")]
+        if POLICY_OUTPUT not in [name for name, _, _ in _metadata_io(client, model, protocol, "outputs")]:
+            raise RuntimeError(f"model '{model}' has no {POLICY_OUTPUT} output: it is not an orchestrator router, or a "
+                               f"pipeline router whose config.pbtxt declares none (add {{ name: \"{POLICY_OUTPUT}\" "
+                               "data_type: TYPE_STRING dims: [ 1 ] } to its outputs)")
+        declared = _metadata_io(client, model, protocol, "inputs")
+        if {name for name, _, _ in declared} <= {"TEXT", "THRESHOLD"}:
+            inputs = text_inputs(tc, [""])
+        else:
+            inputs = []
+            for name, datatype, shape in declared:
+                dims = [max(d, 1) for d in shape]
+                array = (np.full(dims, b"", dtype=np.object_) if datatype == "BYTES"
+                         else np.zeros(dims, dtype=triton_to_np_dtype(datatype)))
+                inputs.append(tc.InferInput(name, dims, datatype))
+                inputs[-1].set_data_from_numpy(array)
+        outputs = [tc.InferRequestedOutput(POLICY_OUTPUT)]
         result = client.infer(model, inputs, outputs=outputs, parameters={"describe_policy": True})
     finally:
         client.close()
-    value = result.as_numpy("POLICY")
+    value = result.as_numpy(POLICY_OUTPUT)
     if value is None:
         raise RuntimeError(f"model '{model}' returned no POLICY output: is it an orchestrator router?")
     return json.loads(value.reshape(-1)[0])
@@ -398,5 +428,14 @@ def policy_command(args) -> int:
     except (InferenceServerException, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(document, indent=2) if args.json else P.describe(P.parse_policy(document)))
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    policy = P.parse_any(document)
+    if isinstance(policy, P.PipelinePolicy):
+        from orchestrator.runtime.routing.pipeline_plan import describe_pipeline
+
+        print(describe_pipeline(policy.pipeline))
+    else:
+        print(P.describe(policy))
     return 0

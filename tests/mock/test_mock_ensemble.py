@@ -193,9 +193,29 @@ def test_an_output_no_step_produced_is_left_out(repo):
             mock.infer("fan", {"X": x}, parameters={"skip_b": True})
 
 
-def test_unrequested_steps_do_not_run(repo):
+#: fan's requested outputs -> (the steps that run, or the error), as Triton 2.51 answers them
+#: (tests/server/test_pipeline_pruning.py checks the same table on the server): its pruning
+#: counts an unrequested output against its step even where a later step reads it.
+FAN_PRUNING = {
+    ("ZETA", "ALPHA"): ["pair"],
+    ("ZETA", "MID"): ["pair", "plus_one"],
+    ("ALPHA", "MID"): ["pair", "plus_one"],
+    ("ZETA",): "unexpected deadlock",
+    ("ALPHA",): "unexpected deadlock",
+    ("MID",): "unexpected deadlock",
+}
+
+
+@pytest.mark.parametrize("outputs,expected", list(FAN_PRUNING.items()))
+def test_unrequested_steps_are_pruned_as_triton_prunes_them(repo, outputs, expected):
     with MockTriton(repo) as mock:
         mock.load("fan")
         mock.calls.clear()
-        mock.infer("fan", {"X": np.array([1.0], np.float32)}, outputs=["ZETA"])
-        assert [c.model for c in mock.calls] == ["pair"]
+        x = {"X": np.array([1.0], np.float32)}
+        if isinstance(expected, str):
+            with pytest.raises(InferError, match=f"in ensemble 'fan', .request id: <id_unknown>. {expected}") as err:
+                mock.infer("fan", x, outputs=list(outputs))
+            assert err.value.code == "INVALID_ARG" and mock.calls == []
+        else:
+            assert sorted(mock.infer("fan", x, outputs=list(outputs))) == sorted(outputs)
+            assert [c.model for c in mock.calls] == expected

@@ -31,9 +31,11 @@ branches (``DownstreamError``).
 
 from __future__ import annotations
 
+import asyncio
+import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 from numpy.typing import NDArray
@@ -43,9 +45,10 @@ from orchestrator.runtime.errors import (
     DownstreamError,
     OrchestratorError,
     RequestCancelled,
+    RequestStopped,
     UnavailableError,
 )
-from orchestrator.runtime.execution.engine import gather, in_concurrent_branch
+from orchestrator.runtime.execution.engine import cut_after, gather, in_concurrent_branch
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.request import CallOptions, call_trace
 from orchestrator.runtime.routing.conditions import evaluate
@@ -79,6 +82,9 @@ class Req:
         error: set once it failed; it then takes no further part.
         requested: the outputs the client asked for (empty: all).
         started: a downstream call was made for it (before, ``is_cancelled`` is not asked).
+        skip: the names of the nodes it does not run: they feed none of its requested
+            outputs (``routing.pipeline_plan.unneeded_nodes``).
+        describe: it asked for the ``POLICY`` output (``describe_policy``).
     """
 
     tensors: Dict[str, NDArray[Any]]
@@ -93,6 +99,8 @@ class Req:
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
     started: bool = False
+    skip: FrozenSet[str] = frozenset()
+    describe: bool = False
 
 
 def _fits(shape: Sequence[int], dims: Sequence[int]) -> bool:
@@ -143,6 +151,8 @@ def generations(nodes: Sequence[PNode]) -> List[List[PNode]]:
 
 def _rename(exc: BaseException, step: Step) -> OrchestratorError:
     """A call's failure as the request's error, naming the step and its model."""
+    if isinstance(exc, RequestStopped):
+        return exc  # a step's time limit or the request's deadline: it names the step
     text = str(exc) if isinstance(exc, OrchestratorError) else f"{type(exc).__name__}: {exc}"
     if f"model '{step.target}'" not in text:
         text = f"model '{step.target}': {text}"
@@ -186,8 +196,8 @@ class PipelineRun:
             await gather(self.run_node(n, views) for n in generation)
 
     async def run_node(self, node: PNode, views: Sequence[View]) -> None:
-        """One node over the views still running (``orchestrator_node_latency_seconds{node}``)."""
-        live = [v for v in views if v.req.error is None and v.rows > 0]
+        """One node over the views still running that need it (``orchestrator_node_latency_seconds{node}``)."""
+        live = [v for v in views if v.req.error is None and v.rows > 0 and node.name not in v.req.skip]
         if not live:
             return
         began = time.perf_counter()
@@ -249,7 +259,7 @@ class PipelineRun:
         results = await self._settle(step, calls)
         retry: Dict[int, View] = {}
         for (segments, _), result in zip(calls, results):
-            if isinstance(result, BaseException) and len({id(s[0].req) for s in segments}) > 1:
+            if isinstance(result, BaseException) and not isinstance(result, RequestStopped) and len({id(s[0].req) for s in segments}) > 1:
                 retry.update((id(s[0]), s[0]) for s in segments)
         pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]] = {}
         fallback: Dict[int, View] = {}
@@ -279,14 +289,14 @@ class PipelineRun:
         return await gather((self._call(step, segments, inputs, False) for segments, inputs in calls), settle=True)
 
     def _failed(self, step: Step, segments: List[Tuple[View, int, int]], exc: BaseException, fallback: Dict[int, View]) -> None:
-        """A call of one request failed: its views go to the step's fallback, else the request fails."""
+        """A call failed: its views go to the step's fallback, else its requests fail."""
         if step.fallback:
             fallback.update((id(s[0]), s[0]) for s in segments)
             return
-        req = segments[0][0].req
-        req.error = req.error or _rename(exc, step)
-        if self.metrics is not None:
-            self.metrics.inc("orchestrator_node_errors_total", node=step.name)
+        for req in {id(s[0].req): s[0].req for s in segments}.values():  # several: a cut call, never retried
+            req.error = req.error or _rename(exc, step)
+            if self.metrics is not None:
+                self.metrics.inc("orchestrator_node_errors_total", node=step.name)
 
     def _calls(self, step: Step, views: Sequence[View], separate: bool
                ) -> List[Tuple[List[Tuple[View, int, int]], Dict[str, NDArray[Any]]]]:
@@ -345,12 +355,17 @@ class PipelineRun:
         reqs = list({id(s[0].req): s[0].req for s in segments}.values())
         for r in reqs:
             r.started = True
+        now = self.clock()
         deadlines = [r.deadline for r in reqs if r.deadline is not None]
-        timeout_us = max(1, int((min(deadlines) - self.clock()) * 1e6)) if deadlines else 0
+        limits = ([min(deadlines) - now] if deadlines else []) + ([step.timeout_ms / 1e3] if step.timeout_ms else [])
+        timeout_us = max(1, int(min(limits) * 1e6)) if limits else 0
         options = CallOptions(trace=call_trace(reqs), timeout_us=timeout_us)  # type: ignore[arg-type]  # Req has .trace
         if self.metrics is not None:
             self.metrics.inc("orchestrator_step_rows_total", sum(b - a for _, a, b in segments), node=step.name, model=step.target)
         outputs = [name for name, _ in step.outputs]
+        if step.timeout_ms:  # async_exec: a blocking exec cannot be cut
+            return await self._within(step, reqs, now, lambda: self.call(
+                step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, False, options, outputs, len(reqs) > 1))
         if step.on_demand is not None and self.models is not None:
             await self.models.acquire(step.model)  # UnavailableError (NOT_LOADED) when its load failed
             try:
@@ -360,6 +375,28 @@ class PipelineRun:
                 self.models.release(step.model)
         return await self.call(step.target, inputs, self._params(step, reqs[0]), reqs[0].request_id, alone, options, outputs,
                                len(reqs) > 1)
+
+    async def _within(self, step: Step, reqs: Sequence[Req], now: float,
+                      call: Callable[[], Awaitable[Dict[str, NDArray[Any]]]]) -> Dict[str, NDArray[Any]]:
+        """A call of a step with ``timeout_ms``, cut at the sooner of that and the latest
+        deadline of its requests (each of them then past its own), the cut a DeadlineExceeded
+        naming the step; its on-demand model held meanwhile."""
+        assert step.timeout_ms
+        last = max((math.inf if r.deadline is None else r.deadline for r in reqs), default=math.inf) - now
+        own = step.timeout_ms / 1e3 <= last
+        held = step.on_demand is not None and self.models is not None
+        if held:
+            await self.models.acquire(step.model)  # UnavailableError (NOT_LOADED) when its load failed
+        try:
+            return await cut_after(call(), min(step.timeout_ms / 1e3, max(last, 0.0)))
+        except asyncio.TimeoutError:
+            if own:
+                raise DeadlineExceeded(f"step '{step.name}' timed out after {step.timeout_ms:g} ms: model "
+                                       f"'{step.target}' did not answer in time") from None
+            raise DeadlineExceeded(f"request timeout expired during step '{step.name}' (model '{step.target}')") from None
+        finally:
+            if held:
+                self.models.release(step.model)
 
     def _split(self, step: Step, segments: List[Tuple[View, int, int]], result: Dict[str, NDArray[Any]],
                pieces: Dict[int, List[Tuple[int, Dict[str, NDArray[Any]]]]]) -> None:

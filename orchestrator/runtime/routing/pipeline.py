@@ -76,6 +76,10 @@ class Step:
         fallback: models tried in turn, with the same inputs and outputs, for the requests
             whose call to ``model`` failed (its error, or its circuit open).
         on_demand: load ``model`` on first use and unload it when idle (None: always loaded).
+        timeout_ms: milliseconds each call of the step may take (None: no limit but the
+            request's deadline): the call carries the sooner of it and the request's
+            deadline as its BLS ``timeout`` and is cut then; its requests fail
+            (``DeadlineExceeded``, naming the step) or go to ``fallback``.
     """
 
     name: str
@@ -91,6 +95,7 @@ class Step:
     fallback: Tuple[str, ...] = ()
     on_demand: Optional[OnDemand] = None
     model_dims: Optional["ModelDims"] = None
+    timeout_ms: Optional[float] = None
 
     @property
     def target(self) -> str:
@@ -352,6 +357,10 @@ STEP = S.Struct("pipeline.step", [
           "whose call failed (an error, or the model's circuit open)"),
     S.Key("on_demand", S.TrueOr(ON_DEMAND), "load the model on first use and unload it when idle (needs "
           "`--model-control-mode=explicit`)"),
+    S.Key("timeout_ms", S.Number(above=0.0), "milliseconds each call may take: it carries the sooner of this and the "
+          "request's deadline as its BLS `timeout` and is cut then; its requests fail UNAVAILABLE (a deadline, "
+          "naming the step) or go to `fallback`, each model with the same limit. A cut call counts against the "
+          "model's circuit only with `circuit_breaker.count_timeouts`"),
     S.Key("when", CondRef(), "run the step only for the rows (or requests) where this holds"),
 ] + _GUARD_KEYS, doc="A model call: tensors in, tensors out.")
 
@@ -374,7 +383,11 @@ PIPELINE = S.Struct("pipeline", [
           "for a request is left out of its response", required=True),
     S.Key("steps", _NODES, "the nodes (`step`, `switch`), run in dataflow order", required=True),
 ], doc="A tensor pipeline (instead of `root`): steps moving named tensors between models, as an ensemble's "
-       "`ensemble_scheduling`, with conditions.")
+       "`ensemble_scheduling`, with conditions. A request that asks for some outputs runs only the nodes they need "
+       "(directly or through later nodes), as an ensemble prunes its steps. The request parameter "
+       "`describe_policy: true` adds the router's optional `POLICY` output (this document as JSON, BYTES, one per "
+       "row; `orchestrator policy show` reads it) where the router's config declares an output `POLICY` of "
+       "`TYPE_STRING` that is not a pipeline output; a router without one refuses the parameter, naming why.")
 
 
 def pipeline_json_definitions() -> Dict[str, Any]:
@@ -421,7 +434,7 @@ def _read_node(value: Any, where: str, names: _Names) -> PNode:
     step = Step(names.claim(v["name"] or v["model"], where), v["model"], v["inputs"], v["outputs"],
                 -1 if v["version"] is None else v["version"], v["parameters"] or "forward",
                 bool(v["add_batch_dim"]), v["max_batch_size"], where, fallback=tuple(v["fallback"] or ()),
-                on_demand=v["on_demand"], model_dims=v["model_dims"])
+                on_demand=v["on_demand"], model_dims=v["model_dims"], timeout_ms=v["timeout_ms"])
     if step.model_dims is not None:
         if step.add_batch_dim:
             raise PolicyError(f"{where}: add_batch_dim and model_dims together; model_dims alone reshapes per tensor")

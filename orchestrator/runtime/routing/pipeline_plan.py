@@ -7,7 +7,7 @@ compiled into the plan ``execution.pipeline`` runs; and described for logs and
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -16,7 +16,7 @@ from orchestrator.runtime.routing.conditions import check_literals
 from orchestrator.runtime.routing.pipeline import Case, Pipeline, PNode, Step, Switch, node_reads, node_writes
 from orchestrator.runtime.routing.tensors import RouterSpec, fill_array
 
-__all__ = ["bind_pipeline", "fill_rows", "with_batches", "describe_pipeline", "switch_exports"]
+__all__ = ["bind_pipeline", "fill_rows", "with_batches", "describe_pipeline", "switch_exports", "unneeded_nodes", "Pruning"]
 
 # ----------------------------------------------------------------------------- binding
 
@@ -143,6 +143,51 @@ def bind_pipeline(pipeline: Pipeline, router: RouterSpec) -> Pipeline:
     return pipeline
 
 
+def unneeded_nodes(pipeline: Pipeline, requested: Sequence[str]) -> FrozenSet[str]:
+    """The names of the nodes a request asking for ``requested`` outputs (empty: all of
+    ``pipeline.outputs``) need not run: those whose written tensors feed none of those
+    outputs, directly or through the nodes after them (a switch: its conditions too), as
+    Triton's ensemble scheduler prunes the steps of a request that asks for some outputs."""
+    wanted = set(pipeline.outputs) & set(requested) if requested else set(pipeline.outputs)
+    nodes = pipeline.nodes()
+    if wanted == set(pipeline.outputs):
+        return frozenset()
+    tensors, needed = set(wanted), set()
+    changed = True
+    while changed:  # a fixpoint: a needed node's reads make their writers needed
+        changed = False
+        for n in nodes:
+            if n.name not in needed and tensors & set(node_writes(n)):
+                needed.add(n.name)
+                tensors |= {t for _, t in n.inputs} if isinstance(n, Step) else {t for c in n.cases for t in c.when.tensors()}
+                changed = True
+    return frozenset(n.name for n in nodes if n.name not in needed)
+
+
+_NONE: FrozenSet[str] = frozenset()
+
+
+class Pruning:
+    """:func:`unneeded_nodes` per set of requested outputs, computed once each (at most
+    ``limit`` sets kept: a pipeline with many outputs has many subsets)."""
+
+    def __init__(self, pipeline: Pipeline, limit: int = 256) -> None:
+        self.pipeline, self.limit = pipeline, limit
+        self.known: Dict[FrozenSet[str], FrozenSet[str]] = {}
+
+    def skip(self, requested: Sequence[str]) -> FrozenSet[str]:
+        """The node names a request for ``requested`` outputs (empty: all) skips."""
+        if not requested:
+            return _NONE
+        key = frozenset(requested)
+        out = self.known.get(key)
+        if out is None:
+            out = unneeded_nodes(self.pipeline, tuple(key))
+            if len(self.known) < self.limit:
+                self.known[key] = out
+        return out
+
+
 def fill_rows(sw: Switch, router: RouterSpec) -> Dict[str, Any]:
     """The switch's fill values as rows (numpy arrays of the outputs' data types and row
     shapes), after :func:`bind_pipeline` checked them."""
@@ -165,7 +210,8 @@ def describe_pipeline(pipeline: Pipeline) -> str:
                 outs = ", ".join(f"{m}->{t}" for m, t in n.outputs)
                 batch = "" if n.max_batch_size is None else f" max_batch_size={n.max_batch_size}"
                 extra = (" add_batch_dim" if n.add_batch_dim else "") + (
-                    f" model_dims(max_batch_size {n.model_dims.max_batch_size})" if n.model_dims else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "")
+                    f" model_dims(max_batch_size {n.model_dims.max_batch_size})" if n.model_dims else "") + (f" fallback {', '.join(n.fallback)}" if n.fallback else "") + (
+                    f" timeout={n.timeout_ms:g}ms" if n.timeout_ms else "")
                 lines.append(f"{prefix}step [{n.name}] {n.target}({ins}) -> {outs}{batch}{extra}")
                 continue
             fill = f" fill {', '.join(t for t, _ in n.fill)}" if n.fill else ""

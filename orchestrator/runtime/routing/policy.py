@@ -212,7 +212,7 @@ BREAKER = S.Struct(
               "repair starts without delay"),
         S.Key("watch_stubs", S.Bool(), "see a dead stub in /proc before calling it instead of waiting Triton's "
               "1 s health timeout"),
-        S.Key("count_timeouts", S.Bool(), "count a call cancelled by a node's timeout_ms (or the request's deadline) "
+        S.Key("count_timeouts", S.Bool(), "count a call cancelled by a node's or a pipeline step's timeout_ms (or the request's deadline) "
               "as a failure of its model; default false: a node's deadline is its own, and its expiries do not "
               "close a healthy model to the other nodes"),
     ],

@@ -19,6 +19,13 @@ contract with clients, as an ensemble's is:
   step (``model_dims`` or ``add_batch_dim``) of batch size 1 loses that dimension when it
   does not fit the router's dims, as Triton reshapes an ensemble's outputs.
 
+``describe_policy: true`` (a request parameter, never forwarded) adds the router's optional
+``POLICY`` output: the policy document as JSON (BYTES, one per row), as for text policies;
+it needs a ``POLICY`` output of ``TYPE_STRING`` in the router's config that is not a pipeline
+output (a migrated ensemble has none: its outputs are the ensemble's), else the request is
+refused naming why. ``POLICY`` asked for without the parameter is refused too. A request
+that asks only for ``POLICY`` runs no step (its outputs need none).
+
 Every BLS call goes through ``bls.downstream.Downstream`` (circuit breaker per model, stub
 watch, CPU memory, the request's trace and time left). Warmup samples (``model_warmup``)
 run through the pipeline as any request; admission control (``admission``) refuses what it
@@ -29,9 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import json
 import time
 import traceback
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,16 +54,30 @@ from orchestrator.runtime.errors import (
 )
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists, reshape_dims
 from orchestrator.runtime.metrics import Metrics, observe_stage
-from orchestrator.runtime.request import request_parameters
-from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, describe_pipeline, switch_exports, with_batches
+from orchestrator.runtime.request import DESCRIBE_PARAMETER, POLICY_OUTPUT, parse_bool, request_parameters
+from orchestrator.runtime.routing.pipeline_plan import Pruning, bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
-from orchestrator.runtime.routing.tensors import RouterSpec, callee_config, router_spec
+from orchestrator.runtime.routing.tensors import RouterSpec, TensorSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import cpu_outputs
 
 
 def _never() -> bool:
     return False
+
+
+def policy_output(spec: RouterSpec, outputs: Sequence[str]) -> Tuple[Optional[TensorSpec], str]:
+    """The router's ``POLICY`` output (None: it has none it can answer, and why)."""
+    out = spec.output(POLICY_OUTPUT)
+    if out is None:
+        return None, (f"router '{spec.name}' has no {POLICY_OUTPUT} output in its config (a migrated ensemble's "
+                      f"outputs are the ensemble's); add {{ name: \"{POLICY_OUTPUT}\" data_type: TYPE_STRING dims: [ 1 ] }} "
+                      "to its outputs to read its policy")
+    if POLICY_OUTPUT in outputs:
+        return None, f"{POLICY_OUTPUT} is an output of this router's pipeline (pipeline.outputs), not its policy"
+    if out.data_type != "TYPE_STRING":
+        return None, f"router '{spec.name}' declares {POLICY_OUTPUT} as {out.data_type}; the policy needs TYPE_STRING"
+    return out, ""
 
 
 def _same_dtype(array: Any, wanted: Any) -> bool:
@@ -98,6 +120,10 @@ class PipelineRouter:
         self.pipeline = with_batches(bound, {m: None if c is None else c.max_batch_size for m, c in callees.items()})
         self.plans, self.fills = plan_lists(self.pipeline.steps, self.spec)
         self.exports = switch_exports(self.pipeline)
+        self.pruning = Pruning(self.pipeline)
+        self.policy_output, self.no_policy = policy_output(self.spec, self.pipeline.outputs)
+        self.policy_json = json.dumps(policy.source).encode("utf-8")
+        self.all_outputs = {o.name for o in self.spec.outputs}
         self.downstream = Downstream(pb, policy, metrics, pb.Logger, name, cpu_outputs(pb))
         self.admission = Admission(policy.admission) if policy.admission is not None else None
         self.warmups_left = warmups
@@ -139,6 +165,7 @@ class PipelineRouter:
                 rows = int(array.shape[0])
             tensors[spec.name] = array
         params = dict(request_parameters(request.parameters()))
+        requested, describe = self.outputs(request, params)
         for key, value in params.items():
             declared = self.policy.request_parameters.get(key)
             if declared is not None:
@@ -152,7 +179,21 @@ class PipelineRouter:
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
                    start + timeout_us / 1e6 if timeout_us else None,
                    request.is_cancelled if self.policy.check_cancelled else _never,
-                   requested=tuple(request.requested_output_names()))
+                   requested=requested, skip=self.pruning.skip(requested), describe=describe)
+
+    def outputs(self, request: Any, params: Dict[str, Any]) -> Tuple[Tuple[str, ...], bool]:
+        """The outputs ``request`` asked for (empty: all) and whether it asked for ``POLICY``
+        (``describe_policy``, taken out of ``params``); raises InputError (module docstring)."""
+        describe = parse_bool(params.pop(DESCRIBE_PARAMETER, False), DESCRIBE_PARAMETER)
+        requested = tuple(request.requested_output_names())
+        if set(requested) >= self.all_outputs:
+            requested = ()  # the client named none (Triton then lists them all), or all
+        if describe and self.policy_output is None:
+            raise InputError(f"parameter {DESCRIBE_PARAMETER}: {self.no_policy}")
+        if self.policy_output is not None and POLICY_OUTPUT in requested and not describe:
+            raise InputError(f"{POLICY_OUTPUT}: this output is only produced for requests with the parameter "
+                             f"{DESCRIBE_PARAMETER}=true")
+        return requested, describe
 
     def respond(self, req: Req) -> Any:
         """The response of a request the pipeline ran (its error, or its outputs in order)."""
@@ -167,6 +208,9 @@ class PipelineRouter:
             if self.spec.max_batch_size == 0 and spec is not None:  # a batching step's output, as an ensemble's
                 array = reshape_dims(array, spec.dims, False, req.batch.get(name, 0))
             tensors.append(self.pb.Tensor(name, array))
+        if req.describe and self.policy_output is not None:  # one document per row, the output's dims
+            shape = ((req.rows,) if self.spec.max_batch_size > 0 else ()) + tuple(max(d, 1) for d in self.policy_output.dims)
+            tensors.append(self.pb.Tensor(POLICY_OUTPUT, np.full(shape, self.policy_json, dtype=np.object_)))
         return self.pb.InferenceResponse(output_tensors=tensors)
 
     def fail(self, exc: BaseException, log: bool = True) -> Any:

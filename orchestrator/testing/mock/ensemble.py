@@ -4,9 +4,11 @@ At load time every composing model is loaded and each step's tensors are checked
 against the composing models' configurations (names and datatypes), in dependency
 order, as Triton's ensemble scheduler does when it builds the pipeline. A request runs
 the steps one after the other in that order (Triton may run independent steps
-concurrently; a documented difference), only those some requested output depends on (as
-Triton prunes the others); parameters, id, correlation id, flags and timeout go to every
-step.
+concurrently; a documented difference), less those Triton 2.51 prunes from a request that
+asks for some outputs only (:func:`_pruned`, its algorithm, flaws included: an unrequested
+output that a later step also reads prunes its step, which then fails the request as
+Triton does, INVALID_ARG "unexpected deadlock"); parameters, id, correlation id, flags and
+timeout go to every step.
 
 The response, as Triton 2.51's ensemble scheduler builds it (core
 ``src/ensemble_scheduler/ensemble_scheduler.cc``):
@@ -225,7 +227,13 @@ def run_ensemble(
                                  for name, dtype, array in req.inputs}
     order = response_order(list(ensemble.outputs))
     wanted = [name for name in order if not req.requested or name in req.requested]
-    for step in _needed_steps(ensemble.steps, wanted):
+    pruned = _pruned(_steps(ensemble), list(ensemble.outputs), wanted)
+    # tensors set (a placeholder included: an absent optional input, an output a step did not produce)
+    ready = set(tensors) | {n for n, io in ensemble.inputs.items() if io.get("optional")}
+    for step in ensemble.steps:
+        if step in pruned or not ready.issuperset(step.input_map.values()):
+            continue  # pruned, or never ready: Triton prunes the step that writes its input
+        ready |= set(step.output_map.values())
         sub = lookup(step.model_name, step.model_version)
         if sub is None or not sub.ready:
             return Err(
@@ -246,6 +254,10 @@ def run_ensemble(
             if model_output in produced:  # else: Triton logs "did not output tensor" and goes on
                 dtype, array = produced[model_output]
                 tensors[tensor] = (dtype, array, size)
+    if not ready.issuperset(wanted):
+        return Err(f"in ensemble '{ensemble.name}', [request id: {req.request_id or '<id_unknown>'}] unexpected "
+                   "deadlock, at least one output is not set while no more ensemble steps can be made",
+                   ErrorCode.INVALID_ARG, "exec")
     return Ok([(name, tensors[name][0], _reshape(tensors[name][1], _config_dims(ensemble.outputs.get(name), True),
                                                  ens_batching, tensors[name][2]))
                for name in wanted if name in tensors])
@@ -257,15 +269,37 @@ def _batch(array, batching: bool) -> int:
     return int(array.shape[0]) if batching and getattr(array, "ndim", 0) >= 1 else 0
 
 
-def _needed_steps(steps: List[Step], wanted: List[str]) -> List[Step]:
-    """The steps some output in ``wanted`` depends on, in run order (Triton prunes the
-    others from a request that asks for some outputs only)."""
-    needed, keep = set(wanted), []
-    for step in reversed(steps):
-        if needed & set(step.output_map.values()):
-            keep.append(step)
-            needed |= set(step.input_map.values())
-    return keep[::-1]
+def _pruned(steps: List[Step], outputs: List[str], wanted: List[str]) -> List[Step]:
+    """The steps Triton 2.51 prunes from a request for the ``wanted`` outputs (core
+    ``ensemble_scheduler.cc``, ``EnsembleContext``'s backward traversal; ``steps`` in
+    configuration order): each output not wanted, then each tensor no unpruned step
+    reads any more, takes one off its writer's count of mapped outputs, and a step whose
+    count reaches 0 is pruned. Its flaws kept: an output not wanted counts against its
+    writer even where a later step reads it, and a tensor no step writes (an ensemble
+    input) counts against step 0 (``std::map::operator[]``'s default)."""
+    ignored = {o for o in outputs if o not in wanted}
+    writer: Dict[str, int] = {}
+    readers: Dict[str, set] = {}
+    for i, step in enumerate(steps):
+        for tensor in step.input_map.values():
+            readers.setdefault(tensor, set()).add(i)
+        for tensor in step.output_map.values():
+            writer.setdefault(tensor, i)
+    left: Dict[int, int] = {}
+    pruned: List[Step] = []
+    while ignored:
+        again = set()
+        for tensor in ignored:
+            i = writer.get(tensor, 0)
+            left[i] = left.get(i, len(steps[i].output_map)) - 1
+            if left[i] == 0:
+                pruned.append(steps[i])
+                for t in steps[i].input_map.values():
+                    readers.setdefault(t, set()).discard(i)
+                    if not readers[t]:
+                        again.add(t)
+        ignored = again
+    return pruned
 
 
 def _config_dims(config: Optional[dict], reshaped: bool) -> Optional[List[int]]:

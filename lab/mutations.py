@@ -306,7 +306,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
              Target(R + "execution/pipeline.py", "PipelineRun.run_node", "node.name not in v.req.skip"), "True",
              (PIPELINE_PRUNING,)),
     Mutation("a call past its time is waited for, not cancelled",
-             Target(R + "execution/engine.py", "cut_after", "task.cancel()", kind="Expr", field="AsyncFunctionDef.body"),
+             Target(R + "execution/pipeline.py", "cut_after", "task.cancel()", kind="Expr", field="AsyncFunctionDef.body"),
              "pass", (PIPELINE_TIMEOUT,)),
     Mutation("a pipeline step's timeout_ms never cuts its call",
              Target(R + "execution/pipeline.py", "PipelineRun._call", "step.timeout_ms", field="If.test"), "False",

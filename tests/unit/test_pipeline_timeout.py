@@ -13,8 +13,7 @@ import numpy as np
 import pytest
 
 from orchestrator.runtime.errors import DeadlineExceeded, PolicyError
-from orchestrator.runtime.execution.engine import cut_after
-from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists
+from orchestrator.runtime.execution.pipeline import PipelineRun, Req, cut_after, plan_lists
 from orchestrator.runtime.routing.pipeline import read_pipeline
 from orchestrator.runtime.routing.pipeline_plan import bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.tensors import router_spec

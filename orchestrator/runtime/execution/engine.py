@@ -75,27 +75,6 @@ async def as_concurrent(coro: Awaitable[T]) -> T:
         _CONCURRENT.reset(token)
 
 
-async def cut_after(coro: Awaitable[T], seconds: float) -> T:
-    """Await ``coro`` (marked concurrent) for at most ``seconds``; past that it is cancelled,
-    its ``finally`` and ``async with`` exits run (a circuit breaker records the cancel),
-    and ``asyncio.TimeoutError`` is raised. Unlike ``asyncio.wait_for`` (which Python 3.12
-    allows only inside a task) it needs only a running loop: ``coro`` runs as a task of its
-    own (its context copied)."""
-    task = asyncio.get_running_loop().create_task(as_concurrent(coro))
-    try:
-        done, _ = await asyncio.wait((task,), timeout=seconds)
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
-    if done:
-        return task.result()
-    task.cancel()
-    await asyncio.wait((task,))
-    if not task.cancelled():
-        task.exception()  # retrieved: a late failure is the cut's, not the loop's to log
-    raise asyncio.TimeoutError()
-
-
 async def gather(coros: Iterable[Awaitable[T]], settle: bool = False) -> List[Any]:
     """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one;
     ``settle``: failures are returned in their places (``return_exceptions``)."""

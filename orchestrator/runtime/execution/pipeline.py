@@ -35,7 +35,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, List, Optional, Sequence, Set, Tuple, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,7 +48,7 @@ from orchestrator.runtime.errors import (
     RequestStopped,
     UnavailableError,
 )
-from orchestrator.runtime.execution.engine import cut_after, gather, in_concurrent_branch
+from orchestrator.runtime.execution.engine import as_concurrent, gather, in_concurrent_branch
 from orchestrator.runtime.metrics import Metrics
 from orchestrator.runtime.request import CallOptions, call_trace
 from orchestrator.runtime.routing.conditions import evaluate
@@ -147,6 +147,30 @@ def generations(nodes: Sequence[PNode]) -> List[List[PNode]]:
         out.append(ready)
         done |= {n.name for n in ready}
     return out
+
+
+T = TypeVar("T")
+
+
+async def cut_after(coro: Awaitable[T], seconds: float) -> T:
+    """Await ``coro`` (marked concurrent) for at most ``seconds``; past that it is cancelled,
+    its ``finally`` and ``async with`` exits run (a circuit breaker records the cancel),
+    and ``asyncio.TimeoutError`` is raised. Unlike ``asyncio.wait_for`` (which Python 3.12
+    allows only inside a task) it needs only a running loop: ``coro`` runs as a task of its
+    own (its context copied)."""
+    task = asyncio.get_running_loop().create_task(as_concurrent(coro))
+    try:
+        done, _ = await asyncio.wait((task,), timeout=seconds)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if done:
+        return task.result()
+    task.cancel()
+    await asyncio.wait((task,))
+    if not task.cancelled():
+        task.exception()  # retrieved: a late failure is the cut's, not the loop's to log
+    raise asyncio.TimeoutError()
 
 
 def _rename(exc: BaseException, step: Step) -> OrchestratorError:

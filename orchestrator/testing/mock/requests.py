@@ -59,8 +59,9 @@ class InferenceResponseSender:
     """Response sender of a request (r24.10 ``response_sender.cc``).
 
     In a non-decoupled model its one response answers the request even when sent after
-    ``execute`` returned (from another thread), or before ``execute`` raised, as in
-    Triton 2.51. In a decoupled model (``decoupled=True``) every ``send`` goes to the
+    ``execute`` returned (from another thread), as in Triton 2.51; the frontends hold it
+    until the final flag comes (with it, sent alone, or as the error response of a failed
+    ``execute``: then the request had two responses). In a decoupled model (``decoupled=True``) every ``send`` goes to the
     request's stream at once (``sink(response, flags)``), any number of them, until one
     carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a send after that raises. When
     ``execute`` fails, the stub closes every sender of the batch (later sends raise).
@@ -73,6 +74,7 @@ class InferenceResponseSender:
         self._decoupled = decoupled
         self._sink = sink
         self._responses: List[Optional["InferenceResponse"]] = []
+        self._first_final = False  # the first response carried COMPLETE_FINAL
         self._count = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -121,6 +123,8 @@ class InferenceResponseSender:
                 self._sink(response, flags)
                 return
         if response is not None:
+            if not self._responses:
+                self._first_final = flags == FINAL
             self._responses.append(response)
         if self._closed:
             self._done.set()
@@ -132,6 +136,11 @@ class InferenceResponseSender:
             was_open = not self._closed
             self._closed = True
             return was_open
+
+    def _sent(self) -> Optional["InferenceResponse"]:
+        """The (first) response sent, final or not; None when none was."""
+        with self._lock:
+            return self._responses[0] if self._responses else None
 
     def _final(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
         """The response sent with (or before) COMPLETE_FINAL, waiting up to ``wait``

@@ -17,7 +17,7 @@ TWO = "expected a single response, got 2"
 
 @pytest.fixture(scope="module")
 def mock():
-    with MockTriton(REPO, model_config_name=None, models=["sender_unary"], response_timeout=1.0) as server:
+    with MockTriton(REPO, model_config_name=None, models=["sender_unary", "sender_caller"], response_timeout=1.0) as server:
         yield server
 
 
@@ -74,3 +74,16 @@ def test_a_response_never_followed_by_the_flag_is_never_delivered(mock):
     [(outputs, error, _)] = stream(mock, "never_final")
     assert outputs is None and error.startswith("mock_triton: ")
 
+
+
+@pytest.mark.parametrize("case,got", [
+    ("final_alone", {"early": True, "OUT": [2]}),
+    # a BLS caller gets the response when it is sent, not when the final flag comes
+    ("final_from_thread", {"early": True, "OUT": [3]}),
+    ("never_final", {"early": True, "OUT": [14]}),
+    ("returned", {"early": True, "OUT": [13]}),
+])
+def test_a_bls_caller_gets_the_response_as_it_is_sent(mock, case, got):
+    import json
+
+    assert json.loads(mock.infer("sender_caller", _case(case))["OUT"][0]) == got

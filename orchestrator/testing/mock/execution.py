@@ -134,12 +134,14 @@ def form_batches(model: LoadedModel, indices: List[int], reqs: List[Req]) -> Lis
 
 
 def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any,
-                      wait: float = 0.0) -> List[Any]:
+                      wait: float = 0.0, final: bool = True) -> List[Any]:
     """Stub's ProcessReturnedResponses: checks, then one response (or Err) per request.
 
     A request with None in the return gets what its response sender sends, waiting up
-    to ``wait`` seconds for it (Triton waits for ever). Raises BatchFailure where the
-    stub fails the whole batch.
+    to ``wait`` seconds for it (Triton waits for ever): for its final flag (``final``:
+    HTTP and gRPC clients get the response then), else for the response itself (a BLS
+    caller gets it as soon as it is sent, request_executor.cc). Raises BatchFailure
+    where the stub fails the whole batch.
     """
     if returned is not None:
         if not isinstance(returned, list):
@@ -171,9 +173,9 @@ def collect_responses(model: LoadedModel, requests: List[InferenceRequest], retu
             out.append(response)
             continue
         sender = request._sender
-        final = sender._final(wait)
-        if final is not None:
-            out.append(final)
+        answer = sender._final(wait) if final else sender._first(wait)
+        if answer is not None:
+            out.append(answer)
         elif sender._responses:
             out.append(Err(
                 f"mock_triton: model '{model.name}' sent a response for request {i} "
@@ -272,7 +274,7 @@ class Executor:
         client's HTTP/gRPC ``infer`` sees it (a request that got two responses is an
         error); else as a BLS caller or an ensemble (the first response)."""
         out: List[Result] = []
-        for outcome in self._run_any(model, reqs):
+        for outcome in self._run_any(model, reqs, frontend):
             assert not isinstance(outcome, ResponseStream), "decoupled model: use run_streams"
             if isinstance(outcome, Answer):
                 if frontend and outcome.responses > 1:
@@ -287,13 +289,13 @@ class Executor:
         one to a non-decoupled model) gets a stream of one response, final unless
         ``frontend`` (a client's gRPC stream) and it was sent without the final flag."""
         out = []
-        for o in self._run_any(model, reqs):
+        for o in self._run_any(model, reqs, frontend):
             if isinstance(o, Answer):
                 o = ResponseStream.of(model.name, o.result, o.final or not frontend)
             out.append(o if isinstance(o, ResponseStream) else ResponseStream.of(model.name, o))
         return out
 
-    def _run_any(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
+    def _run_any(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
         server = self._server
         results: List[Optional[Outcome]] = [None] * len(reqs)
         pending: List[int] = []
@@ -310,12 +312,12 @@ class Executor:
                 results[i] = run_ensemble(model, reqs[i], server.loaded, self.run)
         else:
             for batch in form_batches(model, pending, reqs):
-                for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch])):
+                for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch], frontend)):
                     results[i] = result
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
+    def _execute(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
         """``reqs`` through the model's queue (``max_queue_size``: a request that finds it
         full is refused at once) and its instance."""
         limit = max_queue_size(model)
@@ -324,10 +326,11 @@ class Executor:
             with model.queue_lock:
                 accepted = max(0, min(len(reqs), limit - model.queued))
                 model.queued += accepted
-        results = self._wait_and_run(model, reqs[:accepted], bool(limit)) if accepted else []
+        results = self._wait_and_run(model, reqs[:accepted], frontend, bool(limit)) if accepted else []
         return results + [queue_full_error(r) for r in reqs[accepted:]]
 
-    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], counted: bool = False) -> List[Outcome]:
+    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], frontend: bool,
+                      counted: bool = False) -> List[Outcome]:
         """Wait for the instance (``counted``: ``reqs`` are in ``model.queued`` until then)."""
         server = self._server
         n = len(reqs)
@@ -357,15 +360,17 @@ class Executor:
                 keep = [i for i, limit in enumerate(limits) if not 0 < limit < waited_us]
                 results: List[Outcome] = [expired] * n
                 if keep:
-                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep])):
+                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep], frontend)):
                         results[i] = result
                 return results
-            return self._run_locked(model, reqs)
+            return self._run_locked(model, reqs, frontend)
         finally:
             model.lock.release()
 
-    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
-        """``execute`` on ``reqs`` (the caller holds the instance) and the results."""
+    def _run_locked(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
+        """``execute`` on ``reqs`` (the caller holds the instance) and the results; a
+        response sent through the sender of a model that is not decoupled is waited for
+        up to its final flag (``frontend``) or only until it is sent (a BLS caller)."""
         server = self._server
         delay = server.faults.delay(model.name)
         if delay > 0:
@@ -377,7 +382,7 @@ class Executor:
         answers: List[Tuple[Any, bool, int]]  # (response or Err, carried the final flag, responses)
         try:
             returned = self._call_execute(model, requests)
-            responses = collect_responses(model, requests, returned, server.response_timeout)
+            responses = collect_responses(model, requests, returned, server.response_timeout, frontend)
             answers = [(response, returned is not None and returned[i] is not None
                         or isinstance(response, Err) or requests[i]._sender._first_final, 1)
                        for i, response in enumerate(responses)]

@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from orchestrator.testing.mock.context import CTX, current_features, current_server
@@ -80,6 +81,7 @@ class InferenceResponseSender:
         self._lock = threading.Lock()
         self._send_lock = threading.RLock()  # keeps a stream's responses in send order
         self._done = threading.Event()  # set with TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._any = threading.Event()  # set with the first response
 
     def _update(self, response: Optional["InferenceResponse"], flags: int) -> None:
         if not self._usable:
@@ -126,6 +128,7 @@ class InferenceResponseSender:
             if not self._responses:
                 self._first_final = flags == FINAL
             self._responses.append(response)
+            self._any.set()
         if self._closed:
             self._done.set()
 
@@ -141,6 +144,15 @@ class InferenceResponseSender:
         """The (first) response sent, final or not; None when none was."""
         with self._lock:
             return self._responses[0] if self._responses else None
+
+    def _first(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
+        """The first response sent, waiting up to ``wait`` seconds for it (or for the
+        final flag without one); None when there is none (yet)."""
+        if wait > 0 and not self._any.is_set() and not self._done.is_set():
+            deadline = time.monotonic() + wait
+            while not (self._any.wait(0.01) or self._done.is_set()) and time.monotonic() < deadline:
+                pass
+        return self._sent()
 
     def _final(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
         """The response sent with (or before) COMPLETE_FINAL, waiting up to ``wait``

@@ -33,7 +33,8 @@ def stream(mock, case):
 
 def unary(mock, case):
     try:
-        return mock.infer("sender_unary", _case(case))["OUT"].tolist()
+        outputs = mock.infer("sender_unary", _case(case))
+        return outputs["OUT"].tolist() if outputs else {}
     except InferError as exc:
         return exc.message.splitlines()[0]
 
@@ -47,6 +48,7 @@ def unary(mock, case):
     ("returned", [13], [([13], None, True)]),
     ("final_then_return", [9], [([9], None, True)]),
     ("error_then_final", "bad input", [(None, "bad input", False)]),
+    ("empty_with_final", {}, [(None, None, True)]),
 ])
 def test_one_response_then_the_final_flag(mock, case, answer, shown):
     assert unary(mock, case) == answer

@@ -32,7 +32,7 @@ LAYOUT: Dict[str, Tuple[str, "str | None"]] = {
     "square_int32": ("decoupled/square_model.py", "decoupled/square_config.pbtxt"),
     "bls_decoupled_sync": ("bls_decoupled/sync_model.py", "bls_decoupled/sync_config.pbtxt"),
     "bls_decoupled_async": ("bls_decoupled/async_model.py", "bls_decoupled/async_config.pbtxt"),
-    "instance_kind": ("instance_kind/model.py", "instance_kind/config.pbtxt"),
+    "resnet50": ("instance_kind/model.py", "instance_kind/config.pbtxt"),  # examples/instance_kind
 }
 
 PYTORCH_STANDIN = '''

@@ -20,8 +20,8 @@ from tests.helpers import FIXTURES
 DECOUPLED = FIXTURES / "mock" / "decoupled"
 MODELS = ("square_int32", "repeat_int32", "plain_double", "decoupled_probe", "async_decoupled",
           "bls_probe", "bls_decoupled_sync", "bls_decoupled_async")
-PROBE_CASES = ["two_then_final", "final_with_response", "only_final", "send_errors", "return_list",
-               "raise_after_send", "raise_after_final", "error_response"]
+PROBE_CASES = ["two_then_final", "final_with_response", "only_final", "empty_responses", "send_errors",
+               "return_list", "raise_after_send", "raise_after_final", "error_response"]
 # Not compared: BLS to decoupled_probe's cases that send a response with outputs from inside
 # its synchronous execute (error_response, raise_after_send): the real 2.51 never returned
 # from that exec(decoupled=True) in our runs (see the package docs); the mock answers them.
@@ -108,6 +108,7 @@ def test_responses_arrive_in_order_then_the_empty_final(mock):
     assert probe(mock, "two_then_final") == [[{"OUT": [{"i": 0}]}, False], [{"OUT": [{"i": 1}]}, False], [{}, True]]
     assert probe(mock, "final_with_response") == [[{"OUT": [{"i": 0}]}, True]]
     assert probe(mock, "only_final") == [[{}, True]]
+    assert probe(mock, "empty_responses") == [[{}, False], [{}, True]]
 
 
 def test_send_arguments_are_checked_like_the_stub(mock):

@@ -1,7 +1,7 @@
 """python_backend's own examples (``ORCHESTRATOR_PYTHON_BACKEND_SRC``) on the embedded Triton
 2.51 and on the mock: the same answers, errors, completed configurations and metric series
-(tests/server/test_mock_agrees_decoupled.py covers examples/decoupled and bls_decoupled;
-examples/instance_kind needs torchvision's resnet50 weights from the network)."""
+(tests/server/test_mock_agrees_decoupled.py covers examples/decoupled and bls_decoupled,
+tests/server/test_mock_agrees_instance_kind.py examples/instance_kind)."""
 
 from __future__ import annotations
 

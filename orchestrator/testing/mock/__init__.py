@@ -194,12 +194,16 @@ honest):
   ``str`` arguments also take UTF-8 ``bytes`` (``model_name=b"m"``), as in the stub.
 * ``pb_utils.Logger`` VERBOSE messages are dropped, as by a server at the default
   ``--log-verbose=0``; ``MockTriton(log_verbose=1)`` keeps them.
-* Responses sent through ``request.get_response_sender()`` in a non-decoupled model are
-  delivered when ``execute`` returns, or, when it returned None for the request, as soon
-  as they are sent (from another thread, up to ``response_timeout`` seconds later); a
-  response sent before ``execute`` raised answers its request (the others get the
-  error), as in Triton. A request that gets no response at all fails with an error
-  after ``response_timeout`` instead of hanging as it would in Triton.
+* A non-decoupled model's response sent through ``request.get_response_sender()``
+  (execute returning None for its request) reaches ``infer`` when the final flag comes:
+  with the response, sent alone, or from another thread up to ``response_timeout``
+  seconds later; ``infer_stream`` shows it with ``final`` False when the flag came alone,
+  and nothing after it; a BLS caller gets it as soon as it is sent. A response sent with
+  the flag before ``execute`` raised answers its request (the others get the error); one
+  sent without the flag is followed by the error as a second response, and ``infer``
+  then raises the frontends' ``expected a single response, got 2``, as in Triton 2.51. A
+  request that gets no final flag fails with an error after ``response_timeout`` instead
+  of hanging as it would in Triton.
 * ``Tensor.from_dlpack`` makes a tensor whose ``as_numpy()`` is a writable view of the
   producer's memory and refuses strides the stub refuses ("DLPack tensor is not
   contiguous ..."; like the stub, only dimensions after the first are checked, but where

@@ -56,10 +56,13 @@ class ResponseStream:
         self._finished = False  # a final item was put (nothing is accepted after it)
 
     @classmethod
-    def of(cls, model: str, result: Result) -> "ResponseStream":
-        """A finished stream holding one final ``result`` (a non-decoupled answer)."""
+    def of(cls, model: str, result: Result, final: bool = True) -> "ResponseStream":
+        """A finished stream holding one ``result`` (a non-decoupled answer); ``final``
+        False: the response was sent without TRITONSERVER_RESPONSE_COMPLETE_FINAL (the
+        flag came alone, or with an error response, and a gRPC stream shows neither)."""
         stream = cls(model, 0.0)
-        stream.put(result, True)
+        stream.put(result, final)
+        stream._finished = True
         return stream
 
     def put(self, result: Optional[Result], final: bool) -> None:
@@ -89,6 +92,9 @@ class ResponseStream:
         """Every response up to and including the final one."""
         out = []
         while True:
+            with self._cond:
+                if self._finished and not self._items:
+                    return out
             item = self.get()
             out.append(item)
             if item.final:

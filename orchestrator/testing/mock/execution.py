@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, List, NamedTuple, Optional, Tuple, Union
 
 from orchestrator.testing.mock.context import running
 from orchestrator.testing.mock.decoupled import ResponseStream, log_background_failure, run_decoupled
@@ -37,7 +37,28 @@ if TYPE_CHECKING:  # pragma: no cover
     from orchestrator.testing.mock.host import Host
 
 _LOG = logging.getLogger(LOGGER_NAME)
-Outcome = Union[Result, ResponseStream]  # a decoupled model's requests get streams
+
+
+class Answer(NamedTuple):
+    """A non-decoupled model's answer that Triton's frontends show otherwise than a plain
+    result (python_backend r24.10 with server 2.51, measured on the embedded server).
+
+    ``result``: the first response, what BLS callers and ensembles get. ``final``: whether
+    it carried TRITONSERVER_RESPONSE_COMPLETE_FINAL; when the flag came alone (or with
+    the error response of a failed ``execute``) a gRPC stream shows the response with
+    ``triton_final_response`` false and nothing after it. ``responses``: how many
+    responses the request got; 2 when a response sent without the final flag was followed
+    by the error response of a failed ``execute`` (a second ``send``, or a returned
+    response): HTTP and gRPC ``infer`` then answer ``expected a single response, got 2``.
+    """
+
+    result: Result
+    final: bool
+    responses: int
+
+
+Outcome = Union[Result, ResponseStream, Answer]  # a decoupled model's requests get streams
+SINGLE_RESPONSE = "expected a single response, got {}"  # server 2.51 HTTP and gRPC frontends
 _STRICT_NOTE = (
     " [mock_triton strict_outputs check; real Triton 24.10 does not check this -- "
     "pass strict_outputs=False to mirror it]"
@@ -113,12 +134,14 @@ def form_batches(model: LoadedModel, indices: List[int], reqs: List[Req]) -> Lis
 
 
 def collect_responses(model: LoadedModel, requests: List[InferenceRequest], returned: Any,
-                      wait: float = 0.0) -> List[Any]:
+                      wait: float = 0.0, final: bool = True) -> List[Any]:
     """Stub's ProcessReturnedResponses: checks, then one response (or Err) per request.
 
     A request with None in the return gets what its response sender sends, waiting up
-    to ``wait`` seconds for it (Triton waits for ever). Raises BatchFailure where the
-    stub fails the whole batch.
+    to ``wait`` seconds for it (Triton waits for ever): for its final flag (``final``:
+    HTTP and gRPC clients get the response then), else for the response itself (a BLS
+    caller gets it as soon as it is sent, request_executor.cc). Raises BatchFailure
+    where the stub fails the whole batch.
     """
     if returned is not None:
         if not isinstance(returned, list):
@@ -150,9 +173,9 @@ def collect_responses(model: LoadedModel, requests: List[InferenceRequest], retu
             out.append(response)
             continue
         sender = request._sender
-        final = sender._final(wait)
-        if final is not None:
-            out.append(final)
+        answer = sender._final(wait) if final else sender._first(wait)
+        if answer is not None:
+            out.append(answer)
         elif sender._responses:
             out.append(Err(
                 f"mock_triton: model '{model.name}' sent a response for request {i} "
@@ -245,22 +268,34 @@ class Executor:
     def __init__(self, server: "Host"):
         self._server = server
 
-    def run(self, model: LoadedModel, reqs: List[Req]) -> List[Result]:
+    def run(self, model: LoadedModel, reqs: List[Req], frontend: bool = False) -> List[Result]:
         """One result per request: validated, faults applied, batched, executed.
-        ``model`` must not be decoupled (see :meth:`run_streams`)."""
+        ``model`` must not be decoupled (see :meth:`run_streams`). ``frontend``: as a
+        client's HTTP/gRPC ``infer`` sees it (a request that got two responses is an
+        error); else as a BLS caller or an ensemble (the first response)."""
         out: List[Result] = []
-        for outcome in self._run_any(model, reqs):
+        for outcome in self._run_any(model, reqs, frontend):
             assert not isinstance(outcome, ResponseStream), "decoupled model: use run_streams"
+            if isinstance(outcome, Answer):
+                if frontend and outcome.responses > 1:
+                    outcome = Err(SINGLE_RESPONSE.format(outcome.responses), ErrorCode.INTERNAL, "exec")
+                else:
+                    outcome = outcome.result
             out.append(outcome)
         return out
 
-    def run_streams(self, model: LoadedModel, reqs: List[Req]) -> List[ResponseStream]:
+    def run_streams(self, model: LoadedModel, reqs: List[Req], frontend: bool = False) -> List[ResponseStream]:
         """One stream of responses per request; a request refused before ``execute`` (or
-        one to a non-decoupled model) gets a stream of one final response."""
-        return [o if isinstance(o, ResponseStream) else ResponseStream.of(model.name, o)
-                for o in self._run_any(model, reqs)]
+        one to a non-decoupled model) gets a stream of one response, final unless
+        ``frontend`` (a client's gRPC stream) and it was sent without the final flag."""
+        out = []
+        for o in self._run_any(model, reqs, frontend):
+            if isinstance(o, Answer):
+                o = ResponseStream.of(model.name, o.result, o.final or not frontend)
+            out.append(o if isinstance(o, ResponseStream) else ResponseStream.of(model.name, o))
+        return out
 
-    def _run_any(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
+    def _run_any(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
         server = self._server
         results: List[Optional[Outcome]] = [None] * len(reqs)
         pending: List[int] = []
@@ -277,12 +312,12 @@ class Executor:
                 results[i] = run_ensemble(model, reqs[i], server.loaded, self.run)
         else:
             for batch in form_batches(model, pending, reqs):
-                for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch])):
+                for i, result in zip(batch, self._execute(model, [reqs[j] for j in batch], frontend)):
                     results[i] = result
         assert all(r is not None for r in results)
         return results  # type: ignore[return-value]
 
-    def _execute(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
+    def _execute(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
         """``reqs`` through the model's queue (``max_queue_size``: a request that finds it
         full is refused at once) and its instance."""
         limit = max_queue_size(model)
@@ -291,10 +326,11 @@ class Executor:
             with model.queue_lock:
                 accepted = max(0, min(len(reqs), limit - model.queued))
                 model.queued += accepted
-        results = self._wait_and_run(model, reqs[:accepted], bool(limit)) if accepted else []
+        results = self._wait_and_run(model, reqs[:accepted], frontend, bool(limit)) if accepted else []
         return results + [queue_full_error(r) for r in reqs[accepted:]]
 
-    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], counted: bool = False) -> List[Outcome]:
+    def _wait_and_run(self, model: LoadedModel, reqs: List[Req], frontend: bool,
+                      counted: bool = False) -> List[Outcome]:
         """Wait for the instance (``counted``: ``reqs`` are in ``model.queued`` until then)."""
         server = self._server
         n = len(reqs)
@@ -324,15 +360,17 @@ class Executor:
                 keep = [i for i, limit in enumerate(limits) if not 0 < limit < waited_us]
                 results: List[Outcome] = [expired] * n
                 if keep:
-                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep])):
+                    for i, result in zip(keep, self._run_locked(model, [reqs[i] for i in keep], frontend)):
                         results[i] = result
                 return results
-            return self._run_locked(model, reqs)
+            return self._run_locked(model, reqs, frontend)
         finally:
             model.lock.release()
 
-    def _run_locked(self, model: LoadedModel, reqs: List[Req]) -> List[Outcome]:
-        """``execute`` on ``reqs`` (the caller holds the instance) and the results."""
+    def _run_locked(self, model: LoadedModel, reqs: List[Req], frontend: bool) -> List[Outcome]:
+        """``execute`` on ``reqs`` (the caller holds the instance) and the results; a
+        response sent through the sender of a model that is not decoupled is waited for
+        up to its final flag (``frontend``) or only until it is sent (a BLS caller)."""
         server = self._server
         delay = server.faults.delay(model.name)
         if delay > 0:
@@ -341,36 +379,52 @@ class Executor:
         if model.decoupled:
             return list(run_decoupled(self._server, model, reqs, self._call_execute, finish_outputs))
         requests = [InferenceRequest._for_execute(model, r) for r in reqs]
-        responses: List[Any]
+        answers: List[Tuple[Any, bool, int]]  # (response or Err, carried the final flag, responses)
         try:
             returned = self._call_execute(model, requests)
-            responses = collect_responses(model, requests, returned, server.response_timeout)
+            responses = collect_responses(model, requests, returned, server.response_timeout, frontend)
+            answers = [(response, returned is not None and returned[i] is not None
+                        or isinstance(response, Err) or requests[i]._sender._first_final, 1)
+                       for i, response in enumerate(responses)]
         except BatchFailure as failure:
-            responses = self._failed_batch(model, requests, failure.message)
+            answers = self._failed_batch(model, requests, failure.message)
         except Exception as exc:
-            responses = self._failed_batch(model, requests, format_exception(exc))
-        results: List[Result] = []
-        for req, response in zip(reqs, responses):
+            answers = self._failed_batch(model, requests, format_exception(exc))
+        results: List[Outcome] = []
+        for req, (response, final, count) in zip(reqs, answers):
+            result: Result
             if isinstance(response, Err):
-                results.append(response)
+                result = response
             elif response.has_error():
                 error = response.error()
                 assert error is not None
-                results.append(Err(error.message(), error.code(), "exec"))
+                result = Err(error.message(), error.code(), "exec")
             else:
-                results.append(finish_outputs(model, req, response, server.strict_outputs))
+                result = finish_outputs(model, req, response, server.strict_outputs)
+            results.append(result if final and count == 1 else Answer(result, final, count))
         return results
 
     @staticmethod
-    def _failed_batch(model: LoadedModel, requests: List[InferenceRequest], message: str) -> List[Any]:
+    def _failed_batch(model: LoadedModel, requests: List[InferenceRequest],
+                      message: str) -> List[Tuple[Any, bool, int]]:
         """The stub's answer to a failed ``execute``: the error for every request, except
-        those whose response sender already delivered a final response (they keep it)."""
+        those whose response sender already delivered a final response (they keep it).
+        A request sent a response without the final flag gets the error as its second
+        response (python_be.cc answers every request not yet closed)."""
         text = f"Failed to process the request(s) for model '{model.instance_name}', message: {message}"
         _LOG.error("%s", text)  # Triton logs it as an error (pb_stub.cc)
         error = Err(text, ErrorCode.INTERNAL, "exec")
-        kept = [r._sender._final() or error for r in requests]
+        kept: List[Tuple[Any, bool, int]] = []
         for request in requests:
-            request._sender._close()  # as the stub: later sends raise
+            sender = request._sender
+            final, sent = sender._final(), sender._sent()
+            if final is not None:
+                kept.append((final, sender._first_final, 1))
+            elif sent is not None:
+                kept.append((sent, False, 2))
+            else:
+                kept.append((error, True, 1))
+            sender._close()  # as the stub: later sends raise
         return kept
 
     def _call_execute(self, model: LoadedModel, requests: List[InferenceRequest],

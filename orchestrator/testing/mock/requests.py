@@ -11,6 +11,7 @@ import asyncio
 import contextvars
 import json
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Union
 
 from orchestrator.testing.mock.context import CTX, current_features, current_server
@@ -59,8 +60,9 @@ class InferenceResponseSender:
     """Response sender of a request (r24.10 ``response_sender.cc``).
 
     In a non-decoupled model its one response answers the request even when sent after
-    ``execute`` returned (from another thread), or before ``execute`` raised, as in
-    Triton 2.51. In a decoupled model (``decoupled=True``) every ``send`` goes to the
+    ``execute`` returned (from another thread), as in Triton 2.51; the frontends hold it
+    until the final flag comes (with it, sent alone, or as the error response of a failed
+    ``execute``: then the request had two responses). In a decoupled model (``decoupled=True``) every ``send`` goes to the
     request's stream at once (``sink(response, flags)``), any number of them, until one
     carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; a send after that raises. When
     ``execute`` fails, the stub closes every sender of the batch (later sends raise).
@@ -73,11 +75,13 @@ class InferenceResponseSender:
         self._decoupled = decoupled
         self._sink = sink
         self._responses: List[Optional["InferenceResponse"]] = []
+        self._first_final = False  # the first response carried COMPLETE_FINAL
         self._count = 0
         self._closed = False
         self._lock = threading.Lock()
         self._send_lock = threading.RLock()  # keeps a stream's responses in send order
         self._done = threading.Event()  # set with TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        self._any = threading.Event()  # set with the first response
 
     def _update(self, response: Optional["InferenceResponse"], flags: int) -> None:
         if not self._usable:
@@ -121,7 +125,10 @@ class InferenceResponseSender:
                 self._sink(response, flags)
                 return
         if response is not None:
+            if not self._responses:
+                self._first_final = flags == FINAL
             self._responses.append(response)
+            self._any.set()
         if self._closed:
             self._done.set()
 
@@ -132,6 +139,20 @@ class InferenceResponseSender:
             was_open = not self._closed
             self._closed = True
             return was_open
+
+    def _sent(self) -> Optional["InferenceResponse"]:
+        """The (first) response sent, final or not; None when none was."""
+        with self._lock:
+            return self._responses[0] if self._responses else None
+
+    def _first(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
+        """The first response sent, waiting up to ``wait`` seconds for it (or for the
+        final flag without one); None when there is none (yet)."""
+        if wait > 0 and not self._any.is_set() and not self._done.is_set():
+            deadline = time.monotonic() + wait
+            while not (self._any.wait(0.01) or self._done.is_set()) and time.monotonic() < deadline:
+                pass
+        return self._sent()
 
     def _final(self, wait: float = 0.0) -> Optional["InferenceResponse"]:
         """The response sent with (or before) COMPLETE_FINAL, waiting up to ``wait``

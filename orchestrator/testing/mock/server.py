@@ -437,7 +437,7 @@ class MockTriton:
         if target.decoupled:
             raise InferError(UNARY_DECOUPLED, "UNSUPPORTED")
         self._sample(request, target.name)
-        answer = self._executor.run(target, [request])[0]
+        answer = self._executor.run(target, [request], frontend=True)[0]
         result = to_client(answer)
         if isinstance(result, InferError):
             raise result
@@ -468,7 +468,7 @@ class MockTriton:
             return [InferError(UNARY_DECOUPLED, "UNSUPPORTED") for _ in prepared]
         for request in prepared:
             self._sample(request, target.name)
-        return [to_client(r) for r in self._executor.run(target, prepared)]
+        return [to_client(r) for r in self._executor.run(target, prepared, frontend=True)]
 
     def infer_stream(
         self,
@@ -484,7 +484,10 @@ class MockTriton:
         with ``enable_empty_final_response=True``): every response, in order, up to the
         one flagged final. Works for decoupled models (any number of responses; a
         flag-only final arrives as ``StreamResponse({}, None, True)``) and others (one
-        final response). Error responses are items too (nothing is raised for them);
+        response: final unless the model sent it through its response sender without
+        ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``, as Triton's stream shows it; nothing
+        after it, as Triton shows neither a flag-only final nor a later error response
+        of a non-decoupled model). Error responses are items too (nothing is raised for them);
         after an error a decoupled model may still send more. Waits up to
         ``response_timeout`` seconds for each response (Triton waits for ever), then ends
         with a mock-only error. Arguments as :meth:`infer`.
@@ -494,7 +497,7 @@ class MockTriton:
         if isinstance(target, Err):
             return [StreamResponse(None, InferError(target.message, target.code.name), True)]
         self._sample(request, target.name)
-        stream = self._executor.run_streams(target, [request])[0]
+        stream = self._executor.run_streams(target, [request], frontend=True)[0]
         return [self._stream_response(item) for item in stream.drain()]
 
     @staticmethod

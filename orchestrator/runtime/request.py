@@ -30,7 +30,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -52,8 +52,21 @@ __all__ = [
 #: deadline (``classifier_fast:deadline``; docs/guides/reliability.md "Deadlines").
 DEADLINE_SUFFIX = ":deadline"
 
-def _never() -> bool:
+def never_cancelled() -> bool:
+    """``is_cancelled`` of a request that is never asked: always False (warmup, tests, a
+    policy with ``check_cancelled: false``)."""
     return False
+
+
+class Cancellable(Protocol):
+    """What :meth:`Deadlines.ask_cancelled` reads and sets: a text request's
+    :class:`RequestContext` or a pipeline's ``execution.pipeline.Req``."""
+
+    started: bool
+    cancelled: bool
+
+    @property
+    def is_cancelled(self) -> Callable[[], bool]: ...
 
 
 @dataclass
@@ -84,7 +97,7 @@ class RequestContext:
 
     trace: Any = None
     deadline: Optional[float] = None
-    is_cancelled: Callable[[], bool] = _never
+    is_cancelled: Callable[[], bool] = never_cancelled
     started: bool = False
     cancelled: bool = False
     late: bool = False
@@ -507,7 +520,7 @@ class Deadlines:
         return self.costs.get(node.name, 0.0)
 
     @staticmethod
-    def ask_cancelled(ctx: RequestContext) -> None:
+    def ask_cancelled(ctx: Cancellable) -> None:
         """Ask ``is_cancelled()`` of a request that had a downstream call and is not known
         to be cancelled (an error asking it counts as not cancelled)."""
         if ctx.cancelled or not ctx.started:

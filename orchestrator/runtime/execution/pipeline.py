@@ -50,7 +50,7 @@ from orchestrator.runtime.errors import (
 )
 from orchestrator.runtime.execution.engine import as_concurrent, gather, in_concurrent_branch
 from orchestrator.runtime.metrics import Metrics
-from orchestrator.runtime.request import CallOptions, call_trace
+from orchestrator.runtime.request import CallOptions, Deadlines, call_trace, never_cancelled
 from orchestrator.runtime.routing.conditions import evaluate
 from orchestrator.runtime.routing.pipeline import PNode, Step, Switch, node_reads, node_writes
 from orchestrator.runtime.routing.pipeline_plan import fill_rows
@@ -82,6 +82,7 @@ class Req:
         error: set once it failed; it then takes no further part.
         requested: the outputs the client asked for (empty: all).
         started: a downstream call was made for it (before, ``is_cancelled`` is not asked).
+        cancelled: ``is_cancelled()`` said True (``request.Deadlines.ask_cancelled``).
         skip: the names of the nodes it does not run: they feed none of its requested
             outputs (``routing.pipeline_plan.unneeded_nodes``).
         describe: it asked for the ``POLICY`` output (``describe_policy``).
@@ -94,11 +95,12 @@ class Req:
     request_id: str = ""
     trace: Any = None
     deadline: Optional[float] = None
-    is_cancelled: Callable[[], bool] = lambda: False
+    is_cancelled: Callable[[], bool] = never_cancelled
     batch: Dict[str, int] = field(default_factory=dict)
     error: Optional[OrchestratorError] = None
     requested: Tuple[str, ...] = ()
     started: bool = False
+    cancelled: bool = False
     skip: FrozenSet[str] = frozenset()
     describe: bool = False
 
@@ -238,15 +240,10 @@ class PipelineRun:
         """True when ``req`` stops before ``step``: cancelled or past its deadline (then its error is set).
 
         ``is_cancelled()`` (an IPC round trip in the stub, about 0.1 ms) is asked only of a
-        request that already had a downstream call: one that has just arrived is not, as
-        in text policies."""
-        cancelled = False
-        if req.started:
-            try:
-                cancelled = bool(req.is_cancelled())
-            except Exception:  # a failing check counts as not cancelled, as in text policies
-                cancelled = False
-        if cancelled:
+        request that already had a downstream call, by the text policies' rule
+        (``request.Deadlines.ask_cancelled``)."""
+        Deadlines.ask_cancelled(req)
+        if req.cancelled:
             req.error = RequestCancelled(f"request cancelled before step '{step.name}'")
         elif req.deadline is not None and self.clock() >= req.deadline:
             req.error = DeadlineExceeded(f"request timeout expired before step '{step.name}'")

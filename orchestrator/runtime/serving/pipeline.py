@@ -54,16 +54,12 @@ from orchestrator.runtime.errors import (
 )
 from orchestrator.runtime.execution.pipeline import PipelineRun, Req, plan_lists, reshape_dims
 from orchestrator.runtime.metrics import Metrics, observe_stage
-from orchestrator.runtime.request import DESCRIBE_PARAMETER, POLICY_OUTPUT, parse_bool, request_parameters
+from orchestrator.runtime.request import DESCRIBE_PARAMETER, POLICY_OUTPUT, never_cancelled, parse_bool, request_parameters
 from orchestrator.runtime.routing.pipeline_plan import Pruning, bind_pipeline, describe_pipeline, switch_exports, with_batches
 from orchestrator.runtime.routing.policy import PipelinePolicy
 from orchestrator.runtime.routing.tensors import RouterSpec, TensorSpec, callee_config, router_spec
 from orchestrator.runtime.serving.admission import Admission
 from orchestrator.runtime.serving.releases import cpu_outputs
-
-
-def _never() -> bool:
-    return False
 
 
 def policy_output(spec: RouterSpec, outputs: Sequence[str]) -> Tuple[Optional[TensorSpec], str]:
@@ -178,7 +174,7 @@ class PipelineRouter:
         timeout_us = int(request.timeout() or 0)
         return Req(tensors, rows if rows is not None else 1, params, forward, request.request_id(), request.trace(),
                    start + timeout_us / 1e6 if timeout_us else None,
-                   request.is_cancelled if self.policy.check_cancelled else _never,
+                   request.is_cancelled if self.policy.check_cancelled else never_cancelled,
                    requested=requested, skip=self.pruning.skip(requested), describe=describe)
 
     def outputs(self, request: Any, params: Dict[str, Any]) -> Tuple[Tuple[str, ...], bool]:

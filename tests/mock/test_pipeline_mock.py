@@ -17,9 +17,7 @@ from tests.pipeline_repo import CLASSES, MODELS, RECOGNIZERS, make_pipeline_repo
 @pytest.fixture(scope="module")
 def mock(tmp_path_factory):
     repo = make_pipeline_repository(tmp_path_factory.mktemp("pipelines") / "model_repository")
-    with MockTriton(repo, model_config_name=None) as m:
-        for name in MODELS:
-            m.load(name)
+    with MockTriton(repo, model_config_name=None, models=MODELS) as m:
         yield m
 
 

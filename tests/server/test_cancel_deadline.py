@@ -169,24 +169,19 @@ def wait_idle(server, model: str, executions_want: int, wait_s: float = 3 * SLOW
         time.sleep(0.1)
 
 
-# ----------------------------------------------------------------------------- cancellation
-
-
-def test_a_cancelled_grpc_request_stops_before_its_next_stage(server):
+def cancel_while_slow_runs(server, router: str, text: str, slow_before: tuple) -> None:
+    """Send ``text`` to ``router`` over gRPC, cancel it while ``classifier_slow`` runs for it,
+    check the client was answered cancelled, then wait until ``classifier_slow`` is idle and
+    the router's next stage would have been called (``slow_before``: its ``executions``)."""
     import tritonclient.grpc as grpcclient
 
-    router = "router_slow_first"
-    text = long_text()
-    accurate_before = executions(server, "classifier")
-    slow_before = executions(server, "classifier_slow")
-    cancelled_before = router_counter(server, "orchestrator_cancelled_requests_total", router)
     results = []
     done = threading.Event()
     client = grpcclient.InferenceServerClient(server.grpc_url)
     try:
         handle = client.async_infer(router, inputs_grpc([text], grpcclient),
                                     callback=lambda result, error: (results.append((result, error)), done.set()))
-        time.sleep(SLOW_S / 2)  # the first stage (classifier_slow) is running
+        time.sleep(SLOW_S / 2)  # classifier_slow is running
         handle.cancel()
         assert done.wait(10), "the client got no callback"
         assert results[0][0] is None and "cancel" in str(results[0][1]).lower()
@@ -194,38 +189,22 @@ def test_a_cancelled_grpc_request_stops_before_its_next_stage(server):
         time.sleep(1.0)  # the router's next stage would have been called by now
     finally:
         client.close()
+
+
+# ----------------------------------------------------------------------------- cancellation
+
+
+def test_a_cancelled_grpc_request_stops_before_its_next_stage(server):
+    router = "router_slow_first"
+    text = long_text()
+    accurate_before = executions(server, "classifier")
+    slow_before = executions(server, "classifier_slow")
+    cancelled_before = router_counter(server, "orchestrator_cancelled_requests_total", router)
+    cancel_while_slow_runs(server, router, text, slow_before)
     slow_after = executions(server, "classifier_slow")
     assert slow_after[1] == slow_before[1] + 1  # the first stage ran once (all windows in one call)
     assert executions(server, "classifier") == accurate_before  # the escalation was never sent
     assert settled_counter(server, "orchestrator_cancelled_requests_total", router, cancelled_before + 1) == cancelled_before + 1
-
-
-@pytest.mark.parametrize("router,asks", [("pipe_slow", True), ("pipe_slow_unchecked", False)])
-def test_a_cancelled_grpc_request_to_a_pipeline_stops_before_its_next_step_unless_its_policy_never_asks(server, router, asks):
-    import tritonclient.grpc as grpcclient
-
-    post_before = executions(server, "postprocess")
-    slow_before = executions(server, "classifier_slow")
-    cancelled_before = router_counter(server, "orchestrator_cancelled_requests_total", router)
-    results = []
-    done = threading.Event()
-    client = grpcclient.InferenceServerClient(server.grpc_url)
-    try:
-        handle = client.async_infer(router, inputs_grpc(["A fine film."], grpcclient),
-                                    callback=lambda result, error: (results.append((result, error)), done.set()))
-        time.sleep(SLOW_S / 2)  # the second step (classifier_slow) is running
-        handle.cancel()
-        assert done.wait(10), "the client got no callback"
-        assert results[0][0] is None and "cancel" in str(results[0][1]).lower()
-        wait_idle(server, "classifier_slow", slow_before[1] + 1)
-        time.sleep(1.0)  # the router's next step would have been called by now
-    finally:
-        client.close()
-    assert executions(server, "classifier_slow")[1] == slow_before[1] + 1
-    # asked before the third step: not run; never asked (check_cancelled: false): run, its answer dropped by Triton
-    assert executions(server, "postprocess")[1] == post_before[1] + (0 if asks else 1)
-    want = cancelled_before + (1 if asks else 0)
-    assert settled_counter(server, "orchestrator_cancelled_requests_total", router, want) == want
 
 
 def test_an_uncancelled_request_of_the_same_router_is_escalated(server):
@@ -237,6 +216,19 @@ def test_an_uncancelled_request_of_the_same_router_is_escalated(server):
     assert routes(out) == ["chunked:classifier"]
     # Triton counts the classifier's execution after its response went out: wait for it.
     assert eventually(lambda: executions(server, "classifier")[1], accurate_before + 1, timeout=5) == accurate_before + 1
+
+
+@pytest.mark.parametrize("router,asks", [("pipe_slow", True), ("pipe_slow_unchecked", False)])
+def test_a_cancelled_grpc_request_to_a_pipeline_stops_before_its_next_step_unless_its_policy_never_asks(server, router, asks):
+    post_before = executions(server, "postprocess")
+    slow_before = executions(server, "classifier_slow")
+    cancelled_before = router_counter(server, "orchestrator_cancelled_requests_total", router)
+    cancel_while_slow_runs(server, router, "A fine film.", slow_before)
+    assert executions(server, "classifier_slow")[1] == slow_before[1] + 1
+    # asked before the third step: not run; never asked (check_cancelled: false): run, its answer dropped by Triton
+    assert executions(server, "postprocess")[1] == post_before[1] + (0 if asks else 1)
+    want = cancelled_before + (1 if asks else 0)
+    assert settled_counter(server, "orchestrator_cancelled_requests_total", router, want) == want
 
 
 def _http_request_bytes(server, model: str, text: str) -> bytes:

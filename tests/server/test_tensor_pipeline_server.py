@@ -38,9 +38,7 @@ def server(repo):
 
 @pytest.fixture(scope="module")
 def mock(repo):
-    with MockTriton(repo, model_config_name=None) as m:
-        for name in MODELS:
-            m.load(name)
+    with MockTriton(repo, model_config_name=None, models=MODELS) as m:
         yield m
 
 

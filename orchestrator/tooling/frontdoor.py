@@ -336,8 +336,9 @@ BODY_BUFFER = 128 * 1024
 HEADER_TIMEOUT_S = 10
 BODY_TIMEOUT_S = 10
 #: Connections each nginx worker holds (idle, unfinished and busy together). An unfinished
-#: request costs nginx about 10 KiB (its pools and header buffer): all of them, in both workers,
-#: fit under half the manifests' memory limit of 256 MiB (tests/server/test_front_door.py).
+#: request costs nginx about 20 KiB with its three worker connections (the client's, the hop,
+#: the HTTP side's: pools and header buffers): all the clients both workers hold fit under half
+#: the manifests' memory limit of 256 MiB (tests/server/test_front_door.py).
 WORKER_CONNECTIONS = 4096
 #: Health and readiness requests in flight (they carry no body and are not metered), per
 #: source address and in all: the kubelet's probes come one at a time from the node.

@@ -640,23 +640,30 @@ def test_endpoints_that_need_no_body_refuse_one_without_holding_it(stack):
 
 
 def test_connections_that_never_finish_a_request_are_closed(stack):
-    """Six sources open 3,000 connections (500 each, under the per-address cap) and send 50
-    bytes of a request on each (such connections once used all of nginx's worker connections
-    for 60 s each): a second client's probe and router call answer within LEGIT_S meanwhile,
-    and the door closes every one of them within its header timeout (+2 s)."""
+    """Six sources open as many connections as the door under test (one worker) holds, less
+    room for another client's calls (each connection takes CONNECTIONS_PER_CLIENT of the
+    worker's connections; more than that exhausts the worker, which the front-door guide
+    says six addresses can do), each source under the per-address cap, and send 50 bytes of
+    a request on each (such connections once used all of nginx's worker connections for 60 s
+    each): a second client's probe and router call answer within LEGIT_S meanwhile, and the
+    door closes every one of them within its header timeout (+2 s)."""
     import socket
     import time
 
     server, door, _ = stack
+    sources = 6
+    per_source = F.WORKER_CONNECTIONS // F.CONNECTIONS_PER_CLIENT // sources - 8  # 8 a source left for others
+    n = sources * per_source
+    assert per_source < QUOTAS.connections_per_address
     socks = []
     baseline = _pss_bytes(door.proc.pid)
     try:
         start = time.monotonic()
-        for i in range(3000):
-            s = socket.create_connection(("127.0.0.1", door.ports.http), source_address=(f"127.0.1.{i // 500 + 1}", 0))
+        for i in range(n):
+            s = socket.create_connection(("127.0.0.1", door.ports.http), source_address=(f"127.0.1.{i // per_source + 1}", 0))
             s.sendall(b"POST /v2/models/router/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: 01234")
             socks.append(s)
-        per_connection = (_pss_bytes(door.proc.pid) - baseline) / 3000
+        per_connection = (_pss_bytes(door.proc.pid) - baseline) / n
         slowest = max(_timed(lambda: http(door.ports.http, "/v2/models/router/ready")),
                       _timed(lambda: http(door.ports.http, "/v2/models/router/infer", "POST", infer_body(["fine"]))))
         closed = 0
@@ -673,15 +680,17 @@ def test_connections_that_never_finish_a_request_are_closed(stack):
     finally:
         for s in socks:
             s.close()
-    print(f"3000 unfinished requests: slowest legit call {slowest * 1000:.0f} ms, {closed} closed by the door within {held:.1f} s, "
+    print(f"{n} unfinished requests: slowest legit call {slowest * 1000:.0f} ms, {closed} closed by the door within {held:.1f} s, "
           f"{per_connection / 1024:.1f} KiB of nginx's PSS each")
     assert slowest < LEGIT_S
-    assert closed == 3000
-    # every connection the door's workers may hold fits in the manifests' memory limit
+    assert closed == n
+    # every client connection the door's workers may hold (each taking CONNECTIONS_PER_CLIENT of
+    # a worker's connections, all counted in per_connection) fits in the manifests' memory limit
     import inspect
 
     workers = inspect.signature(F.render).parameters["workers"].default
-    assert baseline + per_connection * workers * F.WORKER_CONNECTIONS < _manifest_memory_limit() / 2, per_connection
+    clients = workers * F.WORKER_CONNECTIONS // F.CONNECTIONS_PER_CLIENT
+    assert baseline + per_connection * clients < _manifest_memory_limit() / 2, per_connection
 
 
 def _closed_within(socks, seconds: float) -> int:

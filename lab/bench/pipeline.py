@@ -9,6 +9,11 @@ The benchmark repository is a copy of ``model_repository/`` with:
 - ``hand_pipeline`` (``lab/bench/hand_pipeline``, beside ``lab/bench/hand_bls``): the same
   three calls written by hand with BLS, request by request, with the migrated router's
   configuration (``dynamic_batching``, as ``migrate`` writes it for a batching ensemble);
+- ``hand_ensemble`` (``lab/bench/hand_ensemble``): one BLS call to ``ensemble`` per request,
+  nothing else: the least any Python-backend model in front of the ensemble costs (its stub's
+  entry and one round trip), the floor under the p50 goal;
+- ``front_ensemble``: the router with a one-step policy calling ``ensemble`` (the ensemble
+  kept whole, the router in front of it where branches would go);
 - ``migrated_serial`` and ``hand_serial``: the same two without ``dynamic_batching``
   (``migrate --no-dynamic-batching``): one request per ``execute``, so their throughput
   at c=16 compares the router's own cost per request with the hand-written model's;
@@ -21,7 +26,8 @@ The benchmark repository is a copy of ``model_repository/`` with:
 Every request carries one held-out text (``THRESHOLD`` 0.5). perf_analyzer (gRPC, closed
 loop), in rounds with the model order rotated each round:
 
-1. ``ensemble``, ``migrated`` and ``hand_pipeline`` at c=1 and c=16;
+1. ``ensemble``, ``migrated``, ``hand_pipeline``, ``hand_ensemble`` and ``front_ensemble`` at
+   c=1 and c=16;
 2. at c=16, ``skip_half``, ``skip_never``, ``tokenizer`` alone (the texts) and ``classifier``
    alone (the texts tokenized, each at its own length: :func:`lab.bench.floor.classifier_input_json`);
 3. at c=16, ``migrated_serial`` and ``hand_serial``.
@@ -31,7 +37,10 @@ Goals, each judged by the distribution-free 95% interval of the median per-round
 decide it at this run's spread):
 
 - ``migrated`` throughput at c=16 at least :data:`THROUGHPUT_GOAL` x ``hand_pipeline``'s;
-- ``migrated`` p50 at c=1 at most :data:`P50_GOAL` x ``ensemble``'s;
+- ``migrated`` p50 at c=1 at most :data:`P50_GOAL` x ``ensemble``'s; beside it, decided
+  against the same goal, ``hand_ensemble``'s (where its interval lies above the goal, no
+  Python-backend router in front of the ensemble can meet it on this stack) and
+  ``front_ensemble``'s;
 - ``migrated_serial`` throughput at c=16 at least :data:`THROUGHPUT_GOAL` x ``hand_serial``'s
   (the router's own cost per request: reported beside the goals, decided the same way);
 - ``skip_half`` throughput at c=16 at least :data:`COST_GOAL` x the cost model's prediction
@@ -65,10 +74,11 @@ from lab.bench.plan import REPO, Spec
 from lab.bench.report import PIPELINE_END, PIPELINE_START
 
 MIGRATED, HAND, ENSEMBLE = "migrated", "hand_pipeline", "ensemble"
+FLOOR, FRONT = "hand_ensemble", "front_ensemble"
 MIGRATED_SERIAL, HAND_SERIAL = "migrated_serial", "hand_serial"
 SERIAL_MODELS = (MIGRATED_SERIAL, HAND_SERIAL)
 SKIP, NEVER, FIRST, SECOND = "skip_half", "skip_never", "tokenizer", "classifier"
-SIDE_MODELS = (ENSEMBLE, MIGRATED, HAND)
+SIDE_MODELS = (ENSEMBLE, MIGRATED, HAND, FLOOR, FRONT)
 COST_MODELS = (SKIP, NEVER, FIRST, SECOND)
 CONCURRENCIES = (1, 16)
 COST_CONCURRENCY = 16
@@ -79,7 +89,7 @@ P50_GOAL = 1.10
 #: ``skip_half`` throughput at c=16 over its cost model's prediction: at least.
 COST_GOAL = 0.9
 ROUNDS = 8
-DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", SKIP: "texts", NEVER: "texts",
+DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", FLOOR: "texts", FRONT: "texts", SKIP: "texts", NEVER: "texts",
             FIRST: "text_only", SECOND: "tokens", MIGRATED_SERIAL: "texts", HAND_SERIAL: "texts"}
 COMMAND = "python -m lab.bench.pipeline"
 
@@ -89,7 +99,8 @@ def plan(rounds: int) -> List[Spec]:
     ``SERIAL_MODELS`` at ``COST_CONCURRENCY``, each list's order rotated by one per round."""
     out: List[Spec] = []
     for r in range(rounds):
-        side = list(SIDE_MODELS[r % 3:]) + list(SIDE_MODELS[:r % 3])
+        k = r % len(SIDE_MODELS)
+        side = list(SIDE_MODELS[k:]) + list(SIDE_MODELS[:k])
         for c in CONCURRENCIES:
             out += [Spec("pipeline", m, DATASETS[m], c, 1, r) for m in side]
         cost = list(COST_MODELS[r % 4:]) + list(COST_MODELS[:r % 4])
@@ -133,17 +144,21 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], share: float = 
 
 
 def goals(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Dict[str, Any]:
-    """The three goals and the serial comparison (module docstring), each
+    """The three goals, the serial comparison and the p50 floor (module docstring), each
     :func:`lab.bench.floor.decide` of its per-round ratios with ``per_round``."""
     thr = pair_ratios(measurements, MIGRATED, HAND, 16, "throughput")
     serial = pair_ratios(measurements, MIGRATED_SERIAL, HAND_SERIAL, 16, "throughput")
     p50 = pair_ratios(measurements, MIGRATED, ENSEMBLE, 1, "p50_ms")
+    floor = pair_ratios(measurements, FLOOR, ENSEMBLE, 1, "p50_ms")
+    front = pair_ratios(measurements, FRONT, ENSEMBLE, 1, "p50_ms")
     cost = [r["ratio"] for r in round_cost_models(measurements, share)]
     return {name: {**decide(values, goal, at_most), "per_round": [round(v, 3) for v in values]}
             for name, values, goal, at_most in (("throughput_c16_vs_hand", thr, THROUGHPUT_GOAL, False),
                                                 ("p50_c1_vs_ensemble", p50, P50_GOAL, True),
                                                 ("skip_vs_cost_model", cost, COST_GOAL, False),
-                                                ("serial_c16_vs_hand", serial, THROUGHPUT_GOAL, False))}
+                                                ("serial_c16_vs_hand", serial, THROUGHPUT_GOAL, False),
+                                                ("floor_p50_c1_vs_ensemble", floor, P50_GOAL, True),
+                                                ("front_p50_c1_vs_ensemble", front, P50_GOAL, True))}
 
 
 def cost_medians(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Optional[Dict[str, float]]:
@@ -182,6 +197,13 @@ def skip_policy(split: Optional[int]) -> Dict[str, Any]:
          "outputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}}, second]}}
 
 
+def front_policy() -> Dict[str, Any]:
+    """``front_ensemble``'s policy: one step calling ``ensemble`` with the request's inputs."""
+    return {"version": 1, "ignored_parameters": ["*"], "pipeline": {"outputs": ["VERDICTS", "PROBABILITIES"], "steps": [
+        {"kind": "step", "name": ENSEMBLE, "model": ENSEMBLE, "inputs": {"TEXT": "TEXT", "THRESHOLD": "THRESHOLD"},
+         "outputs": {"PROBABILITIES": "PROBABILITIES", "VERDICTS": "VERDICTS"}}]}}
+
+
 SKIP_CONFIG = '''name: "{name}"
 backend: "python"
 max_batch_size: 64
@@ -207,7 +229,8 @@ def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
     from orchestrator.tooling.migrate import MODEL_PY
     from orchestrator.tooling.repository import read_config, write_config
 
-    make_bench_repository(dest, repo, variants={HAND: {"source": "lab/bench/hand_pipeline"}})
+    make_bench_repository(dest, repo, variants={HAND: {"source": "lab/bench/hand_pipeline"},
+                                                FLOOR: {"source": "lab/bench/hand_ensemble"}})
     for name, extra in ((MIGRATED, []), (MIGRATED_SERIAL, ["--no-dynamic-batching"])):
         if cli(["migrate", str(dest / ENSEMBLE), "--name", name, "--repo", str(dest), *extra]) != 0:
             raise BenchError("orchestrator migrate failed on the benchmark repository's ensemble")
@@ -216,6 +239,11 @@ def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
     serial.name = HAND_SERIAL
     serial.ClearField("dynamic_batching")
     write_config(dest / HAND_SERIAL / "config.pbtxt", serial, ["# hand_pipeline without dynamic_batching: one request per execute"])
+    shutil.copytree(dest / MIGRATED, dest / FRONT)
+    front = read_config(dest / FRONT / "config.pbtxt")
+    front.name = FRONT
+    write_config(dest / FRONT / "config.pbtxt", front, ["# the migrated router's configuration; its policy calls the ensemble in one step"])
+    (dest / FRONT / "policy.yaml").write_text(yaml.safe_dump(front_policy(), sort_keys=False))
     for name, when in ((SKIP, split), (NEVER, None)):
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "1" / "model.py").write_text(MODEL_PY)
@@ -270,6 +298,12 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"{_fmt_decision(g['throughput_c16_vs_hand'])}. Per round: {', '.join(map(str, g['throughput_c16_vs_hand']['per_round']))}.",
           f"- `migrated` p50 at c=1 at most {P50_GOAL}x the ensemble's: {_fmt_decision(g['p50_c1_vs_ensemble'])}. "
           f"Per round: {', '.join(map(str, g['p50_c1_vs_ensemble']['per_round']))}."]
+    for key, model, what in (("floor_p50_c1_vs_ensemble", FLOOR, "one BLS call to the ensemble, nothing else: the floor of any "
+                              "Python-backend model in front of it"),
+                             ("front_p50_c1_vs_ensemble", FRONT, "the router calling the ensemble in one step")):
+        if key in g:
+            L.append(f"- `{model}` ({what}) p50 at c=1 against the same goal: {_fmt_decision(g[key])}. "
+                     f"Per round: {', '.join(map(str, g[key]['per_round']))}.")
     med = r.get("cost_medians")
     L += ["", f"The skipping pipeline at c={COST_CONCURRENCY} (the second step for texts of more than {r['split']} "
           f"tokens: {r['share']} of the held-out texts; share: the fraction of the requests answered that ran it, from "

@@ -175,9 +175,10 @@ bench-floor: $(STAMP)
 # A migrated pipeline side by side (about 15 minutes on 2 cores): the shipped ensemble, its
 # migrated router, a hand-written BLS model making the same three calls (lab/bench/hand_pipeline),
 # one making a single call to the ensemble (lab/bench/hand_ensemble: the floor of any model in
-# front of it) and the router calling the ensemble in one step, at c=1 and c=16, the router and the hand-written model without dynamic_batching at c=16, and a
-# pipeline skipping its second step for half the requests against its cost model, 8 rounds. Writes the "bench-pipeline" section of $(BENCH_OUT)/benchmarks.md and
-# $(BENCH_OUT)/bench/pipeline.json.
+# front of it) and the router calling the ensemble whole (migrate --call-ensemble), at c=1 and
+# c=16; the router and the hand-written model without dynamic_batching at c=16; a pipeline
+# skipping its second step for half the requests against its cost model; 8 rounds. Writes the
+# "bench-pipeline" section of $(BENCH_OUT)/benchmarks.md and $(BENCH_OUT)/bench/pipeline.json.
 .PHONY: bench-pipeline
 bench-pipeline: $(STAMP)
 	$(PY) -m lab.bench.pipeline --out $(BENCH_OUT) $(BENCH_ARGS)

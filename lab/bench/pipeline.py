@@ -12,8 +12,9 @@ The benchmark repository is a copy of ``model_repository/`` with:
 - ``hand_ensemble`` (``lab/bench/hand_ensemble``): one BLS call to ``ensemble`` per request,
   nothing else: the least any Python-backend model in front of the ensemble costs (its stub's
   entry and one round trip), the floor under the p50 goal;
-- ``front_ensemble``: the router with a one-step policy calling ``ensemble`` (the ensemble
-  kept whole, the router in front of it where branches would go);
+- ``migrated_whole``: ``orchestrator migrate ... --call-ensemble``: the router calling
+  ``ensemble`` whole, in one step (the ensemble kept, the router in front of it where
+  branches would go);
 - ``migrated_serial`` and ``hand_serial``: the same two without ``dynamic_batching``
   (``migrate --no-dynamic-batching``): one request per ``execute``, so their throughput
   at c=16 compares the router's own cost per request with the hand-written model's;
@@ -26,7 +27,7 @@ The benchmark repository is a copy of ``model_repository/`` with:
 Every request carries one held-out text (``THRESHOLD`` 0.5). perf_analyzer (gRPC, closed
 loop), in rounds with the model order rotated each round:
 
-1. ``ensemble``, ``migrated``, ``hand_pipeline``, ``hand_ensemble`` and ``front_ensemble`` at
+1. ``ensemble``, ``migrated``, ``hand_pipeline``, ``hand_ensemble`` and ``migrated_whole`` at
    c=1 and c=16;
 2. at c=16, ``skip_half``, ``skip_never``, ``tokenizer`` alone (the texts) and ``classifier``
    alone (the texts tokenized, each at its own length: :func:`lab.bench.floor.classifier_input_json`);
@@ -40,7 +41,7 @@ decide it at this run's spread):
 - ``migrated`` p50 at c=1 at most :data:`P50_GOAL` x ``ensemble``'s; beside it, decided
   against the same goal, ``hand_ensemble``'s (where its interval lies above the goal, no
   Python-backend router in front of the ensemble can meet it on this stack) and
-  ``front_ensemble``'s;
+  ``migrated_whole``'s;
 - ``migrated_serial`` throughput at c=16 at least :data:`THROUGHPUT_GOAL` x ``hand_serial``'s
   (the router's own cost per request: reported beside the goals, decided the same way);
 - ``skip_half`` throughput at c=16 at least :data:`COST_GOAL` x the cost model's prediction
@@ -74,11 +75,11 @@ from lab.bench.plan import REPO, Spec
 from lab.bench.report import PIPELINE_END, PIPELINE_START
 
 MIGRATED, HAND, ENSEMBLE = "migrated", "hand_pipeline", "ensemble"
-FLOOR, FRONT = "hand_ensemble", "front_ensemble"
+FLOOR, WHOLE = "hand_ensemble", "migrated_whole"
 MIGRATED_SERIAL, HAND_SERIAL = "migrated_serial", "hand_serial"
 SERIAL_MODELS = (MIGRATED_SERIAL, HAND_SERIAL)
 SKIP, NEVER, FIRST, SECOND = "skip_half", "skip_never", "tokenizer", "classifier"
-SIDE_MODELS = (ENSEMBLE, MIGRATED, HAND, FLOOR, FRONT)
+SIDE_MODELS = (ENSEMBLE, MIGRATED, HAND, FLOOR, WHOLE)
 COST_MODELS = (SKIP, NEVER, FIRST, SECOND)
 CONCURRENCIES = (1, 16)
 COST_CONCURRENCY = 16
@@ -89,7 +90,7 @@ P50_GOAL = 1.10
 #: ``skip_half`` throughput at c=16 over its cost model's prediction: at least.
 COST_GOAL = 0.9
 ROUNDS = 8
-DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", FLOOR: "texts", FRONT: "texts", SKIP: "texts", NEVER: "texts",
+DATASETS = {ENSEMBLE: "texts", MIGRATED: "texts", HAND: "texts", FLOOR: "texts", WHOLE: "texts", SKIP: "texts", NEVER: "texts",
             FIRST: "text_only", SECOND: "tokens", MIGRATED_SERIAL: "texts", HAND_SERIAL: "texts"}
 COMMAND = "python -m lab.bench.pipeline"
 
@@ -150,7 +151,7 @@ def goals(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Dict
     serial = pair_ratios(measurements, MIGRATED_SERIAL, HAND_SERIAL, 16, "throughput")
     p50 = pair_ratios(measurements, MIGRATED, ENSEMBLE, 1, "p50_ms")
     floor = pair_ratios(measurements, FLOOR, ENSEMBLE, 1, "p50_ms")
-    front = pair_ratios(measurements, FRONT, ENSEMBLE, 1, "p50_ms")
+    whole = pair_ratios(measurements, WHOLE, ENSEMBLE, 1, "p50_ms")
     cost = [r["ratio"] for r in round_cost_models(measurements, share)]
     return {name: {**decide(values, goal, at_most), "per_round": [round(v, 3) for v in values]}
             for name, values, goal, at_most in (("throughput_c16_vs_hand", thr, THROUGHPUT_GOAL, False),
@@ -158,7 +159,7 @@ def goals(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Dict
                                                 ("skip_vs_cost_model", cost, COST_GOAL, False),
                                                 ("serial_c16_vs_hand", serial, THROUGHPUT_GOAL, False),
                                                 ("floor_p50_c1_vs_ensemble", floor, P50_GOAL, True),
-                                                ("front_p50_c1_vs_ensemble", front, P50_GOAL, True))}
+                                                ("whole_p50_c1_vs_ensemble", whole, P50_GOAL, True))}
 
 
 def cost_medians(measurements: Sequence[Mapping[str, Any]], share: float = 0.5) -> Optional[Dict[str, float]]:
@@ -197,13 +198,6 @@ def skip_policy(split: Optional[int]) -> Dict[str, Any]:
          "outputs": {"input_ids": "input_ids", "attention_mask": "attention_mask"}}, second]}}
 
 
-def front_policy() -> Dict[str, Any]:
-    """``front_ensemble``'s policy: one step calling ``ensemble`` with the request's inputs."""
-    return {"version": 1, "ignored_parameters": ["*"], "pipeline": {"outputs": ["VERDICTS", "PROBABILITIES"], "steps": [
-        {"kind": "step", "name": ENSEMBLE, "model": ENSEMBLE, "inputs": {"TEXT": "TEXT", "THRESHOLD": "THRESHOLD"},
-         "outputs": {"PROBABILITIES": "PROBABILITIES", "VERDICTS": "VERDICTS"}}]}}
-
-
 SKIP_CONFIG = '''name: "{name}"
 backend: "python"
 max_batch_size: 64
@@ -231,7 +225,7 @@ def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
 
     make_bench_repository(dest, repo, variants={HAND: {"source": "lab/bench/hand_pipeline"},
                                                 FLOOR: {"source": "lab/bench/hand_ensemble"}})
-    for name, extra in ((MIGRATED, []), (MIGRATED_SERIAL, ["--no-dynamic-batching"])):
+    for name, extra in ((MIGRATED, []), (MIGRATED_SERIAL, ["--no-dynamic-batching"]), (WHOLE, ["--call-ensemble"])):
         if cli(["migrate", str(dest / ENSEMBLE), "--name", name, "--repo", str(dest), *extra]) != 0:
             raise BenchError("orchestrator migrate failed on the benchmark repository's ensemble")
     shutil.copytree(dest / HAND, dest / HAND_SERIAL)
@@ -239,11 +233,6 @@ def make_pipeline_repository(dest: Path, split: int, repo: Path = REPO) -> Path:
     serial.name = HAND_SERIAL
     serial.ClearField("dynamic_batching")
     write_config(dest / HAND_SERIAL / "config.pbtxt", serial, ["# hand_pipeline without dynamic_batching: one request per execute"])
-    shutil.copytree(dest / MIGRATED, dest / FRONT)
-    front = read_config(dest / FRONT / "config.pbtxt")
-    front.name = FRONT
-    write_config(dest / FRONT / "config.pbtxt", front, ["# the migrated router's configuration; its policy calls the ensemble in one step"])
-    (dest / FRONT / "policy.yaml").write_text(yaml.safe_dump(front_policy(), sort_keys=False))
     for name, when in ((SKIP, split), (NEVER, None)):
         (dest / name / "1").mkdir(parents=True)
         (dest / name / "1" / "model.py").write_text(MODEL_PY)
@@ -300,7 +289,7 @@ def render_section(r: Mapping[str, Any]) -> str:
           f"Per round: {', '.join(map(str, g['p50_c1_vs_ensemble']['per_round']))}."]
     for key, model, what in (("floor_p50_c1_vs_ensemble", FLOOR, "one BLS call to the ensemble, nothing else: the floor of any "
                               "Python-backend model in front of it"),
-                             ("front_p50_c1_vs_ensemble", FRONT, "the router calling the ensemble in one step")):
+                             ("whole_p50_c1_vs_ensemble", WHOLE, "the router calling the ensemble whole: `migrate --call-ensemble`")):
         if key in g:
             L.append(f"- `{model}` ({what}) p50 at c=1 against the same goal: {_fmt_decision(g[key])}. "
                      f"Per round: {', '.join(map(str, g[key]['per_round']))}.")

@@ -25,7 +25,9 @@ made a router model.
    - one version directory per version directory of the ensemble, each with the one-line
      ``model.py`` of every router;
    - the label files the outputs name, copied;
-   - ``policy.yaml``: a pipeline policy with one ``step`` node per ensemble step (model,
+   - ``policy.yaml``: with ``--call-ensemble``, one ``step`` calling the ensemble itself
+     (:func:`whole_policy`: one BLS round trip per request; the ensemble must stay served,
+     under its own name); else a pipeline policy with one ``step`` node per ensemble step (model,
      pinned version, ``inputs`` = ``input_map``, ``outputs`` = ``output_map``; every request
      parameter forwarded, as the ensemble forwards them; where the router has
      ``max_batch_size: 0`` and a step's model batches, every step's ``model_dims``: its
@@ -69,7 +71,7 @@ EMBEDDED = "embedded"
 MODEL_PY = ('"""Triton Python-backend adapter; the implementation is orchestrator.runtime.serving.router."""\n\n'
             "from orchestrator.runtime.serving.router import TritonPythonModel  # noqa: F401\n")
 
-__all__ = ["MigrateError", "Migration", "plan_migration", "router_config", "pipeline_policy", "write_router",
+__all__ = ["MigrateError", "Migration", "plan_migration", "router_config", "pipeline_policy", "whole_policy", "write_router",
            "migrate", "add_migrate_arguments", "migrate_command"]
 
 
@@ -180,11 +182,31 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
     }
 
 
+def whole_policy(ensemble: RepoModel, outputs: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """The policy of a router that calls ``ensemble`` as it is, in one ``step`` (``migrate
+    --call-ensemble``): every input and output of the ensemble under its own name,
+    ``pipeline.outputs`` as in :func:`pipeline_policy`. One BLS round trip per request
+    instead of one per step; the ensemble stays served and runs its steps itself."""
+    config = ensemble.config
+    order = list(outputs) if outputs is not None else response_order([o.name for o in config.output])
+    step = {"kind": "step", "name": ensemble.name, "model": ensemble.name,
+            "inputs": {i.name: i.name for i in config.input}, "outputs": {o.name: o.name for o in config.output}}
+    return {
+        "version": 1,
+        "description": f"Migrated from the ensemble '{ensemble.name}' by orchestrator migrate --call-ensemble: "
+                       "the ensemble called whole, in one step.",
+        "ignored_parameters": ["*"],
+        "pipeline": {"outputs": order, "steps": [step]},
+    }
+
+
 def plan_migration(ensemble_dir: Path, name: str, config_name: Optional[str] = "embedded",
-                   outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True) -> Migration:
+                   outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True,
+                   call_ensemble: bool = False) -> Migration:
     """Check the ensemble in ``ensemble_dir`` (its repository: the directory's parent) and
     make what ``migrate`` writes for a router named ``name`` (``dynamic_batching``:
-    :func:`router_config`).
+    :func:`router_config`; ``call_ensemble``: :func:`whole_policy` instead of one step per
+    ensemble step).
 
     Raises:
         MigrateError: Triton refuses the ensemble (its reason), or a step is decoupled.
@@ -203,7 +225,10 @@ def plan_migration(ensemble_dir: Path, name: str, config_name: Optional[str] = "
     for label in labels:
         if not (ensemble.directory / label).is_file():
             raise MigrateError(f"output label file {label} is not in {ensemble.directory} (Triton fails the ensemble's load)")
-    return Migration(ensemble, name, config, pipeline_policy(ensemble, repo, outputs), versions, labels)
+    if call_ensemble and name == ensemble.name:
+        raise MigrateError(f"--call-ensemble: the router calls the ensemble '{ensemble.name}', so it needs another name")
+    policy = whole_policy(ensemble, outputs) if call_ensemble else pipeline_policy(ensemble, repo, outputs)
+    return Migration(ensemble, name, config, policy, versions, labels)
 
 
 def write_router(migration: Migration, repo: Path) -> Path:
@@ -253,10 +278,11 @@ def check_offline(model_dir: Path, repo: Path, config_name: Optional[str] = "emb
 
 
 def migrate(ensemble_dir: Path, name: str, repo: Path, config_name: Optional[str] = "embedded",
-            outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True) -> Migration:
+            outputs: Optional[Sequence[str]] = None, dynamic_batching: bool = True,
+            call_ensemble: bool = False) -> Migration:
     """:func:`plan_migration` then :func:`write_router`; nothing is written when the plan
     is refused. Returns the migration."""
-    migration = plan_migration(ensemble_dir, name, config_name, outputs, dynamic_batching)
+    migration = plan_migration(ensemble_dir, name, config_name, outputs, dynamic_batching, call_ensemble)
     write_router(migration, repo)
     return migration
 
@@ -272,6 +298,9 @@ def add_migrate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-dynamic-batching", dest="dynamic_batching", action="store_false",
                         help="write no dynamic_batching in the router's config.pbtxt: one request per execute "
                              "(by default a batching ensemble's router batches: see the guide)")
+    parser.add_argument("--call-ensemble", action="store_true",
+                        help="a policy of one step calling the ensemble as it is (one BLS round trip per request "
+                             "instead of one per step; the ensemble stays served): see the guide")
     parser.add_argument("--check", metavar="URL", default=None,
                         help="a running server (host:port) serving the ensemble and REPO, or 'embedded' (the embedded "
                              "Triton on REPO, started and stopped here; the 'serve' extra): probe the ensemble's output "
@@ -292,7 +321,8 @@ def migrate_command(args: argparse.Namespace) -> int:
 
     repo = Path(args.repo).resolve()
     try:  # refused before a server starts: Triton's reason, not a failed start
-        plan_migration(Path(args.ensemble_dir), args.name, args.model_config_name or None)
+        plan_migration(Path(args.ensemble_dir), args.name, args.model_config_name or None,
+                       call_ensemble=args.call_ensemble)
     except (MigrateError, ConfigError) as exc:
         print(f"error: {args.ensemble_dir}: {exc}", file=sys.stderr)
         return 1
@@ -312,7 +342,8 @@ def _migrate(args: argparse.Namespace, check_url: Optional[str]) -> int:
     config_name = args.model_config_name or None
     ensemble_dir, repo = Path(args.ensemble_dir), Path(args.repo)
     try:
-        migration = plan_migration(ensemble_dir, args.name, config_name, dynamic_batching=args.dynamic_batching)
+        migration = plan_migration(ensemble_dir, args.name, config_name, dynamic_batching=args.dynamic_batching,
+                                   call_ensemble=args.call_ensemble)
     except (MigrateError, ConfigError) as exc:
         print(f"error: {ensemble_dir}: {exc}", file=sys.stderr)
         return 1
@@ -330,7 +361,8 @@ def _migrate(args: argparse.Namespace, check_url: Optional[str]) -> int:
         if order != migration.outputs:
             print(f"the live ensemble answers {', '.join(order)} (the rule gave {', '.join(migration.outputs)}): "
                   "using the live order")
-            migration = plan_migration(ensemble_dir, args.name, config_name, order, args.dynamic_batching)
+            migration = plan_migration(ensemble_dir, args.name, config_name, order, args.dynamic_batching,
+                                       args.call_ensemble)
     try:
         target = write_router(migration, repo)
     except (MigrateError, OSError) as exc:

@@ -113,7 +113,8 @@ def _text_requests(texts, batch, seed=5):
 
 @pytest.fixture(scope="module")
 def shipped(tmp_path_factory):
-    """The shipped repository with ``ensemble`` migrated to ``ensemble_bls``, served."""
+    """The shipped repository with ``ensemble`` migrated to ``ensemble_bls`` (one call per
+    step) and to ``ensemble_whole`` (``--call-ensemble``: the ensemble called in one step), served."""
     from orchestrator.tooling.cli import main
     from tests.helpers import REPO
 
@@ -121,7 +122,9 @@ def shipped(tmp_path_factory):
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*",
                                                               "env.pbtxt"))
     assert main(["migrate", str(repo / "ensemble"), "--name", "ensemble_bls", "--repo", str(repo)]) == 0
-    with TritonServer(repo, models=["tokenizer", "classifier", "postprocess", "ensemble", "ensemble_bls"]) as server:
+    assert main(["migrate", str(repo / "ensemble"), "--name", "ensemble_whole", "--repo", str(repo), "--call-ensemble"]) == 0
+    with TritonServer(repo, models=["tokenizer", "classifier", "postprocess", "ensemble", "ensemble_bls",
+                                    "ensemble_whole"]) as server:
         yield server, repo
 
 
@@ -134,16 +137,17 @@ def held_out_texts():
     return texts
 
 
+@pytest.mark.parametrize("router", ["ensemble_bls", "ensemble_whole"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("batch", [1, 64])
-def test_the_migrated_shipped_ensemble_is_byte_identical(shipped, held_out_texts, protocol, batch):
+def test_the_migrated_shipped_ensemble_is_byte_identical(shipped, held_out_texts, protocol, batch, router):
     server, _ = shipped
     for index, request in enumerate(_text_requests(held_out_texts, batch)):
-        _same(infer(server, protocol, "ensemble", request), infer(server, protocol, "ensemble_bls", request),
+        _same(infer(server, protocol, "ensemble", request), infer(server, protocol, router, request),
               (protocol, batch, index))
     some = next(_text_requests(held_out_texts, batch))
     for outputs in (["PROBABILITIES"], ["VERDICTS"], ["PROBABILITIES", "VERDICTS"]):
-        _same(infer(server, protocol, "ensemble", some, outputs), infer(server, protocol, "ensemble_bls", some, outputs),
+        _same(infer(server, protocol, "ensemble", some, outputs), infer(server, protocol, router, some, outputs),
               outputs)
 
 
@@ -170,10 +174,12 @@ def test_the_migrated_shipped_ensemble_on_the_mock(shipped, held_out_texts):
     with MockTriton(repo) as mock:
         mock.load("ensemble")
         mock.load("ensemble_bls")
+        mock.load("ensemble_whole")
         for batch in (1, 64):
             for index, request in enumerate(_text_requests(texts, batch)):
                 ens = list(mock.infer("ensemble", request).items())
                 _same(ens, list(mock.infer("ensemble_bls", request).items()), ("mock", batch, index))
+                _same(ens, list(mock.infer("ensemble_whole", request).items()), ("mock, whole", batch, index))
                 if index % 16 == 0:
                     _same(ens, infer(server, "http", "ensemble", request), ("mock = server", batch, index))
 

@@ -27,8 +27,8 @@ def rounds_of(n, hand=100.0, migrated=96.0, ens_p50=10.0, mig_p50=10.5, skip=Non
                 m("tokenizer", 16, r, 500.0, 5.0), m("classifier", 16, r, 1000.0 / 6, 5.0),
                 m("skip_never", 16, r, 100.0, 5.0), m("skip_half", 16, r, skip if skip is not None else 1000.0 / 7, 5.0),
                 m("migrated_serial", 16, r, 80.0, 40.0), m("hand_serial", 16, r, 100.0, 32.0),
-                m("hand_ensemble", 1, r, 50.0, floor_p50), m("front_ensemble", 1, r, 50.0, front_p50),
-                m("hand_ensemble", 16, r, 90.0, 30.0), m("front_ensemble", 16, r, 85.0, 30.0)]
+                m("hand_ensemble", 1, r, 50.0, floor_p50), m("migrated_whole", 1, r, 50.0, front_p50),
+                m("hand_ensemble", 16, r, 90.0, 30.0), m("migrated_whole", 16, r, 85.0, 30.0)]
     return out
 
 
@@ -36,7 +36,7 @@ def test_the_plan_rotates_the_models_each_round():
     specs = P.plan(3)
     assert len(specs) == 3 * (5 * 2 + 4 + 2)
     first = [(s.model, s.concurrency) for s in specs if s.round == 0]
-    side = ["ensemble", "migrated", "hand_pipeline", "hand_ensemble", "front_ensemble"]
+    side = ["ensemble", "migrated", "hand_pipeline", "hand_ensemble", "migrated_whole"]
     assert first[:10] == [(x, 1) for x in side] + [(x, 16) for x in side]
     assert [s.model for s in specs if s.round == 1 and s.section == "pipeline"][:5] == side[1:] + side[:1]
     assert [s.model for s in specs if s.round == 1 and s.section == "cost"] == ["skip_never", "tokenizer", "classifier", "skip_half"]
@@ -44,7 +44,7 @@ def test_the_plan_rotates_the_models_each_round():
     assert [s.model for s in specs if s.section == "serial"] == ["migrated_serial", "hand_serial", "hand_serial",
                                                                  "migrated_serial", "migrated_serial", "hand_serial"]
     assert {s.model: s.dataset for s in specs} == {"ensemble": "texts", "migrated": "texts", "hand_pipeline": "texts",
-                                                  "hand_ensemble": "texts", "front_ensemble": "texts",
+                                                  "hand_ensemble": "texts", "migrated_whole": "texts",
                                                   "skip_half": "texts", "skip_never": "texts", "tokenizer": "text_only",
                                                   "classifier": "tokens", "migrated_serial": "texts", "hand_serial": "texts"}
 
@@ -94,7 +94,7 @@ def test_goals_met_not_met_and_undecided_with_rounds_to_decide():
     assert g["skip_vs_cost_model"]["verdict"] == "met" and g["skip_vs_cost_model"]["median"] == 1.0
     assert g["serial_c16_vs_hand"]["verdict"] == "not met" and g["serial_c16_vs_hand"]["median"] == 0.8
     assert g["floor_p50_c1_vs_ensemble"]["verdict"] == "not met" and g["floor_p50_c1_vs_ensemble"]["median"] == 1.2
-    assert g["front_p50_c1_vs_ensemble"]["per_round"] == [1.3] * 8
+    assert g["whole_p50_c1_vs_ensemble"]["per_round"] == [1.3] * 8
     assert P.goals(rounds_of(8, floor_p50=10.5))["floor_p50_c1_vs_ensemble"]["verdict"] == "met"
     bad = P.goals(rounds_of(8, migrated=90.0, mig_p50=12.0, skip=100.0))
     assert [bad[k]["verdict"] for k in ("throughput_c16_vs_hand", "p50_c1_vs_ensemble", "skip_vs_cost_model")] == [
@@ -125,16 +125,16 @@ def test_the_benchmark_repository_serves_the_models_side_by_side(tmp_path):
     floor = read_config(repo / "hand_ensemble" / "config.pbtxt")
     assert floor.name == "hand_ensemble" and floor.HasField("dynamic_batching")
     assert "model_name=\"ensemble\"" in (repo / "hand_ensemble" / "1" / "model.py").read_text()
-    front = yaml.safe_load((repo / "front_ensemble" / "policy.yaml").read_text())
-    assert [(s["model"], s["inputs"], s["outputs"]) for s in front["pipeline"]["steps"]] == [
+    whole = yaml.safe_load((repo / "migrated_whole" / "policy.yaml").read_text())
+    assert [(s["model"], s["inputs"], s["outputs"]) for s in whole["pipeline"]["steps"]] == [
         ("ensemble", {"TEXT": "TEXT", "THRESHOLD": "THRESHOLD"}, {"PROBABILITIES": "PROBABILITIES", "VERDICTS": "VERDICTS"})]
-    assert read_config(repo / "front_ensemble" / "config.pbtxt").name == "front_ensemble"
+    assert read_config(repo / "migrated_whole" / "config.pbtxt").HasField("dynamic_batching")
     skip = yaml.safe_load((repo / "skip_half" / "policy.yaml").read_text())
     assert skip["pipeline"]["steps"][1]["when"] == {"shape": {"tensor": "input_ids", "dim": -1, "op": "gt", "value": 21}}
     assert skip["pipeline"]["steps"][1]["omit"] == ["logits"] and skip["pipeline"]["steps"][1]["scope"] == "request"
     assert "when" not in yaml.safe_load((repo / "skip_never" / "policy.yaml").read_text())["pipeline"]["steps"][1]
     from orchestrator.tooling.cli import main
-    for name in ("skip_half", "skip_never", "migrated", "migrated_serial", "front_ensemble"):
+    for name in ("skip_half", "skip_never", "migrated", "migrated_serial", "migrated_whole"):
         assert main(["policy", "check", str(repo / name / "policy.yaml"), "--repo", str(repo)]) == 0, name
 
 
@@ -154,4 +154,4 @@ def test_the_section_renders_the_goals_and_is_kept_across_runs():
     assert "`migrated_serial` throughput at least 0.95x `hand_serial`'s: median 0.8x over 8 rounds" in text
     assert "`hand_ensemble` (one BLS call to the ensemble, nothing else: the floor of any Python-backend model in front of it) " \
            "p50 at c=1 against the same goal: median 1.2x over 8 rounds" in text
-    assert "| 1 | `front_ensemble` | 50.0 | 13.0 | 26.0 |" in text
+    assert "| 1 | `migrated_whole` | 50.0 | 13.0 | 26.0 |" in text

@@ -179,9 +179,11 @@ def test_the_guides_check_report_is_what_check_prints():
 
 
 def test_the_guides_policy_is_what_migrate_writes():
-    (shown,) = [b for b in _blocks("yaml") if "pipeline:" in b]
+    shown, whole = [b for b in _blocks("yaml") if "pipeline:" in b]
     written = plan_migration(REPO / "ensemble", "ensemble_bls").policy
     assert {k: v for k, v in written.items() if k != "description"} == yaml.safe_load(shown)
+    assert plan_migration(REPO / "ensemble", "ensemble_whole", call_ensemble=True).policy["pipeline"] == \
+        yaml.safe_load(whole)["pipeline"]
 
 
 def test_policy_check_finds_what_the_router_or_triton_would_refuse(nested, tmp_path, capsys):
@@ -233,3 +235,28 @@ def test_the_guides_before_block_is_the_shipped_ensemble():
         assert f"{io.name} ({dtype(io.data_type)} [{', '.join(map(str, io.dims))}]" in before, io.name
     assert f"max_batch_size: {config.max_batch_size}" in before
     assert f"step [ {', '.join(s.model_name for s in config.ensemble_scheduling.step)} ]" in before
+
+
+def test_call_ensemble_writes_one_step_calling_the_ensemble_whole(nested, tmp_path):
+    """``--call-ensemble``: the same configuration, one step whose inputs and outputs are the
+    ensemble's own, the outputs in the order the step-by-step policy gives them."""
+    assert main(["migrate", str(nested), "--name", "whole", "--repo", str(tmp_path), "--model-config-name", "",
+                 "--call-ensemble"]) == 0
+    policy = yaml.safe_load((tmp_path / "whole" / "policy.yaml").read_text())
+    assert policy["pipeline"]["steps"] == [{"kind": "step", "name": "ens", "model": "ens", "inputs": {"data": "data"},
+                                            "outputs": {"prob": "prob", "aux": "aux"}}]
+    steps = plan_migration(nested, "steps", config_name=None)
+    assert policy["pipeline"]["outputs"] == steps.policy["pipeline"]["outputs"]
+    whole = read_config(tmp_path / "whole" / "config.pbtxt")
+    assert whole.input == steps.config.input and whole.output == steps.config.output
+    assert whole.version_policy == steps.config.version_policy
+    assert sorted(p.name for p in (tmp_path / "whole").iterdir()) == ["1", "3", "config.pbtxt", "labels.txt", "policy.yaml"]
+
+
+def test_call_ensemble_under_the_ensembles_own_name_is_refused(nested, tmp_path, capsys):
+    """A router named as the ensemble it calls would call itself: refused, nothing written."""
+    out = tmp_path / "out"
+    assert main(["migrate", str(nested), "--name", "ens", "--repo", str(out), "--model-config-name", "",
+                 "--call-ensemble"]) == 1
+    assert "needs another name" in capsys.readouterr().err
+    assert not out.exists()

@@ -451,15 +451,15 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
         L += ["", "| model | c_fast, ms/text | c_accurate, ms/text | e | router's own, ms/text | predicted, infer/s | "
               "measured, infer/s | measured / predicted |", "|---|---|---|---|---|---|---|---|",
               f"| per stage | {med['c_fast_ms']} | {med['c_accurate_ms']} | {cm['e']} | {med['o_first_ms']} + e * "
-              f"{med['o_escalated_ms']} | {med['predicted']} | {med['measured']} | {cm['goal']['median']}x |"]
+              f"{med['o_escalated_ms']} | {med['predicted']} | {med['measured']} | {_x(cm['goal']['median'])} |"]
         if old:
             L.append(f"| one constant | {old['c_fast_ms']} | {old['c_accurate_ms']} | {cm['e']} | {old['overhead_ms']} | "
-                     f"{old['predicted']} | {old['measured']} | {cm['one_constant']['goal']['median']}x |")
+                     f"{old['predicted']} | {old['measured']} | {_x(cm['one_constant']['goal']['median'])} |")
         L += ["", "(Medians over the rounds of each round's figures; the ratio is the median of the per-round ratios.)", "",
               f"- The shipped router at least {COST_MODEL_GOAL}x its cost model's prediction at c=16 (per stage): "
               f"{_fmt_decision(cm['goal'])}. Per round: {', '.join(map(str, cm['goal']['per_round']))}."]
         if old:
-            L.append(f"- The model before the parts (one constant), not judged: {cm['one_constant']['goal']['median']}x; "
+            L.append(f"- The model before the parts (one constant), not judged: {_x(cm['one_constant']['goal']['median'])}; "
                      f"per round: {', '.join(map(str, cm['one_constant']['goal']['per_round']))}.")
     else:
         L += ["", "No round measured every model the cost model needs: not computed."]

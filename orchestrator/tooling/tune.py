@@ -656,15 +656,6 @@ def _tune_margin(head: Head, cascade: CascadeNode, stages: Sequence[Stage], answ
     return entry, note
 
 
-def _check_overhead_arguments(first_ms: Optional[float], stages_ms: Optional[Sequence[float]],
-                              shares: Optional[Sequence[float]]) -> None:
-    """Raises TuneError: stage parts without the first, or not two distinct shares in [0, 1]."""
-    if stages_ms is not None and first_ms is None:
-        raise TuneError("--router-stage-overhead-ms: give --router-overhead-ms (the router's milliseconds per text) with it")
-    if shares is not None and (len(set(shares)) < 2 or not all(0.0 <= x <= 1.0 for x in shares)):
-        raise TuneError(f"--overhead-shares {' '.join(f'{x:g}' for x in shares)}: give at least two distinct shares in [0, 1]")
-
-
 def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str = "accuracy>=last",
          chunk_target: str = "accuracy>=last", report_data: Optional[str] = None, out: Optional[Path] = None,
          write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS, url: Optional[str] = None,
@@ -691,7 +682,9 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
 
     policy_path = Path(policy_path)
     goal, chunk_goal = parse_target(target), parse_target(chunk_target)
-    _check_overhead_arguments(router_overhead_ms, router_stage_overhead_ms, overhead_shares)
+    from orchestrator.tooling.tune_throughput import check_overhead_arguments
+
+    check_overhead_arguments(router_overhead_ms, router_stage_overhead_ms, overhead_shares)
     if chunk_goal.measure == "noninferior":
         raise TuneError(f"--chunk-target {chunk_target!r}: noninferior is a cascade target; use accuracy>=... or agreement>=...")
     try:
@@ -862,7 +855,7 @@ def render(r: Mapping[str, Any]) -> str:
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from orchestrator.tooling.tune_throughput import OVERHEAD_SHARES
+    from orchestrator.tooling.tune_throughput import add_url_arguments
 
     parser.add_argument("policy", type=Path, help="the policy file (its cascades and chunk nodes are tuned)")
     parser.add_argument("--data", required=True, help="labeled texts to tune on: .jsonl/TSV, or split:validation")
@@ -879,22 +872,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--write", action="store_true", help="edit the policy file itself (default: write OUT/policy.yaml)")
     parser.add_argument("--threshold", type=float, default=0.5, help="decision threshold of every text (default 0.5)")
     parser.add_argument("--long-texts", type=int, default=LONG_TEXTS, help="long texts of each kind (default %(default)s)")
-    parser.add_argument("--url", default=None,
-                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
-                             "and predict every point's; run the chosen point there if its router serves that margin")
-    parser.add_argument("--concurrency", type=int, default=16, help="--url: closed-loop clients (default %(default)s)")
-    parser.add_argument("--duration", type=float, default=5.0, help="--url: timed seconds per model (default %(default)s)")
-    parser.add_argument("--router-model", default=None,
-                        help="--url: the router serving the policy (default: the policy file's directory name)")
-    parser.add_argument("--router-overhead-ms", type=float, default=None,
-                        help="--url: the router's own milliseconds per text (o_1) to predict with, instead of fitting "
-                             "it on the router as served (e.g. one fitted on an earlier run)")
-    parser.add_argument("--router-stage-overhead-ms", type=float, nargs="+", default=None, metavar="MS",
-                        help="--url, with --router-overhead-ms: the router's extra milliseconds per text reaching each "
-                             "later stage (o_2 ...; one value per stage after the first; default 0 each)")
-    parser.add_argument("--overhead-shares", type=float, nargs="+", default=None, metavar="SHARE",
-                        help="--url: the escalated shares of the text lists the router's overhead is fitted from "
-                             f"(default {' '.join(f'{x:g}' for x in OVERHEAD_SHARES)})")
+    add_url_arguments(parser)
     return parser
 
 

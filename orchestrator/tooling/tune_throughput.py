@@ -71,6 +71,41 @@ FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alo
            "escalated share is known")
 
 
+def check_overhead_arguments(first_ms: Optional[float], stages_ms: Optional[Sequence[float]],
+                              shares: Optional[Sequence[float]]) -> None:
+    """``tune``'s overhead arguments checked before anything is measured.
+
+    Raises:
+        TuneError: stage parts without the first, or not two distinct shares in [0, 1].
+    """
+    from orchestrator.tooling.errors import TuneError
+
+    if stages_ms is not None and first_ms is None:
+        raise TuneError("--router-stage-overhead-ms: give --router-overhead-ms (the router's milliseconds per text) with it")
+    if shares is not None and (len(set(shares)) < 2 or not all(0.0 <= x <= 1.0 for x in shares)):
+        raise TuneError(f"--overhead-shares {' '.join(f'{x:g}' for x in shares)}: give at least two distinct shares in [0, 1]")
+
+
+def add_url_arguments(parser: Any) -> None:
+    """``orchestrator tune``'s ``--url`` options on ``parser`` (an ``argparse.ArgumentParser``)."""
+    parser.add_argument("--url", default=None,
+                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
+                             "and predict every point's; run the chosen point there if its router serves that margin")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="--url: closed-loop clients (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=DURATION_S, help="--url: timed seconds per model (default %(default)s)")
+    parser.add_argument("--router-model", default=None,
+                        help="--url: the router serving the policy (default: the policy file's directory name)")
+    parser.add_argument("--router-overhead-ms", type=float, default=None,
+                        help="--url: the router's own milliseconds per text (o_1) to predict with, instead of fitting "
+                             "it on the router as served (e.g. one fitted on an earlier run)")
+    parser.add_argument("--router-stage-overhead-ms", type=float, nargs="+", default=None, metavar="MS",
+                        help="--url, with --router-overhead-ms: the router's extra milliseconds per text reaching each "
+                             "later stage (o_2 ...; one value per stage after the first; default 0 each)")
+    parser.add_argument("--overhead-shares", type=float, nargs="+", default=None, metavar="SHARE",
+                        help="--url: the escalated shares of the text lists the router's overhead is fitted from "
+                             f"(default {' '.join(f'{x:g}' for x in OVERHEAD_SHARES)})")
+
+
 def parse_url(url: str) -> Tuple[str, str]:
     """``grpc://HOST:PORT``, ``http://HOST:PORT`` or ``HOST:PORT`` (HTTP) -> ``(protocol,
     "HOST:PORT")``.

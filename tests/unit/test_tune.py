@@ -508,7 +508,8 @@ def test_a_served_margin_that_escalates_nothing_leaves_the_stage_part_unmeasured
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.0)
     o = t["cascades"][0]["overhead"]
     assert o["source"] == "fitted" and len(calls) == 1 and o["parts_s"] == pytest.approx([0.001, 0.0])
-    assert "o_2 not measured" in o["notes"][0] and "O_2 not measured" not in "\n".join(_render(t))
+    assert "o_2 not measured" in o["notes"][0]
+    assert "none escalated: " in "\n".join(_render(t)) and " No tuning text reaches stage 2 at the served margin" in "\n".join(_render(t))
 
 
 def test_overhead_lists_mix_escalated_texts_evenly_and_separate_every_stage():

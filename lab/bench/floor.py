@@ -14,10 +14,15 @@ embedded server.
    ``classifier`` on the held-out texts tokenized, one text a request at its own length
    (:func:`classifier_input_json`, :data:`PAD_GROUP`): ``c_fast`` and ``c_accurate``, seconds per text
    (1 / throughput). ``e``: the shipped router's escalation rate on the held-out texts (its
-   ``ROUTE`` values: :func:`escalation`). ``overhead`` = 1/T(router_single) - c_accurate (the
-   router's own per-text cost). Predicted throughput of the shipped router =
-   1 / (c_fast + e * c_accurate + overhead); measured / predicted per round
-   (:func:`cost_model`), goal at least :data:`COST_MODEL_GOAL`.
+   ``ROUTE`` values: :func:`escalation`). The router's own cost has a part per text and a
+   part per escalated text (its second BLS call, tensors and answers): ``router_escalate_none``
+   and ``router_escalate_all`` (:data:`ESCALATION_VARIANTS`: the shipped router at margin 0
+   and 1) on the held-out texts give ``o_first`` = 1/T(none) - c_fast and ``o_escalated`` =
+   1/T(all) - 1/T(none) - c_accurate. Predicted throughput of the shipped router =
+   1 / (c_fast + o_first + e * (c_accurate + o_escalated)); measured / predicted per round
+   (:func:`stage_cost_model`), goal at least :data:`COST_MODEL_GOAL`. Beside it, the model
+   before the parts (:func:`cost_model`): one constant ``overhead`` = 1/T(router_single) -
+   c_accurate, predicted 1 / (c_fast + e * c_accurate + overhead), reported, not judged.
 3. **Load time** (:func:`load_times`, ``lab/load_time.py``'s rounds on this checkout): the
    router's and the tokenizer's load-to-ready time over the postprocess model's (the floor
    a Python model costs), medians of several fresh starts, goal at most :data:`LOAD_GOAL` x.
@@ -62,27 +67,41 @@ FLOOR_ROUNDS = 8
 #: overhead instead of to the classifiers.
 PAD_GROUP = 1
 FAST, ACCURATE = CLASSIFIERS
+#: The shipped router with its cascade escalating no text (margin 0) and every text (margin 1:
+#: every binary probability is strictly within 1 of its threshold): the per-stage cost model
+#: separates the router's own cost per text from its extra cost per escalated text with them
+#: (:func:`stage_cost_model`). Variants of :func:`lab.bench.variants.make_bench_repository`.
+NONE_ESCALATED, ALL_ESCALATED = "router_escalate_none", "router_escalate_all"
+ESCALATION_VARIANTS: Dict[str, dict] = {
+    NONE_ESCALATED: {"base": "router", "cascade_margins": {"cascade": 0.0}},
+    ALL_ESCALATED: {"base": "router", "cascade_margins": {"cascade": 1.0}},
+}
 
 
 def make_floor_repository(dest: Path, repo: Path = REPO) -> Path:
-    """The benchmark repository with ``router_single`` and ``hand_bls`` (``VARIANTS``)."""
+    """The benchmark repository with ``router_single`` and ``hand_bls`` (``VARIANTS``) and the
+    two routers of :data:`ESCALATION_VARIANTS`."""
     from lab.bench.plan import VARIANTS
     from lab.bench.variants import make_bench_repository
 
-    return make_bench_repository(dest, repo, variants={k: VARIANTS[k] for k in ("router_single", "hand_bls")})
+    return make_bench_repository(dest, repo, variants={**{k: VARIANTS[k] for k in ("router_single", "hand_bls")},
+                                                       **ESCALATION_VARIANTS})
 
 
 def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
                concurrencies: Sequence[int] = FLOOR_CONCURRENCIES) -> List[Spec]:
     """Per round: every model at every concurrency (model order rotated by one each round),
     then the two classifiers at :data:`COST_CONCURRENCY` (order alternating) on the
-    tokenized texts (dataset ``tokens``)."""
+    tokenized texts (dataset ``tokens``), then the two routers of :data:`ESCALATION_VARIANTS`
+    at :data:`COST_CONCURRENCY` (order alternating) on the held-out texts."""
     out: List[Spec] = []
     for r in range(rounds):
         order = list(models[r % len(models):]) + list(models[:r % len(models)])
         for c in concurrencies:
             out += [Spec("floor", m, "held_out", c, 1, r) for m in order]
         out += [Spec("cost", m, "tokens", COST_CONCURRENCY, 1, r) for m in (CLASSIFIERS if r % 2 == 0 else CLASSIFIERS[::-1])]
+        routers = list(ESCALATION_VARIANTS)
+        out += [Spec("cost", m, "held_out", COST_CONCURRENCY, 1, r) for m in (routers if r % 2 == 0 else routers[::-1])]
     return out
 
 
@@ -153,6 +172,29 @@ def cost_model(t_fast: float, t_accurate: float, t_single: float, t_router: floa
             "measured": t_router, "ratio": None if predicted is None else t_router / predicted}
 
 
+def stage_cost_model(t_fast: float, t_accurate: float, t_none: float, t_all: float, t_router: float,
+                     e: float) -> Dict[str, Any]:
+    """The cascade's cost model with the router's cost per stage, from throughputs (texts/s)
+    at one concurrency: ``c_fast`` = 1/t_fast, ``c_accurate`` = 1/t_accurate (s/text);
+    ``o_first`` = 1/t_none - c_fast (the router's own cost per text: ``t_none`` the router
+    escalating no text), ``o_escalated`` = 1/t_all - 1/t_none - c_accurate (its extra cost per
+    escalated text: ``t_all`` the router escalating every text); ``predicted`` = 1 / (c_fast +
+    o_first + e * (c_accurate + o_escalated)) (texts/s, None where that cost is not positive),
+    ``measured`` = t_router, ``ratio`` = measured / predicted.
+    Raises ValueError on a throughput that is not positive or ``e`` outside [0, 1]."""
+    if min(t_fast, t_accurate, t_none, t_all, t_router) <= 0:
+        raise ValueError("throughputs must be positive")
+    if not 0.0 <= e <= 1.0:
+        raise ValueError(f"escalation rate {e} outside [0, 1]")
+    c_fast, c_accurate = 1.0 / t_fast, 1.0 / t_accurate
+    o_first = 1.0 / t_none - c_fast
+    o_escalated = 1.0 / t_all - 1.0 / t_none - c_accurate
+    cost = c_fast + o_first + e * (c_accurate + o_escalated)
+    predicted = 1.0 / cost if cost > 0 else None
+    return {"c_fast": c_fast, "c_accurate": c_accurate, "o_first": o_first, "o_escalated": o_escalated,
+            "predicted": predicted, "measured": t_router, "ratio": None if predicted is None else t_router / predicted}
+
+
 def _by_round(measurements: Sequence[Mapping[str, Any]], model: str, concurrency: int) -> Dict[int, Mapping[str, Any]]:
     return {int(m["round"]): m for m in measurements
             if not m.get("error") and m["model"] == model and int(m["concurrency"]) == concurrency}
@@ -174,6 +216,18 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
     rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
     return [{"round": r, **cost_model(tables[FAST][r]["throughput"], tables[ACCURATE][r]["throughput"],
                                       tables["router_single"][r]["throughput"], tables["router"][r]["throughput"], e)}
+            for r in rounds]
+
+
+def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
+                            concurrency: int = COST_CONCURRENCY) -> List[Dict[str, Any]]:
+    """:func:`stage_cost_model` of each round in which the classifiers, the two routers of
+    :data:`ESCALATION_VARIANTS` and ``router`` were all measured at ``concurrency``, with its
+    ``round``."""
+    tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, NONE_ESCALATED, ALL_ESCALATED, "router")}
+    rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
+    return [{"round": r, **stage_cost_model(*(tables[m][r]["throughput"] for m in
+                                              (FAST, ACCURATE, NONE_ESCALATED, ALL_ESCALATED, "router")), e)}
             for r in rounds]
 
 
@@ -264,22 +318,26 @@ def floor_goals(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float]) -> Dict[str, Any]:
-    """Per-round cost models, their medians (c in ms/text) and the goal's decision, and the
-    router / ensemble throughput at c=16 (median of per-round ratios)."""
-    out: Dict[str, Any] = {"e": e, "rounds": [], "median": None, "goal": None}
+    """The cost model with the router's cost per stage (:func:`round_stage_cost_models`: its
+    per-round figures, their medians (ms/text) and the goal's decision) and, under
+    ``one_constant``, the model before the parts (:func:`round_cost_models`, the same), and
+    the router / ensemble throughput at c=16 (median of per-round ratios)."""
+    out: Dict[str, Any] = {"e": e, "rounds": [], "median": None, "goal": None,
+                           "one_constant": {"rounds": [], "median": None, "goal": None}}
     vs_ensemble = pair_ratios(measurements, "router", "ensemble", COST_CONCURRENCY, "throughput")
     out["router_vs_ensemble_c16"] = round(statistics.median(vs_ensemble), 3) if vs_ensemble else None
     if e is None:
         return out
-    rounds = [r for r in round_cost_models(measurements, e) if r["predicted"] is not None]
-    out["rounds"] = [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rounds]
-    if rounds:
-        med = {k: statistics.median(r[k] for r in rounds) for k in ("c_fast", "c_accurate", "overhead", "predicted", "measured")}
-        out["median"] = {"c_fast_ms": round(1000 * med["c_fast"], 3), "c_accurate_ms": round(1000 * med["c_accurate"], 3),
-                         "overhead_ms": round(1000 * med["overhead"], 3), "predicted": round(med["predicted"], 1),
-                         "measured": round(med["measured"], 1)}
-        out["goal"] = {**decide([r["ratio"] for r in rounds], COST_MODEL_GOAL, False),
-                       "per_round": [round(r["ratio"], 3) for r in rounds]}
+    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e), ("c_fast", "c_accurate", "o_first", "o_escalated")),
+                                (out["one_constant"], round_cost_models(measurements, e), ("c_fast", "c_accurate", "overhead"))):
+        rounds = [r for r in rounds if r["predicted"] is not None]
+        into["rounds"] = [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rounds]
+        if rounds:
+            med = {k: statistics.median(r[k] for r in rounds) for k in (*parts, "predicted", "measured")}
+            into["median"] = {**{f"{k}_ms": round(1000 * med[k], 3) for k in parts},
+                              "predicted": round(med["predicted"], 1), "measured": round(med["measured"], 1)}
+            into["goal"] = {**decide([r["ratio"] for r in rounds], COST_MODEL_GOAL, False),
+                            "per_round": [round(r["ratio"], 3) for r in rounds]}
     return out
 
 
@@ -382,18 +440,27 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              "c = 1 / throughput. "
              f"e: the shipped router's `ROUTE` values on the {esc.get('texts', 'n/a')} held-out texts "
              f"({esc.get('fast', 'n/a')} answered by `classifier_fast`, {esc.get('accurate', 'n/a')} escalated to "
-             f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). overhead = "
-             "1/T(`router_single`) - c_accurate; predicted = 1 / (c_fast + e * c_accurate + overhead); measured: "
-             "the shipped `router`'s throughput, all at c=16 in the same round.")
-    med = cm.get("median")
+             f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). The router's own cost "
+             f"per stage: `{NONE_ESCALATED}` and `{ALL_ESCALATED}` (the shipped router at margin 0 and 1) on the "
+             "held-out texts: o_first = 1/T(none) - c_fast, o_escalated = 1/T(all) - 1/T(none) - c_accurate; predicted = "
+             "1 / (c_fast + o_first + e * (c_accurate + o_escalated)). The model before the parts, beside it: one "
+             "overhead = 1/T(`router_single`) - c_accurate, predicted = 1 / (c_fast + e * c_accurate + overhead). "
+             "Measured: the shipped `router`'s throughput, all at c=16 in the same round.")
+    med, old = cm.get("median"), (cm.get("one_constant") or {}).get("median")
     if med:
-        L += ["", "| c_fast, ms/text | c_accurate, ms/text | e | overhead, ms/text | predicted, infer/s | "
-              "measured, infer/s | measured / predicted |", "|---|---|---|---|---|---|---|",
-              f"| {med['c_fast_ms']} | {med['c_accurate_ms']} | {cm['e']} | {med['overhead_ms']} | {med['predicted']} | "
-              f"{med['measured']} | {cm['goal']['median']}x |", "",
-              "(Medians over the rounds of each round's figures; the ratio is the median of the per-round ratios.)", "",
-              f"- The shipped router at least {COST_MODEL_GOAL}x its cost model's prediction at c=16: "
+        L += ["", "| model | c_fast, ms/text | c_accurate, ms/text | e | router's own, ms/text | predicted, infer/s | "
+              "measured, infer/s | measured / predicted |", "|---|---|---|---|---|---|---|---|",
+              f"| per stage | {med['c_fast_ms']} | {med['c_accurate_ms']} | {cm['e']} | {med['o_first_ms']} + e * "
+              f"{med['o_escalated_ms']} | {med['predicted']} | {med['measured']} | {_x(cm['goal']['median'])} |"]
+        if old:
+            L.append(f"| one constant | {old['c_fast_ms']} | {old['c_accurate_ms']} | {cm['e']} | {old['overhead_ms']} | "
+                     f"{old['predicted']} | {old['measured']} | {_x(cm['one_constant']['goal']['median'])} |")
+        L += ["", "(Medians over the rounds of each round's figures; the ratio is the median of the per-round ratios.)", "",
+              f"- The shipped router at least {COST_MODEL_GOAL}x its cost model's prediction at c=16 (per stage): "
               f"{_fmt_decision(cm['goal'])}. Per round: {', '.join(map(str, cm['goal']['per_round']))}."]
+        if old:
+            L.append(f"- The model before the parts (one constant), not judged: {_x(cm['one_constant']['goal']['median'])}; "
+                     f"per round: {', '.join(map(str, cm['one_constant']['goal']['per_round']))}.")
     else:
         L += ["", "No round measured every model the cost model needs: not computed."]
     L += [f"- Router / ensemble throughput at c=16 (median of per-round ratios): {_cell(cm.get('router_vs_ensemble_c16'), 'x')}."]
@@ -502,7 +569,8 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
     results: Dict[str, Any] = {
         "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
         "load_before": load_average(), "machine": machine_info(), "command": command, "quick": quick,
-        "rounds": rounds, "window_ms": window_ms, "models": [*FLOOR_MODELS, *CLASSIFIERS], "pad_group": PAD_GROUP}
+        "rounds": rounds, "window_ms": window_ms, "models": [*FLOOR_MODELS, *CLASSIFIERS, *ESCALATION_VARIANTS],
+        "pad_group": PAD_GROUP}
     binary = install_perf_analyzer()
     held_out = data.held_out_examples()
     texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
@@ -512,12 +580,14 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
         ids, pad = tokenize_held_out(texts, repo)
         inputs["tokens"] = Path(tmp) / "tokens.json"
         inputs["tokens"].write_text(json.dumps(classifier_input_json(ids, pad)))
-        with TritonServer(repo, models=["tokenizer", "postprocess", *CLASSIFIERS, *FLOOR_MODELS]) as server:
+        with TritonServer(repo, models=["tokenizer", "postprocess", *CLASSIFIERS, *FLOOR_MODELS,
+                                        *ESCALATION_VARIANTS]) as server:
             results["stack"] = read_stack(server, embedded=True)
             results["escalation"] = escalation(router_routes(server.grpc_url, texts))
             _log(f"[floor] escalation on {len(texts)} held-out texts: {results['escalation']}")
             measurements: List[Dict[str, Any]] = []
-            warm = {**{(m, "held_out"): 10.0 for m in FLOOR_MODELS}, **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
+            warm = {**{(m, "held_out"): 10.0 for m in (*FLOOR_MODELS, *ESCALATION_VARIANTS)},
+                    **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
             specs = floor_plan(rounds)
             for i, spec in enumerate(specs, 1):
                 m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,

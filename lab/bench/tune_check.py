@@ -14,9 +14,12 @@
 2. runs ``orchestrator tune`` on the copy's ``router/policy.yaml`` with ``--url``
    (:func:`orchestrator.tooling.tune.tune`, ``--data`` default ``split:validation``, ``--target``
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per
-   text ``c_i`` (its model alone in a closed loop), the router's own overhead per text ``o``
-   (the router's closed loop at the margin it serves, the shipped one), the share of the tuning
-   texts reaching each stage at every margin tune sweeps, and the chosen margin;
+   text ``c_i`` (its model alone in a closed loop), the router's own overhead parts ``o_1`` (per
+   text) and ``o_2`` (per escalated text), fitted from the router's closed loop at the margin it
+   serves (the shipped one) on two lists of the tuning texts with a known share escalated there
+   (:func:`orchestrator.tooling.tune_throughput.router_overhead`), the share of the tuning texts
+   reaching each stage at every margin tune sweeps, and the chosen margin (run by tune itself
+   when the router serves it);
 3. checks three operating points (:func:`choose_margins`): the chosen margin and the margins
    whose escalation shares are nearest :data:`SHARES` (0.2 and 0.6), or ``--margins``. Each is
    served by its own router variant ``router_margin_<m>`` (a copy of ``router`` whose cascade
@@ -26,23 +29,25 @@
    measured with the same closed loop on the same texts
    (:func:`orchestrator.tooling.tune_throughput.measure_router`);
 4. per point (:func:`checks`): predicted ``1 / (o + sum(e_i * c_i))``
-   (:func:`orchestrator.tooling.tune_throughput.predicted`) with tune's ``o``, measured,
-   measured/predicted and whether that is within :data:`TOLERANCE` (15%); and the point
-   predicted with the overhead measured at each other checked margin (``o_j`` =
-   :func:`orchestrator.tooling.tune_throughput.overhead_from` of point ``j``'s measurement).
-   An ``o`` measured at the point's own margin checks only that the measurement repeats; one
-   measured at another margin checks the model.
+   (:func:`orchestrator.tooling.tune_throughput.predicted`) with tune's fitted
+   ``o = o_1 + e * o_2`` (:func:`orchestrator.tooling.tune_throughput.overhead_at`), measured,
+   measured/predicted and whether that is within :data:`TOLERANCE` (15%). The fit ran on other
+   text lists than any point's, so every point checks the model. For comparison, the model
+   before the parts, one constant: the point predicted with the ``o`` implied by tune's own run
+   of the chosen point (where it ran: the constant tune measured before, at the margin served)
+   and with the ``o`` implied by each other checked point
+   (:func:`orchestrator.tooling.tune_throughput.overhead_from` of its measurement).
 
-Goal (:func:`verdict`): every check with an overhead measured at another margin within 15%:
-met or not met; not decided when a point could not be measured. One closed loop per point
-(no rounds): on a shared machine the figures say little.
+Goal (:func:`verdict`): every point within 15% with tune's fitted overhead: met or not met;
+not decided when a point could not be measured. The one-constant checks are counted beside it,
+not judged. One closed loop per point (no rounds): on a shared machine the figures say little.
 
 Units: throughput in texts (requests of one text) per second; costs and overheads in seconds
 per text in the arithmetic, milliseconds in the report. Writes ``<out>/bench/tune_check.json``
 and its section of ``<out>/benchmarks.md``.
 
 Errors: :class:`lab.bench.plan.BenchError` (a margin tune does not sweep, fewer than two
-margins, a router variant that does not serve its margin, no overhead measured);
+margins, a router variant that does not serve its margin, no overhead fitted);
 ``TuneError``/``ServerError`` from the tooling.
 """
 
@@ -182,15 +187,19 @@ def _check(reach: Sequence[float], costs: Sequence[float], overhead_s: float, me
 def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """Each point checked (module docstring, step 4). ``points``: ``{"margin", "role",
     "escalation_rate", "reach" (share of texts per stage), "router" (its closed loop:
-    ``measure_router``), "warmup" (optional: the untimed loop before it, kept as it is)}``; ``costs``: the stages' seconds per text; ``overhead``: tune's
-    (``{"overhead_s", "margin"}``).
+    ``measure_router``), "warmup" (optional: the untimed loop before it, kept as it is)}``;
+    ``costs``: the stages' seconds per text; ``overhead``: tune's (``{"parts_s"}``, and
+    ``"constant_s"``, ``"constant_margin"`` where tune ran its chosen point: the one constant
+    that run implies).
 
     Returns per point: the point's fields and ``measured`` (texts/s), ``requests``,
     ``errors``; with requests, ``implied_overhead_s`` (:func:`overhead_from` of its
-    measurement), ``tune`` (:func:`_check` with tune's ``o``, ``overhead_margin``,
+    measurement), ``tune`` (:func:`_check` with tune's fitted overhead at the point's reach),
+    ``constant`` (with tune's one constant, where there is one; ``overhead_margin``,
     ``same_margin``) and ``others`` (one check per other measured point, with that point's
     implied overhead and margin); without, ``error``."""
     out: List[Dict[str, Any]] = []
+    constant = overhead.get("constant_s")
     for p in points:
         run = p["router"]
         row: Dict[str, Any] = {k: p[k] for k in ("margin", "role", "escalation_rate", "reach")}
@@ -201,9 +210,11 @@ def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead
             row["error"] = run.get("first_error") or "no request succeeded"
         else:
             row["implied_overhead_s"] = TT.overhead_from(run["throughput"], p["reach"], costs)
-            row["tune"] = {**_check(p["reach"], costs, overhead["overhead_s"], run["throughput"]),
-                           "overhead_margin": overhead["margin"],
-                           "same_margin": abs(overhead["margin"] - p["margin"]) <= _SAME}
+            row["tune"] = _check(p["reach"], costs, TT.overhead_at(overhead["parts_s"], p["reach"]), run["throughput"])
+            if constant is not None:
+                row["constant"] = {**_check(p["reach"], costs, constant, run["throughput"]),
+                                   "overhead_margin": overhead["constant_margin"],
+                                   "same_margin": abs(overhead["constant_margin"] - p["margin"]) <= _SAME}
         out.append(row)
     for row in out:
         if "error" in row:
@@ -215,25 +226,45 @@ def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead
 
 
 def verdict(rows: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
-    """The goal over :func:`checks`' rows: ``{"checks", "within", "verdict"}`` of every check
-    with an overhead measured at another margin (tune's where the point is at another margin,
-    and every other point's), ``verdict`` ``met`` (all within), ``not met`` or ``not
-    decided`` (a point not measured, or no such check); ``repeatability``: the same of the
-    checks with tune's ``o`` measured at the point's own margin."""
-    other: List[bool] = []
-    same: List[bool] = []
+    """The goal over :func:`checks`' rows: ``{"checks", "within", "verdict"}`` of every point
+    with tune's fitted overhead, ``verdict`` ``met`` (all within), ``not met`` or ``not
+    decided`` (a point not measured, or none); ``constant``: the same counts (not judged) of
+    the one-constant checks with an overhead measured at another margin (tune's constant where
+    the point is at another margin, and every other point's)."""
+    fitted = [r["tune"]["within"] for r in rows if "error" not in r]
+    constant: List[bool] = []
     for r in rows:
         if "error" in r:
             continue
-        (same if r["tune"]["same_margin"] else other).append(r["tune"]["within"])
-        other += [c["within"] for c in r["others"]]
+        if "constant" in r and not r["constant"]["same_margin"]:
+            constant.append(r["constant"]["within"])
+        constant += [c["within"] for c in r["others"]]
     failed = [r["margin"] for r in rows if "error" in r]
-    if failed or not other:
+    if failed or not fitted:
         v = "not decided"
     else:
-        v = "met" if all(other) else "not met"
-    return {"checks": len(other), "within": sum(other), "verdict": v, "unmeasured_margins": failed,
-            "repeatability": {"checks": len(same), "within": sum(same)}}
+        v = "met" if all(fitted) else "not met"
+    return {"checks": len(fitted), "within": sum(fitted), "verdict": v, "unmeasured_margins": failed,
+            "constant": {"checks": len(constant), "within": sum(constant)}}
+
+
+def tune_summary(o: Mapping[str, Any], c: Mapping[str, Any], costs: Sequence[float],
+                 models: Mapping[str, Any]) -> Dict[str, Any]:
+    """``results["tune"]`` from tune's cascade ``c`` (``curves.json``'s ``"throughput"``
+    cascade) and its fitted overhead ``o``: the parts, the served margin, each list's share and
+    closed loop, the chosen margin and tune's run of it, and (where that ran) the one constant
+    it implies (``constant_s``, at ``constant_margin``: the model before the parts)."""
+    run = c.get("router")
+    out: Dict[str, Any] = {
+        "parts_s": o["parts_s"], "margin": o["margin"], "notes": o.get("notes", []),
+        "lists": [{"stage": li["stage"], "share": li["share"], "reach": li["reach"], "texts": li["texts"],
+                   "throughput": li["router"]["throughput"], "requests": li["router"]["requests"],
+                   "errors": li["router"]["errors"], "implied_s": li["implied_s"]} for li in o["lists"]],
+        "chosen_margin": c["chosen"]["margin"], "chosen_run": run, "chosen_not_run": c.get("router_not_run"), "models": models}
+    if run and run["requests"]:
+        out.update(constant_s=TT.overhead_from(run["throughput"], c["chosen"]["reach"], costs),
+                   constant_margin=c["chosen"]["margin"])
+    return out
 
 
 def tuning_texts(policy_path: Path, repo: Path, data: str) -> List[str]:
@@ -273,28 +304,40 @@ def render_section(r: Mapping[str, Any]) -> str:
     if r["concurrency"] < 16 or r["duration_s"] < 5:
         L += ["", "> **Short loops**: a smoke run of the mechanics, not the check."]
     costs = ", ".join(f"`{m}` {_ms(c)} ms" for m, c in zip(r["stages"], r["stage_costs_s"]))
+    parts = t["parts_s"]
+    terms = " + ".join([f"{_ms(parts[0])}"] + [f"e_{i + 1} * {_ms(x)}" for i, x in enumerate(parts) if i])
+    lists = "; ".join(f"{100 * li['share']:.0f}% escalated: {li['throughput']:.1f} texts/s" for li in t["lists"])
     L += ["", f"Tune on the server, cascade `{r['cascade']}`: each stage alone per text {costs}; the router's own "
-          f"overhead o = {_ms(t['overhead_s'])} ms per text (its closed loop at the margin it serves, {t['margin']:g}: "
-          f"{t['router_throughput']:.1f} texts/s); chosen margin {t['chosen_margin']:g}."]
+          f"overhead o = {terms} ms per text, fitted from its closed loop at the margin it serves ({t['margin']:g}) "
+          f"on lists of the tuning texts with a known share escalated ({lists}); chosen margin {t['chosen_margin']:g}."]
     if t.get("chosen_run"):
         c = t["chosen_run"]
         L.append(f"Tune's own run of the chosen point: measured {c['throughput']:.1f}, predicted "
-                 f"{c['predicted_throughput']:.1f}, measured/predicted {c['measured_over_predicted']:.2f}.")
-    L += ["", f"Each point served by its own router variant and measured with the same closed loop, predicted with "
-          f"tune's o (measured at margin {t['margin']:g}):", "",
-          "| margin | point | escalation share | predicted, texts/s | measured, texts/s | measured/predicted | "
-          f"within {pct} | implied o, ms |", "|---|---|---|---|---|---|---|---|"]
+                 f"{c['predicted_throughput']:.1f}, measured/predicted {c['measured_over_predicted']:.2f}; the one "
+                 f"constant it implies (the model before the parts, as tune measured it at the margin served): "
+                 f"o = {_ms(t.get('constant_s'))} ms.")
+    has_constant = any("constant" in p for p in r["points"])
+    L += ["", "Each point served by its own router variant and measured with the same closed loop, predicted with "
+          "tune's fitted o" + (" and, for comparison, with the one constant" if has_constant else "") + ":", "",
+          "| margin | point | escalation share | o, ms | predicted, texts/s | measured, texts/s | measured/predicted | "
+          f"within {pct} |" + (" one constant: measured/predicted |" if has_constant else "") + " implied o, ms |",
+          "|---|---|---|---|---|---|---|---|" + ("---|" if has_constant else "") + "---|"]
     for p in r["points"]:
         head = f"| {p['margin']:g} | {p['role']} | {p['escalation_rate']:.3f} |"
         if "error" in p:
-            L.append(f"{head} n/a | not measured: {p['error']} | n/a | n/a | n/a |")
+            L.append(f"{head} n/a | n/a | not measured: {p['error']} | n/a | n/a |" + (" n/a |" if has_constant else "")
+                     + " n/a |")
             continue
         c = p["tune"]
-        same = " (same margin: repeats)" if c["same_margin"] else ""
-        L.append(f"{head} {c['predicted']:.1f} | {p['measured']:.1f} | {c['ratio']:.3f}{same} | {_yes(c['within'])} | "
-                 f"{_ms(p['implied_overhead_s'])} |")
-    L += ["", "Each point predicted with the overhead measured at another checked margin (implied o of that point: "
-          "1 / its measured throughput less its stages' cost there):", "",
+        const = ""
+        if has_constant:
+            k = p.get("constant")
+            const = (" n/a |" if k is None else
+                     f" {k['ratio']:.3f}{' (same margin: repeats)' if k['same_margin'] else ''} |")
+        L.append(f"{head} {_ms(c['overhead_s'])} | {c['predicted']:.1f} | {p['measured']:.1f} | {c['ratio']:.3f} | "
+                 f"{_yes(c['within'])} |{const} {_ms(p['implied_overhead_s'])} |")
+    L += ["", "One constant, for comparison: each point predicted with the overhead implied by another checked point "
+          "(1 / its measured throughput less its stages' cost there):", "",
           "| margin | o from margin | o, ms | predicted, texts/s | measured, texts/s | measured/predicted | "
           f"within {pct} |", "|---|---|---|---|---|---|---|"]
     for p in r["points"]:
@@ -303,11 +346,11 @@ def render_section(r: Mapping[str, Any]) -> str:
                      f"{p['measured']:.1f} | {c['ratio']:.3f} | {_yes(c['within'])} |")
     v = r["verdict"]
     label = {"met": "**met**", "not met": "**not met**", "not decided": "not decided"}[v["verdict"]]
-    L += ["", f"- Predicted within {pct} of the measured throughput with an overhead measured at another margin: "
-          f"{v['within']} of {v['checks']} checks: {label}"
+    L += ["", f"- Predicted within {pct} of the measured throughput with tune's fitted overhead: "
+          f"{v['within']} of {v['checks']} points: {label}"
           + (f" (not measured: margins {', '.join(f'{m:g}' for m in v['unmeasured_margins'])})" if v["unmeasured_margins"] else "")
-          + f". With an overhead measured at the point's own margin (repeatability): {v['repeatability']['within']} of "
-          f"{v['repeatability']['checks']}. One closed loop per point, no rounds.", "", TUNE_CHECK_END]
+          + f". With one constant measured at another margin (the model before the parts): {v['constant']['within']} of "
+          f"{v['constant']['checks']} checks within {pct}. One closed loop per point, no rounds.", "", TUNE_CHECK_END]
     return "\n".join(L)
 
 
@@ -350,16 +393,13 @@ def run(out: Path, margins: Optional[Sequence[float]] = None, concurrency: int =
             thr, entry = tuned["throughput"], tuned["cascades"][0]
             c = thr["cascades"][0]
             o = c["overhead"]
-            if o["source"] != "measured":
-                raise BenchError(f"tune measured no router overhead: {o.get('reason', o['source'])}")
+            if o["source"] != "fitted":
+                raise BenchError(f"tune fitted no router overhead: {o.get('reason', o['source'])}")
             costs = [thr["models"][m]["cost_s"] for m in entry["stages"]]
             chosen = c["chosen"]["margin"]
             picked = (given_margins(c["points"], margins, chosen) if margins else choose_margins(c["points"], chosen))
-            results.update(cascade=c["name"], stages=entry["stages"], stage_costs_s=costs, tune={
-                "overhead_s": o["overhead_s"], "margin": o["margin"], "router_throughput": o["router"]["throughput"],
-                "router_requests": o["router"]["requests"], "router_errors": o["router"]["errors"],
-                "stage_cost_s": o["stage_cost_s"], "chosen_margin": chosen, "chosen_run": c.get("router"),
-                "chosen_not_run": c.get("router_not_run"), "models": thr["models"]})
+            results.update(cascade=c["name"], stages=entry["stages"], stage_costs_s=costs,
+                           tune=tune_summary(o, c, costs, thr["models"]))
             server.unload_model(ROUTER)  # each point's router alone, as the router was when tune measured o
             points = []
             for margin, role in picked:

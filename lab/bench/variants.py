@@ -64,6 +64,8 @@ def _copy_variant(dest: Path, source: Path, name: str, spec: Mapping, target: Pa
         raise BenchError(f"{where}: {exc}") from None
     if "policy_root" in spec or "policy_extra" in spec:
         _replace_policy_root(target, spec.get("policy_root"), where, spec.get("policy_extra"))
+    if "cascade_margins" in spec:
+        set_cascade_margins(target, spec["cascade_margins"], where)
 
 
 def copy_source_model(name: str, source: Path | str, target: Path) -> None:
@@ -115,6 +117,31 @@ def _replace_policy_root(model_dir: Path, root: Optional[Mapping], where: str, e
         except PolicyError as exc:
             raise BenchError(f"{where}: invalid policy: {exc}") from exc
     path.write_text(json.dumps(document, indent=1) if path.suffix == ".json" else yaml.safe_dump(document, sort_keys=False))
+
+
+def set_cascade_margins(model_dir: Path, margins: Mapping[str, float], where: str) -> None:
+    """Set the ``margin`` of each cascade node named in ``margins`` (name -> margin) in the
+    model's policy file (named by the config's ``policy`` parameter), edited by tune's own
+    editor (:func:`orchestrator.tooling.tune.edit_policy_text`: every other byte kept) and
+    checked by the policy parser. Raises BenchError: no ``policy`` parameter, no such
+    cascade, or an edit that does not parse."""
+    import yaml
+
+    from orchestrator.runtime.routing.policy import PolicyError, parse_policy
+    from orchestrator.tooling.errors import TuneError
+    from orchestrator.tooling.tune import edit_policy_text
+
+    policy = get_parameter(read_config(model_dir / "config.pbtxt"), "policy")
+    if not policy:
+        raise BenchError(f"{where}: the base config has no 'policy' parameter; update lab.bench.VARIANTS")
+    path = model_dir / policy
+    edits = [("cascade", name, "margin", float(m), f"lab.bench variant: margin {m:g}") for name, m in margins.items()]
+    try:
+        text = edit_policy_text(path.read_text(encoding="utf-8"), edits)
+        parse_policy(yaml.safe_load(text))
+    except (TuneError, PolicyError) as exc:
+        raise BenchError(f"{where}: {exc}") from None
+    path.write_text(text, encoding="utf-8")
 
 
 def model_files(repo: Path) -> Dict[str, dict]:

@@ -35,8 +35,9 @@ What it does (docs/guides/tune.md):
    answer (the last stage reading the first ``max_sequence_length`` tokens) and the router
    reading every window;
 7. with ``--url``: each stage model's throughput and the router's own overhead per text
-   measured on that server and every point's predicted, the chosen point run through the
-   router where it serves that margin
+   (a part per text and a part per text reaching each later stage, fitted from the router
+   as served on text lists with a known escalated share) measured on that server and every
+   point's predicted, the chosen point run through the router where it serves that margin
    (:mod:`orchestrator.tooling.tune_throughput`).
 
 Errors: :class:`TuneError` (message names the input); ``ParityError``/``OSError`` for data.
@@ -659,18 +660,31 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
          chunk_target: str = "accuracy>=last", report_data: Optional[str] = None, out: Optional[Path] = None,
          write: bool = False, threshold: float = 0.5, long_n: int = LONG_TEXTS, url: Optional[str] = None,
          concurrency: Optional[int] = None, duration_s: Optional[float] = None,
-         router_model: Optional[str] = None, router_overhead_ms: Optional[float] = None) -> Dict[str, Any]:
+         router_model: Optional[str] = None, router_overhead_ms: Optional[float] = None,
+         router_stage_overhead_ms: Optional[Sequence[float]] = None,
+         overhead_shares: Optional[Sequence[float]] = None) -> Dict[str, Any]:
     """The command (module docstring); returns ``curves.json``'s document. ``url``
     (``grpc://HOST:PORT`` or ``http://HOST:PORT``): each point's throughput predicted on that
     server (:mod:`orchestrator.tooling.tune_throughput`, ``concurrency`` clients,
     ``duration_s`` seconds per model; ``router_model`` default: the policy file's directory
-    name; ``router_overhead_ms``: the router's own milliseconds per text, instead of
-    measuring it) under ``"throughput"``."""
+    name; ``router_overhead_ms``: the router's own milliseconds per text and
+    ``router_stage_overhead_ms`` its extra milliseconds per text reaching each later stage
+    (0 each when not given), instead of fitting them; ``overhead_shares``: the escalated
+    shares of the text lists they are fitted from, each in [0, 1], default
+    ``tune_throughput.OVERHEAD_SHARES``) under ``"throughput"``.
+
+    Raises:
+        TuneError: also ``router_stage_overhead_ms`` without ``router_overhead_ms``, fewer
+            than two distinct overhead shares or one outside [0, 1].
+    """
     from orchestrator.tooling.modeling.parity.calibration import load_data
     from orchestrator.tooling.policy_cli import _repository_for, bind_repository
 
     policy_path = Path(policy_path)
     goal, chunk_goal = parse_target(target), parse_target(chunk_target)
+    from orchestrator.tooling.tune_throughput import check_overhead_arguments
+
+    check_overhead_arguments(router_overhead_ms, router_stage_overhead_ms, overhead_shares)
     if chunk_goal.measure == "noninferior":
         raise TuneError(f"--chunk-target {chunk_target!r}: noninferior is a cascade target; use accuracy>=... or agreement>=...")
     try:
@@ -736,7 +750,9 @@ def tune(policy_path: Path, data: str, repo: Optional[Path] = None, target: str 
             url, head, result, plan, stage_answers_of, models, router_model or policy_path.resolve().parent.name,
             policy.max_sequence_length, threshold, concurrency or TT.CONCURRENCY, duration_s or TT.DURATION_S,
             cascade_answers=cascade_answers, cascades_of=cascades,
-            router_overhead_s=None if router_overhead_ms is None else router_overhead_ms / 1000.0)
+            router_overhead_s=None if router_overhead_ms is None else router_overhead_ms / 1000.0,
+            router_stage_overhead_s=None if router_stage_overhead_ms is None else [x / 1000.0 for x in router_stage_overhead_ms],
+            overhead_shares=tuple(overhead_shares) if overhead_shares else TT.OVERHEAD_SHARES)
         for c in result["throughput"]["cascades"]:
             TT.plot_throughput(out / f"throughput_{c['name']}.png", c, f"cascade {c['name']} on {url}: accuracy on {data} "
                                f"against predicted throughput (concurrency {result['throughput']['concurrency']})")
@@ -839,6 +855,8 @@ def render(r: Mapping[str, Any]) -> str:
 
 
 def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    from orchestrator.tooling.tune_throughput import add_url_arguments
+
     parser.add_argument("policy", type=Path, help="the policy file (its cascades and chunk nodes are tuned)")
     parser.add_argument("--data", required=True, help="labeled texts to tune on: .jsonl/TSV, or split:validation")
     parser.add_argument("--repo", type=Path, default=None, help="model repository (default: the one holding the policy)")
@@ -854,16 +872,7 @@ def add_tune_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument("--write", action="store_true", help="edit the policy file itself (default: write OUT/policy.yaml)")
     parser.add_argument("--threshold", type=float, default=0.5, help="decision threshold of every text (default 0.5)")
     parser.add_argument("--long-texts", type=int, default=LONG_TEXTS, help="long texts of each kind (default %(default)s)")
-    parser.add_argument("--url", default=None,
-                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
-                             "and predict every point's; run the chosen point there if its router serves that margin")
-    parser.add_argument("--concurrency", type=int, default=16, help="--url: closed-loop clients (default %(default)s)")
-    parser.add_argument("--duration", type=float, default=5.0, help="--url: timed seconds per model (default %(default)s)")
-    parser.add_argument("--router-model", default=None,
-                        help="--url: the router serving the policy (default: the policy file's directory name)")
-    parser.add_argument("--router-overhead-ms", type=float, default=None,
-                        help="--url: the router's own milliseconds per text to predict with, instead of measuring it at "
-                             "the margin the router serves (e.g. one measured at another margin)")
+    add_url_arguments(parser)
     return parser
 
 
@@ -872,7 +881,8 @@ def tune_command(args: argparse.Namespace) -> int:
         r = tune(args.policy, args.data, args.repo, args.target, args.chunk_target, args.report_data, args.out,
                  args.write, args.threshold, args.long_texts, getattr(args, "url", None), getattr(args, "concurrency", None),
                  getattr(args, "duration", None), getattr(args, "router_model", None),
-                 getattr(args, "router_overhead_ms", None))
+                 getattr(args, "router_overhead_ms", None), getattr(args, "router_stage_overhead_ms", None),
+                 getattr(args, "overhead_shares", None))
     except (ToolingError, OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

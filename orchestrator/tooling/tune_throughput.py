@@ -11,20 +11,39 @@ escalation rate) is predicted to serve ``1 / (o + sum(e_i * c_i))`` texts per se
 on each execute (parsing, the policy, tokenizing, BLS requests, responses, metrics) and the
 stub's hand-offs, which share the server's CPUs with the stage models.
 
-``o`` is measured on the server (:func:`router_overhead`): the same closed loop runs against
-the router (``--router-model``, default the policy file's directory name) at the margin it
-serves now (its ``describe_policy`` answer), and ``o = 1 / T_router - sum(e_i * c_i)`` at that
-margin's stage shares (computed on the tuning texts), at least 0. ``--router-overhead-ms``
-gives ``o`` instead (one measured earlier, at another margin): a point checked with an ``o``
-measured at another margin checks the model, not the calibration. Without a router that
-answers, ``o`` is 0 and the result says why: the predictions are then upper bounds.
+The router's own cost grows with the texts it escalates (a second BLS call per escalated
+batch, its tensors, the second stage's answers: measured on the embedded stack, one constant
+``o`` fitted at the served margin predicted the point escalating 59% of the texts 23% too
+high), so ``o`` has a part per stage (:func:`overhead_at`): ``o = o_1 + sum(e_i * o_i)`` for
+the later stages ``i``, ``o_1`` the router's cost per text and ``o_i`` its extra cost per text
+reaching stage ``i``.
 
-When the router serves the chosen margin, a second closed loop runs against it and the
-measured throughput is printed beside the predicted one; otherwise the result says what
-could not run and why.
+The parts are fitted on the server (:func:`router_overhead`, :func:`fit_overhead`) from the
+router as it is served (``--router-model``, default the policy file's directory name), at
+the margin it serves (its ``describe_policy`` answer), with no second router and no request
+parameter (a policy's margin is not one): tune knows from its own answers which tuning
+texts that margin sends to which stage, so it builds text lists in which a known share of
+the texts escalates (:func:`mixture`: ``--overhead-shares``, default :data:`OVERHEAD_SHARES`,
+of the texts that reach the stage, spread evenly among texts that stay at the first one, as
+a margin mixes them in the router's batches) and runs the same closed loop on each. Each
+list ``j`` has stage shares ``r_j``; ``1 / T_j - sum(r_j * c) = sum(r_j * o)`` is solved for
+``o`` by least squares. The two default shares are inside the range tuned cascades use and
+far enough apart that the slope is more than noise; the ends (0 and 1) batch unlike any
+operating point (no second call at all, or one full one per batch). The fit rests on the
+server answering as tune's in-process models do (the texts escalated by the served margin
+are those tune computes); a stage no tuning text reaches at the served margin has no part
+measured (0, and the result says so). ``--router-overhead-ms`` gives ``o_1`` instead and
+``--router-stage-overhead-ms`` the later parts (0 when not given: one constant, the model
+before the parts). Without a router that answers, ``o`` is 0 and the result says why: the
+predictions are then upper bounds.
+
+When the router serves the chosen margin, one more closed loop runs against it on the tuning
+texts as they are and the measured throughput is printed beside the predicted one (the
+parts were fitted on other text lists, so this checks the model at that margin's own mix);
+otherwise the result says what could not run and why.
 
 Errors: :class:`orchestrator.tooling.errors.TuneError` (a bad ``--url``, a stage model the
-server does not answer).
+server does not answer, given stage parts not one per later stage).
 """
 
 from __future__ import annotations
@@ -43,8 +62,48 @@ DURATION_S = 5.0
 #: throughput of later seconds, measured on the embedded stack), which one call per client
 #: does not absorb.
 WARMUP_S = 2.0
+#: Shares of the texts that reach a later stage in the text lists the router's overhead is
+#: fitted from (module docstring).
+OVERHEAD_SHARES = (0.1, 0.7)
 FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share "
-           "of texts reaching stage i, o the router's own overhead per text (measured on the server at the margin it serves)")
+           "of texts reaching stage i, o = o_1 + e_2 * o_2 + ... the router's own overhead per text (o_1) and per text "
+           "reaching each later stage (o_i), fitted on the server from the router's closed loop on text lists whose "
+           "escalated share is known")
+
+
+def check_overhead_arguments(first_ms: Optional[float], stages_ms: Optional[Sequence[float]],
+                              shares: Optional[Sequence[float]]) -> None:
+    """``tune``'s overhead arguments checked before anything is measured.
+
+    Raises:
+        TuneError: stage parts without the first, or not two distinct shares in [0, 1].
+    """
+    from orchestrator.tooling.errors import TuneError
+
+    if stages_ms is not None and first_ms is None:
+        raise TuneError("--router-stage-overhead-ms: give --router-overhead-ms (the router's milliseconds per text) with it")
+    if shares is not None and (len(set(shares)) < 2 or not all(0.0 <= x <= 1.0 for x in shares)):
+        raise TuneError(f"--overhead-shares {' '.join(f'{x:g}' for x in shares)}: give at least two distinct shares in [0, 1]")
+
+
+def add_url_arguments(parser: Any) -> None:
+    """``orchestrator tune``'s ``--url`` options on ``parser`` (an ``argparse.ArgumentParser``)."""
+    parser.add_argument("--url", default=None,
+                        help="grpc://HOST:PORT or http://HOST:PORT: measure each stage model's throughput on that server "
+                             "and predict every point's; run the chosen point there if its router serves that margin")
+    parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="--url: closed-loop clients (default %(default)s)")
+    parser.add_argument("--duration", type=float, default=DURATION_S, help="--url: timed seconds per model (default %(default)s)")
+    parser.add_argument("--router-model", default=None,
+                        help="--url: the router serving the policy (default: the policy file's directory name)")
+    parser.add_argument("--router-overhead-ms", type=float, default=None,
+                        help="--url: the router's own milliseconds per text (o_1) to predict with, instead of fitting "
+                             "it on the router as served (e.g. one fitted on an earlier run)")
+    parser.add_argument("--router-stage-overhead-ms", type=float, nargs="+", default=None, metavar="MS",
+                        help="--url, with --router-overhead-ms: the router's extra milliseconds per text reaching each "
+                             "later stage (o_2 ...; one value per stage after the first; default 0 each)")
+    parser.add_argument("--overhead-shares", type=float, nargs="+", default=None, metavar="SHARE",
+                        help="--url: the escalated shares of the text lists the router's overhead is fitted from "
+                             f"(default {' '.join(f'{x:g}' for x in OVERHEAD_SHARES)})")
 
 
 def parse_url(url: str) -> Tuple[str, str]:
@@ -181,11 +240,107 @@ def predicted(reach: Sequence[float], costs: Sequence[float], overhead_s: float 
 
 
 def overhead_from(router_throughput: float, reach: Sequence[float], costs: Sequence[float]) -> float:
-    """The router's own seconds per text: ``1 / router_throughput`` (texts per second, the
-    router's closed loop at a margin whose stage shares are ``reach``) less what its stages
-    cost there (``sum(reach * costs)``), at least 0 (a router measured faster than its stages
-    alone: noise, or stages whose batches fill better behind the router)."""
+    """The router's own seconds per text implied by one closed loop: ``1 / router_throughput``
+    (texts per second, at stage shares ``reach``) less what its stages cost there
+    (``sum(reach * costs)``), at least 0 (a router measured faster than its stages alone:
+    noise, or stages whose batches fill better behind the router). One constant: the model
+    before :func:`fit_overhead`'s parts."""
     return max(0.0, 1.0 / router_throughput - float(np.dot(reach, costs)))
+
+
+def overhead_at(parts: Sequence[float], reach: Sequence[float]) -> float:
+    """The router's own seconds per text at stage shares ``reach`` (``reach[0]`` = 1):
+    ``sum(parts * reach)`` (``parts[0]``: per text; ``parts[i]``: per text reaching stage
+    ``i``), at least 0."""
+    return max(0.0, float(np.dot(parts, reach)))
+
+
+def mixture(base: Sequence[int], reaching: Sequence[int], share: float, n: int) -> List[int]:
+    """``n`` text indices, ``round(share * n)`` of them taken in turn from ``reaching`` and
+    the rest from ``base`` (each list cycled), the ``reaching`` ones spread evenly (the
+    ``k``-th text is one of them when ``floor((k + 1) * share)`` passes a whole number), as a
+    margin mixes escalated texts into the router's batches.
+
+    Raises:
+        ValueError: ``share`` outside [0, 1], or a list it needs empty.
+    """
+    if not 0.0 <= share <= 1.0:
+        raise ValueError(f"share {share!r}: not in [0, 1]")
+    if (share > 0 and not reaching) or (share < 1 and not base):
+        raise ValueError("mixture: a list it draws from is empty")
+    out: List[int] = []
+    taken = [0, 0]
+    for k in range(n):
+        pick = int(np.floor((k + 1) * share + 1e-9)) > int(np.floor(k * share + 1e-9))
+        src = reaching if pick else base
+        out.append(src[taken[pick] % len(src)])
+        taken[pick] += 1
+    return out
+
+
+def overhead_lists(reached: Sequence[np.ndarray], shares: Sequence[float] = OVERHEAD_SHARES
+                   ) -> Tuple[List[Dict[str, Any]], List[int], List[str]]:
+    """The text lists the router's overhead is fitted from (module docstring), for texts
+    whose stage masks at the served margin are ``reached`` (bool [N] per stage, ``reached[0]``
+    all true: :func:`orchestrator.tooling.tune.cascade_answers`'s).
+
+    Groups the texts by the last stage each reaches; the lowest group present is the base.
+    Per later group present and per share: a :func:`mixture` of it into the base, ``N``
+    texts. Returns ``(lists, fitted, notes)``: each list ``{"stage" (the group, 0-based),
+    "share" (of texts of that group, as built), "reach" (share per stage), "texts" (indices)}``;
+    ``fitted``: the stages whose part the lists separate (0 first); ``notes``: why a part is
+    not measured."""
+    n, stages = len(reached[0]), len(reached)
+    deepest = np.zeros(n, dtype=int)
+    for i in range(1, stages):
+        deepest[np.asarray(reached[i], dtype=bool)] = i
+    groups = {g: [int(x) for x in np.flatnonzero(deepest == g)] for g in range(stages)}
+    present = [g for g in range(stages) if groups[g]]
+    notes: List[str] = []
+    if not present:
+        return [], [], ["no tuning texts"]
+    base = present[0]
+    if base > 0:
+        notes.append(f"every tuning text reaches stage {base + 1} at the served margin: the router's cost for stages "
+                     f"2 to {base + 1} is counted in o_1")
+    for g in range(base + 1, stages):
+        if not groups[g] and not any(groups[h] for h in range(g + 1, stages)):
+            notes.append(f"no tuning text reaches stage {g + 1} at the served margin: o_{g + 1} not measured (0; give it "
+                         "with --router-stage-overhead-ms)")
+        elif not groups[g]:
+            notes.append(f"no tuning text stops at stage {g + 1} at the served margin: its cost is counted in the next "
+                         "stage's part")
+    lists: List[Dict[str, Any]] = []
+    for g in present[1:] or [base]:
+        for share in (shares if g != base else (0.0,)):
+            idx = mixture(groups[base], groups[g], share, n)
+            got = float(np.mean([deepest[i] == g for i in idx])) if g != base else 0.0
+            reach = [1.0 if i <= base else (got if i <= g else 0.0) for i in range(stages)]
+            lists.append({"stage": g, "share": got, "reach": reach, "texts": idx})
+    return lists, [0] + present[1:], notes
+
+
+def fit_overhead(reaches: Sequence[Sequence[float]], throughputs: Sequence[float], costs: Sequence[float],
+                 fitted: Sequence[int]) -> List[float]:
+    """The router's overhead parts (seconds per text, one per stage: :func:`overhead_at`) from
+    its closed loops on text lists with stage shares ``reaches`` (one per list) that measured
+    ``throughputs`` (texts/s), the stages costing ``costs`` (seconds per text alone):
+    ``1 / T_j - reach_j . costs = reach_j . parts`` solved by least squares over the stages in
+    ``fitted`` (the others 0). A part may come out below 0 (noise, or a stage whose batches
+    fill better behind the router); :func:`overhead_at` keeps the sum at least 0.
+
+    Raises:
+        ValueError: fewer lists than fitted parts, or a throughput not above 0.
+    """
+    if len(reaches) < len(fitted) or any(t <= 0 for t in throughputs):
+        raise ValueError(f"fit_overhead: {len(reaches)} lists for {len(fitted)} parts, throughputs {list(throughputs)}")
+    r = np.asarray(reaches, dtype=np.float64)
+    y = 1.0 / np.asarray(throughputs, dtype=np.float64) - r @ np.asarray(costs, dtype=np.float64)
+    solved = np.linalg.lstsq(r[:, list(fitted)], y, rcond=None)[0]
+    parts = [0.0] * len(costs)
+    for i, v in zip(fitted, solved):
+        parts[i] = float(v)
+    return parts
 
 
 def served_cascade(protocol: str, address: str, router: str, cascade: str,
@@ -211,31 +366,47 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
                       answers_of: Mapping[str, Tuple[Sequence[np.ndarray], Any]], models: Any, router: str,
                       max_length: int, threshold: float = 0.5, concurrency: int = CONCURRENCY,
                       duration_s: float = DURATION_S, *, cascade_answers: Callable[..., Any],
-                      cascades_of: Callable[[Any], Sequence[Any]], router_overhead_s: Optional[float] = None) -> Dict[str, Any]:
+                      cascades_of: Callable[[Any], Sequence[Any]], router_overhead_s: Optional[float] = None,
+                      router_stage_overhead_s: Optional[Sequence[float]] = None,
+                      overhead_shares: Sequence[float] = OVERHEAD_SHARES) -> Dict[str, Any]:
     """``curves.json``'s ``"throughput"``: each stage model measured on the server, every
     cascade point's predicted throughput (texts/s) beside its accuracy, and the chosen point
     run through ``router`` where it serves that margin (else ``"router_not_run"``: why).
 
-    ``head``: the policy's head (the stages' answers read with it); ``result``: tune's document (its ``"cascades"`` entries, the chosen points); ``plan``:
-    (cascade node, stages); ``answers_of``: cascade name -> (stage answers float64 [N,
-    columns] each, the measured texts); ``models``: :class:`orchestrator.tooling.tune.Models`;
+    ``head``: the policy's head (the stages' answers read with it); ``result``: tune's
+    document (its ``"cascades"`` entries, the chosen points); ``plan``: (cascade node,
+    stages); ``answers_of``: cascade name -> (stage answers float64 [N, columns] each, the
+    measured texts); ``models``: :class:`orchestrator.tooling.tune.Models`;
     ``cascade_answers``, ``cascades_of``: ``tune``'s (passed in: this module does not import
-    ``tune``, which imports it); ``router_overhead_s``: the router's own seconds per text to
-    use instead of measuring it (:func:`router_overhead`).
+    ``tune``, which imports it); ``router_overhead_s``, ``router_stage_overhead_s``: the
+    router's own seconds per text and per text reaching each later stage, to use instead of
+    fitting them (:func:`router_overhead`); ``overhead_shares``: the escalated shares of the
+    text lists the parts are fitted from.
 
-    Each cascade's ``"overhead"``: ``{"overhead_s", "source"}`` (``given``, ``measured``: with
-    the router's closed loop, ``margin``, ``reach`` and ``stage_cost_s``, or ``none``: with
-    ``reason``); each point's ``predicted_throughput`` includes ``overhead_s``.
+    Each cascade's ``"overhead"``: ``{"parts_s" (seconds, one per stage), "source"}``
+    (``given``; ``fitted``: with ``margin`` (served), ``lists`` (each list's ``stage``,
+    ``share``, ``reach``, ``texts``, ``stage_cost_s``, the router's closed loop and the one
+    constant it implies, ``implied_s``) and ``notes``; or ``none``: with ``reason``); each
+    point's ``overhead_s`` (:func:`overhead_at` its reach) is in its ``predicted_throughput``.
 
     Raises:
-        TuneError: a bad ``url``, or a stage model with no successful request.
+        TuneError: a bad ``url``, a stage model with no successful request, or
+            ``router_stage_overhead_s`` not one value per later stage.
     """
     from orchestrator.runtime.execution.tokenize import truncate
+    from orchestrator.tooling.errors import TuneError
 
     protocol, address = parse_url(url)
     out: Dict[str, Any] = {"url": url, "concurrency": concurrency, "duration_s": duration_s, "formula": FORMULA,
                            "request": "one text per request, tokenized as the router sends it", "models": {}, "cascades": []}
+    given: Optional[List[float]] = None
     for (cascade, stages), entry in zip(plan, result["cascades"]):
+        if router_overhead_s is not None:
+            later = list(router_stage_overhead_s or [0.0] * (len(stages) - 1))
+            if len(later) != len(stages) - 1:
+                raise TuneError(f"--router-stage-overhead-ms: {len(later)} values for cascade '{cascade.name}', which has "
+                                f"{len(stages) - 1} stage(s) after the first (one value each)")
+            given = [float(router_overhead_s)] + [float(x) for x in later]
         answers, measured = answers_of[cascade.name]
         costs = []
         for s in stages:
@@ -247,17 +418,18 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
                                                     concurrency, duration_s)
             costs.append(out["models"][name]["cost_s"])
 
-        def reach_at(margin: float, answers: Sequence[np.ndarray] = answers) -> List[float]:
-            return [float(r.mean()) for r in cascade_answers(head, answers, margin, threshold)[1]]
+        def reached_at(margin: float, answers: Sequence[np.ndarray] = answers) -> List[np.ndarray]:
+            return [np.asarray(r, dtype=bool) for r in cascade_answers(head, answers, margin, threshold)[1]]
 
         served, why = served_cascade(protocol, address, router, cascade.name, cascades_of)
-        overhead = router_overhead(protocol, address, router, served, why, reach_at, costs, measured.texts, threshold,
-                                   concurrency, duration_s, router_overhead_s)
+        overhead = router_overhead(protocol, address, router, served, why, reached_at, costs, measured.texts, threshold,
+                                   concurrency, duration_s, given, overhead_shares)
         points = []
         for p in entry["points"]:
-            reach = reach_at(p["margin"])
+            reach = [float(r.mean()) for r in reached_at(p["margin"])]
+            o = overhead_at(overhead["parts_s"], reach)
             points.append({"margin": p["margin"], "escalation_rate": p["escalation_rate"], "accuracy": p["accuracy"],
-                           "reach": reach, "predicted_throughput": predicted(reach, costs, overhead["overhead_s"])})
+                           "reach": reach, "overhead_s": o, "predicted_throughput": predicted(reach, costs, o)})
         chosen = next(q for q in points if q["margin"] == entry["chosen"]["margin"])
         c = {"name": cascade.name, "points": points, "chosen": chosen, "overhead": overhead,
              "last_stage_alone": {"accuracy": entry["last_stage_accuracy"], "predicted_throughput": 1.0 / costs[-1]},
@@ -271,34 +443,55 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
         else:
             run = measure_router(protocol, address, router, measured.texts, threshold, concurrency, duration_s)
             c["router"] = {**run, "predicted_throughput": chosen["predicted_throughput"],
-                           "measured_over_predicted": run["throughput"] / chosen["predicted_throughput"],
-                           # o measured at this very margin: the check is of repeatability, not of the model
-                           "overhead_measured_here": overhead["source"] == "measured"
-                           and abs(overhead["margin"] - chosen["margin"]) <= 1e-9}
+                           "measured_over_predicted": run["throughput"] / chosen["predicted_throughput"]}
         out["cascades"].append(c)
     return out
 
 
 def router_overhead(protocol: str, address: str, router: str, served: Optional[Any], why: str,
-                    reach_at: Callable[[float], List[float]], costs: Sequence[float], texts: Sequence[str],
-                    threshold: float, concurrency: int, duration_s: float,
-                    given_s: Optional[float] = None) -> Dict[str, Any]:
-    """The router's own seconds per text on the server (module docstring): ``given_s`` when
-    set; else :func:`overhead_from` the router's closed loop (:func:`measure_router`) at the
-    margin its ``served`` cascade has (``reach_at(margin)``: the stage shares there; ``costs``:
-    the stages' seconds per text); else 0, with the reason (``why``: the served cascade's,
-    or the closed loop answered nothing)."""
+                    reached_at: Callable[[float], List[np.ndarray]], costs: Sequence[float], texts: Sequence[str],
+                    threshold: float, concurrency: int, duration_s: float, given_s: Optional[Sequence[float]] = None,
+                    shares: Sequence[float] = OVERHEAD_SHARES) -> Dict[str, Any]:
+    """The router's own overhead parts on the server (module docstring): ``given_s`` (seconds,
+    one per stage) when set; else fitted (:func:`fit_overhead`) from the router's closed loop
+    (:func:`measure_router`) on each of :func:`overhead_lists`' text lists at the margin its
+    ``served`` cascade has (``reached_at(margin)``: bool [N] per stage, the texts reaching it;
+    ``costs``: the stages' seconds per text); else 0, with the reason (``why``: the served
+    cascade's, or a closed loop answered nothing)."""
+    zero = [0.0] * len(costs)
     if given_s is not None:
-        return {"overhead_s": float(given_s), "source": "given"}
+        return {"parts_s": [float(x) for x in given_s], "source": "given"}
     if served is None:
-        return {"overhead_s": 0.0, "source": "none", "reason": why}
-    run = measure_router(protocol, address, router, texts, threshold, concurrency, duration_s)
-    if run["requests"] == 0:
-        return {"overhead_s": 0.0, "source": "none",
-                "reason": f"model '{router}' answered no request" + (f" ({run['first_error']})" if run["first_error"] else "")}
-    reach = reach_at(served.margin)
-    return {"overhead_s": overhead_from(run["throughput"], reach, costs), "source": "measured", "margin": served.margin,
-            "reach": reach, "stage_cost_s": float(np.dot(reach, costs)), "router": run}
+        return {"parts_s": zero, "source": "none", "reason": why}
+    lists, fitted, notes = overhead_lists(reached_at(served.margin), shares)
+    for li in lists:
+        run = measure_router(protocol, address, router, [texts[i] for i in li["texts"]], threshold, concurrency, duration_s)
+        if run["requests"] == 0:
+            return {"parts_s": zero, "source": "none",
+                    "reason": f"model '{router}' answered no request" + (f" ({run['first_error']})" if run["first_error"] else "")}
+        li.update(texts=len(li["texts"]), stage_cost_s=float(np.dot(li["reach"], costs)), router=run,
+                  implied_s=overhead_from(run["throughput"], li["reach"], costs))
+    if not lists:
+        return {"parts_s": zero, "source": "none", "reason": "; ".join(notes)}
+    parts = fit_overhead([li["reach"] for li in lists], [li["router"]["throughput"] for li in lists], costs, fitted)
+    return {"parts_s": parts, "source": "fitted", "margin": served.margin, "lists": lists, "notes": notes}
+
+
+def describe_overhead(o: Mapping[str, Any]) -> str:
+    """One line on the router overhead's parts and where they came from (``tune.md``)."""
+    parts = o["parts_s"]
+    terms = " + ".join([f"{1000 * parts[0]:.3f}"] + [f"e_{i + 1} * {1000 * x:.3f}" for i, x in enumerate(parts) if i])
+    if o["source"] == "fitted":
+        runs = "; ".join(f"{100 * li['share']:.0f}% reaching stage {li['stage'] + 1}: {li['router']['throughput']:.1f} "
+                         f"texts/s, stages {1000 * li['stage_cost_s']:.3f} ms" if li["stage"] else
+                         f"none escalated: {li['router']['throughput']:.1f} texts/s, stages {1000 * li['stage_cost_s']:.3f} ms"
+                         for li in o["lists"])
+        notes = "".join(f" {n[0].upper()}{n[1:]}." for n in o.get("notes", []))
+        return (f"Router overhead o = {terms} ms per text, fitted from the router's closed loop at the margin it serves "
+                f"({o['margin']:g}) on {len(o['lists'])} lists of the tuning texts with a known share escalated ({runs}).{notes}")
+    if o["source"] == "given":
+        return f"Router overhead o = {terms} ms per text (given: --router-overhead-ms, --router-stage-overhead-ms)."
+    return f"Router overhead not measured ({o['reason']}): o = 0, every prediction is an upper bound."
 
 
 def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
@@ -312,15 +505,8 @@ def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
     for name, m in t["models"].items():
         L.append(f"| {name} | {m['requests']} | {m['errors']} | {m['throughput']:.1f} | {1000 * m['cost_s']:.2f} |")
     for c in t["cascades"]:
-        o = c.get("overhead", {"overhead_s": 0.0, "source": "none", "reason": "not measured"})
-        if o["source"] == "measured":
-            L += ["", f"Router overhead o = {1000 * o['overhead_s']:.3f} ms per text: the router's closed loop at the margin it "
-                  f"serves ({o['margin']:g}) measured {o['router']['throughput']:.1f} texts/s, its stages there cost "
-                  f"{1000 * o['stage_cost_s']:.3f} ms per text."]
-        elif o["source"] == "given":
-            L += ["", f"Router overhead o = {1000 * o['overhead_s']:.3f} ms per text (given: --router-overhead-ms)."]
-        else:
-            L += ["", f"Router overhead not measured ({o['reason']}): o = 0, every prediction is an upper bound."]
+        o = c.get("overhead", {"parts_s": [0.0], "source": "none", "reason": "not measured"})
+        L += ["", describe_overhead(o)]
         L += ["", f"Cascade `{c['name']}` (every {step:g} of margin and the chosen point; all in curves.json):", "",
               "| margin | escalation rate | accuracy | predicted texts/s |", "|---:|---:|---:|---:|"]
         for p in c["points"]:
@@ -335,9 +521,7 @@ def render_throughput(t: Mapping[str, Any], step: float = 0.025) -> List[str]:
             r = c["router"]
             L += ["", f"Chosen point on the server (router '{r['model']}', same closed loop): measured "
                   f"{r['throughput']:.1f} texts/s ({r['requests']} requests, {r['errors']} errors), predicted "
-                  f"{r['predicted_throughput']:.1f}: measured/predicted {r['measured_over_predicted']:.2f}"
-                  + (" (o was measured at this margin: this checks repeatability; check the model at another margin "
-                     "with --router-overhead-ms)." if r.get("overhead_measured_here") else ".")]
+                  f"{r['predicted_throughput']:.1f}: measured/predicted {r['measured_over_predicted']:.2f}."]
         else:
             L += ["", f"Chosen point not run on the server: {c['router_not_run']}."]
     return L

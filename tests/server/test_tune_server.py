@@ -1,7 +1,8 @@
-"""``orchestrator tune --url`` against a real tritonserver: each stage model and the router's
-own overhead measured in short closed loops, every point's predicted throughput with the
+"""``orchestrator tune --url`` against a real tritonserver: each stage model measured in short
+closed loops, the router's own overhead parts fitted from its closed loop on text lists with a
+known escalated share (at the margin it serves), every point's predicted throughput with the
 overhead in it, the chosen point refused while the router serves another margin, run once it
-serves the tuned policy, and checked against an overhead measured at the other margin
+serves the tuned policy, and checked with the parts fitted at the other margin given
 (orchestrator/tooling/tune_throughput.py). The mechanics only: whether the prediction is
 within 15% of the measurement needs a quiet machine and longer loops."""
 
@@ -12,6 +13,7 @@ import shutil
 import pytest
 
 from orchestrator.tooling import tune as T
+from orchestrator.tooling import tune_throughput as TT
 from orchestrator.tooling.server import TritonServer
 from tests.helpers import REPO
 from tests.unit.test_tune import _labeled
@@ -36,12 +38,20 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         (c,) = t["cascades"]
         assert len(c["points"]) == len(T.MARGINS) and (tmp_path / "a" / "throughput_cascade.png").is_file()
         fast, slow = t["models"]["classifier_fast"]["cost_s"], t["models"]["classifier"]["cost_s"]
-        o = c["overhead"]  # measured on the router as served (the shipped margin)
-        assert o["source"] == "measured" and o["router"]["requests"] > 0 and o["router"]["errors"] == 0
-        assert o["margin"] == T.cascades(T.P.load_policy(policy))[0].margin and o["overhead_s"] >= 0.0
-        assert o["overhead_s"] == pytest.approx(max(0.0, 1 / o["router"]["throughput"] - o["stage_cost_s"]))
+        o = c["overhead"]  # fitted on the router as served (the shipped margin)
+        assert o["source"] == "fitted" and o["margin"] == T.cascades(T.P.load_policy(policy))[0].margin
+        assert [li["stage"] for li in o["lists"]] == [1, 1] and o["notes"] == []
+        for li in o["lists"]:
+            assert li["router"]["requests"] > 0 and li["router"]["errors"] == 0 and li["texts"] == 300
+            assert li["reach"] == [1.0, li["share"]] and li["stage_cost_s"] == pytest.approx(fast + li["share"] * slow)
+        assert [round(li["share"], 2) for li in o["lists"]] == list(TT.OVERHEAD_SHARES)
+        assert o["parts_s"] == pytest.approx(TT.fit_overhead([li["reach"] for li in o["lists"]],
+                                                             [li["router"]["throughput"] for li in o["lists"]],
+                                                             [fast, slow], [0, 1]))
         for p in c["points"]:
-            assert p["predicted_throughput"] == pytest.approx(1 / (o["overhead_s"] + fast + p["escalation_rate"] * slow))
+            e = p["escalation_rate"]
+            assert p["overhead_s"] == pytest.approx(max(0.0, o["parts_s"][0] + e * o["parts_s"][1]))
+            assert p["predicted_throughput"] == pytest.approx(1 / (p["overhead_s"] + fast + e * slow))
         chosen = first["cascades"][0]["chosen"]["margin"]
         served = T.P.load_policy(policy)
         if T.cascades(served)[0].margin != chosen:  # the shipped margin: not what was chosen on these texts
@@ -55,13 +65,15 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         r = c["router"]
         assert r["requests"] > 0 and r["errors"] == 0
         assert r["measured_over_predicted"] == pytest.approx(r["throughput"] / c["chosen"]["predicted_throughput"])
-        assert r["overhead_measured_here"] is (c["overhead"]["margin"] == c["chosen"]["margin"])
         text = T.render(second)
         assert "measured/predicted" in text and "concurrency 2, 1 s per model" in text and "Router overhead o = " in text
-        # the chosen point checked against the overhead measured at the shipped margin: not a calibration
-        third = T.tune(policy, str(data), url=url, out=tmp_path / "c", router_overhead_ms=1000 * o["overhead_s"], **kw)
+        assert "fitted from the router's closed loop at the margin it serves" in text
+        # the chosen point checked with the parts fitted at the shipped margin, given: no fit, one loop
+        ms = [1000 * x for x in o["parts_s"]]
+        third = T.tune(policy, str(data), url=url, out=tmp_path / "c", router_overhead_ms=ms[0],
+                       router_stage_overhead_ms=ms[1:], **kw)
         (c,) = third["throughput"]["cascades"]
-        assert c["overhead"] == {"overhead_s": pytest.approx(o["overhead_s"]), "source": "given"}
-        assert c["router"]["requests"] > 0 and c["router"]["overhead_measured_here"] is False
+        assert c["overhead"] == {"parts_s": pytest.approx(o["parts_s"]), "source": "given"}
+        assert c["router"]["requests"] > 0 and "given: --router-overhead-ms" in T.render(third)
         with capsys.disabled():
             print("\n" + text[text.index("## Throughput"):])

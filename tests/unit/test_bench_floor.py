@@ -30,21 +30,34 @@ def test_hand_bls_is_copied_from_lab_bench_into_the_benchmark_repository(tmp_pat
         copy_source_model("hand_bls", "lab/bench/hand_bls", repo / "hand_bls")
 
 
-def test_the_floor_repository_has_both_variants(tmp_path):
+def test_the_floor_repository_has_its_variants(tmp_path):
+    from orchestrator.runtime.routing import policy as P
+    from orchestrator.tooling import tune as T
+
     repo = F.make_floor_repository(tmp_path / "repo")
     assert (repo / "hand_bls" / "config.pbtxt").is_file() and (repo / "router_single" / "config.pbtxt").is_file()
     assert not (repo / "router_bls").exists()
+    shipped = (ROOT / "model_repository" / "router" / "policy.yaml").read_text().splitlines()
+    for name, margin in ((F.NONE_ESCALATED, 0.0), (F.ALL_ESCALATED, 1.0)):
+        assert read_config(repo / name / "config.pbtxt").name == name
+        (cascade,) = T.cascades(P.load_policy(repo / name / "policy.yaml"))
+        assert cascade.margin == margin
+        lines = (repo / name / "policy.yaml").read_text().splitlines()
+        assert len(lines) == len(shipped) and sum(a != b for a, b in zip(lines, shipped)) == 1  # only the margin's line
+    with pytest.raises(BenchError, match="no cascade node named 'nope'"):
+        make_bench_repository(tmp_path / "r2", variants={"x": {"base": "router", "cascade_margins": {"nope": 0.5}}})
 
 
 def test_the_plan_rotates_the_models_and_adds_the_classifiers_at_c16():
     specs = F.floor_plan(2)
     first = [(s.model, s.concurrency, s.dataset) for s in specs if s.round == 0]
     assert first[:4] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
-    assert first[-2:] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
+    assert first[-4:-2] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
+    assert first[-2:] == [(F.NONE_ESCALATED, 16, "held_out"), (F.ALL_ESCALATED, 16, "held_out")]
     second = [s.model for s in specs if s.round == 1]
     assert second[:4] == ["router", "router_single", "hand_bls", "ensemble"]
-    assert second[-2:] == ["classifier", "classifier_fast"]
-    assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 2)
+    assert second[-4:] == ["classifier", "classifier_fast", F.ALL_ESCALATED, F.NONE_ESCALATED]
+    assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 4)
 
 
 def test_classifier_inputs_are_padded_to_the_longest_of_each_group():
@@ -79,6 +92,20 @@ def test_the_cost_model_on_known_inputs():
         F.cost_model(1.0, 1.0, 1.0, 1.0, 1.5)
 
 
+def test_the_per_stage_cost_model_on_known_inputs():
+    # c_fast 1 ms, c_accurate 4 ms; escalating none 2 ms/text -> o_first 1 ms; escalating all 8 ms -> o_escalated 2 ms
+    c = F.stage_cost_model(t_fast=1000.0, t_accurate=250.0, t_none=500.0, t_all=125.0, t_router=270.0, e=0.25)
+    assert c["o_first"] == pytest.approx(0.001) and c["o_escalated"] == pytest.approx(0.002)
+    assert c["predicted"] == pytest.approx(1000.0 / 3.5)  # 1 + 1 + 0.25 * (4 + 2) ms
+    assert c["ratio"] == pytest.approx(270.0 * 0.0035)
+    # the prediction is the time per text interpolated between the two routers
+    assert 1 / c["predicted"] == pytest.approx(0.75 / 500.0 + 0.25 / 125.0)
+    with pytest.raises(ValueError):
+        F.stage_cost_model(1.0, 1.0, 0.0, 1.0, 1.0, 0.5)
+    with pytest.raises(ValueError):
+        F.stage_cost_model(1.0, 1.0, 1.0, 1.0, 1.0, -0.1)
+
+
 def m(model, c, r, thr, p50, error=None):
     return {"model": model, "concurrency": c, "round": r, "throughput": thr, "p50_ms": p50, "p99_ms": 2 * p50, "error": error}
 
@@ -89,6 +116,7 @@ def rounds_of(n, ratio=0.9):
         out += [m("classifier_fast", 16, r, 1000.0, 10.0), m("classifier", 16, r, 250.0, 40.0),
                 m("router_single", 16, r, 200.0, 50.0), m("router", 16, r, 1000.0 / 3 * ratio, 30.0),
                 m("ensemble", 16, r, 250.0, 40.0), m("hand_bls", 16, r, 210.0, 48.0),
+                m(F.NONE_ESCALATED, 16, r, 500.0, 10.0), m(F.ALL_ESCALATED, 16, r, 1000.0 / 7, 40.0),
                 m("router_single", 1, r, 100.0, 10.0 + r * 0.01), m("hand_bls", 1, r, 110.0, 10.0),
                 m("ensemble", 1, r, 100.0, 10.0), m("router", 1, r, 100.0, 10.0)]
     return out
@@ -99,8 +127,14 @@ def test_round_cost_models_and_summary_need_every_model_in_a_round():
     rs = F.round_cost_models(ms, 0.25)
     assert [r["round"] for r in rs] == [0, 1, 2]
     s = F.cost_summary(ms, 0.25)
-    assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "overhead_ms": 1.0, "predicted": 333.3, "measured": 300.0}
-    assert s["goal"]["per_round"] == [0.9, 0.9, 0.9]
+    # per stage: o_first 2 - 1 = 1 ms, o_escalated 7 - 2 - 4 = 1 ms: 1 + 1 + 0.25 * 5 = 3.25 ms a text
+    assert [r["round"] for r in F.round_stage_cost_models(ms, 0.25)] == [0, 1, 2]
+    assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "o_first_ms": 1.0, "o_escalated_ms": 1.0,
+                           "predicted": 307.7, "measured": 300.0}
+    assert s["goal"]["per_round"] == [0.975] * 3
+    old = s["one_constant"]
+    assert old["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "overhead_ms": 1.0, "predicted": 333.3, "measured": 300.0}
+    assert old["goal"]["per_round"] == [0.9, 0.9, 0.9]
     assert s["router_vs_ensemble_c16"] == pytest.approx(1.2)
     assert F.cost_summary(ms, None)["median"] is None
 
@@ -173,7 +207,9 @@ def test_the_section_is_kept_and_reports_every_part():
     text = F.render_section(results())
     assert text.startswith(FLOOR_START) and text.endswith(FLOOR_END)
     for needle in ("| 1 | `router_single` |", "| 16 | `hand_bls` |", "p50 at c=1 at most 1.05x", "**met**",
-                   "| 1.0 | 4.0 | 0.25 | 1.0 | 333.3 | 300.0 | 0.9x |", "Router / ensemble throughput at c=16",
+                   "| per stage | 1.0 | 4.0 | 0.25 | 1.0 + e * 1.0 | 307.7 | 300.0 | 0.975x |",
+                   "| one constant | 1.0 | 4.0 | 0.25 | 1.0 | 333.3 | 300.0 | 0.9x |",
+                   "The model before the parts (one constant), not judged: 0.9x", "Router / ensemble throughput at c=16",
                    "| `router` | 2.5 |", "1.25x", "**1.2 s**", "goal at most 3 s **met**", "1 measurement(s) failed",
                    "load average [1.0, 2.0, 3.0] before"):
         assert needle in text, needle

@@ -79,34 +79,40 @@ def loop(throughput, requests=100, errors=0, model="router_margin_x"):
 
 
 COSTS = [0.002, 0.006]  # the fast stage 2 ms per text, the accurate one 6 ms
-TUNE_O = {"overhead_s": 0.002, "margin": 0.3}
+# tune's fit: 1 ms per text and 2 ms more per escalated text; the one constant its chosen run implied
+TUNE_O = {"parts_s": [0.001, 0.002], "constant_s": 0.0015, "constant_margin": 0.3}
 
 
-def test_each_point_against_tunes_overhead_and_the_overhead_measured_at_each_other_margin():
-    points = [{"margin": 0.3, "role": "chosen", "escalation_rate": 0.5, "reach": [1.0, 0.5], "router": loop(1 / 0.007)},
-              {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2], "router": loop(200.0)}]
-    same, other = C.checks(points, COSTS, TUNE_O)
-    # the chosen point: tune's o measured at its own margin, predicted 1 / (2 + 2 + 0.5 * 6 ms)
-    assert same["tune"]["predicted"] == pytest.approx(1 / 0.007) and same["tune"]["ratio"] == pytest.approx(1.0)
-    assert same["tune"]["same_margin"] is True and same["tune"]["within"] is True
-    assert same["implied_overhead_s"] == pytest.approx(0.002)
-    # the other point: predicted 1 / (2 + 2 + 0.2 * 6 ms) = 192.3, measured 200
-    assert other["tune"]["predicted"] == pytest.approx(1 / 0.0052) and other["tune"]["ratio"] == pytest.approx(200 * 0.0052)
-    assert other["tune"]["same_margin"] is False and other["tune"]["overhead_margin"] == 0.3
+def two_points(measured_at_01=200.0):
+    return [{"margin": 0.3, "role": "chosen", "escalation_rate": 0.5, "reach": [1.0, 0.5], "router": loop(1 / 0.007)},
+            {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2], "router": loop(measured_at_01)}]
+
+
+def test_each_point_against_tunes_fitted_overhead_the_one_constant_and_each_other_points():
+    chosen, other = C.checks(two_points(), COSTS, TUNE_O)
+    # the chosen point: o = 1 + 0.5 * 2 = 2 ms, stages 2 + 0.5 * 6 = 5 ms: predicted 1 / 7 ms
+    assert chosen["tune"]["overhead_s"] == pytest.approx(0.002) and chosen["tune"]["ratio"] == pytest.approx(1.0)
+    assert chosen["tune"]["within"] is True and chosen["implied_overhead_s"] == pytest.approx(0.002)
+    # the other: o = 1 + 0.2 * 2 = 1.4 ms, stages 3.2 ms: predicted 1 / 4.6 ms = 217.4, measured 200
+    assert other["tune"]["predicted"] == pytest.approx(1 / 0.0046) and other["tune"]["ratio"] == pytest.approx(200 * 0.0046)
     assert other["implied_overhead_s"] == pytest.approx(0.005 - 0.0032)  # 1/200 less its stages there
+    # the one constant (1.5 ms, implied by tune's run at 0.3): repeats at 0.3, a check of the old model at 0.1
+    assert chosen["constant"]["same_margin"] is True and chosen["constant"]["ratio"] == pytest.approx(0.0065 / 0.007)
+    assert other["constant"]["same_margin"] is False and other["constant"]["ratio"] == pytest.approx(200 * 0.0047)
     # each against the other's implied overhead
-    (a,) = same["others"]
+    (a,) = chosen["others"]
     assert a["overhead_margin"] == 0.1 and a["overhead_s"] == pytest.approx(0.0018)
     assert a["predicted"] == pytest.approx(1 / 0.0068) and a["ratio"] == pytest.approx(0.0068 / 0.007)
     (b,) = other["others"]
     assert b["overhead_margin"] == 0.3 and b["predicted"] == pytest.approx(1 / 0.0052)
-    assert (same["measured"], same["requests"], same["errors"]) == (pytest.approx(1 / 0.007), 100, 0)
+    assert (chosen["measured"], chosen["requests"], chosen["errors"]) == (pytest.approx(1 / 0.007), 100, 0)
+    # without tune's run of the chosen point there is no constant to compare with
+    assert all("constant" not in r for r in C.checks(two_points(), COSTS, {"parts_s": [0.001, 0.002]}))
 
 
 def test_a_point_not_measured_is_no_one_elses_overhead():
-    points = [{"margin": 0.3, "role": "chosen", "escalation_rate": 0.5, "reach": [1.0, 0.5], "router": loop(1 / 0.007)},
-              {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2],
-               "router": {**loop(0.0, requests=0, errors=3), "first_error": "InferenceServerException: boom"}}]
+    points = two_points()
+    points[1]["router"] = {**loop(0.0, requests=0, errors=3), "first_error": "InferenceServerException: boom"}
     ok, bad = C.checks(points, COSTS, TUNE_O)
     assert bad["error"] == "InferenceServerException: boom" and "tune" not in bad and "others" not in bad
     assert ok["others"] == []
@@ -114,29 +120,27 @@ def test_a_point_not_measured_is_no_one_elses_overhead():
     assert v["verdict"] == "not decided" and v["unmeasured_margins"] == [0.1]
 
 
-def test_the_verdict_counts_only_overheads_measured_at_another_margin():
-    points = [{"margin": 0.3, "role": "chosen", "escalation_rate": 0.5, "reach": [1.0, 0.5], "router": loop(1 / 0.007)},
-              {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2], "router": loop(200.0)},
-              {"margin": 0.4, "role": "near 0.6", "escalation_rate": 0.6, "reach": [1.0, 0.6], "router": loop(130.0)}]
+def test_the_verdict_judges_the_fitted_model_at_every_point_and_counts_the_constant_beside_it():
+    points = two_points() + [{"margin": 0.4, "role": "near 0.6", "escalation_rate": 0.6, "reach": [1.0, 0.6],
+                              "router": loop(1 / 0.0082)}]  # o = 2.2 ms, stages 5.6 ms: exactly as predicted
     v = C.verdict(C.checks(points, COSTS, TUNE_O))
-    # tune's o at 0.1 and 0.4, and each point against the two others: 2 + 6
-    assert (v["checks"], v["within"], v["verdict"]) == (8, 8, "met")
-    assert v["repeatability"] == {"checks": 1, "within": 1}
-    points[1]["router"] = loop(100.0)  # half the prediction at 0.1: its own check and its overhead fail the others
+    assert (v["checks"], v["within"], v["verdict"]) == (3, 3, "met")
+    # the constant at 0.1 and 0.4, and each point against the two others: 2 + 6, none at its own margin
+    assert v["constant"]["checks"] == 8
+    points[1]["router"] = loop(100.0)  # half the prediction at 0.1
     v = C.verdict(C.checks(points, COSTS, TUNE_O))
-    assert v["verdict"] == "not met" and v["within"] < v["checks"] == 8
+    assert v["verdict"] == "not met" and (v["checks"], v["within"]) == (3, 2)
     assert C.verdict([])["verdict"] == "not decided"
 
 
 def results(duration=5.0, concurrency=16):
-    points = [{"margin": 0.3, "role": "chosen", "escalation_rate": 0.5, "reach": [1.0, 0.5], "router": loop(1 / 0.007)},
-              {"margin": 0.1, "role": "near 0.2", "escalation_rate": 0.2, "reach": [1.0, 0.2], "router": loop(100.0)}]
-    rows = C.checks(points, COSTS, TUNE_O)
+    rows = C.checks(two_points(measured_at_01=100.0), COSTS, TUNE_O)
     return {"command": C.COMMAND, "started_utc": "2026-01-01 00:00", "machine": {"cores": 2, "cpu_model": "x"},
             "load_before": [1.0, 1.0, 1.0], "load_max_during": 3.5, "concurrency": concurrency, "duration_s": duration, "warmup_s": 10.0,
             "data": "split:validation", "target": "noninferior:0.5", "texts": 1936, "tolerance": 0.15,
             "cascade": "cascade", "stages": ["classifier_fast", "classifier"], "stage_costs_s": COSTS,
-            "tune": {"overhead_s": 0.002, "margin": 0.3, "router_throughput": 142.857, "chosen_margin": 0.3,
+            "tune": {**TUNE_O, "margin": 0.3, "chosen_margin": 0.3,
+                     "lists": [{"share": 0.1, "throughput": 300.0}, {"share": 0.7, "throughput": 150.0}],
                      "chosen_run": {"throughput": 140.0, "predicted_throughput": 142.857, "measured_over_predicted": 0.98}},
             "points": rows, "verdict": C.verdict(rows)}
 
@@ -149,13 +153,14 @@ def test_the_section_renders_each_point_and_the_verdict_and_is_kept_across_runs(
     assert "load average [1.0, 1.0, 1.0] before, highest 3.5 during" in text and "16 clients for 5 s" in text
     assert "each router first warmed by 10 s of the same loop, untimed" in text
     assert "Short loops" not in text
-    assert "`classifier_fast` 2.000 ms, `classifier` 6.000 ms" in text and "o = 2.000 ms per text" in text
-    assert "chosen margin 0.3" in text and "measured/predicted 0.98" in text
-    assert "| 0.3 | chosen | 0.500 | 142.9 | 142.9 | 1.000 (same margin: repeats) | yes | 2.000 |" in text
-    assert "| 0.1 | near 0.2 | 0.200 | 192.3 | 100.0 | 0.520 | **no** | 6.800 |" in text
+    assert "`classifier_fast` 2.000 ms, `classifier` 6.000 ms" in text
+    assert "o = 1.000 + e_2 * 2.000 ms per text, fitted" in text and "(10% escalated: 300.0 texts/s; 70% escalated" in text
+    assert "chosen margin 0.3" in text and "measured/predicted 0.98" in text and "o = 1.500 ms." in text
+    assert "| 0.3 | chosen | 0.500 | 2.000 | 142.9 | 142.9 | 1.000 | yes | 0.929 (same margin: repeats) | 2.000 |" in text
+    assert "| 0.1 | near 0.2 | 0.200 | 1.400 | 217.4 | 100.0 | 0.460 | **no** | 0.470 | 6.800 |" in text
     assert "| 0.3 | 0.1 | 6.800 | 84.7 | 142.9 | 1.686 | **no** |" in text
     assert "| 0.1 | 0.3 | 2.000 | 192.3 | 100.0 | 0.520 | **no** |" in text
-    assert "0 of 3 checks: **not met**" in text and "(repeatability): 1 of 1" in text
+    assert "1 of 2 points: **not met**" in text and "(the model before the parts): 0 of 3 checks" in text
     assert "Short loops" in C.render_section(results(duration=1.0, concurrency=2))
     write_kept_outputs(tmp_path, "tune_check", r, text, TUNE_CHECK_START, TUNE_CHECK_END)
     write_kept_outputs(tmp_path, "tune_check", r, text, TUNE_CHECK_START, TUNE_CHECK_END)  # replaced, not appended
@@ -170,7 +175,7 @@ def test_a_point_not_measured_shows_in_the_section():
     r["points"][0]["others"] = []
     r["verdict"] = C.verdict(r["points"])
     text = C.render_section(r)
-    assert "| 0.1 | near 0.2 | 0.200 | n/a | not measured: boom |" in text
+    assert "| 0.1 | near 0.2 | 0.200 | n/a | n/a | not measured: boom |" in text
     assert "not decided (not measured: margins 0.1)" in text
 
 
@@ -195,6 +200,8 @@ def test_the_results_page_gives_the_command_with_its_defaults():
     shares = " and ".join(f"{round(100 * s)}%" for s in C.SHARES)
     assert f"escalating nearest {shares} of the texts" in item
     assert f"{TT.CONCURRENCY} clients for {TT.DURATION_S:g} s" in item and f"within {100 * C.TOLERANCE:g}% or not" in item
+    lists = " and ".join(f"{round(100 * s)}%" for s in TT.OVERHEAD_SHARES)
+    assert f"two lists of the tuning texts, {lists} of them escalated at the served margin" in text
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "bench-tune-check: $(STAMP)\n\t$(PY) -m lab.bench.tune_check --out $(BENCH_OUT) $(BENCH_ARGS)\n" in makefile
 

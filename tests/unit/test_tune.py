@@ -408,10 +408,15 @@ class _Served:
         self.name, self.margin = name, margin
 
 
-def _throughput_with_fakes(monkeypatch, served_margin, router_tps, given_s=None):
-    """throughput_report on fakes: stages cost 2 ms (fast) and 8 ms (accurate) a text, the
-    router answers ``router_tps`` texts/s, its cascade serves ``served_margin``; the reach at
-    margin m is [1, m] (so the escalation rate is the margin itself)."""
+O_PARTS = (0.001, 0.003)  # the fake router: 1 ms per text, 3 ms more per text it escalates
+
+
+def _throughput_with_fakes(monkeypatch, served_margin, given_s=None, given_stages=None, shares=None):
+    """throughput_report on fakes: stages cost 2 ms (fast) and 8 ms (accurate) a text; 20 texts
+    ``t0``..``t19``, the first ``20 * m`` of them escalated at margin m (so the escalation rate
+    is the margin itself); the router's cascade serves ``served_margin`` and spends
+    :data:`O_PARTS` itself, so a closed loop on texts of which a share e escalate at the served
+    margin answers 1 / (1 + 2 + e * (3 + 8)) ms texts/s."""
     from types import SimpleNamespace
 
     from orchestrator.tooling import tune_throughput as TT
@@ -420,10 +425,14 @@ def _throughput_with_fakes(monkeypatch, served_margin, router_tps, given_s=None)
     calls = []
     monkeypatch.setattr(TT, "measure_model", lambda p, a, name, *args, **kw: {"model": name, "requests": 10, "errors": 0,
                                                                               "throughput": 1 / costs[name], "cost_s": costs[name]})
+    texts = [f"t{i}" for i in range(20)]
+    escalated = set(texts[:int(served_margin * 20)])
 
-    def measure_router(protocol, address, model, texts, threshold, concurrency, duration_s):
-        calls.append(model)
-        return {"model": model, "requests": 100, "errors": 0, "seconds": 1.0, "throughput": router_tps, "first_error": None}
+    def measure_router(protocol, address, model, sent, threshold, concurrency, duration_s):
+        calls.append(list(sent))
+        e = sum(t in escalated for t in sent) / len(sent)
+        per_text = O_PARTS[0] + costs["fast"] + e * (O_PARTS[1] + costs["accurate"])
+        return {"model": model, "requests": 100, "errors": 0, "seconds": 1.0, "throughput": 1 / per_text, "first_error": None}
 
     monkeypatch.setattr(TT, "measure_router", measure_router)
     monkeypatch.setattr(TT, "served_cascade", lambda *a: (_Served("cas", served_margin), ""))
@@ -434,49 +443,133 @@ def _throughput_with_fakes(monkeypatch, served_margin, router_tps, given_s=None)
     margins = (0.1, 0.25, 0.5)
     result = {"cascades": [{"points": [{"margin": m, "escalation_rate": m, "accuracy": 0.9} for m in margins],
                             "chosen": {"margin": 0.25}, "last_stage_accuracy": 0.91}]}
-    measured = SimpleNamespace(texts=["a", "b"])
+    measured = SimpleNamespace(texts=texts)
 
     def cascade_answers(head, answers, margin, threshold):
-        return None, [np.ones(4), np.array([1.0] * int(margin * 4) + [0.0] * (4 - int(margin * 4)))]
+        k = int(round(margin * 20))
+        return None, [np.ones(20, dtype=bool), np.array([True] * k + [False] * (20 - k))]
 
+    kw = {} if shares is None else {"overhead_shares": shares}
     t = TT.throughput_report("grpc://127.0.0.1:1", None, result, [(cascade, stages)], {"cas": ([], measured)}, models,
                              "router", 128, concurrency=2, duration_s=0.1, cascade_answers=cascade_answers,
-                             cascades_of=lambda p: [], router_overhead_s=given_s)
+                             cascades_of=lambda p: [], router_overhead_s=given_s, router_stage_overhead_s=given_stages, **kw)
     return t, calls
 
 
-def test_throughput_predictions_include_the_router_overhead_measured_at_the_served_margin(monkeypatch):
-    # served at margin 0.5: stages cost 2 + 0.5 * 8 = 6 ms a text, the router 1 / 125 = 8 ms: o = 2 ms
-    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.5, router_tps=125.0)
+def test_the_router_overhead_parts_are_fitted_from_text_lists_escalated_at_the_served_margin(monkeypatch):
+    # served at 0.5: t0..t9 escalate there; two lists of 20 texts, 10% and 70% of them escalated
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.5)
     (c,) = t["cascades"]
     o = c["overhead"]
-    assert o["source"] == "measured" and o["margin"] == 0.5 and o["reach"] == [1.0, 0.5]
-    assert o["overhead_s"] == pytest.approx(0.002) and o["stage_cost_s"] == pytest.approx(0.006)
+    assert o["source"] == "fitted" and o["margin"] == 0.5 and o["notes"] == []
+    assert [li["share"] for li in o["lists"]] == [0.1, 0.7] and [li["reach"] for li in o["lists"]] == [[1.0, 0.1], [1.0, 0.7]]
+    assert [sum(x in {f"t{i}" for i in range(10)} for x in sent) for sent in calls[:2]] == [2, 14]  # the lists as sent
+    assert o["parts_s"] == pytest.approx(list(O_PARTS))  # the fake router's own costs, recovered
+    for li in o["lists"]:  # the one constant each list implies grows with its escalated share
+        assert li["implied_s"] == pytest.approx(O_PARTS[0] + li["share"] * O_PARTS[1])
     for p in c["points"]:
-        assert p["predicted_throughput"] == pytest.approx(1 / (0.002 + 0.002 + p["reach"][1] * 0.008))
-    # the router serves 0.5, not the chosen 0.25: only the overhead's closed loop ran
-    assert calls == ["router"] and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
-    assert "Router overhead o = 2.000 ms per text" in "\n".join(_render(t))
+        e = p["reach"][1]
+        assert p["overhead_s"] == pytest.approx(0.001 + e * 0.003)
+        assert p["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + e * (0.003 + 0.008)))
+    # the router serves 0.5, not the chosen 0.25: only the fit's two closed loops ran
+    assert len(calls) == 2 and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
+    text = "\n".join(_render(t))
+    assert "Router overhead o = 1.000 + e_2 * 3.000 ms per text, fitted" in text and "margin it serves (0.5)" in text
+    assert "10% reaching stage 2" in text and "70% reaching stage 2" in text
 
 
-def test_the_chosen_point_checked_against_a_given_overhead_and_the_calibration_flagged(monkeypatch):
-    # o given (measured at another margin): no closed loop for it, one for the chosen point
-    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, router_tps=125.0, given_s=0.001)
+def test_the_chosen_point_runs_on_the_tuning_texts_and_checks_the_fitted_model(monkeypatch):
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, shares=(0.2, 0.5, 0.9))
     (c,) = t["cascades"]
-    assert c["overhead"] == {"overhead_s": 0.001, "source": "given"} and calls == ["router"]
-    r = c["router"]
+    assert len(c["overhead"]["lists"]) == 3 and len(calls) == 4 and calls[-1] == [f"t{i}" for i in range(20)]
+    r = c["router"]  # the fake is linear: the fitted model predicts it exactly
+    assert c["chosen"]["predicted_throughput"] == pytest.approx(1 / (0.003 + 0.25 * 0.011))
+    assert r["measured_over_predicted"] == pytest.approx(1.0)
+
+
+def test_given_overhead_parts_replace_the_fit(monkeypatch):
+    from orchestrator.tooling.errors import TuneError
+
+    # o_1 alone: one constant (the later parts 0); no closed loop for it, one for the chosen point
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, given_s=0.001)
+    (c,) = t["cascades"]
+    assert c["overhead"] == {"parts_s": [0.001, 0.0], "source": "given"} and len(calls) == 1
     assert c["chosen"]["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + 0.25 * 0.008))
-    assert r["measured_over_predicted"] == pytest.approx(125.0 * (0.001 + 0.002 + 0.25 * 0.008))
-    assert r["overhead_measured_here"] is False
-    # o measured at the chosen margin itself: two closed loops, and the check says it is one of repeatability
-    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, router_tps=125.0)
+    assert c["router"]["measured_over_predicted"] == pytest.approx((0.001 + 0.002 + 0.25 * 0.008) / (0.003 + 0.25 * 0.011))
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, given_s=0.001, given_stages=[0.003])
     (c,) = t["cascades"]
-    assert calls == ["router", "router"] and c["router"]["overhead_measured_here"] is True
-    assert c["router"]["measured_over_predicted"] == pytest.approx(1.0)
-    assert "checks repeatability" in "\n".join(_render(t))
+    assert c["overhead"]["parts_s"] == [0.001, 0.003] and c["router"]["measured_over_predicted"] == pytest.approx(1.0)
+    assert "o = 1.000 + e_2 * 3.000 ms per text (given" in "\n".join(_render(t))
+    with pytest.raises(TuneError, match="2 values for cascade 'cas', which has 1 stage"):
+        _throughput_with_fakes(monkeypatch, served_margin=0.25, given_s=0.001, given_stages=[0.003, 0.001])
+
+
+def test_a_served_margin_that_escalates_nothing_leaves_the_stage_part_unmeasured(monkeypatch):
+    t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.0)
+    o = t["cascades"][0]["overhead"]
+    assert o["source"] == "fitted" and len(calls) == 1 and o["parts_s"] == pytest.approx([0.001, 0.0])
+    assert "o_2 not measured" in o["notes"][0]
+    assert "none escalated: " in "\n".join(_render(t)) and " No tuning text reaches stage 2 at the served margin" in "\n".join(_render(t))
+
+
+def test_overhead_lists_mix_escalated_texts_evenly_and_separate_every_stage():
+    from orchestrator.tooling import tune_throughput as TT
+
+    assert TT.mixture([0, 1, 2], [7, 8], 0.25, 8) == [0, 1, 2, 7, 0, 1, 2, 8]
+    assert TT.mixture([0], [7], 0.0, 3) == [0, 0, 0] and TT.mixture([], [7], 1.0, 2) == [7, 7]
+    with pytest.raises(ValueError):
+        TT.mixture([], [7], 0.5, 4)
+    # three stages: texts 0-5 stop at the first, 6-7 at the second, 8-9 go on to the third
+    reached = [np.ones(10, bool), np.arange(10) >= 6, np.arange(10) >= 8]
+    lists, fitted, notes = TT.overhead_lists(reached, (0.1, 0.5))
+    assert fitted == [0, 1, 2] and notes == []
+    assert [(li["stage"], li["reach"]) for li in lists] == [(1, [1.0, 0.1, 0.0]), (1, [1.0, 0.5, 0.0]),
+                                                            (2, [1.0, 0.1, 0.1]), (2, [1.0, 0.5, 0.5])]
+    assert set(lists[3]["texts"]) == {0, 1, 2, 3, 4, 8, 9}
+    # a linear router is recovered exactly: 1 + 2 e_2 + 4 e_3 ms own cost, stages 1, 5, 10 ms
+    costs, parts = [0.001, 0.005, 0.010], [0.001, 0.002, 0.004]
+    thr = [1 / float(np.dot(li["reach"], np.add(costs, parts))) for li in lists]
+    assert TT.fit_overhead([li["reach"] for li in lists], thr, costs, fitted) == pytest.approx(parts)
+    assert TT.overhead_at(parts, [1.0, 0.5, 0.25]) == pytest.approx(0.003)
+    assert TT.overhead_at([0.001, -0.004], [1.0, 0.5]) == 0.0  # a negative part never makes the router free
+    # every text escalates at the served margin: the first part takes the second's cost
+    lists, fitted, notes = TT.overhead_lists([np.ones(4, bool), np.ones(4, bool)])
+    assert fitted == [0] and [li["reach"] for li in lists] == [[1.0, 1.0]] and "counted in o_1" in notes[0]
+    with pytest.raises(ValueError, match="2 lists for 3 parts"):
+        TT.fit_overhead([[1, 0, 0], [1, 1, 0]], [1.0, 1.0], costs, [0, 1, 2])
+
+
+def test_stage_overheads_need_the_first_part_and_shares_must_be_two_in_range(tmp_path):
+    from orchestrator.tooling.errors import TuneError
+    from tests.helpers import REPO
+
+    policy = REPO / "router" / "policy.yaml"
+    with pytest.raises(TuneError, match="give --router-overhead-ms"):
+        T.tune(policy, "split:validation", router_stage_overhead_ms=[1.0], out=tmp_path)
+    for bad in ([0.5], [0.2, 1.5], [0.3, 0.3]):
+        with pytest.raises(TuneError, match="at least two distinct shares"):
+            T.tune(policy, "split:validation", overhead_shares=bad, out=tmp_path)
 
 
 def _render(t):
     from orchestrator.tooling.tune_throughput import render_throughput
 
     return render_throughput(t)
+
+
+def test_the_tune_guide_names_the_url_flags_and_defaults_the_command_has():
+    import re
+
+    from orchestrator.tooling import tune_throughput as TT
+    from tests.helpers import ROOT
+
+    guide = (ROOT / "docs" / "guides" / "tune.md").read_text()
+    section = guide[guide.index("## Throughput on your server"):guide.index("## The shipped policy")]
+    parser = T.add_tune_arguments(argparse.ArgumentParser())
+    flags = {o for a in parser._actions for o in a.option_strings}
+    named = set(re.findall(r"`(--[a-z-]+)", section))
+    assert named and named <= flags, named - flags
+    assert f"`--overhead-shares`, default {' and '.join(f'{x:g}' for x in TT.OVERHEAD_SHARES)}," in section
+    assert f"(default {TT.CONCURRENCY}) for `--duration` seconds (default {TT.DURATION_S:g})" in section
+    assert f"after {TT.WARMUP_S:g} seconds of the same" in section
+    assert parser.parse_args(["p", "--data", "d"]).concurrency == TT.CONCURRENCY

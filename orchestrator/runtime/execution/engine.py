@@ -57,6 +57,9 @@ InferFn = Callable[
 #: runs count. A choice, not a measured optimum: it follows a load change within a few requests.
 COST_WEIGHT = 0.3
 
+#: stage -> its ``orchestrator_stage_seconds`` series (:meth:`Run.stage`: a few stage names).
+_STAGE_KEYS: Dict[str, Key] = {}
+
 # True inside a branch that runs beside others or under a timeout.
 _CONCURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("orchestrator_concurrent", default=False)
 
@@ -88,7 +91,18 @@ def route_label(route: str) -> str:
     """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
     it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
     label, so its values stay one per route rather than one per count."""
-    return ":".join(part for part in route.split(":") if "=" not in part)
+    label = _ROUTE_LABELS.get(route)
+    if label is None:
+        label = ":".join(part for part in route.split(":") if "=" not in part)
+        if len(_ROUTE_LABELS) < ROUTE_LABELS_KEPT:
+            _ROUTE_LABELS[route] = label
+    return label
+
+
+#: At most this many routes' labels are kept (:func:`route_label` is on every text's path;
+#: a policy has a few routes, a chunk node's details add one per window count).
+ROUTE_LABELS_KEPT = 1024
+_ROUTE_LABELS: Dict[str, str] = {}
 
 
 def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int) -> Optional[LimitError]:
@@ -155,6 +169,7 @@ class Engine:
         self.costs: Dict[str, float] = {}
         self.rng = random.Random()  # every run's draws (Run.random)
         self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
+        self.latency_keys: Dict[str, Key] = {}  # node name -> its orchestrator_node_latency_seconds series (Run.run_node)
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
         self.mirror_runner: Optional[Mirror] = None
@@ -226,7 +241,8 @@ class Run:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``
         (nothing when timing is off)."""
         if self.timing:
-            self.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+            key = _STAGE_KEYS.get(stage) or _STAGE_KEYS.setdefault(stage, ("orchestrator_stage_seconds", (("stage", stage),)))
+            self.observations.setdefault(key, []).append(time.perf_counter() - began)
 
     def flush(self) -> None:
         """Hand this run's counters, observations and gauges to its metrics sink, at once."""
@@ -296,8 +312,10 @@ class Run:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
-            if self.timing:
-                self.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+            if self.timing:  # observe(), its key made once per node
+                key = self.engine.latency_keys.get(node.name) or self.engine.latency_keys.setdefault(
+                    node.name, ("orchestrator_node_latency_seconds", (("node", node.name),)))
+                self.observations.setdefault(key, []).append(time.perf_counter() - start)
 
     # -- one execute call
 
@@ -311,11 +329,14 @@ class Run:
         try:
             refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
             per_work: List[List[Item]] = []
+            per_thresholds: List[NDArray[Any]] = []  # each work's thresholds, float64 [texts, 1 or C]: its items' rows
+            start = 0
             for k, w in enumerate(works):
-                start = sum(len(p) for p in per_work)
                 thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
                 pairs = enumerate(zip(w.texts, thresholds))
                 per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
+                per_thresholds.append(thresholds)
+                start += len(w.texts)
             texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
             began = time.perf_counter()
             for tokenizer in self.engine.token_kinds:
@@ -336,13 +357,14 @@ class Run:
                 if k in refused:
                     results.append(refused[k])
                     continue
-                probs = np.stack([answers[it.idx].probabilities for it in its])
-                verdicts = self.head.verdicts(probs, np.stack([it.threshold for it in its]))
-                for row, it in enumerate(its):  # a constant's or a vote's own verdicts
-                    if answers[it.idx].verdict is not None:
-                        verdicts[row] = answers[it.idx].verdict
+                answered = [answers[it.idx] for it in its]
+                probs = np.stack([a.probabilities for a in answered])
+                verdicts = self.head.verdicts(probs, per_thresholds[k])
+                for row, a in enumerate(answered):  # a constant's or a vote's own verdicts
+                    if a.verdict is not None:
+                        verdicts[row] = a.verdict
                 probs = probs.astype(np.float32)
-                routes = [answers[it.idx].route for it in its]
+                routes = [a.route for a in answered]
                 for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
                     self.count("orchestrator_texts_total", route=route_label(r))
                 results.append(Result(probs, verdicts, routes))
@@ -463,14 +485,15 @@ class ModelCalls:
         calls = []
         for part in parts:
             rows = [items[i] for i in part]
-            ids = ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
+            ids = rows[0].request_id if len(rows) == 1 else ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
             forwarded = {}
-            if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
+            if len(rows) == 1 or len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
                 forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
-            forwarded.update(parameters or {})
+            if parameters:
+                forwarded.update(parameters)
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self.deadlines.call_options(rows)))
         began = time.perf_counter()
-        outs = await gather(calls)
+        outs = [await calls[0]] if len(calls) == 1 else await gather(calls)  # gather's own rule for one call
         self.stage("bls", began)
         self.deadlines.arrived(items)
         for part, out in zip(parts, outs):

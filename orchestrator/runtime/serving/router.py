@@ -266,7 +266,9 @@ async def _finish(rest: Awaitable[T]) -> T:
 def run_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
     """``loop.run_until_complete(coro)``, with ``coro``'s first step in the calling thread
     (the section above): its result when it never waits, else the rest in a task on ``loop``.
-    Exceptions propagate as from ``run_until_complete``."""
+    Exceptions propagate as from ``run_until_complete`` (a loop running in this thread: its RuntimeError)."""
+    if asyncio.events._get_running_loop() is not None:
+        return loop.run_until_complete(coro)  # refused, as it always was; the running loop left as it is
     context = contextvars.copy_context()  # as a task's: the rest runs in this same one
     asyncio.events._set_running_loop(loop)  # what get_running_loop() reads (asyncio's own setter)
     try:

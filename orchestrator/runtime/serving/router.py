@@ -216,16 +216,14 @@ class QueueDelay:
 
 # ----------------------------------------------------------------------------- the event loop
 #
-# One execute is one coroutine, and most never wait for anything: a lone downstream call is a
-# blocking ``exec``. ``loop.run_until_complete`` still costs a task and two loop iterations (about
-# a tenth of the router's own time on one short text). :func:`run_eagerly` runs the coroutine's
-# first step in the calling thread, the loop marked running (so ``asyncio.get_running_loop``,
-# ``asyncio.gather`` and the stub's ``async_exec`` find it) and, only when it waits for something
-# (``async_exec``, branches side by side, an on-demand load), goes on with it in a task on the
-# loop (:class:`_Resume`), in the same ``contextvars`` context (a context variable set before the
-# wait is reset after it). No task exists during the first step, so a policy with a node
-# ``timeout_ms`` (``asyncio.wait_for``: on Python 3.12 it needs a current task) never runs
-# eagerly: the router decides at load (``TritonPythonModel.eager``).
+# One execute is one coroutine, and most never wait: a lone downstream call is a blocking ``exec``, yet
+# ``loop.run_until_complete`` costs a task and two loop iterations (a tenth of the router's own time).
+# :func:`run_eagerly` runs the first step in the calling thread, the loop marked running (so
+# ``asyncio.get_running_loop``, ``asyncio.gather`` and the stub's ``async_exec`` find it) and, only when
+# the run waits (``async_exec``, branches side by side, an on-demand load), goes on in a task on the loop
+# (:class:`_Resume`) in the same ``contextvars`` context (a variable set before the wait is reset after it).
+# No task exists in the first step, so a policy with a node ``timeout_ms`` (``asyncio.wait_for``: on
+# Python 3.12 it needs a current task) never runs eagerly: decided at load (``TritonPythonModel.eager``).
 
 T = TypeVar("T")
 
@@ -259,7 +257,7 @@ class _Resume:
                     return stop.value
 
 
-async def _finish(rest: Awaitable[T]) -> T:
+async def _finish(rest: Awaitable[T]) -> T:  # a task needs a coroutine (Python 3.12: not a generator)
     return await rest
 
 
@@ -277,7 +275,8 @@ def run_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -
         return cast(T, stop.value)
     finally:
         asyncio.events._set_running_loop(None)
-    return loop.run_until_complete(loop.create_task(_finish(_Resume(coro, pending)), context=context))
+    result: T = loop.run_until_complete(loop.create_task(_finish(_Resume(coro, pending)), context=context))
+    return result
 
 
 # ----------------------------------------------------------------------------- the router
@@ -319,7 +318,8 @@ class TritonPythonModel:
     """Triton Python-backend adapter around :class:`~orchestrator.runtime.execution.engine.Engine`.
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
-    in the calling (stub main) thread. A downstream call that is the only one in flight
+    in the calling (stub main) thread, its first step outside the loop (:func:`run_eagerly`,
+    unless a node has ``timeout_ms``). A downstream call that is the only one in flight
     uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
     ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread

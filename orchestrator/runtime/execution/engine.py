@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import random
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
 from orchestrator.runtime.execution.mirror import Mirror
 from orchestrator.runtime.execution.tokenize import TextTokenizer, truncate
-from orchestrator.runtime.metrics import Key, Metrics
+from orchestrator.runtime.metrics import Key, Metrics, series
 from orchestrator.runtime.request import CallOptions, Deadlines, Result, Work
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
@@ -56,9 +57,6 @@ InferFn = Callable[
 #: its run times, :meth:`Engine.measured`, read by ``Deadlines.estimate``): about the last 5
 #: runs count. A choice, not a measured optimum: it follows a load change within a few requests.
 COST_WEIGHT = 0.3
-
-#: stage -> its ``orchestrator_stage_seconds`` series (:meth:`Run.stage`: a few stage names).
-_STAGE_KEYS: Dict[str, Key] = {}
 
 # True inside a branch that runs beside others or under a timeout.
 _CONCURRENT: contextvars.ContextVar[bool] = contextvars.ContextVar("orchestrator_concurrent", default=False)
@@ -82,27 +80,19 @@ async def gather(coros: Iterable[Awaitable[T]], settle: bool = False) -> List[An
     """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one;
     ``settle``: failures are returned in their places (``return_exceptions``)."""
     coros = list(coros)
+    if not coros:  # as asyncio.gather() of nothing: [], without its future
+        return []
     if len(coros) == 1 and not settle:
         return [await coros[0]]
     return await asyncio.gather(*(as_concurrent(c) for c in coros), return_exceptions=settle)
 
 
+@functools.lru_cache(maxsize=1024)  # on every text's path; a policy has a few routes
 def route_label(route: str) -> str:
     """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
     it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
     label, so its values stay one per route rather than one per count."""
-    label = _ROUTE_LABELS.get(route)
-    if label is None:
-        label = ":".join(part for part in route.split(":") if "=" not in part)
-        if len(_ROUTE_LABELS) < ROUTE_LABELS_KEPT:
-            _ROUTE_LABELS[route] = label
-    return label
-
-
-#: At most this many routes' labels are kept (:func:`route_label` is on every text's path;
-#: a policy has a few routes, a chunk node's details add one per window count).
-ROUTE_LABELS_KEPT = 1024
-_ROUTE_LABELS: Dict[str, str] = {}
+    return ":".join(part for part in route.split(":") if "=" not in part)
 
 
 def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int) -> Optional[LimitError]:
@@ -169,7 +159,6 @@ class Engine:
         self.costs: Dict[str, float] = {}
         self.rng = random.Random()  # every run's draws (Run.random)
         self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
-        self.latency_keys: Dict[str, Key] = {}  # node name -> its orchestrator_node_latency_seconds series (Run.run_node)
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
         self.mirror_runner: Optional[Mirror] = None
@@ -241,8 +230,7 @@ class Run:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``
         (nothing when timing is off)."""
         if self.timing:
-            key = _STAGE_KEYS.get(stage) or _STAGE_KEYS.setdefault(stage, ("orchestrator_stage_seconds", (("stage", stage),)))
-            self.observations.setdefault(key, []).append(time.perf_counter() - began)
+            self.observations.setdefault(series("orchestrator_stage_seconds", "stage", stage), []).append(time.perf_counter() - began)
 
     def flush(self) -> None:
         """Hand this run's counters, observations and gauges to its metrics sink, at once."""
@@ -312,9 +300,8 @@ class Run:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
-            if self.timing:  # observe(), its key made once per node
-                key = self.engine.latency_keys.get(node.name) or self.engine.latency_keys.setdefault(
-                    node.name, ("orchestrator_node_latency_seconds", (("node", node.name),)))
+            if self.timing:  # observe(), its series made once
+                key = series("orchestrator_node_latency_seconds", "node", node.name)
                 self.observations.setdefault(key, []).append(time.perf_counter() - start)
 
     # -- one execute call
@@ -330,13 +317,12 @@ class Run:
             refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
             per_work: List[List[Item]] = []
             per_thresholds: List[NDArray[Any]] = []  # each work's thresholds, float64 [texts, 1 or C]: its items' rows
-            start = 0
             for k, w in enumerate(works):
+                start = sum(len(p) for p in per_work)
                 thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
                 pairs = enumerate(zip(w.texts, thresholds))
                 per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
                 per_thresholds.append(thresholds)
-                start += len(w.texts)
             texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
             began = time.perf_counter()
             for tokenizer in self.engine.token_kinds:
@@ -358,7 +344,7 @@ class Run:
                     results.append(refused[k])
                     continue
                 answered = [answers[it.idx] for it in its]
-                probs = np.stack([a.probabilities for a in answered])
+                probs = answered[0].probabilities[np.newaxis] if len(answered) == 1 else np.stack([a.probabilities for a in answered])
                 verdicts = self.head.verdicts(probs, per_thresholds[k])
                 for row, a in enumerate(answered):  # a constant's or a vote's own verdicts
                     if a.verdict is not None:
@@ -431,6 +417,9 @@ class ModelCalls:
         ordered = [items[i] for i in order]
 
         def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
+            if len(part) == 1:  # one row: its ids as they are, nothing to pad
+                one = np.array(seqs[order[part[0]]], dtype=np.int64).reshape(1, -1)
+                return {"input_ids": one, "attention_mask": np.ones(one.shape, dtype=np.int64)}
             width = max(seqs[order[i]].shape[0] for i in part)
             ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)
@@ -450,7 +439,6 @@ class ModelCalls:
             finally:
                 self.models.release(name)
         columns = head.num_logits
-        logits = np.empty((len(seqs), columns), dtype=np.float32)
         parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
         for part in parts:
             if part.shape[1] != columns:
@@ -459,7 +447,11 @@ class ModelCalls:
                     f"({head.describe()}); a model without head.json is served as one logit: export it with "
                     "'orchestrator export' or write its head.json"
                 )
-        logits[order] = np.concatenate(parts)
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if order == sorted(order):  # rows sent in the items' order (one text, or sorted already): a new array, no scatter
+            return block.astype(np.float32)
+        logits = np.empty((len(seqs), columns), dtype=np.float32)
+        logits[order] = block
         return logits
 
     async def batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
@@ -489,8 +481,7 @@ class ModelCalls:
             forwarded = {}
             if len(rows) == 1 or len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
                 forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
-            if parameters:
-                forwarded.update(parameters)
+            forwarded.update(parameters or {})
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self.deadlines.call_options(rows)))
         began = time.perf_counter()
         outs = [await calls[0]] if len(calls) == 1 else await gather(calls)  # gather's own rule for one call

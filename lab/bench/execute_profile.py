@@ -24,7 +24,7 @@ tensors), ``bls build`` (``Downstream.infer``/``_call``/``_bls`` and the circuit
 sigmoid, verdicts, margins), ``metrics`` (``Metrics`` and the run's counters, observations and
 stage timings), ``response`` (``_response``: output tensors, the ``InferenceResponse``),
 ``adapter`` (``execute``, ``_timed_execute``, ``_execute`` themselves and the event loop's
-``run_until_complete``: what no other phase holds), and ``bls exec`` (the downstream call
+``run_until_complete`` or the router's ``run_eagerly``: what no other phase holds), and ``bls exec`` (the downstream call
 itself: not the router's).
 
 The mock's ``Tensor``/``InferenceRequest``/``InferenceResponse`` are Python, where the stub's
@@ -156,11 +156,13 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
     methods(engine.ModelCalls, "model call", ["classify", "batched", "ensure_tokens"])
     methods(Deadlines, "deadlines", [n for n, v in vars(Deadlines).items() if inspect.isfunction(v) and not n.startswith("__")])
     methods(downstream.Downstream, "bls build", ["infer", "_call", "_bls"])
-    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__"])
+    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__", "enter", "exit"])
     methods(downstream.CircuitBreaker, "bls build", ["before_call", "on_success", "state"])
     methods(heads.Head, "heads", ["probabilities", "verdicts", "unsure", "thresholds", "combine", "flipped"])
     methods(Metrics, "metrics", ["inc", "observe", "set", "record"])
     patch(undo, router, "observe_stage", wrap(clock, "metrics", router.observe_stage))
+    if hasattr(router, "run_eagerly"):  # the execute's first step outside the loop (a checkout before it: none)
+        patch(undo, router, "run_eagerly", wrap(clock, "adapter", router.run_eagerly))
     kinds = dict(N.KINDS)
     N.KINDS.update({name: replace(kind, run=wrap(clock, "nodes", kind.run)) for name, kind in kinds.items()})
     undo.append(lambda: N.KINDS.update(kinds))

@@ -227,7 +227,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
              ("tests/unit/test_engine.py",)),
     # the router's own time at c=1: cuts that keep every answer
     Mutation("a negative logit's sigmoid taken as a positive one's",
-             Target(R + "routing/heads.py", "sigmoid", "e / d"), "1.0 / d",
+             Target(R + "routing/heads.py", "sigmoid", "np.where(x >= 0, 1.0, e)"), "np.where(x >= 0, 1.0, 1.0)",
              ("tests/unit/test_engine_heads.py",)),
     Mutation("a policy with a node timeout runs its executes' first step outside a task",
              Target(R + "serving/router.py", "TritonPythonModel.initialize", "not any((n.timeout_ms for n in self.policy.nodes()))"),

@@ -152,3 +152,16 @@ def test_thresholds_per_text_or_per_label():
         check_thresholds(np.array([[0.1, 0.2, 0.3], [0.1, 0.2, 1.5]], np.float32), 2, columns=3)
     with pytest.raises(InputError, match=r"expected shape \[2, 1\]"):
         check_thresholds(np.full((2, 3), 0.5, np.float32), 2)  # a binary head takes one per text
+
+
+def test_sigmoid_of_one_logit_is_the_vectorised_one_bit_for_bit():
+    """One logit goes through Python floats around numpy's exp (the router's c=1 path); it
+    must give the very bits of the vectorised formula, whatever the value."""
+    from orchestrator.runtime.routing.heads import sigmoid
+
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 5e-324, -5e-324, 36.7, -36.7, 709.0, -745.1, -746.0]
+    values = np.concatenate([np.random.default_rng(7).normal(0.0, 8.0, 20000), edges])
+    together = sigmoid(np.stack([values, np.zeros_like(values)], axis=1))[:, 0]  # two per row: the vectorised path
+    alone = np.array([sigmoid(np.array([v]))[0] for v in values])
+    assert np.array_equal(alone.view(np.int64), together.view(np.int64))
+    assert sigmoid(np.array([[-2.0]])).shape == (1, 1) and sigmoid(np.array([-2.0])).dtype == np.float64

@@ -489,7 +489,7 @@ class ModelCalls:
         self.deadlines.arrived(items)
         for part, out in zip(parts, outs):
             for output, value in out.items():
-                answered = value.shape[0] if np.ndim(value) else 0
+                answered = value.shape[0] if (value.ndim if isinstance(value, np.ndarray) else np.ndim(value)) else 0
                 if answered != len(part):
                     raise DownstreamError(
                         f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "

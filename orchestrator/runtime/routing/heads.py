@@ -135,7 +135,10 @@ class Head:
             raise HeadError(f"a multiclass head has at least 3 labels, got {k} (2 labels are a binary head)")
         if self.kind == MULTILABEL and k < 1:
             raise HeadError("a multilabel head needs at least one label")
-        object.__setattr__(self, "_temperature", _temperature(self.calibration, self.kind, k))
+        t = _temperature(self.calibration, self.kind, k)
+        object.__setattr__(self, "_temperature", t)
+        # what probabilities() divides by: one temperature as a Python float (the same division, without broadcasting)
+        object.__setattr__(self, "_divisor", float(t[0]) if t is not None and t.size == 1 else t)
 
     @property
     def temperature(self) -> Optional[NDArray[Any]]:
@@ -192,8 +195,9 @@ class Head:
         z = z.reshape(z.shape[0], -1) if z.ndim else z.reshape(1, 1)
         if z.shape[1] != self.num_logits:
             raise HeadError(f"expected {self.num_logits} logit column(s) for a {self.describe()} head, got {z.shape[1]}")
-        if self.temperature is not None:
-            z = z / self.temperature
+        divisor: Union[None, float, NDArray[Any]] = self._divisor  # type: ignore[attr-defined]  # set in __post_init__
+        if divisor is not None:
+            z = z / divisor
         if self.kind == BINARY:
             score = z[:, self.positive_index] if self.num_logits == 1 else z[:, self.positive_index] - z[:, 1 - self.positive_index]
             if not (isinstance(shift, float) and shift == 0.0):  # x + 0.0 is x (or +0.0 for -0.0: the same sigmoid)

@@ -165,3 +165,16 @@ def test_sigmoid_of_one_logit_is_the_vectorised_one_bit_for_bit():
     alone = np.array([sigmoid(np.array([v]))[0] for v in values])
     assert np.array_equal(alone.view(np.int64), together.view(np.int64))
     assert sigmoid(np.array([[-2.0]])).shape == (1, 1) and sigmoid(np.array([-2.0])).dtype == np.float64
+
+
+@pytest.mark.parametrize("calibration", [None, {"method": "temperature", "temperature": 1.37}, {"method": "temperature", "temperature": 0.5}])
+@pytest.mark.parametrize("shift", [0.0, 0.731, -2.25])
+def test_one_texts_probability_is_the_batchs_bit_for_bit(calibration, shift):
+    """A binary head's one-text path (Python floats: the router at c=1) gives the bits of the
+    vectorised path over a batch, with and without a temperature and a logit shift."""
+    head = Head("binary", ("positive",), calibration=calibration)
+    logits = np.concatenate([np.random.default_rng(3).normal(0.0, 6.0, 3000), [0.0, -0.0, 40.0, -40.0, 800.0, -800.0]])
+    batch = head.probabilities(logits.astype(np.float32).reshape(-1, 1), shift)[:, 0]
+    alone = np.array([head.probabilities(np.array([[v]], np.float32), shift)[0, 0] for v in logits.astype(np.float32)])
+    assert np.array_equal(alone.view(np.int64), batch.view(np.int64))
+    assert head.probabilities(np.array([[0.3]], np.float32), shift).shape == (1, 1)

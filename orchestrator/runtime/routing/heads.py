@@ -59,16 +59,21 @@ LOGIT_EPS = 1e-12
 def sigmoid(logits: ArrayLike) -> NDArray[Any]:
     """Numerically stable logistic function; float64 in, float64 out, same shape."""
     x = np.asarray(logits, dtype=np.float64)
-    if x.size == 1:  # one logit (one text of a binary head): Python floats around the same exp of a
-        v = x.item()  # 1-element float64 array; +, / are IEEE in both, so the same bits, in half the time
-        e = np.exp(np.array((-abs(v),))).item()
-        return np.full(x.shape, (1.0 if v >= 0 else e) / (1.0 + e))
+    if x.size == 1:  # one logit (one text of a binary head): the same bits in half the time
+        return np.array(sigmoid_one(x.item())).reshape(x.shape)
     # exp(-|x|) is exp(-x) where x >= 0 and exp(x) below: the same two formulas, bit for bit,
     # without boolean indexing (a third of the router's head time on one text)
     e = np.exp(-np.abs(x))
     # 1 / (1 + e) where x >= 0, e / (1 + e) below: each numerator over the one denominator
     out: NDArray[Any] = np.where(x >= 0, 1.0, e) / (1.0 + e)
     return out
+
+
+def sigmoid_one(v: float) -> float:
+    """:func:`sigmoid` of one logit: Python floats around numpy's exp of a 1-element float64
+    array (the vectorised formula's exp); + and / are IEEE in both, so the bits are the same."""
+    e: float = np.exp(np.array((-abs(v),))).item()
+    return (1.0 if v >= 0 else e) / (1.0 + e)
 
 
 def logit(p: float) -> float:
@@ -196,6 +201,9 @@ class Head:
         if z.shape[1] != self.num_logits:
             raise HeadError(f"expected {self.num_logits} logit column(s) for a {self.describe()} head, got {z.shape[1]}")
         divisor: Union[None, float, NDArray[Any]] = self._divisor  # type: ignore[attr-defined]  # set in __post_init__
+        if self.kind == BINARY and z.size == 1 and isinstance(shift, float) and not isinstance(divisor, np.ndarray):
+            v = z.item() if divisor is None else z.item() / divisor  # one text, one logit: the same IEEE steps in floats
+            return np.array(((sigmoid_one(v if shift == 0.0 else v + shift),),))
         if divisor is not None:
             z = z / divisor
         if self.kind == BINARY:

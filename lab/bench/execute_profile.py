@@ -24,7 +24,7 @@ tensors), ``bls build`` (``Downstream.infer``/``_call``/``_bls`` and the circuit
 sigmoid, verdicts, margins), ``metrics`` (``Metrics`` and the run's counters, observations and
 stage timings), ``response`` (``_response``: output tensors, the ``InferenceResponse``),
 ``adapter`` (``execute``, ``_timed_execute``, ``_execute`` themselves and the event loop's
-``run_until_complete``: what no other phase holds), and ``bls exec`` (the downstream call
+``run_until_complete`` or the router's ``run_eagerly``: what no other phase holds), and ``bls exec`` (the downstream call
 itself: not the router's).
 
 The mock's ``Tensor``/``InferenceRequest``/``InferenceResponse`` are Python, where the stub's
@@ -33,6 +33,13 @@ everything else is the code the stub runs. Prints one JSON document (also to ``-
 
 ``--ablate FEATURE...``: what one feature costs at c=1 (:func:`ablation`): the bare pass in
 alternating blocks (ABBA) with the feature on and patched off.
+
+``--compare BASELINE``: this checkout's router beside another checkout's (a ``git worktree`` of
+the commit before a change), the bare pass of one ``--models`` model in interleaved blocks
+(:func:`compare`): two worker processes, each importing only its checkout, run
+``--block`` executes in turn (ABBA), ``--blocks`` pairs; the verdict is the median per-pair
+ratio after / before with its distribution-free 95% interval. Interleaving blocks of a
+fraction of a second keeps a shared machine's load changes out of the ratio.
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ import asyncio
 import functools
 import inspect
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -156,11 +165,13 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
     methods(engine.ModelCalls, "model call", ["classify", "batched", "ensure_tokens"])
     methods(Deadlines, "deadlines", [n for n, v in vars(Deadlines).items() if inspect.isfunction(v) and not n.startswith("__")])
     methods(downstream.Downstream, "bls build", ["infer", "_call", "_bls"])
-    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__"])
+    methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__", "enter", "exit"])
     methods(downstream.CircuitBreaker, "bls build", ["before_call", "on_success", "state"])
     methods(heads.Head, "heads", ["probabilities", "verdicts", "unsure", "thresholds", "combine", "flipped"])
     methods(Metrics, "metrics", ["inc", "observe", "set", "record"])
     patch(undo, router, "observe_stage", wrap(clock, "metrics", router.observe_stage))
+    if hasattr(router, "run_eagerly"):  # the execute's first step outside the loop (a checkout before it: none)
+        patch(undo, router, "run_eagerly", wrap(clock, "adapter", router.run_eagerly))
     kinds = dict(N.KINDS)
     N.KINDS.update({name: replace(kind, run=wrap(clock, "nodes", kind.run)) for name, kind in kinds.items()})
     undo.append(lambda: N.KINDS.update(kinds))
@@ -194,11 +205,13 @@ def ablate(feature: str) -> Callable[[], None]:
             patch(undo, engine.Run, name, lambda self, *a, **k: None)
         for name in ("inc", "set", "observe", "record"):
             patch(undo, Metrics, name, lambda self, *a, **k: None)
+    if feature == "eager":  # every execute on loop.run_until_complete, as before run_eagerly
+        patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))
     if feature == "queue_delay":
         patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
         patch(undo, router.QueueDelay, "end", lambda self: None)
     if not undo:
-        raise SystemExit(f"--ablate {feature}: expected timing, metrics or queue_delay")
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay or eager")
     return lambda: [u() for u in reversed(undo)] and None
 
 
@@ -267,6 +280,62 @@ def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Di
     return out
 
 
+def serve(model: str, warmup: int) -> None:
+    """A :func:`compare` worker: ``model`` of the checkout this process imports, on the mock;
+    prints ``ready``, then for each line of stdin (a block size) the block's median own time."""
+    from lab.bench.plan import VARIANTS
+    from lab.bench.variants import make_bench_repository
+    from orchestrator.testing.mock import MockTriton
+
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = make_bench_repository(Path(tmp) / "model_repository", variants={model: VARIANTS[model]} if model in VARIANTS else {})
+        with MockTriton(repo) as mock:
+            for name in ("tokenizer", "classifier", "classifier_fast", model):
+                mock.load(name)
+            measure(mock, model, max(2, warmup // 5), warmup, full=False)
+            print("ready", flush=True)
+            for line in sys.stdin:
+                print(json.dumps(measure(mock, model, int(line), 20, full=False)["own_us"]), flush=True)
+
+
+def compare(baseline: Path, model: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
+    """This checkout's own time beside ``baseline``'s (module docstring): each pair's block
+    medians (microseconds) and ratio after / before, and their median with its 95% interval."""
+    from lab.bench.instances import median_interval
+
+    def start(root: Path) -> "subprocess.Popen[str]":
+        worker = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--serve", "--models", model,
+                                   "--warmup", str(warmup)], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert worker.stdout is not None and worker.stdin is not None
+        if worker.stdout.readline().strip() != "ready":
+            raise SystemExit(f"--compare: the worker in {root} did not start")
+        return worker
+
+    root = Path(__file__).resolve().parents[2]
+    workers = {"after": start(root), "before": start(Path(baseline).resolve())}
+    pairs = []
+    try:
+        for b in range(blocks):
+            got = {}
+            for side in (("after", "before") if b % 2 == 0 else ("before", "after")):
+                w = workers[side]
+                w.stdin.write(f"{block}\n")  # type: ignore[union-attr]
+                w.stdin.flush()  # type: ignore[union-attr]
+                got[side] = float(w.stdout.readline())  # type: ignore[union-attr]
+            pairs.append({**got, "ratio": round(got["after"] / got["before"], 4)})
+    finally:
+        for w in workers.values():
+            w.stdin.close()  # type: ignore[union-attr]
+            w.wait(timeout=60)
+    summary = median_interval([p["ratio"] for p in pairs])
+    return {"model": model, "after": str(root), "before": str(Path(baseline).resolve()), "blocks": blocks, "block": block,
+            "pairs": pairs, "median_ratio": None if summary is None else round(summary[0], 4),
+            "interval": None if summary is None else [round(v, 4) if np.isfinite(v) else None for v in summary[1:]],
+            "after_us": round(statistics.median(p["after"] for p in pairs), 1),
+            "before_us": round(statistics.median(p["before"] for p in pairs), 1)}
+
+
 def render(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
     """Markdown tables of two reports (``--json`` files) side by side: per model, the bare
     own time and each phase's median, before and after; then each ablation of ``after``."""
@@ -292,12 +361,27 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay")
-    ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side (default %(default)s)")
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager")
+    ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side; --compare: pairs (default %(default)s)")
     ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
                     help="print two --json reports side by side as markdown, and measure nothing")
+    ap.add_argument("--compare", type=Path, metavar="BASELINE",
+                    help="this checkout beside another's, interleaved blocks of the bare pass of the first --models model")
+    ap.add_argument("--block", type=int, default=150, help="--compare: executes per block (default %(default)s)")
+    ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a --compare worker
     args = ap.parse_args(argv)
+    if args.serve:
+        serve(args.models[0], args.warmup)
+        return {}
+    if args.compare:
+        result = compare(args.compare, args.models[0], args.blocks, args.block, args.warmup)
+        text = json.dumps(result, indent=2)
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(text + "\n")
+        print(text)
+        return result
     if args.render:
         docs = [json.loads(p.read_text()) for p in args.render]
         print("\n".join(render(*docs)))

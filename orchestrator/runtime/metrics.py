@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -62,6 +63,12 @@ def timing_sample(params: Mapping[str, str]) -> Optional[int]:
 
 #: A series: its family and its labels, sorted (``Metrics.inc``, ``observe``, ``set``, ``record``).
 Key = Tuple[str, Tuple[Tuple[str, str], ...]]
+
+
+@functools.lru_cache(maxsize=4096)  # the engine's stage and node timings, on every execute: made once
+def series(family: str, label: str, value: str) -> Key:
+    """The series of ``family`` with the one label ``label=value``."""
+    return family, ((label, value),)
 
 
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:

@@ -380,8 +380,8 @@ def check_thresholds(array: NDArray[Any], count: int, name: str = "THRESHOLD", c
         also = f" or [{count}, {columns}] (one per label)" if columns > 1 else ""
         raise InputError(f"{name}: expected shape [{count}, 1] (one threshold per text){also}, got {list(arr.shape)}")
     out = arr.reshape(count, -1)
-    for i, value in enumerate(out.reshape(-1)):
-        if not math.isfinite(float(value)) or value < 0.0 or value > 1.0:
+    for i, value in enumerate(out.reshape(-1).tolist()):  # Python floats: each float32 exactly, compared cheaply
+        if not math.isfinite(value) or value < 0.0 or value > 1.0:
             where = f"{name}[{i // out.shape[1]}]" if out.shape[1] == 1 else f"{name}[{i // out.shape[1]}, {i % out.shape[1]}]"
             raise InputError(f"{where} = {float(value)!r}: must be a finite probability in [0, 1]")
     return out
@@ -541,6 +541,10 @@ class Deadlines:
         contexts = {id(it.context): it.context for it in rows}
         for ctx in contexts.values():
             ctx.started = True
+        if len(contexts) == 1:  # one request: its own trace (what call_trace picks for one)
+            ctx = rows[0].context
+            timeout_us = 0 if ctx.deadline is None else max(1, int((ctx.deadline - self.clock()) * 1e6))
+            return CallOptions(trace=ctx.trace, timeout_us=timeout_us)
         trace = call_trace(list(contexts.values()))  # one per request, in row order
         deadlines = [ctx.deadline for ctx in contexts.values() if ctx.deadline is not None]
         timeout_us = 0

@@ -45,3 +45,14 @@ def test_a_short_run_of_router_single_adds_up_and_restores_the_runtime(tmp_path)
     text = "\n".join(X.render(r, r))
     assert f"| own time per execute (bare pass) | {m['bare']['own_us']} | {m['bare']['own_us']} |" in text
     assert "`timing` on / off" in text
+
+
+def test_compare_runs_two_checkouts_in_interleaved_blocks():
+    from pathlib import Path
+
+    root = Path(X.__file__).resolve().parents[2]
+    r = X.compare(root, "router_single", blocks=2, block=3, warmup=5)  # this checkout against itself
+    assert r["after"] == r["before"] == str(root) and r["blocks"] == 2 and len(r["pairs"]) == 2
+    assert all(p["after"] > 0 and p["before"] > 0 and p["ratio"] == round(p["after"] / p["before"], 4) for p in r["pairs"])
+    assert list(r["pairs"][1]) == ["before", "after", "ratio"]  # the order alternates
+    assert r["interval"] == [None, None]  # too few pairs for a 95% interval

@@ -152,3 +152,29 @@ def test_thresholds_per_text_or_per_label():
         check_thresholds(np.array([[0.1, 0.2, 0.3], [0.1, 0.2, 1.5]], np.float32), 2, columns=3)
     with pytest.raises(InputError, match=r"expected shape \[2, 1\]"):
         check_thresholds(np.full((2, 3), 0.5, np.float32), 2)  # a binary head takes one per text
+
+
+def test_sigmoid_of_one_logit_is_the_vectorised_one_bit_for_bit():
+    """One logit goes through Python floats around numpy's exp (the router's c=1 path); it
+    must give the very bits of the vectorised formula, whatever the value."""
+    from orchestrator.runtime.routing.heads import sigmoid
+
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 1e308, -1e308, 5e-324, -5e-324, 36.7, -36.7, 709.0, -745.1, -746.0]
+    values = np.concatenate([np.random.default_rng(7).normal(0.0, 8.0, 20000), edges])
+    together = sigmoid(np.stack([values, np.zeros_like(values)], axis=1))[:, 0]  # two per row: the vectorised path
+    alone = np.array([sigmoid(np.array([v]))[0] for v in values])
+    assert np.array_equal(alone.view(np.int64), together.view(np.int64))
+    assert sigmoid(np.array([[-2.0]])).shape == (1, 1) and sigmoid(np.array([-2.0])).dtype == np.float64
+
+
+@pytest.mark.parametrize("calibration", [None, {"method": "temperature", "temperature": 1.37}, {"method": "temperature", "temperature": 0.5}])
+@pytest.mark.parametrize("shift", [0.0, 0.731, -2.25])
+def test_one_texts_probability_is_the_batchs_bit_for_bit(calibration, shift):
+    """A binary head's one-text path (Python floats: the router at c=1) gives the bits of the
+    vectorised path over a batch, with and without a temperature and a logit shift."""
+    head = Head("binary", ("positive",), calibration=calibration)
+    logits = np.concatenate([np.random.default_rng(3).normal(0.0, 6.0, 3000), [0.0, -0.0, 40.0, -40.0, 800.0, -800.0]])
+    batch = head.probabilities(logits.astype(np.float32).reshape(-1, 1), shift)[:, 0]
+    alone = np.array([head.probabilities(np.array([[v]], np.float32), shift)[0, 0] for v in logits.astype(np.float32)])
+    assert np.array_equal(alone.view(np.int64), batch.view(np.int64))
+    assert head.probabilities(np.array([[0.3]], np.float32), shift).shape == (1, 1)

@@ -144,11 +144,18 @@ class Downstream:
                     options: CallOptions) -> Dict[str, NDArray[Any]]:
         """One BLS call to ``model`` under ``breaker`` (:class:`CallGuard`), failed at once
         when the stub watch saw its stub exit (raises DownstreamError)."""
-        async with breaker.guard(model):
+        guard = breaker.guard(model)  # as ``async with guard:``, without its two coroutines
+        guard.enter()
+        try:
             dead = self._stub_dead(model)
             if dead:  # as python_backend would say it, 1 s later
                 raise UnavailableError(dead, Cause.STUB_DEAD)
-            return await self._bls(model, inputs, parameters, request_id, alone, options)
+            outputs = await self._bls(model, inputs, parameters, request_id, alone, options)
+        except BaseException as exc:
+            guard.exit(exc)
+            raise
+        guard.exit(None)
+        return outputs
 
     async def _bls(self, model: str, inputs: Dict[str, NDArray[Any]], parameters: Optional[Dict[str, Any]], request_id: str,
                    alone: bool, options: CallOptions, outputs: Sequence[str] = ()) -> Dict[str, NDArray[Any]]:
@@ -404,9 +411,18 @@ class CallGuard:
         self.breaker, self.model, self.neutral = breaker, model, neutral
 
     async def __aenter__(self) -> None:
-        self.breaker.before_call(self.model)
+        self.enter()
 
     async def __aexit__(self, kind: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Any) -> None:
+        self.exit(exc)
+
+    def enter(self) -> None:
+        """Let the call through, or fail it fast (the circuit's :meth:`CircuitBreaker.before_call`)."""
+        self.breaker.before_call(self.model)
+
+    def exit(self, exc: Optional[BaseException]) -> None:
+        """Record the call's outcome: ``exc`` None for a success, else what it raised
+        (the class docstring; may raise ``UnavailableError`` from ``exc``)."""
         breaker, model = self.breaker, self.model
         if exc is None:
             breaker.on_success(model)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import random
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
 from orchestrator.runtime.execution.mirror import Mirror
 from orchestrator.runtime.execution.tokenize import TextTokenizer, truncate
-from orchestrator.runtime.metrics import Key, Metrics
+from orchestrator.runtime.metrics import Key, Metrics, series
 from orchestrator.runtime.request import CallOptions, Deadlines, Result, Work
 from orchestrator.runtime.routing import nodes as N
 from orchestrator.runtime.routing.heads import LEGACY, Head
@@ -79,11 +80,14 @@ async def gather(coros: Iterable[Awaitable[T]], settle: bool = False) -> List[An
     """``asyncio.gather`` of ``coros``, marking them concurrent when there is more than one;
     ``settle``: failures are returned in their places (``return_exceptions``)."""
     coros = list(coros)
+    if not coros:  # as asyncio.gather() of nothing: [], without its future
+        return []
     if len(coros) == 1 and not settle:
         return [await coros[0]]
     return await asyncio.gather(*(as_concurrent(c) for c in coros), return_exceptions=settle)
 
 
+@functools.lru_cache(maxsize=1024)  # on every text's path; a policy has a few routes
 def route_label(route: str) -> str:
     """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
     it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
@@ -226,7 +230,7 @@ class Run:
         """Observe ``orchestrator_stage_seconds{stage}``: ``time.perf_counter()`` since ``began``
         (nothing when timing is off)."""
         if self.timing:
-            self.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+            self.observations.setdefault(series("orchestrator_stage_seconds", "stage", stage), []).append(time.perf_counter() - began)
 
     def flush(self) -> None:
         """Hand this run's counters, observations and gauges to its metrics sink, at once."""
@@ -296,8 +300,9 @@ class Run:
             self.count("orchestrator_node_errors_total", node=node.name)
             raise
         finally:
-            if self.timing:
-                self.observe("orchestrator_node_latency_seconds", time.perf_counter() - start, node=node.name)
+            if self.timing:  # observe(), its series made once
+                key = series("orchestrator_node_latency_seconds", "node", node.name)
+                self.observations.setdefault(key, []).append(time.perf_counter() - start)
 
     # -- one execute call
 
@@ -311,11 +316,13 @@ class Run:
         try:
             refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
             per_work: List[List[Item]] = []
+            per_thresholds: List[NDArray[Any]] = []  # each work's thresholds, float64 [texts, 1 or C]: its items' rows
             for k, w in enumerate(works):
                 start = sum(len(p) for p in per_work)
                 thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
                 pairs = enumerate(zip(w.texts, thresholds))
                 per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
+                per_thresholds.append(thresholds)
             texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
             began = time.perf_counter()
             for tokenizer in self.engine.token_kinds:
@@ -336,13 +343,14 @@ class Run:
                 if k in refused:
                     results.append(refused[k])
                     continue
-                probs = np.stack([answers[it.idx].probabilities for it in its])
-                verdicts = self.head.verdicts(probs, np.stack([it.threshold for it in its]))
-                for row, it in enumerate(its):  # a constant's or a vote's own verdicts
-                    if answers[it.idx].verdict is not None:
-                        verdicts[row] = answers[it.idx].verdict
+                answered = [answers[it.idx] for it in its]
+                probs = answered[0].probabilities[np.newaxis] if len(answered) == 1 else np.stack([a.probabilities for a in answered])
+                verdicts = self.head.verdicts(probs, per_thresholds[k])
+                for row, a in enumerate(answered):  # a constant's or a vote's own verdicts
+                    if a.verdict is not None:
+                        verdicts[row] = a.verdict
                 probs = probs.astype(np.float32)
-                routes = [answers[it.idx].route for it in its]
+                routes = [a.route for a in answered]
                 for r in routes:  # without a chunk node's ``:windows=<used>/<made>``: a bounded label set
                     self.count("orchestrator_texts_total", route=route_label(r))
                 results.append(Result(probs, verdicts, routes))
@@ -409,6 +417,9 @@ class ModelCalls:
         ordered = [items[i] for i in order]
 
         def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
+            if len(part) == 1:  # one row: its ids as they are, nothing to pad
+                one = np.array(seqs[order[part[0]]], dtype=np.int64).reshape(1, -1)
+                return {"input_ids": one, "attention_mask": np.ones(one.shape, dtype=np.int64)}
             width = max(seqs[order[i]].shape[0] for i in part)
             ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)
@@ -428,7 +439,6 @@ class ModelCalls:
             finally:
                 self.models.release(name)
         columns = head.num_logits
-        logits = np.empty((len(seqs), columns), dtype=np.float32)
         parts = [o["logits"].reshape(o["logits"].shape[0], -1) for o in outs]
         for part in parts:
             if part.shape[1] != columns:
@@ -437,7 +447,11 @@ class ModelCalls:
                     f"({head.describe()}); a model without head.json is served as one logit: export it with "
                     "'orchestrator export' or write its head.json"
                 )
-        logits[order] = np.concatenate(parts)
+        block = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        if order == sorted(order):  # rows sent in the items' order (one text, or sorted already): a new array, no scatter
+            return block.astype(np.float32)
+        logits = np.empty((len(seqs), columns), dtype=np.float32)
+        logits[order] = block
         return logits
 
     async def batched(self, model: str, items: Sequence[Item], make_inputs: Callable[[List[int]], Dict[str, NDArray[Any]]],
@@ -463,19 +477,19 @@ class ModelCalls:
         calls = []
         for part in parts:
             rows = [items[i] for i in part]
-            ids = ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
+            ids = rows[0].request_id if len(rows) == 1 else ",".join(dict.fromkeys(it.request_id for it in rows if it.request_id))
             forwarded = {}
-            if len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
+            if len(rows) == 1 or len({it.req for it in rows}) == 1:  # BLS parameters take str, int and bool only
                 forwarded = {k: v for k, v in rows[0].params.items() if isinstance(v, (str, int, bool))}
             forwarded.update(parameters or {})
             calls.append(self.infer(model, make_inputs(part), forwarded, ids, alone, self.deadlines.call_options(rows)))
         began = time.perf_counter()
-        outs = await gather(calls)
+        outs = [await calls[0]] if len(calls) == 1 else await gather(calls)  # gather's own rule for one call
         self.stage("bls", began)
         self.deadlines.arrived(items)
         for part, out in zip(parts, outs):
             for output, value in out.items():
-                answered = value.shape[0] if np.ndim(value) else 0
+                answered = value.shape[0] if (value.ndim if isinstance(value, np.ndarray) else np.ndim(value)) else 0
                 if answered != len(part):
                     raise DownstreamError(
                         f"model '{model}' answered {answered} rows of '{output}' for {len(part)} input rows "

@@ -176,7 +176,8 @@ class TextTokenizer:
         """
         backend = self._truncating if truncation and self._truncating is not None else self._whole
         try:
-            encodings = backend.encode_batch(list(texts))
+            # one text: encode, the same encoding without the batch's hand-off to the library's thread pool
+            encodings = [backend.encode(texts[0])] if len(texts) == 1 else backend.encode_batch(list(texts))
         except Exception as exc:  # e.g. "Truncation error: Second sequence not provided"
             raise ValueError(f"{self.directory}: cannot tokenize: {exc}") from None
         return [np.asarray(e.ids, dtype=np.int64) for e in encodings]

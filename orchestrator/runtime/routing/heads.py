@@ -59,11 +59,21 @@ LOGIT_EPS = 1e-12
 def sigmoid(logits: ArrayLike) -> NDArray[Any]:
     """Numerically stable logistic function; float64 in, float64 out, same shape."""
     x = np.asarray(logits, dtype=np.float64)
+    if x.size == 1:  # one logit (one text of a binary head): the same bits in half the time
+        return np.array(sigmoid_one(x.item())).reshape(x.shape)
     # exp(-|x|) is exp(-x) where x >= 0 and exp(x) below: the same two formulas, bit for bit,
     # without boolean indexing (a third of the router's head time on one text)
     e = np.exp(-np.abs(x))
-    out: NDArray[Any] = np.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+    # 1 / (1 + e) where x >= 0, e / (1 + e) below: each numerator over the one denominator
+    out: NDArray[Any] = np.where(x >= 0, 1.0, e) / (1.0 + e)
     return out
+
+
+def sigmoid_one(v: float) -> float:
+    """:func:`sigmoid` of one logit: Python floats around numpy's exp of a 1-element float64
+    array (the vectorised formula's exp); + and / are IEEE in both, so the bits are the same."""
+    e: float = np.exp(np.array((-abs(v),))).item()
+    return (1.0 if v >= 0 else e) / (1.0 + e)
 
 
 def logit(p: float) -> float:
@@ -130,7 +140,10 @@ class Head:
             raise HeadError(f"a multiclass head has at least 3 labels, got {k} (2 labels are a binary head)")
         if self.kind == MULTILABEL and k < 1:
             raise HeadError("a multilabel head needs at least one label")
-        object.__setattr__(self, "_temperature", _temperature(self.calibration, self.kind, k))
+        t = _temperature(self.calibration, self.kind, k)
+        object.__setattr__(self, "_temperature", t)
+        # what probabilities() divides by: one temperature as a Python float (the same division, without broadcasting)
+        object.__setattr__(self, "_divisor", float(t[0]) if t is not None and t.size == 1 else t)
 
     @property
     def temperature(self) -> Optional[NDArray[Any]]:
@@ -187,11 +200,17 @@ class Head:
         z = z.reshape(z.shape[0], -1) if z.ndim else z.reshape(1, 1)
         if z.shape[1] != self.num_logits:
             raise HeadError(f"expected {self.num_logits} logit column(s) for a {self.describe()} head, got {z.shape[1]}")
-        if self.temperature is not None:
-            z = z / self.temperature
+        divisor: Union[None, float, NDArray[Any]] = self._divisor  # type: ignore[attr-defined]  # set in __post_init__
+        if self.kind == BINARY and z.size == 1 and isinstance(shift, float) and not isinstance(divisor, np.ndarray):
+            v = z.item() if divisor is None else z.item() / divisor  # one text, one logit: the same IEEE steps in floats
+            return np.array(((sigmoid_one(v if shift == 0.0 else v + shift),),))
+        if divisor is not None:
+            z = z / divisor
         if self.kind == BINARY:
             score = z[:, self.positive_index] if self.num_logits == 1 else z[:, self.positive_index] - z[:, 1 - self.positive_index]
-            return sigmoid(score + shift).reshape(-1, 1)
+            if not (isinstance(shift, float) and shift == 0.0):  # x + 0.0 is x (or +0.0 for -0.0: the same sigmoid)
+                score = score + shift
+            return sigmoid(score).reshape(-1, 1)
         if self.kind == MULTILABEL:
             return sigmoid(z + np.asarray(shift, dtype=np.float64))
         e = np.exp(z - z.max(axis=1, keepdims=True))
@@ -201,7 +220,7 @@ class Head:
     def thresholds(self, thresholds: NDArray[Any], rows: int) -> NDArray[Any]:
         """Thresholds float64 [rows, columns] from [rows, 1] (broadcast) or [rows, columns]."""
         t = np.asarray(thresholds, dtype=np.float64).reshape(rows, -1)
-        return np.broadcast_to(t, (rows, self.columns)) if t.shape[1] == 1 else t
+        return np.broadcast_to(t, (rows, self.columns)) if t.shape[1] == 1 and self.columns > 1 else t
 
     def verdicts(self, probabilities: NDArray[Any], thresholds: NDArray[Any]) -> NDArray[Any]:
         """VERDICTS bool [N, columns] for probabilities [N, columns] and thresholds [N, 1]

@@ -83,12 +83,13 @@ loading beside the router can fail its load.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Union, cast
+from typing import Any, Awaitable, Callable, Coroutine, Dict, Generator, List, Optional, TypeVar, Union, cast
 
 import numpy as np
 
@@ -213,6 +214,71 @@ class QueueDelay:
             return self._estimate_s * 1000.0
 
 
+# ----------------------------------------------------------------------------- the event loop
+#
+# One execute is one coroutine, and most never wait: a lone downstream call is a blocking ``exec``, yet
+# ``loop.run_until_complete`` costs a task and two loop iterations (a tenth of the router's own time).
+# :func:`run_eagerly` runs the first step in the calling thread, the loop marked running (so
+# ``asyncio.get_running_loop``, ``asyncio.gather`` and the stub's ``async_exec`` find it) and, only when
+# the run waits (``async_exec``, branches side by side, an on-demand load), goes on in a task on the loop
+# (:class:`_Resume`) in the same ``contextvars`` context (a variable set before the wait is reset after it).
+# No task exists in the first step, so a policy with a node ``timeout_ms`` (``asyncio.wait_for``: on
+# Python 3.12 it needs a current task) never runs eagerly: decided at load (``TritonPythonModel.eager``).
+
+T = TypeVar("T")
+
+
+class _Resume:
+    """Awaitable: the rest of a coroutine stepped outside a task, which yielded ``pending``
+    (what a task's step gets from a coroutine that waits: a future, or None for a bare
+    yield). Each value goes up to the task that awaits this and each result or exception
+    the task sends back goes down to the coroutine, as ``yield from`` does."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Any], pending: Any) -> None:
+        self.coro, self.pending = coro, pending
+
+    def __await__(self) -> Generator[Any, Any, Any]:
+        coro, value = self.coro, self.pending
+        while True:
+            try:
+                sent = yield value
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # a cancellation: into the coroutine, where it waits
+                try:
+                    value = coro.throw(exc)
+                except StopIteration as stop:
+                    return stop.value
+            else:
+                try:
+                    value = coro.send(sent)
+                except StopIteration as stop:
+                    return stop.value
+
+
+async def _finish(rest: Awaitable[T]) -> T:  # a task needs a coroutine (Python 3.12: not a generator)
+    return await rest
+
+
+def run_eagerly(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T]) -> T:
+    """``loop.run_until_complete(coro)``, with ``coro``'s first step in the calling thread
+    (the section above): its result when it never waits, else the rest in a task on ``loop``.
+    Exceptions propagate as from ``run_until_complete`` (a loop running in this thread: its RuntimeError)."""
+    if asyncio.events._get_running_loop() is not None:
+        return loop.run_until_complete(coro)  # refused, as it always was; the running loop left as it is
+    context = contextvars.copy_context()  # as a task's: the rest runs in this same one
+    asyncio.events._set_running_loop(loop)  # what get_running_loop() reads (asyncio's own setter)
+    try:
+        pending = context.run(coro.send, None)
+    except StopIteration as stop:
+        return cast(T, stop.value)
+    finally:
+        asyncio.events._set_running_loop(None)
+    result: T = loop.run_until_complete(loop.create_task(_finish(_Resume(coro, pending)), context=context))
+    return result
+
+
 # ----------------------------------------------------------------------------- the router
 
 
@@ -252,7 +318,8 @@ class TritonPythonModel:
     """Triton Python-backend adapter around :class:`~orchestrator.runtime.execution.engine.Engine`.
 
     ``execute`` is a plain function that runs the engine on this instance's own event loop
-    in the calling (stub main) thread. A downstream call that is the only one in flight
+    in the calling (stub main) thread, its first step outside the loop (:func:`run_eagerly`,
+    unless a node has ``timeout_ms``). A downstream call that is the only one in flight
     uses the blocking BLS ``exec``; calls that run beside others (several parts of a batch,
     ``parallel``/``split``/``switch`` branches, retries) or under a ``timeout_ms`` use
     ``async_exec``. Why: the stub runs an ``async def execute`` on a loop in another thread
@@ -297,6 +364,8 @@ class TritonPythonModel:
         self.warmups_left = warmup_executes(config)
         self.response_parameters = has_response_parameters(pb_utils)
         self.loop = asyncio.new_event_loop()
+        # each execute's first step outside the loop (run_eagerly), unless a node has a timeout
+        self.eager = not any(n.timeout_ms for n in self.policy.nodes())
         self.policy_json = json.dumps(self.policy.source).encode("utf-8")
         self.logger.log_info(
             f"router '{self.name}': policy {path}; response parameters: "
@@ -425,7 +494,8 @@ class TritonPythonModel:
                 refusal = Overloaded(self.admission.message(delay_s, admitted))
         began = time.perf_counter()
         try:
-            responses: List[Any] = self.loop.run_until_complete(self._execute(requests[:admitted]))
+            run = self._execute(requests[:admitted])
+            responses: List[Any] = run_eagerly(self.loop, run) if self.eager else self.loop.run_until_complete(run)
         finally:
             if self.admission is not None:
                 self.admission.ran(admitted, time.perf_counter() - began)

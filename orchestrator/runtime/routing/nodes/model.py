@@ -162,8 +162,10 @@ def _bind(node: ModelNode, ctx: BindContext) -> ModelNode:
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
     await engine.calls.ensure_tokens(items, node.head.tokenizer)
     logits = await engine.calls.classify(node.target, items, node.max_length, node.head)
-    probs = node.head.probabilities(logits, np.asarray(node.logit_shift, dtype=np.float64))
-    return {it.idx: Answer(p, node.route) for it, p in zip(items, probs)}
+    shift = node.logit_shift
+    probs = node.head.probabilities(logits, shift if isinstance(shift, float) else np.asarray(shift, dtype=np.float64))
+    route = node.route
+    return {it.idx: Answer(p, route) for it, p in zip(items, probs)}
 
 
 def _describe(node: ModelNode) -> str:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import inspect
 import json
@@ -58,7 +59,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
@@ -280,22 +281,39 @@ def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Di
     return out
 
 
-def serve(model: str, warmup: int) -> None:
-    """A :func:`compare` worker: ``model`` of the checkout this process imports, on the mock;
-    prints ``ready``, then for each line of stdin (a block size) the block's median own time."""
+@contextlib.contextmanager
+def bench_mock(models: Sequence[str]) -> Iterator[Any]:
+    """The in-process mock on a fresh benchmark repository (``models``' variants added),
+    with the stage models and ``models`` loaded."""
     from lab.bench.plan import VARIANTS
     from lab.bench.variants import make_bench_repository
     from orchestrator.testing.mock import MockTriton
 
     with tempfile.TemporaryDirectory() as tmp:
-        repo = make_bench_repository(Path(tmp) / "model_repository", variants={model: VARIANTS[model]} if model in VARIANTS else {})
+        repo = make_bench_repository(Path(tmp) / "model_repository", variants={k: VARIANTS[k] for k in models if k in VARIANTS})
         with MockTriton(repo) as mock:
-            for name in ("tokenizer", "classifier", "classifier_fast", model):
+            for name in ("tokenizer", "classifier", "classifier_fast", *models):
                 mock.load(name)
-            measure(mock, model, max(2, warmup // 5), warmup, full=False)
-            print("ready", flush=True)
-            for line in sys.stdin:
-                print(json.dumps(measure(mock, model, int(line), 20, full=False)["own_us"]), flush=True)
+            yield mock
+
+
+def emit(result: Dict[str, Any], path: Optional[Path]) -> None:
+    """Print ``result`` as JSON, and write it to ``path`` too when given."""
+    text = json.dumps(result, indent=2)
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    print(text)
+
+
+def serve(model: str, warmup: int) -> None:
+    """A :func:`compare` worker: ``model`` of the checkout this process imports, on the mock;
+    prints ``ready``, then for each line of stdin (a block size) the block's median own time."""
+    with bench_mock([model]) as mock:
+        measure(mock, model, max(2, warmup // 5), warmup, full=False)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            print(json.dumps(measure(mock, model, int(line), 20, full=False)["own_us"]), flush=True)
 
 
 def compare(baseline: Path, model: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
@@ -376,11 +394,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
         return {}
     if args.compare:
         result = compare(args.compare, args.models[0], args.blocks, args.block, args.warmup)
-        text = json.dumps(result, indent=2)
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(text + "\n")
-        print(text)
+        emit(result, args.json)
         return result
     if args.render:
         docs = [json.loads(p.read_text()) for p in args.render]
@@ -388,32 +402,20 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
         return {"rendered": [str(p) for p in args.render]}
 
     import orchestrator
-    from lab.bench.plan import VARIANTS
-    from lab.bench.variants import make_bench_repository
-    from orchestrator.testing.mock import MockTriton
 
     report: Dict[str, Any] = {"orchestrator": str(Path(orchestrator.__file__).parent), "python": sys.version.split()[0],
                               "load_before": load_average(), "text": TEXT, "models": {}}
-    with tempfile.TemporaryDirectory() as tmp:
-        variants = {k: VARIANTS[k] for k in args.models if k in VARIANTS}
-        repo = make_bench_repository(Path(tmp) / "model_repository", variants=variants)
-        with MockTriton(repo) as mock:
-            for name in ("tokenizer", "classifier", "classifier_fast", *args.models):
-                mock.load(name)
-            for model in args.models:
-                bare = measure(mock, model, args.executes, args.warmup, full=False)
-                report["models"][model] = {"bare": bare}
-                if not args.bare:
-                    report["models"][model]["phases"] = measure(mock, model, args.executes, args.warmup, full=True)
-                for feature in args.ablate:
-                    report["models"][model].setdefault("ablations", []).append(
-                        ablation(mock, model, feature, args.blocks, max(1, args.executes // (2 * args.blocks)), args.warmup // 5))
+    with bench_mock(args.models) as mock:
+        for model in args.models:
+            bare = measure(mock, model, args.executes, args.warmup, full=False)
+            report["models"][model] = {"bare": bare}
+            if not args.bare:
+                report["models"][model]["phases"] = measure(mock, model, args.executes, args.warmup, full=True)
+            for feature in args.ablate:
+                report["models"][model].setdefault("ablations", []).append(
+                    ablation(mock, model, feature, args.blocks, max(1, args.executes // (2 * args.blocks)), args.warmup // 5))
     report["load_after"] = load_average()
-    text = json.dumps(report, indent=2)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    print(text)
+    emit(report, args.json)
     return report
 
 

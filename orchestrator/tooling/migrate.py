@@ -140,6 +140,12 @@ def router_config(ensemble: ModelConfig, name: str, dynamic_batching: bool = Tru
     return config
 
 
+def output_order(config: ModelConfig, outputs: Optional[Sequence[str]] = None) -> List[str]:
+    """``pipeline.outputs`` of a router migrated from the ensemble ``config``: ``outputs``
+    (the order probed on a live ensemble) or :func:`response_order` of its outputs."""
+    return list(outputs) if outputs is not None else response_order([o.name for o in config.output])
+
+
 def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     """The pipeline policy of ``ensemble``: one ``step`` node per step, in the
     configuration's order (the router runs them in dataflow order, as the ensemble does),
@@ -172,7 +178,7 @@ def pipeline_policy(ensemble: RepoModel, repo: Repository, outputs: Optional[Seq
             node["model_dims"] = {"max_batch_size": int(sub.config.max_batch_size),
                                   "inputs": {k: wanted[k] for k in node["inputs"] if k in wanted}}
         steps.append(node)
-    order = list(outputs) if outputs is not None else response_order([o.name for o in config.output])
+    order = output_order(config, outputs)
     return {
         "version": 1,
         "description": f"Migrated from the ensemble '{ensemble.name}' by orchestrator migrate: its steps, run "
@@ -188,7 +194,7 @@ def whole_policy(ensemble: RepoModel, outputs: Optional[Sequence[str]] = None) -
     ``pipeline.outputs`` as in :func:`pipeline_policy`. One BLS round trip per request
     instead of one per step; the ensemble stays served and runs its steps itself."""
     config = ensemble.config
-    order = list(outputs) if outputs is not None else response_order([o.name for o in config.output])
+    order = output_order(config, outputs)
     step = {"kind": "step", "name": ensemble.name, "model": ensemble.name,
             "inputs": {i.name: i.name for i in config.input}, "outputs": {o.name: o.name for o in config.output}}
     return {

@@ -55,6 +55,8 @@ class FakeProc:
         self._stat(pid, ppid, "Z", start)
 
     def reap(self, pid):
+        """Gone from /proc; a ``stat`` descriptor kept open reads nothing (Linux: ESRCH)."""
+        (self.root / str(pid) / "stat").write_bytes(b"")
         for f in (self.root / str(pid)).iterdir():
             f.unlink()
         (self.root / str(pid)).rmdir()
@@ -218,3 +220,58 @@ def test_clock_ticks_read_uptime(tmp_path):
     assert clock_ticks(tmp_path) == int(12.34 * os.sysconf("SC_CLK_TCK"))
     assert clock_ticks(tmp_path / "absent") is None
     assert clock_ticks() > 0  # this machine's /proc
+
+
+def test_on_this_machines_proc_a_child_is_alive_then_exited_then_gone():
+    """The real ``/proc`` through the watch's kept descriptor: a live child is alive, a killed
+    one a zombie (exited) until reaped, and gone once reaped (the kept descriptor answers
+    ESRCH, so a reused pid cannot pass for the stub)."""
+    import os
+    import signal
+    import subprocess
+
+    from orchestrator.runtime.bls.stubs import read_stat
+
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        watch = StubWatch(os.getpid())
+        start = read_stat(child.pid)[2]
+        assert watch._state(child.pid, start) == "alive" and (child.pid, start) in watch.fds
+        assert watch._state(child.pid, start + 1) == "gone"  # another process with that pid
+        fd = watch.fds[(child.pid, start)]
+        os.kill(child.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie
+        assert watch._state(child.pid, start) == "exited" and (child.pid, start) not in watch.fds
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed with its stub
+        assert watch._state(child.pid, start) == "exited"
+        child.wait()
+        assert watch._state(child.pid, start) == "gone"
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_descriptors_of_stubs_gone_are_closed(proc):
+    """An unload or a reload ends a stub: its kept descriptor is closed (at its next look or
+    at the next scan), so reloads leave no open files behind; close() closes the rest."""
+    import os
+
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    clock = Clock()
+    before = open_fds()
+    watch = StubWatch(SERVER, proc.root, clock)
+    assert watch.dead("classifier_fast") is None and watch.dead("classifier") is None
+    assert set(watch.fds) == {(100, 500), (101, 501)} and open_fds() == before + 2
+    proc.reap(101)  # unloaded: never asked for again
+    proc.add(300, "classifier_fast", "classifier_fast_0_0", start=900)  # reloaded: the new stub runs
+    # before the old one has exited (still alive here): the newest is the instance's stub
+    clock.t += 2 * stubs.RESCAN_S
+    assert watch.dead("late") is None  # an unknown model: a scan
+    assert watch.dead("classifier_fast") is None
+    assert set(watch.fds) == {(300, 900)} and open_fds() == before + 1
+    watch.close()
+    assert watch.fds == {} and open_fds() == before
+    assert watch.dead("classifier_fast") is None  # still answers after close()

@@ -105,8 +105,9 @@ class Downstream:
             metrics.set("orchestrator_circuit_state", CircuitState.CLOSED.gauge, model=model)
 
     def close(self) -> None:
-        """Stop the on-demand manager's background thread."""
+        """Stop the on-demand manager's background thread; close the stub watch's descriptors."""
         self.models.close()
+        self.stub_watch.close()
 
     # -- the engine's InferFn (engine.InferFn): outputs by name, or DownstreamError
 

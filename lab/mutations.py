@@ -170,9 +170,9 @@ def apply(source: str, target: Target, new: str) -> str:
 
 R = "orchestrator/runtime/"
 MUTATIONS: Tuple[Mutation, ...] = (
-    Mutation("POLICY output always", Target(R + "serving/router.py", "TritonPythonModel._response", "describe", field="If.test"), "True",
+    Mutation("POLICY output always", Target(R + "serving/router.py", "TritonPythonModel._response", "work.describe"), "True",
              (ADAPTER,)),
-    Mutation("POLICY output never", Target(R + "serving/router.py", "TritonPythonModel._response", "describe", field="If.test"), "False",
+    Mutation("POLICY output never", Target(R + "serving/router.py", "TritonPythonModel._response", "work.describe"), "False",
              (ADAPTER,)),
     Mutation("no retry alone", Target(R + "serving/router.py", "TritonPythonModel._execute", "len(keys) == 1"), "len(keys) >= 1", (ADAPTER,)),
     Mutation("UNAVAILABLE answered as INTERNAL", Target(R + "errors.py", "UnavailableError", "'UNAVAILABLE'", kind="Constant"),
@@ -183,6 +183,8 @@ MUTATIONS: Tuple[Mutation, ...] = (
              Target(R + "bls/downstream.py", "Downstream.shadow_infer", "self.shadow_breaker"), "self.breaker", (ERRORS,)),
     Mutation("a node's timeout counts against its model without count_timeouts",
              Target(R + "bls/downstream.py", "CallGuard.exit", "breaker.settings.count_timeouts"), "True", ("tests/unit/test_health.py",)),
+    Mutation("ROUTE built for a client that did not ask for it",
+             Target(R + "serving/router.py", "TritonPythonModel._response", "asked is None or 'ROUTE' in asked"), "True", (ADAPTER,)),
     Mutation("a stub read through its kept descriptor counts as alive in any state",
              Target(R + "bls/stubs.py", "StubWatch._alive_by_fd", "stat[1] not in ('Z', 'X')"), "True", ("tests/unit/test_stubs.py",)),
     Mutation("a kept descriptor is not checked against the stub's start time",

@@ -30,7 +30,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, List, Mapping, Optional, Protocol, Sequence, Set, Tuple, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -161,6 +161,8 @@ class Work:
         parameters: the request's parameters (``describe_policy`` removed).
         request_id: Triton's request id (may be empty).
         describe: the request asked for the POLICY output.
+        outputs: the outputs the client named, when it named a subset (None: all); the
+            router builds only these (Triton drops the others from the response anyway).
         context: its trace, deadline and cancellation (:class:`RequestContext`).
     """
 
@@ -169,6 +171,7 @@ class Work:
     parameters: Mapping[str, object]
     request_id: str = ""
     describe: bool = False
+    outputs: Optional[FrozenSet[str]] = None
     context: RequestContext = field(default_factory=RequestContext)
 
 
@@ -297,7 +300,8 @@ def parse_request(
     describe = parse_bool(parameters.get(DESCRIBE_PARAMETER, False), DESCRIBE_PARAMETER)
     if explicit_outputs is not None and POLICY_OUTPUT in explicit_outputs and not describe:
         raise InputError(f"{POLICY_OUTPUT}: this output is only produced for requests with the parameter {DESCRIBE_PARAMETER}=true")
-    return Work(texts=texts, thresholds=thresholds, parameters=accepted, request_id=request_id, describe=describe)
+    return Work(texts=texts, thresholds=thresholds, parameters=accepted, request_id=request_id, describe=describe,
+                outputs=None if explicit_outputs is None else frozenset(explicit_outputs))
 
 
 def policy_path(model_dir: Path, params: Mapping[str, str]) -> Path:

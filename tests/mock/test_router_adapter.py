@@ -151,3 +151,33 @@ def test_each_stage_of_an_execute_is_observed_once(mock):
     assert grew["bls"] >= 1, grew
     value = mock.metric("orchestrator_stage_seconds", {"router": "router", "stage": "parse"})
     assert 0 < value["sum"] < 1.0 and min(value["buckets"]) == 0.00005
+
+
+def test_only_the_outputs_a_client_asks_for_are_built(mock, monkeypatch):
+    """A client naming a subset of the outputs gets those, the same values as from a request
+    for all, and the router builds no tensor for the others (Triton would drop them; the
+    BYTES ``ROUTE`` costs the stub a Python serialization). ``POLICY`` is built only when
+    asked for by name or by asking for every output."""
+    router = mock.instance("router")
+    built = []
+    tensor = router.pb.Tensor
+
+    def spy(name, value):  # the router's outputs (the same pb_utils builds every model's tensors)
+        if name in ("PROBABILITIES", "VERDICTS", "ROUTE", "POLICY"):
+            built.append(name)
+        return tensor(name, value)
+
+    everything = mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True})
+    monkeypatch.setattr(router.pb, "Tensor", spy)
+    for asked in (["PROBABILITIES"], ["VERDICTS", "ROUTE"], ["ROUTE"], ["POLICY", "VERDICTS"]):
+        built.clear()
+        got = mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True}, outputs=asked)
+        assert sorted(got) == sorted(asked) and sorted(built) == sorted(asked)
+        for name in asked:
+            assert np.array_equal(got[name], everything[name])
+    built.clear()
+    assert sorted(mock.infer("router", inputs(TEXTS))) == ["PROBABILITIES", "ROUTE", "VERDICTS"]
+    assert sorted(built) == ["PROBABILITIES", "ROUTE", "VERDICTS"]
+    built.clear()
+    mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True})
+    assert sorted(built) == ["POLICY", "PROBABILITIES", "ROUTE", "VERDICTS"]

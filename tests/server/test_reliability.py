@@ -408,6 +408,9 @@ def test_policy_output_alone_without_describe_policy_is_an_error(server, texts):
         assert b'"root"' in r.as_numpy("POLICY")[0, 0]
         r = client.infer("router", _text_input(arr))  # no outputs named: all but POLICY
         assert r.as_numpy("POLICY") is None and r.as_numpy("ROUTE") is not None
+        part = client.infer("router", _text_input(arr), outputs=[httpclient.InferRequestedOutput(n) for n in ("VERDICTS", "PROBABILITIES")])
+        assert part.as_numpy("ROUTE") is None and part.as_numpy("POLICY") is None  # only those named are built
+        assert all(np.array_equal(part.as_numpy(n), r.as_numpy(n)) for n in ("VERDICTS", "PROBABILITIES"))
     finally:
         client.close()
 

@@ -431,17 +431,16 @@ class TritonPythonModel:
 
     # -- responses
 
-    def _response(self, result: Union[Result, InputError, RequestStopped], describe: bool = False) -> Any:
+    def _response(self, result: Union[Result, InputError, RequestStopped], work: Optional[Work] = None) -> Any:
+        """The response to ``work`` (None: warmup): only the outputs its client asked for."""
         if isinstance(result, (InputError, RequestStopped)):  # refused, cancelled or past its deadline
             return self._fail(result)
-        pb = self.pb
-        routes = np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)
-        tensors = [
-            pb.Tensor("PROBABILITIES", result.probabilities),
-            pb.Tensor("VERDICTS", result.verdicts),
-            pb.Tensor("ROUTE", routes),
-        ]
-        if describe:  # the optional POLICY output: the policy document as JSON, one per row
+        pb, asked = self.pb, (None if work is None else work.outputs)  # None: every output
+        tensors = [pb.Tensor(name, value) for name, value in (("PROBABILITIES", result.probabilities), ("VERDICTS", result.verdicts))
+                   if asked is None or name in asked]
+        if asked is None or "ROUTE" in asked:  # a BYTES tensor: the stub serializes it in Python
+            tensors.append(pb.Tensor("ROUTE", np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)))
+        if work is not None and work.describe and (asked is None or POLICY_OUTPUT in asked):  # the policy as JSON, one per row
             tensors.append(pb.Tensor(POLICY_OUTPUT, np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
         if self.response_parameters:
             return pb.InferenceResponse(output_tensors=tensors, parameters=route_parameters(result.routes))
@@ -578,7 +577,7 @@ class TritonPythonModel:
             results = await self.engine.run([works[k] for k in keys])
             began = time.perf_counter()
             for k, result in zip(keys, results):
-                responses[k] = self._response(result, works[k].describe)
+                responses[k] = self._response(result, works[k])
             observe_stage(self.metrics, "respond", began)
         except DownstreamError as batch_error:
             if len(keys) == 1:
@@ -595,6 +594,6 @@ class TritonPythonModel:
 
     async def _alone(self, work: Work) -> Any:
         try:
-            return self._response((await self.engine.run([work]))[0], work.describe)
+            return self._response((await self.engine.run([work]))[0], work)
         except Exception as exc:  # DownstreamError: its code (UNAVAILABLE or INTERNAL); else a bug
             return self._fail(exc)

@@ -9,7 +9,10 @@ embedded server.
    another with the model order rotated. Goals, judged by the distribution-free interval of
    the median per-round ratio (:func:`lab.bench.instances.median_interval`):
    ``router_single`` p50 at c=1 at most :data:`FLOOR_P50_GOAL` x ``hand_bls``'s, its
-   throughput at c=16 at least :data:`FLOOR_THROUGHPUT_GOAL` x.
+   throughput at c=16 at least :data:`FLOOR_THROUGHPUT_GOAL` x. Beside the goals, the server's
+   own split of a request's time at c=1 (:func:`server_split`: Triton's statistics before and
+   after each measurement of ``router_single`` and ``hand_bls``): the ``execute`` less the
+   classifier's time, so the router's own time is read on the server, not only on the mock.
 2. **The cascade's cost model.** In every round, at c=16, ``classifier_fast`` and
    ``classifier`` on the held-out texts tokenized, one text a request at its own length
    (:func:`classifier_input_json`, :data:`PAD_GROUP`): ``c_fast`` and ``c_accurate``, seconds per text
@@ -425,6 +428,7 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
           f"Per round: {', '.join(map(str, g['p50_c1']['per_round']))}.",
           f"- `router_single` throughput at c=16 at least {FLOOR_THROUGHPUT_GOAL}x `hand_bls`'s: "
           f"{_fmt_decision(g['throughput_c16'])}. Per round: {', '.join(map(str, g['throughput_c16']['per_round']))}.",
+          *render_split(r),
           "", "Decisions: the distribution-free 95% interval of the median per-round ratio (`scipy.stats.quantile_test`); "
           "met / not met when the whole interval is on one side of the goal. Rounds needed: the interval's ends "
           "read as this run's quantiles for a larger number of rounds (an estimate that assumes this run's spread).",
@@ -526,6 +530,93 @@ def render_section(r: Mapping[str, Any]) -> str:
     return "\n".join(L)
 
 
+#: The models whose time per request the server's statistics split at c=1
+#: (:func:`server_split`), and the model their BLS calls reach.
+SPLIT_MODELS = ("router_single", "hand_bls")
+SPLIT_DOWNSTREAM = "classifier"
+_STAT_PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+def server_stats(url: str, models: Sequence[str]) -> Dict[str, Dict[str, int]]:
+    """Triton's cumulative statistics of ``models`` (statistics extension, gRPC, version
+    1): per model ``count`` (successful requests) and the nanoseconds of each phase of
+    :data:`_STAT_PHASES`."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        out = {}
+        for model in models:
+            st = client.get_inference_statistics(model, as_json=True)["model_stats"][0]["inference_stats"]
+            # protobuf's JSON leaves out zeros (a model that has not answered yet)
+            out[model] = {"count": int(st.get("success", {}).get("count", 0)),
+                          **{k: int(st.get(k, {}).get("ns", 0)) for k in _STAT_PHASES}}
+        return out
+    finally:
+        client.close()
+
+
+def server_split(before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]], model: str,
+                 downstream: str = SPLIT_DOWNSTREAM) -> Optional[Dict[str, float]]:
+    """Microseconds per request of ``model`` between two :func:`server_stats` snapshots, as
+    the server counts them: ``execute_us`` (its ``compute_infer``: the ``execute`` call, one
+    request each at c=1), ``downstream_us`` (all of ``downstream``'s time, queue to output,
+    spent on the BLS calls made meanwhile, per request of ``model``) and ``own_us``, the
+    first less the second: the model's own Python plus the BLS round trips. None when no
+    request of ``model`` finished between them."""
+    n = after[model]["count"] - before[model]["count"]
+    if n <= 0:
+        return None
+    execute = (after[model]["compute_infer"] - before[model]["compute_infer"]) / n / 1e3
+    down = sum(after[downstream][k] - before[downstream][k] for k in _STAT_PHASES) / n / 1e3
+    return {"requests": n, "execute_us": round(execute, 1), "downstream_us": round(down, 1), "own_us": round(execute - down, 1)}
+
+
+def split_summary(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Per model of :data:`SPLIT_MODELS`, the median over the rounds of each figure of
+    :func:`server_split` at c=1, and per round ``router_single``'s ``own_us`` less
+    ``hand_bls``'s (its median and distribution-free 95% interval)."""
+    from lab.bench.instances import median_interval
+
+    by_round: Dict[str, Dict[int, Mapping[str, float]]] = {m: {} for m in SPLIT_MODELS}
+    for m in measurements:
+        if m.get("server_split") and int(m["concurrency"]) == 1 and m["model"] in by_round:
+            by_round[m["model"]][int(m["round"])] = m["server_split"]
+    out: Dict[str, Any] = {"models": {}}
+    for model, rounds in by_round.items():
+        if rounds:
+            out["models"][model] = {k: round(statistics.median(r[k] for r in rounds.values()), 1)
+                                    for k in ("execute_us", "downstream_us", "own_us")}
+    a, b = by_round.values()
+    diffs = [a[r]["own_us"] - b[r]["own_us"] for r in sorted(a) if r in b]
+    iv = median_interval(diffs) if diffs else None
+    out["own_difference_us"] = {"n": len(diffs), "per_round": [round(d, 1) for d in diffs],
+                                "median": round(statistics.median(diffs), 1) if diffs else None,
+                                "low": None if iv is None or not np.isfinite(iv[1]) else round(float(iv[1]), 1),
+                                "high": None if iv is None or not np.isfinite(iv[2]) else round(float(iv[2]), 1)}
+    return out
+
+
+def render_split(r: Mapping[str, Any]) -> List[str]:
+    """The server's split of one request's time at c=1 (:func:`split_summary`), pure."""
+    sp = r.get("server_split") or {}
+    models = sp.get("models") or {}
+    if not models:
+        return []
+    L = ["", "Where one request's time goes, as the server counts it (Triton's statistics before and after each c=1 "
+         f"measurement; microseconds per request, medians over the rounds): `execute` is the model's "
+         f"`compute_infer`, `{SPLIT_DOWNSTREAM}` all of the classifier's time spent on its BLS calls, own the "
+         "difference (the model's Python and the BLS round trip).", "",
+         f"| model | execute, us | {SPLIT_DOWNSTREAM}, us | own, us |", "|---|---|---|---|"]
+    for model, x in models.items():
+        L.append(f"| `{model}` | {x['execute_us']} | {x['downstream_us']} | {x['own_us']} |")
+    d = sp.get("own_difference_us") or {}
+    if d.get("median") is not None:
+        iv = f" (95% interval {d['low']} to {d['high']})" if d.get("low") is not None else ""
+        L += ["", f"`router_single`'s own time less `hand_bls`'s, per round: median {d['median']} us{iv} over {d['n']} rounds."]
+    return L
+
+
 def router_routes(url: str, texts: Sequence[str], batch: int = 32) -> List[str]:
     """The shipped router's ``ROUTE`` for each of ``texts`` (gRPC, ``batch`` texts a request)."""
     import tritonclient.grpc as grpcclient
@@ -590,11 +681,16 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
                     **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
             specs = floor_plan(rounds)
             for i, spec in enumerate(specs, 1):
+                split = spec.concurrency == 1 and spec.model in SPLIT_MODELS
+                before = server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)) if split else None
                 m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,
                                  measurements, warm)
+                if before is not None and not m.get("error"):
+                    m["server_split"] = server_split(before, server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)),
+                                                     spec.model)
                 _log(f"[floor {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
     results.update(measurements=measurements, load_max_during=max_load(measurements),
-                   floor_goals=floor_goals(measurements),
+                   floor_goals=floor_goals(measurements), server_split=split_summary(measurements),
                    cost=cost_summary(measurements, (results.get("escalation") or {}).get("e")))
     if load_rounds:
         _log(f"[floor] load time: {load_rounds} rounds")

@@ -245,3 +245,34 @@ def test_the_soak_measures_the_router_reload_downtime():
     assert r == {"reload_s": 6.0, "first_answer_after_s": 0.4, "downtime_s": 3.0, "errors": 1}
     assert router_repair([rec(9.0, 10.5)], (10.0, 16.0)) == {"reload_s": 6.0, "first_answer_after_s": None,
                                                              "downtime_s": None, "errors": None}
+
+
+
+def test_the_servers_split_of_a_request_is_execute_less_the_downstream_time():
+    before = {"router_single": {"count": 10, "queue": 5, "compute_input": 1, "compute_infer": 1_000_000, "compute_output": 2},
+              "classifier": {"count": 10, "queue": 100, "compute_input": 200, "compute_infer": 300_000, "compute_output": 400}}
+    after = {"router_single": {"count": 110, "queue": 9, "compute_input": 3, "compute_infer": 201_000_000, "compute_output": 7},
+             "classifier": {"count": 110, "queue": 1_000_100, "compute_input": 1_000_200, "compute_infer": 100_300_000,
+                            "compute_output": 1_000_400}}
+    # 100 requests: execute 200 ms in all (2000 us each); the classifier 1 + 1 + 100 + 1 ms (1030 us each)
+    assert F.server_split(before, after, "router_single") == {"requests": 100, "execute_us": 2000.0, "downstream_us": 1030.0,
+                                                              "own_us": 970.0}
+    assert F.server_split(before, before, "router_single") is None  # no request between them
+
+
+def test_the_split_summary_pairs_the_rounds_and_renders():
+    def m(model, r, own, c=1):
+        return {"model": model, "round": r, "concurrency": c,
+                "server_split": {"requests": 100, "execute_us": own + 1000, "downstream_us": 1000.0, "own_us": own}}
+
+    ms = [m("router_single", r, 600.0 + r) for r in range(8)] + [m("hand_bls", r, 400.0) for r in range(7)]
+    ms += [m("router_single", 0, 5000.0, c=16), {"model": "hand_bls", "round": 7, "concurrency": 1, "error": "x"}]
+    s = F.split_summary(ms)
+    assert s["models"]["router_single"] == {"execute_us": 1603.5, "downstream_us": 1000.0, "own_us": 603.5}
+    assert s["models"]["hand_bls"]["own_us"] == 400.0
+    d = s["own_difference_us"]
+    assert d["n"] == 7 and d["per_round"] == [200.0 + r for r in range(7)] and d["median"] == 203.0  # round 7: no pair
+    assert d["low"] is not None and d["low"] <= 203.0 <= d["high"]
+    lines = "\n".join(F.render_split({"server_split": s}))
+    assert "| `router_single` | 1603.5 | 1000.0 | 603.5 |" in lines and "median 203.0 us" in lines
+    assert F.render_split({"server_split": F.split_summary([])}) == [] and F.render_split({}) == []

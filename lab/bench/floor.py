@@ -18,12 +18,14 @@ embedded server.
    (:func:`classifier_input_json`, :data:`PAD_GROUP`): ``c_fast`` and ``c_accurate``, seconds per text
    (1 / throughput). ``e``: the shipped router's escalation rate on the held-out texts (its
    ``ROUTE`` values: :func:`escalation`). The router's own cost has a part per text and a
-   part per escalated text (its second BLS call, tensors and answers): ``router_escalate_none``
-   and ``router_escalate_all`` (:data:`ESCALATION_VARIANTS`: the shipped router at margin 0
-   and 1) on the held-out texts give ``o_first`` = 1/T(none) - c_fast and ``o_escalated`` =
-   1/T(all) - 1/T(none) - c_accurate. Predicted throughput of the shipped router =
-   1 / (c_fast + o_first + e * (c_accurate + o_escalated)); measured / predicted per round
-   (:func:`stage_cost_model`), goal at least :data:`COST_MODEL_GOAL`. Beside it, the model
+   part per escalated text (its second BLS call, tensors and answers), fitted as ``orchestrator
+   tune --url`` fits them: two copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
+   same policy and margin) on two lists of the held-out texts in which the shares
+   :data:`ESCALATION_SHARES` of the texts are ones the router escalates (:func:`share_lists`),
+   so that 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) through both. Predicted
+   throughput of the shipped router = 1 / (c_fast + o_first + e * (c_accurate + o_escalated));
+   measured / predicted per round (:func:`stage_cost_model`), goal at least
+   :data:`COST_MODEL_GOAL`. Beside it, the model
    before the parts (:func:`cost_model`): one constant ``overhead`` = 1/T(router_single) -
    c_accurate, predicted 1 / (c_fast + e * c_accurate + overhead), reported, not judged.
 3. **Load time** (:func:`load_times`, ``lab/load_time.py``'s rounds on this checkout): the
@@ -70,15 +72,19 @@ FLOOR_ROUNDS = 8
 #: overhead instead of to the classifiers.
 PAD_GROUP = 1
 FAST, ACCURATE = CLASSIFIERS
-#: The shipped router with its cascade escalating no text (margin 0) and every text (margin 1:
-#: every binary probability is strictly within 1 of its threshold): the per-stage cost model
+#: Two copies of the shipped router (same policy, same margin), measured on the text lists of
+#: :func:`share_lists` (datasets ``share_low`` and ``share_high``): the per-stage cost model
 #: separates the router's own cost per text from its extra cost per escalated text with them
-#: (:func:`stage_cost_model`). Variants of :func:`lab.bench.variants.make_bench_repository`.
-NONE_ESCALATED, ALL_ESCALATED = "router_escalate_none", "router_escalate_all"
-ESCALATION_VARIANTS: Dict[str, dict] = {
-    NONE_ESCALATED: {"base": "router", "cascade_margins": {"cascade": 0.0}},
-    ALL_ESCALATED: {"base": "router", "cascade_margins": {"cascade": 1.0}},
-}
+#: (:func:`stage_cost_model`). Copies, so each has its own row per round; variants of
+#: :func:`lab.bench.variants.make_bench_repository`.
+LOW_SHARE, HIGH_SHARE = "router_share_low", "router_share_high"
+ESCALATION_VARIANTS: Dict[str, dict] = {LOW_SHARE: {"base": "router"}, HIGH_SHARE: {"base": "router"}}
+#: The escalated shares of the two lists: ``orchestrator tune --url``'s own
+#: (``tune_throughput.OVERHEAD_SHARES``), either side of the shipped router's rate on the
+#: held-out texts (about a third), where the extremes (no text, every text) would fit the
+#: router's batches at shares it never serves.
+ESCALATION_SHARES: Tuple[float, float] = (0.1, 0.7)
+SHARE_DATASETS = {LOW_SHARE: "share_low", HIGH_SHARE: "share_high"}
 
 
 def make_floor_repository(dest: Path, repo: Path = REPO) -> Path:
@@ -96,7 +102,7 @@ def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
     """Per round: every model at every concurrency (model order rotated by one each round),
     then the two classifiers at :data:`COST_CONCURRENCY` (order alternating) on the
     tokenized texts (dataset ``tokens``), then the two routers of :data:`ESCALATION_VARIANTS`
-    at :data:`COST_CONCURRENCY` (order alternating) on the held-out texts."""
+    at :data:`COST_CONCURRENCY` (order alternating), each on its list (:data:`SHARE_DATASETS`)."""
     out: List[Spec] = []
     for r in range(rounds):
         order = list(models[r % len(models):]) + list(models[:r % len(models)])
@@ -104,7 +110,7 @@ def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
             out += [Spec("floor", m, "held_out", c, 1, r) for m in order]
         out += [Spec("cost", m, "tokens", COST_CONCURRENCY, 1, r) for m in (CLASSIFIERS if r % 2 == 0 else CLASSIFIERS[::-1])]
         routers = list(ESCALATION_VARIANTS)
-        out += [Spec("cost", m, "held_out", COST_CONCURRENCY, 1, r) for m in (routers if r % 2 == 0 else routers[::-1])]
+        out += [Spec("cost", m, SHARE_DATASETS[m], COST_CONCURRENCY, 1, r) for m in (routers if r % 2 == 0 else routers[::-1])]
     return out
 
 
@@ -175,23 +181,30 @@ def cost_model(t_fast: float, t_accurate: float, t_single: float, t_router: floa
             "measured": t_router, "ratio": None if predicted is None else t_router / predicted}
 
 
-def stage_cost_model(t_fast: float, t_accurate: float, t_none: float, t_all: float, t_router: float,
-                     e: float) -> Dict[str, Any]:
+def stage_cost_model(t_fast: float, t_accurate: float, t_low: float, t_high: float, t_router: float,
+                     e: float, shares: Tuple[float, float] = (0.0, 1.0)) -> Dict[str, Any]:
     """The cascade's cost model with the router's cost per stage, from throughputs (texts/s)
-    at one concurrency: ``c_fast`` = 1/t_fast, ``c_accurate`` = 1/t_accurate (s/text);
-    ``o_first`` = 1/t_none - c_fast (the router's own cost per text: ``t_none`` the router
-    escalating no text), ``o_escalated`` = 1/t_all - 1/t_none - c_accurate (its extra cost per
-    escalated text: ``t_all`` the router escalating every text); ``predicted`` = 1 / (c_fast +
-    o_first + e * (c_accurate + o_escalated)) (texts/s, None where that cost is not positive),
-    ``measured`` = t_router, ``ratio`` = measured / predicted.
-    Raises ValueError on a throughput that is not positive or ``e`` outside [0, 1]."""
-    if min(t_fast, t_accurate, t_none, t_all, t_router) <= 0:
+    at one concurrency: ``c_fast`` = 1/t_fast, ``c_accurate`` = 1/t_accurate (s/text); the
+    router at the escalated ``shares`` (s_low, s_high) measured ``t_low`` and ``t_high``, and
+    1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) through both points gives
+    ``o_first`` (the router's own cost per text) and ``o_escalated`` (its extra cost per
+    escalated text); with shares (0, 1): o_first = 1/t_low - c_fast, o_escalated = 1/t_high -
+    1/t_low - c_accurate. ``predicted`` = 1 / (c_fast + o_first + e * (c_accurate +
+    o_escalated)) (texts/s, None where that cost is not positive), ``measured`` = t_router,
+    ``ratio`` = measured / predicted.
+    Raises ValueError on a throughput that is not positive, ``e`` outside [0, 1], or shares
+    not increasing within [0, 1]."""
+    if min(t_fast, t_accurate, t_low, t_high, t_router) <= 0:
         raise ValueError("throughputs must be positive")
     if not 0.0 <= e <= 1.0:
         raise ValueError(f"escalation rate {e} outside [0, 1]")
+    s_low, s_high = shares
+    if not 0.0 <= s_low < s_high <= 1.0:
+        raise ValueError(f"shares {shares}: need 0 <= low < high <= 1")
     c_fast, c_accurate = 1.0 / t_fast, 1.0 / t_accurate
-    o_first = 1.0 / t_none - c_fast
-    o_escalated = 1.0 / t_all - 1.0 / t_none - c_accurate
+    slope = (1.0 / t_high - 1.0 / t_low) / (s_high - s_low)  # c_accurate + o_escalated
+    o_first = 1.0 / t_low - s_low * slope - c_fast
+    o_escalated = slope - c_accurate
     cost = c_fast + o_first + e * (c_accurate + o_escalated)
     predicted = 1.0 / cost if cost > 0 else None
     return {"c_fast": c_fast, "c_accurate": c_accurate, "o_first": o_first, "o_escalated": o_escalated,
@@ -222,16 +235,34 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
             for r in rounds]
 
 
-def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
+def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float, shares: Tuple[float, float],
                             concurrency: int = COST_CONCURRENCY) -> List[Dict[str, Any]]:
     """:func:`stage_cost_model` of each round in which the classifiers, the two routers of
-    :data:`ESCALATION_VARIANTS` and ``router`` were all measured at ``concurrency``, with its
-    ``round``."""
-    tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, NONE_ESCALATED, ALL_ESCALATED, "router")}
+    :data:`ESCALATION_VARIANTS` (at the escalated ``shares``) and ``router`` were all measured
+    at ``concurrency``, with its ``round``."""
+    tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, LOW_SHARE, HIGH_SHARE, "router")}
     rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
     return [{"round": r, **stage_cost_model(*(tables[m][r]["throughput"] for m in
-                                              (FAST, ACCURATE, NONE_ESCALATED, ALL_ESCALATED, "router")), e)}
+                                              (FAST, ACCURATE, LOW_SHARE, HIGH_SHARE, "router")), e, shares)}
             for r in rounds]
+
+
+def share_lists(routes: Sequence[str], shares: Sequence[float] = ESCALATION_SHARES) -> List[Dict[str, Any]]:
+    """Per escalated share, a list of as many text indices as ``routes`` (the shipped router's
+    ``ROUTE`` of each held-out text): that share of them texts it escalates (answered by
+    ``classifier``), spread evenly, the rest texts ``classifier_fast`` answers, each group
+    cycled (``tune_throughput.mixture``, as ``tune --url`` builds its lists); ``{"share" (as
+    built), "texts"}``. Raises ValueError when a group a share needs is empty."""
+    from lab.soak.workload import route_model
+    from orchestrator.tooling.tune_throughput import mixture
+
+    fast = [i for i, r in enumerate(routes) if route_model(r) == FAST]
+    escalated = [i for i, r in enumerate(routes) if route_model(r) == ACCURATE]
+    lists = []
+    for share in shares:
+        idx = mixture(fast, escalated, share, len(routes))
+        lists.append({"share": round(sum(route_model(routes[i]) == ACCURATE for i in idx) / len(idx), 4), "texts": idx})
+    return lists
 
 
 def judge_at_least(interval: Optional[Sequence[float]], goal: float) -> str:
@@ -320,18 +351,20 @@ def floor_goals(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
             "throughput_c16": {**decide(thr, FLOOR_THROUGHPUT_GOAL, False), "per_round": [round(v, 3) for v in thr]}}
 
 
-def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float]) -> Dict[str, Any]:
-    """The cost model with the router's cost per stage (:func:`round_stage_cost_models`: its
+def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float],
+                 shares: Tuple[float, float] = ESCALATION_SHARES) -> Dict[str, Any]:
+    """The cost model with the router's cost per stage (:func:`round_stage_cost_models` at the
+    lists' escalated ``shares``: its
     per-round figures, their medians (ms/text) and the goal's decision) and, under
     ``one_constant``, the model before the parts (:func:`round_cost_models`, the same), and
     the router / ensemble throughput at c=16 (median of per-round ratios)."""
-    out: Dict[str, Any] = {"e": e, "rounds": [], "median": None, "goal": None,
+    out: Dict[str, Any] = {"e": e, "shares": list(shares), "rounds": [], "median": None, "goal": None,
                            "one_constant": {"rounds": [], "median": None, "goal": None}}
     vs_ensemble = pair_ratios(measurements, "router", "ensemble", COST_CONCURRENCY, "throughput")
     out["router_vs_ensemble_c16"] = round(statistics.median(vs_ensemble), 3) if vs_ensemble else None
     if e is None:
         return out
-    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e), ("c_fast", "c_accurate", "o_first", "o_escalated")),
+    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e, shares), ("c_fast", "c_accurate", "o_first", "o_escalated")),
                                 (out["one_constant"], round_cost_models(measurements, e), ("c_fast", "c_accurate", "overhead"))):
         rounds = [r for r in rounds if r["predicted"] is not None]
         into["rounds"] = [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rounds]
@@ -445,8 +478,10 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              f"e: the shipped router's `ROUTE` values on the {esc.get('texts', 'n/a')} held-out texts "
              f"({esc.get('fast', 'n/a')} answered by `classifier_fast`, {esc.get('accurate', 'n/a')} escalated to "
              f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). The router's own cost "
-             f"per stage: `{NONE_ESCALATED}` and `{ALL_ESCALATED}` (the shipped router at margin 0 and 1) on the "
-             "held-out texts: o_first = 1/T(none) - c_fast, o_escalated = 1/T(all) - 1/T(none) - c_accurate; predicted = "
+             f"per stage, fitted as `orchestrator tune --url` fits it: `{LOW_SHARE}` and `{HIGH_SHARE}` (copies of the "
+             f"shipped router, its margin) on two lists of as many held-out texts, {_shares(cm)} of them texts it "
+             "escalates (spread evenly, the rest texts `classifier_fast` answers), 1/T(s) = c_fast + o_first + s * "
+             "(c_accurate + o_escalated) through both; predicted = "
              "1 / (c_fast + o_first + e * (c_accurate + o_escalated)). The model before the parts, beside it: one "
              "overhead = 1/T(`router_single`) - c_accurate, predicted = 1 / (c_fast + e * c_accurate + overhead). "
              "Measured: the shipped `router`'s throughput, all at c=16 in the same round.")
@@ -469,6 +504,11 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
         L += ["", "No round measured every model the cost model needs: not computed."]
     L += [f"- Router / ensemble throughput at c=16 (median of per-round ratios): {_cell(cm.get('router_vs_ensemble_c16'), 'x')}."]
     return L
+
+
+def _shares(cost: Mapping[str, Any]) -> str:
+    low, high = cost.get("shares") or ESCALATION_SHARES
+    return f"{round(100 * low)}% and {round(100 * high)}%"
 
 
 def render_load_and_repair(r: Mapping[str, Any]) -> List[str]:
@@ -674,10 +714,15 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
         with TritonServer(repo, models=["tokenizer", "postprocess", *CLASSIFIERS, *FLOOR_MODELS,
                                         *ESCALATION_VARIANTS]) as server:
             results["stack"] = read_stack(server, embedded=True)
-            results["escalation"] = escalation(router_routes(server.grpc_url, texts))
+            routes = router_routes(server.grpc_url, texts)
+            results["escalation"] = escalation(routes)
             _log(f"[floor] escalation on {len(texts)} held-out texts: {results['escalation']}")
+            lists = share_lists(routes)
+            results["shares"] = [x["share"] for x in lists]
+            for dataset, x in zip(SHARE_DATASETS.values(), lists):
+                inputs[dataset] = write_input_data(Path(tmp) / f"{dataset}.json", [texts[i] for i in x["texts"]])
             measurements: List[Dict[str, Any]] = []
-            warm = {**{(m, "held_out"): 10.0 for m in (*FLOOR_MODELS, *ESCALATION_VARIANTS)},
+            warm = {**{(m, "held_out"): 10.0 for m in FLOOR_MODELS}, **{(m, d): 10.0 for m, d in SHARE_DATASETS.items()},
                     **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
             specs = floor_plan(rounds)
             for i, spec in enumerate(specs, 1):
@@ -691,7 +736,7 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
                 _log(f"[floor {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
     results.update(measurements=measurements, load_max_during=max_load(measurements),
                    floor_goals=floor_goals(measurements), server_split=split_summary(measurements),
-                   cost=cost_summary(measurements, (results.get("escalation") or {}).get("e")))
+                   cost=cost_summary(measurements, (results.get("escalation") or {}).get("e"), tuple(results["shares"])))
     if load_rounds:
         _log(f"[floor] load time: {load_rounds} rounds")
         results["load_time"] = load_times(load_rounds)

@@ -37,13 +37,12 @@ def test_the_floor_repository_has_its_variants(tmp_path):
     repo = F.make_floor_repository(tmp_path / "repo")
     assert (repo / "hand_bls" / "config.pbtxt").is_file() and (repo / "router_single" / "config.pbtxt").is_file()
     assert not (repo / "router_bls").exists()
-    shipped = (ROOT / "model_repository" / "router" / "policy.yaml").read_text().splitlines()
-    for name, margin in ((F.NONE_ESCALATED, 0.0), (F.ALL_ESCALATED, 1.0)):
+    shipped = (ROOT / "model_repository" / "router" / "policy.yaml").read_text()
+    (served,) = T.cascades(P.load_policy(ROOT / "model_repository" / "router" / "policy.yaml"))
+    for name in (F.LOW_SHARE, F.HIGH_SHARE):  # copies of the shipped router: its policy, its margin
         assert read_config(repo / name / "config.pbtxt").name == name
         (cascade,) = T.cascades(P.load_policy(repo / name / "policy.yaml"))
-        assert cascade.margin == margin
-        lines = (repo / name / "policy.yaml").read_text().splitlines()
-        assert len(lines) == len(shipped) and sum(a != b for a, b in zip(lines, shipped)) == 1  # only the margin's line
+        assert cascade.margin == served.margin and (repo / name / "policy.yaml").read_text() == shipped
     with pytest.raises(BenchError, match="no cascade node named 'nope'"):
         make_bench_repository(tmp_path / "r2", variants={"x": {"base": "router", "cascade_margins": {"nope": 0.5}}})
 
@@ -53,10 +52,10 @@ def test_the_plan_rotates_the_models_and_adds_the_classifiers_at_c16():
     first = [(s.model, s.concurrency, s.dataset) for s in specs if s.round == 0]
     assert first[:4] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
     assert first[-4:-2] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
-    assert first[-2:] == [(F.NONE_ESCALATED, 16, "held_out"), (F.ALL_ESCALATED, 16, "held_out")]
+    assert first[-2:] == [(F.LOW_SHARE, 16, "share_low"), (F.HIGH_SHARE, 16, "share_high")]
     second = [s.model for s in specs if s.round == 1]
     assert second[:4] == ["router", "router_single", "hand_bls", "ensemble"]
-    assert second[-4:] == ["classifier", "classifier_fast", F.ALL_ESCALATED, F.NONE_ESCALATED]
+    assert second[-4:] == ["classifier", "classifier_fast", F.HIGH_SHARE, F.LOW_SHARE]
     assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 4)
 
 
@@ -94,7 +93,7 @@ def test_the_cost_model_on_known_inputs():
 
 def test_the_per_stage_cost_model_on_known_inputs():
     # c_fast 1 ms, c_accurate 4 ms; escalating none 2 ms/text -> o_first 1 ms; escalating all 8 ms -> o_escalated 2 ms
-    c = F.stage_cost_model(t_fast=1000.0, t_accurate=250.0, t_none=500.0, t_all=125.0, t_router=270.0, e=0.25)
+    c = F.stage_cost_model(t_fast=1000.0, t_accurate=250.0, t_low=500.0, t_high=125.0, t_router=270.0, e=0.25)
     assert c["o_first"] == pytest.approx(0.001) and c["o_escalated"] == pytest.approx(0.002)
     assert c["predicted"] == pytest.approx(1000.0 / 3.5)  # 1 + 1 + 0.25 * (4 + 2) ms
     assert c["ratio"] == pytest.approx(270.0 * 0.0035)
@@ -104,6 +103,25 @@ def test_the_per_stage_cost_model_on_known_inputs():
         F.stage_cost_model(1.0, 1.0, 0.0, 1.0, 1.0, 0.5)
     with pytest.raises(ValueError):
         F.stage_cost_model(1.0, 1.0, 1.0, 1.0, 1.0, -0.1)
+    # the same router measured at 10% and 70% escalated (2 + 0.1 * 6 = 2.6 ms; 2 + 0.7 * 6 = 6.2 ms) gives the same parts
+    c2 = F.stage_cost_model(1000.0, 250.0, 1000.0 / 2.6, 1000.0 / 6.2, 270.0, 0.25, shares=(0.1, 0.7))
+    assert c2["o_first"] == pytest.approx(0.001) and c2["o_escalated"] == pytest.approx(0.002)
+    assert c2["predicted"] == pytest.approx(c["predicted"])
+    for bad in ((0.7, 0.1), (0.5, 0.5), (-0.1, 0.5), (0.2, 1.2)):
+        with pytest.raises(ValueError, match="shares"):
+            F.stage_cost_model(1.0, 1.0, 1.0, 1.0, 1.0, 0.5, shares=bad)
+
+
+def test_the_share_lists_mix_escalated_texts_into_fast_ones_at_each_share():
+    routes = ["classifier_fast"] * 6 + ["classifier"] * 3 + ["empty"]
+    low, high = F.share_lists(routes, (0.1, 0.7))
+    assert len(low["texts"]) == len(high["texts"]) == 10
+    assert low["share"] == 0.1 and high["share"] == 0.7
+    assert set(low["texts"]) <= set(range(9)) and 9 not in high["texts"]  # never the empty text
+    assert [routes[i] for i in high["texts"]].count("classifier") == 7
+    assert F.share_lists(routes)[0]["share"] == F.ESCALATION_SHARES[0]
+    with pytest.raises(ValueError):
+        F.share_lists(["classifier_fast"] * 4, (0.1, 0.7))  # nothing escalated to mix in
 
 
 def m(model, c, r, thr, p50, error=None):
@@ -116,7 +134,7 @@ def rounds_of(n, ratio=0.9):
         out += [m("classifier_fast", 16, r, 1000.0, 10.0), m("classifier", 16, r, 250.0, 40.0),
                 m("router_single", 16, r, 200.0, 50.0), m("router", 16, r, 1000.0 / 3 * ratio, 30.0),
                 m("ensemble", 16, r, 250.0, 40.0), m("hand_bls", 16, r, 210.0, 48.0),
-                m(F.NONE_ESCALATED, 16, r, 500.0, 10.0), m(F.ALL_ESCALATED, 16, r, 1000.0 / 7, 40.0),
+                m(F.LOW_SHARE, 16, r, 1000.0 / 2.5, 10.0), m(F.HIGH_SHARE, 16, r, 1000.0 / 5.5, 40.0),
                 m("router_single", 1, r, 100.0, 10.0 + r * 0.01), m("hand_bls", 1, r, 110.0, 10.0),
                 m("ensemble", 1, r, 100.0, 10.0), m("router", 1, r, 100.0, 10.0)]
     return out
@@ -126,9 +144,11 @@ def test_round_cost_models_and_summary_need_every_model_in_a_round():
     ms = rounds_of(3) + [m("classifier", 16, 3, 250.0, 40.0)]  # round 3 lacks the others
     rs = F.round_cost_models(ms, 0.25)
     assert [r["round"] for r in rs] == [0, 1, 2]
-    s = F.cost_summary(ms, 0.25)
-    # per stage: o_first 2 - 1 = 1 ms, o_escalated 7 - 2 - 4 = 1 ms: 1 + 1 + 0.25 * 5 = 3.25 ms a text
-    assert [r["round"] for r in F.round_stage_cost_models(ms, 0.25)] == [0, 1, 2]
+    s = F.cost_summary(ms, 0.25, (0.1, 0.7))
+    # per stage: 2.5 ms at 10%, 5.5 ms at 70%: slope 5 ms, o_first 2.5 - 0.5 - 1 = 1 ms, o_escalated 5 - 4 = 1 ms:
+    # 1 + 1 + 0.25 * 5 = 3.25 ms a text
+    assert [r["round"] for r in F.round_stage_cost_models(ms, 0.25, (0.1, 0.7))] == [0, 1, 2]
+    assert s["shares"] == [0.1, 0.7]
     assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "o_first_ms": 1.0, "o_escalated_ms": 1.0,
                            "predicted": 307.7, "measured": 300.0}
     assert s["goal"]["per_round"] == [0.975] * 3

@@ -169,7 +169,7 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
     methods(downstream.CallGuard, "bls build", ["__aenter__", "__aexit__", "enter", "exit"])
     methods(downstream.CircuitBreaker, "bls build", ["before_call", "on_success", "state"])
     methods(heads.Head, "heads", ["probabilities", "verdicts", "unsure", "thresholds", "combine", "flipped"])
-    methods(Metrics, "metrics", ["inc", "observe", "set", "record"])
+    methods(Metrics, "metrics", ["inc", "observe", "set", "inc_series", "observe_series", "set_series", "record"])
     patch(undo, router, "observe_stage", wrap(clock, "metrics", router.observe_stage))
     if hasattr(router, "run_eagerly"):  # the execute's first step outside the loop (a checkout before it: none)
         patch(undo, router, "run_eagerly", wrap(clock, "adapter", router.run_eagerly))
@@ -204,7 +204,7 @@ def ablate(feature: str) -> Callable[[], None]:
     if feature == "metrics":
         for name in ("count", "gauge", "flush"):
             patch(undo, engine.Run, name, lambda self, *a, **k: None)
-        for name in ("inc", "set", "observe", "record"):
+        for name in ("inc", "set", "observe", "inc_series", "set_series", "observe_series", "record"):
             patch(undo, Metrics, name, lambda self, *a, **k: None)
     if feature == "eager":  # every execute on loop.run_until_complete, as before run_eagerly
         patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))

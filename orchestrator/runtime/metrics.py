@@ -71,11 +71,16 @@ def series(family: str, label: str, value: str) -> Key:
     return family, ((label, value),)
 
 
+#: The series the router updates on every execute, made once (``Metrics.inc_series``, ``set_series``).
+QUEUE_DELAY: Key = ("orchestrator_queue_delay_seconds", ())
+SUCCEEDED: Key = series("orchestrator_requests_total", "outcome", "success")
+
+
 def observe_stage(metrics: "Metrics | None", stage: str, began: float) -> None:
     """Observe ``orchestrator_stage_seconds{stage}`` (one of :data:`STAGES`): the seconds of
     ``time.perf_counter()`` since ``began``; nothing when ``metrics`` is None."""
     if metrics and metrics.timing:
-        metrics.observe("orchestrator_stage_seconds", time.perf_counter() - began, stage=stage)
+        metrics.observe_series(series("orchestrator_stage_seconds", "stage", stage), time.perf_counter() - began)
 
 
 class Metrics:
@@ -230,23 +235,34 @@ class Metrics:
 
     def inc(self, family: str, value: float = 1.0, **labels: str) -> None:
         """Add ``value`` to counter ``family`` (sent at the next flush)."""
-        if family in self.families and value:
-            key = (family, tuple(sorted(labels.items())))
-            with self.lock:
-                self.counts[key] = self.counts.get(key, 0.0) + value
+        self.inc_series((family, tuple(sorted(labels.items()))), value)
 
     def observe(self, family: str, value: float, **labels: str) -> None:
         """Add one observation to histogram ``family`` (sent at the next flush; none of a
         timing histogram when :attr:`timing` is off)."""
-        if family in self.families and (self.timing or family not in SAMPLED_HISTOGRAMS):
-            key = (family, tuple(sorted(labels.items())))
-            with self.lock:
-                self.observations.setdefault(key, []).append(value)
+        self.observe_series((family, tuple(sorted(labels.items()))), value)
 
     def set(self, family: str, value: float, **labels: str) -> None:
         """Set gauge ``family`` to ``value`` (sent at the next flush; the last value wins)."""
-        if family in self.families:
-            key = (family, tuple(sorted(labels.items())))
+        self.set_series((family, tuple(sorted(labels.items()))), value)
+
+    # the same with the series' key made once (``(family, labels sorted)``: :func:`series`), so nothing is sorted
+
+    def inc_series(self, key: Key, value: float = 1.0) -> None:
+        """:meth:`inc` of the series ``key``."""
+        if key[0] in self.families and value:
+            with self.lock:
+                self.counts[key] = self.counts.get(key, 0.0) + value
+
+    def observe_series(self, key: Key, value: float) -> None:
+        """:meth:`observe` of the series ``key``."""
+        if key[0] in self.families and (self.timing or key[0] not in SAMPLED_HISTOGRAMS):
+            with self.lock:
+                self.observations.setdefault(key, []).append(value)
+
+    def set_series(self, key: Key, value: float) -> None:
+        """:meth:`set` of the series ``key``."""
+        if key[0] in self.families:
             with self.lock:
                 self.gauges[key] = value
 

@@ -26,7 +26,7 @@ import functools
 import random
 import time
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import numpy as np
 from numpy.typing import NDArray
@@ -99,9 +99,12 @@ def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int
     """A LimitError when a text of ``items`` (one request's) would make more than ``cap``
     windows (``limits.max_windows_per_text``) in any of the ``windowing`` nodes."""
     for i, it in enumerate(items):
-        counts = [(w.count(int(it.tokens[w.tokenizer].shape[0])), int(it.tokens[w.tokenizer].shape[0]))
-                  for w in windowing if w.tokenizer in it.tokens]
-        windows, tokens = max(counts, default=(1, 0))
+        worst: Optional[Tuple[int, int]] = None  # max() of the nodes' (windows, tokens), without a list
+        for w in windowing:
+            if (ids := it.tokens.get(w.tokenizer)) is not None:
+                pair = (w.count(int(ids.shape[0])), int(ids.shape[0]))
+                worst = pair if worst is None or pair > worst else worst
+        windows, tokens = worst or (1, 0)
         if windows > cap:
             return LimitError(
                 f"TEXT[{i}]: {tokens} tokens make {windows} windows, over the limit of {cap} windows per text "
@@ -109,14 +112,6 @@ def window_error(windowing: Sequence[Windows], items: Sequence["Item"], cap: int
                 "max_windows_per_text",
             )
     return None
-
-
-def inline_tokenizers(policy: Policy, model_dir: Optional[Path]) -> Dict[str, TextTokenizer]:
-    """The in-process tokenizers of ``policy`` (``inline.tokenizer``) by tokenizer model,
-    read from their files (paths relative to the router's ``model_dir``); none without."""
-    if not policy.inline_tokenizer:
-        return {}
-    return {name: TextTokenizer(path) for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items()}
 
 
 class Engine:
@@ -155,7 +150,9 @@ class Engine:
         self.head: Head = policy.head
         self.token_kinds = policy.tokenizers()
         self.infer, self.models, self.metrics = infer, models, metrics
-        self.tokenizers = inline_tokenizers(policy, model_dir)
+        self.tokenizers: Dict[str, TextTokenizer] = {}  # the in-process ones (``inline.tokenizer``), read from their files
+        if policy.inline_tokenizer:  # paths relative to the router's model_dir
+            self.tokenizers = {name: TextTokenizer(path) for name, path in inline_tokenizer_dirs(policy, Path(model_dir or ".")).items()}
         self.costs: Dict[str, float] = {}
         self.rng = random.Random()  # every run's draws (Run.random)
         self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
@@ -317,20 +314,21 @@ class Run:
             refused: Dict[int, Union[InputError, RequestStopped]] = dict(self.deadlines.before_run(works))
             per_work: List[List[Item]] = []
             per_thresholds: List[NDArray[Any]] = []  # each work's thresholds, float64 [texts, 1 or C]: its items' rows
+            start = 0  # the first item's idx of each work: the texts before it
             for k, w in enumerate(works):
-                start = sum(len(p) for p in per_work)
                 thresholds = np.asarray(w.thresholds, dtype=np.float64).reshape(len(w.texts), -1)
-                pairs = enumerate(zip(w.texts, thresholds))
-                per_work.append([Item(start + j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
+                pairs = enumerate(zip(w.texts, thresholds), start)
+                per_work.append([Item(j, k, text, thr, w.parameters, w.request_id, {}, w.context) for j, (text, thr) in pairs])
                 per_thresholds.append(thresholds)
+                start += len(per_work[-1])
             texts = [it for k, items in enumerate(per_work) if k not in refused for it in items if it.text.strip()]
             began = time.perf_counter()
             for tokenizer in self.engine.token_kinds:
                 await self.calls.ensure_tokens(texts, tokenizer)
             self.stage("tokenize", began)
-            refused.update({k: e for k, items in enumerate(per_work)
-                            if k not in refused and self.engine.windowing
-                            and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text))})
+            for k, items in enumerate(per_work) if self.engine.windowing else ():  # a loop: no dict to update from
+                if k not in refused and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text)):
+                    refused[k] = e
             items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
             answers = await self.run_node(self.engine.policy.root, items)
             missing = [it.idx for it in items if it.idx not in answers]
@@ -369,7 +367,7 @@ class ModelCalls:
         models: the on-demand model manager (None: every model counts as loaded).
         deadlines: marks requests started and late around each call.
         tokenizers: :class:`~orchestrator.runtime.execution.tokenize.TextTokenizer` by tokenizer
-            model (inline tokenizers only: :func:`inline_tokenizers`, made once per engine).
+            model (inline tokenizers only: ``Engine.tokenizers``, made once per engine).
         stage: ``(stage, began)``: the run's :meth:`Run.stage`, where each batched group's
             round trip goes (``orchestrator_stage_seconds{stage="bls"}``).
     """
@@ -419,7 +417,9 @@ class ModelCalls:
         def inputs(part: List[int]) -> Dict[str, NDArray[Any]]:
             if len(part) == 1:  # one row: its ids as they are, nothing to pad
                 one = np.array(seqs[order[part[0]]], dtype=np.int64).reshape(1, -1)
-                return {"input_ids": one, "attention_mask": np.ones(one.shape, dtype=np.int64)}
+                mask = np.empty(one.shape, dtype=np.int64)
+                mask.fill(1)  # np.ones' own two steps, without its Python frame
+                return {"input_ids": one, "attention_mask": mask}
             width = max(seqs[order[i]].shape[0] for i in part)
             ids = np.full((len(part), width), head.pad_token_id, dtype=np.int64)
             mask = np.zeros((len(part), width), dtype=np.int64)

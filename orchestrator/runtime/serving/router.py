@@ -104,7 +104,7 @@ from orchestrator.runtime.errors import (
     RequestStopped,
 )
 from orchestrator.runtime.execution.engine import Engine, gather
-from orchestrator.runtime.metrics import Metrics, observe_stage, timing_sample
+from orchestrator.runtime.metrics import QUEUE_DELAY, SUCCEEDED, Metrics, observe_stage, timing_sample
 from orchestrator.runtime.request import (
     POLICY_OUTPUT,
     RequestContext,
@@ -402,7 +402,7 @@ class TritonPythonModel:
     def _pipeline_execute(self, pipeline: PipelineRouter, requests: List[Any]) -> List[Any]:
         """A pipeline's execute, marked on this instance's queue-delay estimate (admission)."""
         delay_s = self.load.begin()
-        self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        self.metrics.set_series(QUEUE_DELAY, delay_s)
         try:
             return pipeline.execute(requests, delay_s)
         finally:
@@ -485,7 +485,7 @@ class TritonPythonModel:
         with the policy's ``admission``, only the requests it admits run (the first ones,
         in arrival order) and the others are refused with ``Overloaded`` (``runtime.serving.admission``)."""
         delay_s = self.load.begin()
-        self.metrics.set("orchestrator_queue_delay_seconds", delay_s)
+        self.metrics.set_series(QUEUE_DELAY, delay_s)
         admitted, refusal = len(requests), None
         if self.admission is not None:
             admitted = self.admission.admit(len(requests), delay_s)
@@ -589,7 +589,7 @@ class TritonPythonModel:
             for i, k in enumerate(keys):
                 responses[k] = self._fail(exc, log=i == 0)
         ok = sum(1 for k in keys if responses[k] is not None and not responses[k].has_error())
-        self.metrics.inc("orchestrator_requests_total", ok, outcome="success")
+        self.metrics.inc_series(SUCCEEDED, ok)
         return responses
 
     async def _alone(self, work: Work) -> Any:

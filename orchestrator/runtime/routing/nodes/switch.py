@@ -248,14 +248,21 @@ def _build(values: Dict[str, Any], ctx: ParseContext, common: Dict[str, Any]) ->
 
 async def _run(engine: Engine, node: SwitchNode, items: List[Item]) -> Answers:
     scores = await engine.run_node(node.score, items) if node.score else {}
-    if any(c.when.needs_tokens for c in node.cases):
-        await engine.calls.ensure_tokens([it for it in items if it.text.strip()], node.tokenizer)
+    for c in node.cases:  # loops, not any() and next() of generators: on every text's path
+        if c.when.needs_tokens:
+            await engine.calls.ensure_tokens([it for it in items if it.text.strip()], node.tokenizer)
+            break
     head = node.score_head or engine.head
     groups: List[List[Item]] = [[] for _ in node.cases]
     rest: List[Item] = []
     for it in items:
-        k = next((k for k, case in enumerate(node.cases) if case.when.matches(it, scores.get(it.idx), head, node.tokenizer)), None)
-        (rest if k is None else groups[k]).append(it)
+        score = scores.get(it.idx)
+        for k, case in enumerate(node.cases):  # the first case that matches
+            if case.when.matches(it, score, head, node.tokenizer):
+                groups[k].append(it)
+                break
+        else:
+            rest.append(it)
     jobs = [engine.run_node(c.then, g) for c, g in zip(node.cases, groups) if g]
     if node.default and rest:
         jobs.append(engine.run_node(node.default, rest))

@@ -190,7 +190,11 @@ class StubWatch:
     def _state(self, pid: int, start: int) -> str:
         if self._alive_by_fd(pid, start):
             return "alive"
-        stat = read_stat(pid, self.proc)  # anything else is read through the path, as at a scan
+        return self._judge(read_stat(pid, self.proc), start)  # anything else read through the path, as at a scan
+
+    def _judge(self, stat: Optional[Tuple[int, str, int]], start: int) -> str:
+        """The state of the stub started at ``start`` from its ``stat`` (:func:`parse_stat`;
+        None: unreadable): ``gone`` unless it is still the server's child started then."""
         if stat is None or stat[0] != self.server_pid or stat[2] != start:
             return "gone"
         return "exited" if stat[1] in ("Z", "X") else "alive"
@@ -207,7 +211,7 @@ class StubWatch:
             stat = parse_stat(os.pread(fd, 1024, 0).decode("utf-8", "replace"))
         except (OSError, ValueError):
             stat = None
-        if stat is not None and stat[0] == self.server_pid and stat[2] == start and stat[1] not in ("Z", "X"):
+        if self._judge(stat, start) == "alive":
             return True
         self._close_fd(key)
         return False

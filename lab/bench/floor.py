@@ -333,11 +333,11 @@ def decide(values: Sequence[float], goal: float, at_most: bool) -> Dict[str, Any
     """``{"n", "median", "low", "high", "verdict", "rounds_needed"}`` for per-round ratios
     ``values`` against ``goal`` (``at_most``: ratio <= goal, else ratio >= goal);
     ``rounds_needed`` only when not decided (:func:`rounds_to_decide`)."""
-    from lab.bench.instances import judge, median_interval
+    from lab.bench.instances import judge, median_interval, rounded_interval
 
     iv = median_interval(values)
     verdict = judge(iv, goal) if at_most else judge_at_least(iv, goal)
-    clean = [None if v is None or not np.isfinite(v) else round(float(v), 3) for v in (iv or (None, None, None))]
+    clean = rounded_interval(iv)
     return {"n": len(values), "median": clean[0], "low": clean[1], "high": clean[2], "verdict": verdict,
             "goal": goal, "at_most": at_most,
             "rounds_needed": rounds_to_decide(values, goal, at_most) if verdict == "not decided" else None}
@@ -616,7 +616,7 @@ def split_summary(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
     """Per model of :data:`SPLIT_MODELS`, the median over the rounds of each figure of
     :func:`server_split` at c=1, and per round ``router_single``'s ``own_us`` less
     ``hand_bls``'s (its median and distribution-free 95% interval)."""
-    from lab.bench.instances import median_interval
+    from lab.bench.instances import median_interval, rounded_interval
 
     by_round: Dict[str, Dict[int, Mapping[str, float]]] = {m: {} for m in SPLIT_MODELS}
     for m in measurements:
@@ -629,11 +629,9 @@ def split_summary(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
                                     for k in ("execute_us", "downstream_us", "own_us")}
     a, b = by_round.values()
     diffs = [a[r]["own_us"] - b[r]["own_us"] for r in sorted(a) if r in b]
-    iv = median_interval(diffs) if diffs else None
+    _, low, high = rounded_interval(median_interval(diffs), 1)
     out["own_difference_us"] = {"n": len(diffs), "per_round": [round(d, 1) for d in diffs],
-                                "median": round(statistics.median(diffs), 1) if diffs else None,
-                                "low": None if iv is None or not np.isfinite(iv[1]) else round(float(iv[1]), 1),
-                                "high": None if iv is None or not np.isfinite(iv[2]) else round(float(iv[2]), 1)}
+                                "median": round(statistics.median(diffs), 1) if diffs else None, "low": low, "high": high}
     return out
 
 

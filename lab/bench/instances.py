@@ -221,6 +221,12 @@ def median_interval(values: Sequence[float], confidence: float = 0.95) -> Option
     return float(np.median(x)), float(ci.low), float(ci.high)
 
 
+def rounded_interval(interval: Optional[Sequence[float]], digits: int = 3) -> List[Optional[float]]:
+    """``[median, low, high]`` of a :func:`median_interval` rounded to ``digits``; None for
+    each that is missing or NaN (JSON has no NaN), all three None without an interval."""
+    return [None if v is None or not np.isfinite(v) else round(float(v), digits) for v in (interval or (None, None, None))]
+
+
 def judge(interval: Optional[Sequence[float]], goal: float) -> str:
     """A goal "ratio at most ``goal``" judged by a median's ``(median, low, high)``:
     ``met`` (the high end within it), ``not met`` (the low end past it), else ``not

@@ -46,8 +46,6 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Tuple
 
-import numpy as np
-
 from lab.bench.machine import QUIET_LOAD_PER_CORE
 from lab.bench.measurement import failed_note
 from lab.bench.plan import REPO, ROOT, BenchError
@@ -221,11 +219,10 @@ def verdict(values: Sequence[float], higher_is_faster: bool,
     whose interval at this run's spread would lie within or entirely outside the band
     (None: none up to 400)."""
     from lab.bench.floor import first_deciding_rounds
-    from lab.bench.instances import median_interval
+    from lab.bench.instances import median_interval, rounded_interval
 
     lo_band, hi_band = band
-    iv = median_interval(values)
-    clean = [None if v is None or not np.isfinite(v) else round(float(v), 3) for v in (iv or (None, None, None))]
+    clean = rounded_interval(median_interval(values))
     out: Dict[str, Any] = {"n": len(values), "median": clean[0], "low": clean[1], "high": clean[2],
                            "verdict": "undecided", "direction": None, "rounds_needed": None}
     low, high = clean[1], clean[2]

@@ -50,6 +50,7 @@ import numpy as np
 
 from lab.bench.measurement import failed_note, max_load
 from lab.bench.plan import REPO, Spec
+from orchestrator.tooling.tune_throughput import OVERHEAD_SHARES
 
 #: ``router_single`` p50 at c=1 over ``hand_bls``'s: at most.
 FLOOR_P50_GOAL = 1.05
@@ -83,7 +84,7 @@ ESCALATION_VARIANTS: Dict[str, dict] = {LOW_SHARE: {"base": "router"}, HIGH_SHAR
 #: (``tune_throughput.OVERHEAD_SHARES``), either side of the shipped router's rate on the
 #: held-out texts (about a third), where the extremes (no text, every text) would fit the
 #: router's batches at shares it never serves.
-ESCALATION_SHARES: Tuple[float, float] = (0.1, 0.7)
+ESCALATION_SHARES: Tuple[float, float] = OVERHEAD_SHARES
 SHARE_DATASETS = {LOW_SHARE: "share_low", HIGH_SHARE: "share_high"}
 
 

@@ -44,6 +44,7 @@ PIPELINE_RESHAPE = "tests/mock/test_pipeline_reshape.py"
 PIPELINE_PRUNING = "tests/mock/test_pipeline_pruning.py"
 PIPELINE_DESCRIBE = "tests/mock/test_pipeline_describe.py"
 PIPELINE_TIMEOUT = "tests/unit/test_pipeline_timeout.py"
+LINE = "tests/mock/test_line.py"
 
 
 class TargetError(Exception):
@@ -264,6 +265,20 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("one text's calibration shift dropped",
              Target(R + "routing/heads.py", "Head.probabilities", "v if shift == 0.0 else v + shift"), "v",
              ("tests/unit/test_heads.py", "tests/unit/test_calibration.py", "tests/unit/test_engine_heads.py")),
+    Mutation("a long text taken on the compiled line as one truncated window",
+             Target(R + "execution/line.py", "Line.fits", "ids is None or (chunk is not None and ids.shape[0] > chunk.window)"),
+             "ids is None", (LINE,)),
+    Mutation("a text a guard case answers taken on the compiled line",
+             Target(R + "execution/line.py", "Line.fits", "case.when.matches(it, None, self.model.head, guard.tokenizer)"),
+             "False", (LINE,)),
+    Mutation("the compiled line updates no node cost estimate around its model",
+             Target(R + "execution/line.py", "Line.answer", "engine.measured(node, now - began)"), "None", (LINE,)),
+    Mutation("the compiled line counts no failing node",
+             Target(R + "execution/line.py", "Line.answer", "run.count('orchestrator_node_errors_total', node=node.name)"),
+             "None", (LINE,)),
+    Mutation("a policy with a node timeout compiled to a line",
+             Target(R + "execution/line.py", "compile_line", "root.timeout_ms or any((n.timeout_ms for n in descendants(root)))"),
+             "False", (LINE,)),
     Mutation("a call's logits kept in the order its rows were sent, not the items' order",
              Target(R + "execution/engine.py", "ModelCalls.classify", "order == sorted(order)"), "True",
              ("tests/unit/test_engine.py", "tests/mock/test_eager_execute.py")),

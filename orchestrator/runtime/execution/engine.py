@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 
 from orchestrator.runtime.bls.ondemand import ModelManager
 from orchestrator.runtime.errors import DownstreamError, InputError, LimitError, RequestStopped
+from orchestrator.runtime.execution.line import compile_line
 from orchestrator.runtime.execution.mirror import Mirror
 from orchestrator.runtime.execution.tokenize import TextTokenizer, truncate
 from orchestrator.runtime.metrics import Key, Metrics, series
@@ -137,6 +138,8 @@ class Engine:
     Attributes:
         costs: node name -> estimated run time, seconds (:meth:`measured`; read by
             ``Deadlines.estimate``), shared by every run.
+        line: the policy compiled as one way through (``execution.line.Line``), or None when
+            it branches; :meth:`Run.run` runs an execute that fits it without walking the tree.
     """
 
     def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
@@ -158,6 +161,7 @@ class Engine:
         self.states: Dict[str, Any] = {}  # node name -> its state across executes (Run.state), shared by every run
         self.on_demand = bool(policy.on_demand())  # else no model call needs the on-demand manager
         self.windowing = policy.windows()  # what the nodes that window texts declared
+        self.line = compile_line(policy.root)  # one way through: runs that take it skip the tree (execution.line)
         self.mirror_runner: Optional[Mirror] = None
         if any(N.KINDS[n.kind].background for n in policy.nodes()):
             self.mirror_runner = Mirror(self, shadow_infer or infer, metrics, logger)
@@ -330,7 +334,11 @@ class Run:
                 if k not in refused and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text)):
                     refused[k] = e
             items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
-            answers = await self.run_node(self.engine.policy.root, items)
+            line = self.engine.line
+            if line is not None and items and line.fits(items):
+                answers = await line.answer(self, items)
+            else:
+                answers = await self.run_node(self.engine.policy.root, items)
             missing = [it.idx for it in items if it.idx not in answers]
             if missing:
                 raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")

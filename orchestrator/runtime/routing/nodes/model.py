@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from orchestrator.runtime.errors import PolicyError
 from orchestrator.runtime.routing.heads import LEGACY, Head, logit
@@ -161,7 +162,13 @@ def _bind(node: ModelNode, ctx: BindContext) -> ModelNode:
 
 async def _run(engine: Engine, node: ModelNode, items: List[Item]) -> Answers:
     await engine.calls.ensure_tokens(items, node.head.tokenizer)
-    logits = await engine.calls.classify(node.target, items, node.max_length, node.head)
+    return answers_of(node, items, await engine.calls.classify(node.target, items, node.max_length, node.head))
+
+
+def answers_of(node: ModelNode, items: Sequence[Item], logits: NDArray[Any]) -> Answers:
+    """``node``'s answers of ``items`` from its model's ``logits`` (float32 [len(items),
+    num_logits]): its head's probabilities with its ``logit_shift``, route ``node.route``.
+    Also the compiled line's (``execution.line``), so both paths answer alike."""
     shift = node.logit_shift
     probs = node.head.probabilities(logits, shift if isinstance(shift, float) else np.asarray(shift, dtype=np.float64))
     route = node.route

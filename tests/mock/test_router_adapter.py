@@ -13,9 +13,11 @@ import pytest
 import yaml
 
 from orchestrator.testing.mock import InferenceRequest, InferError, MockTriton
+from orchestrator.tooling import repository
 from tests.helpers import REPO, STRICT_VARIANT, add_router_variant, without_fallbacks
 
 TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain"]
+NO_ROUTE = "router_no_route"  # the shipped router, ROUTE left out of its config.pbtxt
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +27,12 @@ def mock(tmp_path_factory):
     document = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
     document["root"] = without_fallbacks(document["root"])
     add_router_variant(repo, STRICT_VARIANT, document)
-    with MockTriton(repo) as m:
-        for name in ("tokenizer", "classifier", "classifier_fast", "router", STRICT_VARIANT):
+    shipped = yaml.safe_load((REPO / "router" / "policy.yaml").read_text())
+    config = repository.read_config(add_router_variant(repo, NO_ROUTE, shipped) / "config.pbtxt")
+    del config.output[[o.name for o in config.output].index("ROUTE")]
+    repository.write_config(repo / NO_ROUTE / "config.pbtxt", config)
+    with MockTriton(repo) as m:  # strict outputs: an output the config leaves out fails the request
+        for name in ("tokenizer", "classifier", "classifier_fast", "router", STRICT_VARIANT, NO_ROUTE):
             m.load(name)
         yield m
 
@@ -181,3 +187,28 @@ def test_only_the_outputs_a_client_asks_for_are_built(mock, monkeypatch):
     built.clear()
     mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True})
     assert sorted(built) == ["POLICY", "PROBABILITIES", "ROUTE", "VERDICTS"]
+
+
+def test_an_output_left_out_of_the_config_is_never_built(mock, monkeypatch):
+    """A router whose config.pbtxt leaves ROUTE out answers the same PROBABILITIES and VERDICTS
+    without building ROUTE, for a client naming no output and for one naming every other one
+    (the mock's strict outputs fail a request answered with an output the config leaves out)."""
+    router = mock.instance(NO_ROUTE)
+    everything = mock.infer("router", inputs(TEXTS))
+    built = []
+    tensor = router.pb.Tensor
+
+    def spy(name, value):  # the router's outputs (the same pb_utils builds every model's tensors)
+        if name in ("PROBABILITIES", "VERDICTS", "ROUTE", "POLICY"):
+            built.append(name)
+        return tensor(name, value)
+
+    monkeypatch.setattr(router.pb, "Tensor", spy)
+    for asked in (None, ["PROBABILITIES", "VERDICTS"]):
+        built.clear()
+        got = mock.infer(NO_ROUTE, inputs(TEXTS), outputs=asked)
+        assert sorted(got) == sorted(built) == ["PROBABILITIES", "VERDICTS"]
+        for name in got:
+            assert np.array_equal(got[name], everything[name])
+    got = mock.infer(NO_ROUTE, inputs(TEXTS), parameters={"describe_policy": True})
+    assert sorted(got) == ["POLICY", "PROBABILITIES", "VERDICTS"]

@@ -432,15 +432,16 @@ class TritonPythonModel:
     # -- responses
 
     def _response(self, result: Union[Result, InputError, RequestStopped], work: Optional[Work] = None) -> Any:
-        """The response to ``work`` (None: warmup): only the outputs its client asked for."""
+        """The response to ``work`` (None: warmup): the outputs its client asked for, of those its config
+        declares (Triton drops any other: one left out of ``config.pbtxt``, as ``ROUTE``, costs nothing)."""
         if isinstance(result, (InputError, RequestStopped)):  # refused, cancelled or past its deadline
             return self._fail(result)
-        pb, asked = self.pb, (None if work is None else work.outputs)  # None: every output
+        pb, asked = self.pb, (work.outputs if work is not None and work.outputs is not None else self.outputs)
         tensors = [pb.Tensor(name, value) for name, value in (("PROBABILITIES", result.probabilities), ("VERDICTS", result.verdicts))
-                   if asked is None or name in asked]
-        if asked is None or "ROUTE" in asked:  # a BYTES tensor: the stub serializes it in Python
+                   if name in asked]
+        if "ROUTE" in asked:  # a BYTES tensor: the stub serializes it in Python
             tensors.append(pb.Tensor("ROUTE", np.array([r.encode("utf-8") for r in result.routes], dtype=np.object_).reshape(-1, 1)))
-        if work is not None and work.describe and (asked is None or POLICY_OUTPUT in asked):  # the policy as JSON, one per row
+        if work is not None and work.describe and POLICY_OUTPUT in asked:  # the policy as JSON, one per row
             tensors.append(pb.Tensor(POLICY_OUTPUT, np.array([self.policy_json] * len(result.routes), dtype=np.object_).reshape(-1, 1)))
         if self.response_parameters:
             return pb.InferenceResponse(output_tensors=tensors, parameters=route_parameters(result.routes))

@@ -185,7 +185,7 @@ MUTATIONS: Tuple[Mutation, ...] = (
     Mutation("a node's timeout counts against its model without count_timeouts",
              Target(R + "bls/downstream.py", "CallGuard.exit", "breaker.settings.count_timeouts"), "True", ("tests/unit/test_health.py",)),
     Mutation("ROUTE built for a client that did not ask for it",
-             Target(R + "serving/router.py", "TritonPythonModel._response", "asked is None or 'ROUTE' in asked"), "True", (ADAPTER,)),
+             Target(R + "serving/router.py", "TritonPythonModel._response", "'ROUTE' in asked"), "True", (ADAPTER,)),
     Mutation("a stub read through its kept descriptor counts as alive in any state",
              Target(R + "bls/stubs.py", "StubWatch._alive_by_fd", "self._judge(stat, start) == 'alive'"), "stat is not None",
              ("tests/unit/test_stubs.py",)),

@@ -1,21 +1,19 @@
 """The policy engine: runs a policy over the texts of one ``execute`` call.
 
-Texts become :class:`~orchestrator.runtime.routing.nodes.base.Item` objects that enter the
-policy's root node; each node's handler is found in ``routing.nodes.KINDS``. The
-:class:`Engine` is made once, at load; each execute is a :class:`Run` (``Engine.start``),
-whose :class:`ModelCalls` tokenize texts with each model's own tokenizer (in-process from
-the tokenizer model's files, or one batched BLS call to the tokenizer model) and classify
-them (rows sorted by length, padded per call with the head's pad id, split at
-``bls_max_batch_size`` rows, sent concurrently). What the engine sets up for a policy comes
-from what its kinds declare (``NodeKind.tokens``, ``windows``, ``calls``, ``background``),
-never from their names. Every downstream call goes through the ``infer`` function a run is
-given (:data:`InferFn`; the router's is ``Downstream.infer``), with the trace and timeout
-``request.Deadlines.call_options`` gives its rows, so tests drive it with a fake one.
+Texts become :class:`~orchestrator.runtime.routing.nodes.base.Item` objects that enter the policy's root node;
+each node's handler is found in ``routing.nodes.KINDS``. The :class:`Engine` is made once, at load; each
+execute is a :class:`Run` (``Engine.start``), whose :class:`ModelCalls` tokenize texts with each model's own
+tokenizer (in-process from the tokenizer model's files, or one batched BLS call to the tokenizer model) and
+classify them (rows sorted by length, padded per call with the head's pad id, split at ``bls_max_batch_size``
+rows, sent concurrently). What the engine sets up for a policy comes from what its kinds declare
+(``NodeKind.tokens``, ``windows``, ``calls``, ``background``), never from their names. Every downstream call
+goes through the ``infer`` function a run is given (:data:`InferFn`; the router's is ``Downstream.infer``;
+tests pass a fake one), with the trace and timeout ``request.Deadlines.call_options`` gives its rows.
 
-Concurrency on the router's event loop: a BLS call that is the only one in flight may use
-the blocking ``InferenceRequest.exec`` (no thread hand-offs); calls that run beside others
-(branches under :func:`gather`) or under a timeout (``asyncio.wait_for`` must be able to
-give up on them) must use ``async_exec``. A context variable says which case a call is in.
+Concurrency on the router's event loop: a BLS call that is the only one in flight may use the blocking
+``InferenceRequest.exec`` (no thread hand-offs); calls that run beside others (branches under :func:`gather`)
+or under a timeout (``asyncio.wait_for`` must be able to give up on them) must use ``async_exec``: a context
+variable says which.
 """
 
 from __future__ import annotations
@@ -54,9 +52,8 @@ InferFn = Callable[
     [str, Dict[str, NDArray[Any]], Optional[Dict[str, Any]], str, bool, CallOptions], Awaitable[Dict[str, NDArray[Any]]]
 ]
 
-#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean of
-#: its run times, :meth:`Engine.measured`, read by ``Deadlines.estimate``): about the last 5
-#: runs count. A choice, not a measured optimum: it follows a load change within a few requests.
+#: Weight of the newest run in a node's cost estimate (an exponentially weighted mean, :meth:`Engine.measured`, read by
+#: ``Deadlines.estimate``): about the last 5 runs count; a choice, not a measured optimum (it follows a load change).
 COST_WEIGHT = 0.3
 
 # True inside a branch that runs beside others or under a timeout.
@@ -90,9 +87,8 @@ async def gather(coros: Iterable[Awaitable[T]], settle: bool = False) -> List[An
 
 @functools.lru_cache(maxsize=1024)  # on every text's path; a policy has a few routes
 def route_label(route: str) -> str:
-    """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how
-    it answered (a chunk node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total``
-    label, so its values stay one per route rather than one per count."""
+    """``route`` without its details: ``:<name>=<value>`` parts a node appends to say how it answered (a chunk
+    node's ``:windows=<used>/<made>``). The ``orchestrator_texts_total`` label: one value per route, not per count."""
     return ":".join(part for part in route.split(":") if "=" not in part)
 
 
@@ -138,8 +134,7 @@ class Engine:
     Attributes:
         costs: node name -> estimated run time, seconds (:meth:`measured`; read by
             ``Deadlines.estimate``), shared by every run.
-        line: the policy compiled as one way through (``execution.line.Line``), or None when
-            it branches; :meth:`Run.run` runs an execute that fits it without walking the tree.
+        line: the policy as one way through (``execution.line.Line``; None: it branches), for :meth:`Run.run`.
     """
 
     def __init__(self, policy: Policy, infer: InferFn, metrics: Optional[Metrics] = None, models: Optional[ModelManager] = None,
@@ -272,8 +267,7 @@ class Run:
             self.mirror_runner.submit(node, items, [(answers[it.idx].probabilities, self.final_verdicts(answers[it.idx], it))
                                                     for it in items])
 
-    #: :func:`gather` itself (to await): ``coros`` side by side, their downstream calls through
-    #: ``async_exec``; no wrapper, so a node's gather costs no extra call or coroutine.
+    #: :func:`gather` itself (``coros`` side by side through ``async_exec``), without a wrapper's call.
     gather = staticmethod(gather)
 
     async def run_node(self, node: Node, items: List[Item]) -> Answers:
@@ -334,11 +328,9 @@ class Run:
                 if k not in refused and (e := window_error(self.engine.windowing, items, self.engine.policy.limits.max_windows_per_text)):
                     refused[k] = e
             items = [it for k, its in enumerate(per_work) if k not in refused for it in its]
-            line = self.engine.line
-            if line is not None and items and line.fits(items):
-                answers = await line.answer(self, items)
-            else:
-                answers = await self.run_node(self.engine.policy.root, items)
+            line = self.engine.line  # every text one way through: one model call, no tree walked
+            root = line.answer(self, items) if line is not None and items and line.fits(items) else self.run_node(self.engine.policy.root, items)
+            answers = await root
             missing = [it.idx for it in items if it.idx not in answers]
             if missing:
                 raise DownstreamError(f"the policy answered no route for {len(missing)} text(s)")

@@ -60,7 +60,9 @@ FLOOR_THROUGHPUT_GOAL = 0.95
 COST_MODEL_GOAL = 0.9
 #: Router and tokenizer load-to-ready over the postprocess model's: at most.
 LOAD_GOAL = 1.5
-FLOOR_MODELS = ("ensemble", "router", "router_single", "hand_bls")
+#: ``router_single_no_route``: ``router_single`` with ``ROUTE`` left out of its config (never built): the output's
+#: cost, since ``hand_bls`` answers without it; the goals judge ``router_single`` as shipped.
+FLOOR_MODELS = ("ensemble", "router", "router_single", "hand_bls", "router_single_no_route")
 CLASSIFIERS = ("classifier_fast", "classifier")
 FLOOR_CONCURRENCIES = (1, 16)
 COST_CONCURRENCY = 16
@@ -89,12 +91,12 @@ SHARE_DATASETS = {LOW_SHARE: "share_low", HIGH_SHARE: "share_high"}
 
 
 def make_floor_repository(dest: Path, repo: Path = REPO) -> Path:
-    """The benchmark repository with ``router_single`` and ``hand_bls`` (``VARIANTS``) and the
+    """The benchmark repository with ``router_single``, ``router_single_no_route`` and ``hand_bls`` (``VARIANTS``) and the
     two routers of :data:`ESCALATION_VARIANTS`."""
     from lab.bench.plan import VARIANTS
     from lab.bench.variants import make_bench_repository
 
-    return make_bench_repository(dest, repo, variants={**{k: VARIANTS[k] for k in ("router_single", "hand_bls")},
+    return make_bench_repository(dest, repo, variants={**{k: VARIANTS[k] for k in ("router_single", "hand_bls", "router_single_no_route")},
                                                        **ESCALATION_VARIANTS})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 from lab.bench.plan import REPO, ROOT, VARIANTS, BenchError
 from orchestrator.tooling.errors import ConfigError
@@ -59,6 +59,7 @@ def _copy_variant(dest: Path, source: Path, name: str, spec: Mapping, target: Pa
             for old, new in spec.get("replace_models", {}).items():
                 if not rename_steps(config, {old: new}):
                     raise BenchError(f"{where}, {path.name}: no ensemble step with model_name {old!r}")
+            _drop_outputs(config, spec.get("drop_outputs", ()), f"{where}, {path.name}")
             write_config(path, config, header)
     except ConfigError as exc:
         raise BenchError(f"{where}: {exc}") from None
@@ -66,6 +67,15 @@ def _copy_variant(dest: Path, source: Path, name: str, spec: Mapping, target: Pa
         _replace_policy_root(target, spec.get("policy_root"), where, spec.get("policy_extra"))
     if "cascade_margins" in spec:
         set_cascade_margins(target, spec["cascade_margins"], where)
+
+
+def _drop_outputs(config: Any, outputs: Sequence[str], where: str) -> None:
+    """Remove ``outputs`` from ``config`` (a ``ModelConfig``); BenchError naming one it lacks."""
+    for output in outputs:
+        names = [o.name for o in config.output]
+        if output not in names:
+            raise BenchError(f"{where}: the base config has no output {output!r}")
+        del config.output[names.index(output)]
 
 
 def copy_source_model(name: str, source: Path | str, target: Path) -> None:

@@ -37,6 +37,12 @@ def test_the_floor_repository_has_its_variants(tmp_path):
     repo = F.make_floor_repository(tmp_path / "repo")
     assert (repo / "hand_bls" / "config.pbtxt").is_file() and (repo / "router_single" / "config.pbtxt").is_file()
     assert not (repo / "router_bls").exists()
+    outputs = [o.name for o in read_config(repo / "router_single_no_route" / "config.pbtxt").output]
+    assert outputs == [o.name for o in read_config(repo / "router_single" / "config.pbtxt").output if o.name != "ROUTE"]
+    same = [P.load_policy(repo / m / "policy.yaml") for m in ("router_single_no_route", "router_single")]
+    assert same[0].root == same[1].root
+    with pytest.raises(BenchError, match="no output 'NOPE'"):
+        make_bench_repository(tmp_path / "r3", variants={"x": {"base": "router", "drop_outputs": ["NOPE"]}})
     shipped = (ROOT / "model_repository" / "router" / "policy.yaml").read_text()
     (served,) = T.cascades(P.load_policy(ROOT / "model_repository" / "router" / "policy.yaml"))
     for name in (F.LOW_SHARE, F.HIGH_SHARE):  # copies of the shipped router: its policy, its margin
@@ -50,11 +56,11 @@ def test_the_floor_repository_has_its_variants(tmp_path):
 def test_the_plan_rotates_the_models_and_adds_the_classifiers_at_c16():
     specs = F.floor_plan(2)
     first = [(s.model, s.concurrency, s.dataset) for s in specs if s.round == 0]
-    assert first[:4] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
+    assert first[:5] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
     assert first[-4:-2] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
     assert first[-2:] == [(F.LOW_SHARE, 16, "share_low"), (F.HIGH_SHARE, 16, "share_high")]
     second = [s.model for s in specs if s.round == 1]
-    assert second[:4] == ["router", "router_single", "hand_bls", "ensemble"]
+    assert second[:5] == ["router", "router_single", "hand_bls", "router_single_no_route", "ensemble"]
     assert second[-4:] == ["classifier", "classifier_fast", F.HIGH_SHARE, F.LOW_SHARE]
     assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 4)
 

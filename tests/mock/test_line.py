@@ -193,6 +193,6 @@ def test_the_shipped_policy_is_not_a_line_and_the_lines_are(mock):
     assert [n.name for n in shapes["line_guarded"].around] == ["accurate", "chunk_accurate", "main"]
 
 
-def test_an_engine_compiles_its_policy_once():
+def test_an_engine_compiles_its_policy_when_it_is_made():
     engine = Engine(policy(LINES["line_chunk"]), infer=None, model_dir=REPO / "router")  # type: ignore[arg-type]
     assert engine.line is not None and engine.line.chunk is not None and engine.line.model.model == "classifier"

@@ -5,7 +5,9 @@
 - :class:`FakeBLS`: a fake downstream ``infer`` function for the engine's unit tests;
 - :func:`call` / :func:`routes`: one HTTP request to a real server's router or ensemble;
 - :func:`stub_pid`, :func:`rss_bytes`: the real server's processes;
-- :func:`eventually`: a real server's statistics or metrics once they caught up.
+- :func:`eventually`: a real server's statistics or metrics once they caught up;
+- :data:`MIXED_TEXTS`, :func:`text_request`, :func:`executes_answered`: the mock differential tests' requests
+  (one router execute run two ways) and their answers in a form to compare.
 
 The execution-environment tests' helpers are in ``tests/envhelpers.py``.
 """
@@ -356,3 +358,32 @@ def eventually(read, expected, timeout=20.0, interval=0.1):
         time.sleep(interval)
         value = read()
     return value
+
+
+#: A long text (more than 128 tokens: a chunk node windows it).
+LONG_TEXT = " ".join(["a gorgeous, witty and thoroughly surprising film that never once drags"] * 30)
+#: Short texts, an empty one and :data:`LONG_TEXT`: what a differential test's executes mix.
+MIXED_TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain", "", LONG_TEXT, "so-so, really"]
+
+
+def text_request(texts, thresholds=0.5, parameters=None):
+    """One router request for the mock's ``infer_batch``: ``texts`` as TEXT [N, 1], ``thresholds``
+    one for all or per text (a list) or per label (rows), KServe ``parameters``."""
+    t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
+    thr = np.asarray(thresholds, np.float32).reshape(len(texts), -1) if np.ndim(thresholds) else np.full((len(texts), 1), thresholds, np.float32)
+    return {"inputs": {"TEXT": t, "THRESHOLD": thr}, "parameters": parameters or {}}
+
+
+def executes_answered(mock, model, executes):
+    """Each response of ``executes`` (each a list of :func:`text_request`, one execute of ``model``)
+    as ``("error", code, message)`` or ``{output: (values, dtype, shape)}``, in order."""
+    from orchestrator.testing.mock import InferError
+
+    out = []
+    for execute in executes:
+        for result in mock.infer_batch(model, execute):
+            if isinstance(result, InferError):
+                out.append(("error", result.code, result.message))
+            else:
+                out.append({k: (v.tolist(), str(v.dtype), v.shape) for k, v in sorted(result.items())})
+    return out

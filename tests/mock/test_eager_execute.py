@@ -11,14 +11,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 
-import numpy as np
 import pytest
 import yaml
 
 from orchestrator.runtime.serving import router as router_module
-from orchestrator.testing.mock import InferError, MockTriton
+from orchestrator.testing.mock import MockTriton
 from orchestrator.testing.mock import requests as mock_requests
-from tests.helpers import REPO, add_router_variant
+from tests.helpers import LONG_TEXT as LONG
+from tests.helpers import MIXED_TEXTS as TEXTS
+from tests.helpers import REPO, add_router_variant, executes_answered
+from tests.helpers import text_request as request
 
 SINGLE = "eager_single"  # sequence: empty texts answered alone, every other text chunked to one classifier
 SPLIT = "eager_split"  # the shipped policy with BLS calls of at most 2 rows: concurrent calls
@@ -35,10 +37,6 @@ SINGLE_ROOT = {
     ],
 }
 
-LONG = " ".join(["a gorgeous, witty and thoroughly surprising film that never once drags"] * 30)
-TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain", "", LONG, "so-so, really"]
-
-
 @pytest.fixture(scope="module")
 def mock(tmp_path_factory):
     repo = tmp_path_factory.mktemp("eager") / "model_repository"
@@ -51,12 +49,6 @@ def mock(tmp_path_factory):
         for name in ("tokenizer", "classifier", "classifier_fast", *ROUTERS, TIMED):
             m.load(name)
         yield m
-
-
-def request(texts, thresholds=0.5, parameters=None):
-    t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
-    thr = np.asarray(thresholds, np.float32).reshape(len(texts), -1) if np.ndim(thresholds) else np.full((len(texts), 1), thresholds, np.float32)
-    return {"inputs": {"TEXT": t, "THRESHOLD": thr}, "parameters": parameters or {}}
 
 
 #: Executes (each a list of requests, one execute): every case above.
@@ -81,14 +73,7 @@ EXECUTES = [
 def answers(mock, model, eager, monkeypatch, executes=EXECUTES):
     instance = mock.instance(model)
     monkeypatch.setattr(instance, "eager", eager)
-    out = []
-    for execute in executes:
-        for result in mock.infer_batch(model, execute):
-            if isinstance(result, InferError):
-                out.append(("error", result.code, result.message))
-            else:
-                out.append({k: (v.tolist(), str(v.dtype), v.shape) for k, v in sorted(result.items())})
-    return out
+    return executes_answered(mock, model, executes)
 
 
 @pytest.mark.parametrize("model", ROUTERS)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 
-import numpy as np
 import pytest
 import yaml
 
@@ -18,9 +17,12 @@ from orchestrator.runtime.execution import line as line_module
 from orchestrator.runtime.execution.engine import Engine
 from orchestrator.runtime.execution.line import compile_line
 from orchestrator.runtime.routing.policy import parse_policy
-from orchestrator.testing.mock import InferError, MockTriton
+from orchestrator.testing.mock import MockTriton
 from orchestrator.testing.mock import requests as mock_requests
-from tests.helpers import REPO, add_router_variant
+from tests.helpers import LONG_TEXT as LONG
+from tests.helpers import MIXED_TEXTS as TEXTS
+from tests.helpers import REPO, add_router_variant, executes_answered
+from tests.helpers import text_request as request
 
 MODEL = {"kind": "model", "name": "accurate", "model": "classifier"}
 CHUNK = {"kind": "chunk", "name": "chunk_accurate", "window": 128, "stride": 96, "aggregation": "length_weighted_mean",
@@ -37,16 +39,6 @@ LINES = {
     "line_cases": {"kind": "sequence", "name": "main", "steps": [
         {"kind": "switch", "name": "guard", "cases": [EMPTY, FAST, SHORT]}, MODEL]},
 }
-
-LONG = " ".join(["a gorgeous, witty and thoroughly surprising film that never once drags"] * 30)
-TEXTS = ["A gorgeous, witty film.", "Not worth the ticket.", "plain", "", LONG, "so-so, really"]
-
-
-def request(texts, thresholds=0.5, parameters=None):
-    t = np.array([s.encode() for s in texts], dtype=np.object_).reshape(-1, 1)
-    thr = np.asarray(thresholds, np.float32).reshape(len(texts), -1) if np.ndim(thresholds) else np.full((len(texts), 1), thresholds, np.float32)
-    return {"inputs": {"TEXT": t, "THRESHOLD": thr}, "parameters": parameters or {}}
-
 
 EXECUTES = [
     [request(TEXTS[:1])],
@@ -104,13 +96,7 @@ def run(mock, model, compiled, monkeypatch, executes=EXECUTES):
     instance = mock.instance(model)
     monkeypatch.setattr(instance.engine, "line", compiled)
     recorder = Recorder(instance, monkeypatch)
-    out = []
-    for execute in executes:
-        for result in mock.infer_batch(model, execute):
-            if isinstance(result, InferError):
-                out.append(("error", result.code, result.message))
-            else:
-                out.append({k: (v.tolist(), str(v.dtype), v.shape) for k, v in sorted(result.items())})
+    out = executes_answered(mock, model, executes)
     monkeypatch.undo()
     return out, recorder.records, recorder.measured
 

@@ -159,12 +159,8 @@ def test_each_stage_of_an_execute_is_observed_once(mock):
     assert 0 < value["sum"] < 1.0 and min(value["buckets"]) == 0.00005
 
 
-def test_only_the_outputs_a_client_asks_for_are_built(mock, monkeypatch):
-    """A client naming a subset of the outputs gets those, the same values as from a request
-    for all, and the router builds no tensor for the others (Triton would drop them; the
-    BYTES ``ROUTE`` costs the stub a Python serialization). ``POLICY`` is built only when
-    asked for by name or by asking for every output."""
-    router = mock.instance("router")
+def outputs_built(router, monkeypatch):
+    """The names of the router's outputs built from now on, in order (a list that grows)."""
     built = []
     tensor = router.pb.Tensor
 
@@ -173,8 +169,17 @@ def test_only_the_outputs_a_client_asks_for_are_built(mock, monkeypatch):
             built.append(name)
         return tensor(name, value)
 
-    everything = mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True})
     monkeypatch.setattr(router.pb, "Tensor", spy)
+    return built
+
+
+def test_only_the_outputs_a_client_asks_for_are_built(mock, monkeypatch):
+    """A client naming a subset of the outputs gets those, the same values as from a request
+    for all, and the router builds no tensor for the others (Triton would drop them; the
+    BYTES ``ROUTE`` costs the stub a Python serialization). ``POLICY`` is built only when
+    asked for by name or by asking for every output."""
+    everything = mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True})
+    built = outputs_built(mock.instance("router"), monkeypatch)
     for asked in (["PROBABILITIES"], ["VERDICTS", "ROUTE"], ["ROUTE"], ["POLICY", "VERDICTS"]):
         built.clear()
         got = mock.infer("router", inputs(TEXTS), parameters={"describe_policy": True}, outputs=asked)
@@ -193,17 +198,8 @@ def test_an_output_left_out_of_the_config_is_never_built(mock, monkeypatch):
     """A router whose config.pbtxt leaves ROUTE out answers the same PROBABILITIES and VERDICTS
     without building ROUTE, for a client naming no output and for one naming every other one
     (the mock's strict outputs fail a request answered with an output the config leaves out)."""
-    router = mock.instance(NO_ROUTE)
     everything = mock.infer("router", inputs(TEXTS))
-    built = []
-    tensor = router.pb.Tensor
-
-    def spy(name, value):  # the router's outputs (the same pb_utils builds every model's tensors)
-        if name in ("PROBABILITIES", "VERDICTS", "ROUTE", "POLICY"):
-            built.append(name)
-        return tensor(name, value)
-
-    monkeypatch.setattr(router.pb, "Tensor", spy)
+    built = outputs_built(mock.instance(NO_ROUTE), monkeypatch)
     for asked in (None, ["PROBABILITIES", "VERDICTS"]):
         built.clear()
         got = mock.infer(NO_ROUTE, inputs(TEXTS), outputs=asked)

@@ -18,12 +18,14 @@ embedded server.
    (:func:`classifier_input_json`, :data:`PAD_GROUP`): ``c_fast`` and ``c_accurate``, seconds per text
    (1 / throughput). ``e``: the shipped router's escalation rate on the held-out texts (its
    ``ROUTE`` values: :func:`escalation`). The router's own cost has a part per text and a
-   part per escalated text (its second BLS call, tensors and answers), fitted as ``orchestrator
-   tune --url`` fits them: two copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
-   same policy and margin) on two lists of the held-out texts in which the shares
+   part per escalated text (its second BLS call, tensors and answers) with a curvature (one
+   second call per execute carries all its escalated texts), fitted as ``orchestrator tune
+   --url`` fits them: three copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
+   same policy and margin) on three lists of the held-out texts in which the shares
    :data:`ESCALATION_SHARES` of the texts are ones the router escalates (:func:`share_lists`),
-   so that 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) through both. Predicted
-   throughput of the shipped router = 1 / (c_fast + o_first + e * (c_accurate + o_escalated));
+   so that 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) + s**2 * q_escalated
+   through the three. Predicted throughput of the shipped router = 1 / (c_fast + o_first + e *
+   (c_accurate + o_escalated) + e**2 * q_escalated);
    measured / predicted per round (:func:`stage_cost_model`), goal at least
    :data:`COST_MODEL_GOAL`. Beside it, the model
    before the parts (:func:`cost_model`): one constant ``overhead`` = 1/T(router_single) -
@@ -75,24 +77,25 @@ FLOOR_ROUNDS = 8
 #: overhead instead of to the classifiers.
 PAD_GROUP = 1
 FAST, ACCURATE = CLASSIFIERS
-#: Two copies of the shipped router (same policy, same margin), measured on the text lists of
-#: :func:`share_lists` (datasets ``share_low`` and ``share_high``): the per-stage cost model
-#: separates the router's own cost per text from its extra cost per escalated text with them
-#: (:func:`stage_cost_model`). Copies, so each has its own row per round; variants of
-#: :func:`lab.bench.variants.make_bench_repository`.
-LOW_SHARE, HIGH_SHARE = "router_share_low", "router_share_high"
-ESCALATION_VARIANTS: Dict[str, dict] = {LOW_SHARE: {"base": "router"}, HIGH_SHARE: {"base": "router"}}
-#: The escalated shares of the two lists: ``orchestrator tune --url``'s own
-#: (``tune_throughput.OVERHEAD_SHARES``), either side of the shipped router's rate on the
-#: held-out texts (about a third), where the extremes (no text, every text) would fit the
-#: router's batches at shares it never serves.
-ESCALATION_SHARES: Tuple[float, float] = OVERHEAD_SHARES
-SHARE_DATASETS = {LOW_SHARE: "share_low", HIGH_SHARE: "share_high"}
+#: Three copies of the shipped router (same policy, same margin), measured on the text lists of
+#: :func:`share_lists` (datasets ``share_low``, ``share_mid`` and ``share_high``): the per-stage
+#: cost model separates the router's own cost per text from its extra cost per escalated text
+#: and that cost's curvature with them (:func:`stage_cost_model`). Copies, so each has its own
+#: row per round; variants of :func:`lab.bench.variants.make_bench_repository`.
+LOW_SHARE, MID_SHARE, HIGH_SHARE = "router_share_low", "router_share_mid", "router_share_high"
+ESCALATION_VARIANTS: Dict[str, dict] = {LOW_SHARE: {"base": "router"}, MID_SHARE: {"base": "router"},
+                                        HIGH_SHARE: {"base": "router"}}
+#: The escalated shares of the three lists: ``orchestrator tune --url``'s own
+#: (``tune_throughput.OVERHEAD_SHARES``), around the shipped router's rate on the held-out
+#: texts (about a third), where the extremes (no text, every text) would fit the router's
+#: batches at shares it never serves.
+ESCALATION_SHARES: Tuple[float, ...] = OVERHEAD_SHARES
+SHARE_DATASETS = {LOW_SHARE: "share_low", MID_SHARE: "share_mid", HIGH_SHARE: "share_high"}
 
 
 def make_floor_repository(dest: Path, repo: Path = REPO) -> Path:
     """The benchmark repository with ``router_single``, ``router_single_no_route`` and ``hand_bls`` (``VARIANTS``) and the
-    two routers of :data:`ESCALATION_VARIANTS`."""
+    three routers of :data:`ESCALATION_VARIANTS`."""
     from lab.bench.plan import VARIANTS
     from lab.bench.variants import make_bench_repository
 
@@ -104,7 +107,7 @@ def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
                concurrencies: Sequence[int] = FLOOR_CONCURRENCIES) -> List[Spec]:
     """Per round: every model at every concurrency (model order rotated by one each round),
     then the two classifiers at :data:`COST_CONCURRENCY` (order alternating) on the
-    tokenized texts (dataset ``tokens``), then the two routers of :data:`ESCALATION_VARIANTS`
+    tokenized texts (dataset ``tokens``), then the three routers of :data:`ESCALATION_VARIANTS`
     at :data:`COST_CONCURRENCY` (order alternating), each on its list (:data:`SHARE_DATASETS`)."""
     out: List[Spec] = []
     for r in range(rounds):
@@ -113,7 +116,8 @@ def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
             out += [Spec("floor", m, "held_out", c, 1, r) for m in order]
         out += [Spec("cost", m, "tokens", COST_CONCURRENCY, 1, r) for m in (CLASSIFIERS if r % 2 == 0 else CLASSIFIERS[::-1])]
         routers = list(ESCALATION_VARIANTS)
-        out += [Spec("cost", m, SHARE_DATASETS[m], COST_CONCURRENCY, 1, r) for m in (routers if r % 2 == 0 else routers[::-1])]
+        routers = routers[r % len(routers):] + routers[:r % len(routers)]  # rotated: none always first
+        out += [Spec("cost", m, SHARE_DATASETS[m], COST_CONCURRENCY, 1, r) for m in routers]
     return out
 
 
@@ -184,34 +188,34 @@ def cost_model(t_fast: float, t_accurate: float, t_single: float, t_router: floa
             "measured": t_router, "ratio": None if predicted is None else t_router / predicted}
 
 
-def stage_cost_model(t_fast: float, t_accurate: float, t_low: float, t_high: float, t_router: float,
-                     e: float, shares: Tuple[float, float] = (0.0, 1.0)) -> Dict[str, Any]:
+def stage_cost_model(t_fast: float, t_accurate: float, t_shares: Sequence[float], t_router: float,
+                     e: float, shares: Sequence[float] = ESCALATION_SHARES) -> Dict[str, Any]:
     """The cascade's cost model with the router's cost per stage, from throughputs (texts/s)
     at one concurrency: ``c_fast`` = 1/t_fast, ``c_accurate`` = 1/t_accurate (s/text); the
-    router at the escalated ``shares`` (s_low, s_high) measured ``t_low`` and ``t_high``, and
-    1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) through both points gives
-    ``o_first`` (the router's own cost per text) and ``o_escalated`` (its extra cost per
-    escalated text); with shares (0, 1): o_first = 1/t_low - c_fast, o_escalated = 1/t_high -
-    1/t_low - c_accurate. ``predicted`` = 1 / (c_fast + o_first + e * (c_accurate +
-    o_escalated)) (texts/s, None where that cost is not positive), ``measured`` = t_router,
-    ``ratio`` = measured / predicted.
-    Raises ValueError on a throughput that is not positive, ``e`` outside [0, 1], or shares
-    not increasing within [0, 1]."""
-    if min(t_fast, t_accurate, t_low, t_high, t_router) <= 0:
+    router on lists escalating ``shares`` measured ``t_shares`` (one each), fitted as ``tune
+    --url`` fits it (``tune_throughput.fit_overhead``): 1/T(s) = c_fast + o_first + s *
+    (c_accurate + o_escalated) + s**2 * q_escalated, least squares (``q_escalated`` with at
+    least three distinct shares above 0, else 0: the line through two). ``predicted`` = 1 /
+    (c_fast + o_first + e * (c_accurate + o_escalated) + e**2 * q_escalated) (texts/s, None
+    where that cost is not positive), ``measured`` = t_router, ``ratio`` = measured /
+    predicted.
+    Raises ValueError on a throughput that is not positive, ``e`` outside [0, 1], not one
+    throughput per share, or fewer than two distinct shares within [0, 1]."""
+    from orchestrator.tooling.tune_throughput import fit_overhead
+
+    if min(t_fast, t_accurate, t_router, *t_shares) <= 0:
         raise ValueError("throughputs must be positive")
     if not 0.0 <= e <= 1.0:
         raise ValueError(f"escalation rate {e} outside [0, 1]")
-    s_low, s_high = shares
-    if not 0.0 <= s_low < s_high <= 1.0:
-        raise ValueError(f"shares {shares}: need 0 <= low < high <= 1")
+    if len(t_shares) != len(shares) or len(set(shares)) < 2 or not all(0.0 <= s <= 1.0 for s in shares):
+        raise ValueError(f"shares {tuple(shares)} for {len(t_shares)} throughputs: need one each, two or more distinct in [0, 1]")
     c_fast, c_accurate = 1.0 / t_fast, 1.0 / t_accurate
-    slope = (1.0 / t_high - 1.0 / t_low) / (s_high - s_low)  # c_accurate + o_escalated
-    o_first = 1.0 / t_low - s_low * slope - c_fast
-    o_escalated = slope - c_accurate
-    cost = c_fast + o_first + e * (c_accurate + o_escalated)
+    (o_first, o_escalated), (_, q_escalated) = fit_overhead([[1.0, s] for s in shares], t_shares, [c_fast, c_accurate], [0, 1])
+    cost = c_fast + o_first + e * (c_accurate + o_escalated) + e * e * q_escalated
     predicted = 1.0 / cost if cost > 0 else None
     return {"c_fast": c_fast, "c_accurate": c_accurate, "o_first": o_first, "o_escalated": o_escalated,
-            "predicted": predicted, "measured": t_router, "ratio": None if predicted is None else t_router / predicted}
+            "q_escalated": q_escalated, "predicted": predicted, "measured": t_router,
+            "ratio": None if predicted is None else t_router / predicted}
 
 
 def _by_round(measurements: Sequence[Mapping[str, Any]], model: str, concurrency: int) -> Dict[int, Mapping[str, Any]]:
@@ -238,15 +242,19 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
             for r in rounds]
 
 
-def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float, shares: Tuple[float, float],
+def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float, shares: Sequence[float],
                             concurrency: int = COST_CONCURRENCY) -> List[Dict[str, Any]]:
-    """:func:`stage_cost_model` of each round in which the classifiers, the two routers of
-    :data:`ESCALATION_VARIANTS` (at the escalated ``shares``) and ``router`` were all measured
-    at ``concurrency``, with its ``round``."""
-    tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, LOW_SHARE, HIGH_SHARE, "router")}
+    """:func:`stage_cost_model` of each round in which the classifiers, the routers of
+    :data:`ESCALATION_VARIANTS` (at the escalated ``shares``, in that order) and ``router`` were
+    all measured at ``concurrency``, with its ``round``."""
+    share_models = list(ESCALATION_VARIANTS)
+    if len(shares) != len(share_models):
+        raise ValueError(f"shares {tuple(shares)}: one per router of ESCALATION_VARIANTS ({len(share_models)})")
+    tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, *share_models, "router")}
     rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
-    return [{"round": r, **stage_cost_model(*(tables[m][r]["throughput"] for m in
-                                              (FAST, ACCURATE, LOW_SHARE, HIGH_SHARE, "router")), e, shares)}
+    return [{"round": r, **stage_cost_model(tables[FAST][r]["throughput"], tables[ACCURATE][r]["throughput"],
+                                            [tables[m][r]["throughput"] for m in share_models],
+                                            tables["router"][r]["throughput"], e, shares)}
             for r in rounds]
 
 
@@ -355,7 +363,7 @@ def floor_goals(measurements: Sequence[Mapping[str, Any]]) -> Dict[str, Any]:
 
 
 def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float],
-                 shares: Tuple[float, float] = ESCALATION_SHARES) -> Dict[str, Any]:
+                 shares: Sequence[float] = ESCALATION_SHARES) -> Dict[str, Any]:
     """The cost model with the router's cost per stage (:func:`round_stage_cost_models` at the
     lists' escalated ``shares``: its
     per-round figures, their medians (ms/text) and the goal's decision) and, under
@@ -367,7 +375,7 @@ def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float],
     out["router_vs_ensemble_c16"] = round(statistics.median(vs_ensemble), 3) if vs_ensemble else None
     if e is None:
         return out
-    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e, shares), ("c_fast", "c_accurate", "o_first", "o_escalated")),
+    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e, shares), ("c_fast", "c_accurate", "o_first", "o_escalated", "q_escalated")),
                                 (out["one_constant"], round_cost_models(measurements, e), ("c_fast", "c_accurate", "overhead"))):
         rounds = [r for r in rounds if r["predicted"] is not None]
         into["rounds"] = [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rounds]
@@ -481,11 +489,12 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              f"e: the shipped router's `ROUTE` values on the {esc.get('texts', 'n/a')} held-out texts "
              f"({esc.get('fast', 'n/a')} answered by `classifier_fast`, {esc.get('accurate', 'n/a')} escalated to "
              f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). The router's own cost "
-             f"per stage, fitted as `orchestrator tune --url` fits it: `{LOW_SHARE}` and `{HIGH_SHARE}` (copies of the "
-             f"shipped router, its margin) on two lists of as many held-out texts, {_shares(cm)} of them texts it "
+             f"per stage, fitted as `orchestrator tune --url` fits it: {_share_models(cm)} (copies of the "
+             f"shipped router, its margin) on lists of as many held-out texts, {_shares(cm)} of them texts it "
              "escalates (spread evenly, the rest texts `classifier_fast` answers), 1/T(s) = c_fast + o_first + s * "
-             "(c_accurate + o_escalated) through both; predicted = "
-             "1 / (c_fast + o_first + e * (c_accurate + o_escalated)). The model before the parts, beside it: one "
+             "(c_accurate + o_escalated) + s^2 * q_escalated through them (least squares; q_escalated 0 with two "
+             "lists); predicted = 1 / (c_fast + o_first + e * (c_accurate + o_escalated) + e^2 * q_escalated). "
+             "The model before the parts, beside it: one "
              "overhead = 1/T(`router_single`) - c_accurate, predicted = 1 / (c_fast + e * c_accurate + overhead). "
              "Measured: the shipped `router`'s throughput, all at c=16 in the same round.")
     med, old = cm.get("median"), (cm.get("one_constant") or {}).get("median")
@@ -493,7 +502,7 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
         L += ["", "| model | c_fast, ms/text | c_accurate, ms/text | e | router's own, ms/text | predicted, infer/s | "
               "measured, infer/s | measured / predicted |", "|---|---|---|---|---|---|---|---|",
               f"| per stage | {med['c_fast_ms']} | {med['c_accurate_ms']} | {cm['e']} | {med['o_first_ms']} + e * "
-              f"{med['o_escalated_ms']} | {med['predicted']} | {med['measured']} | {_x(cm['goal']['median'])} |"]
+              f"{med['o_escalated_ms']}{_curve(med)} | {med['predicted']} | {med['measured']} | {_x(cm['goal']['median'])} |"]
         if old:
             L.append(f"| one constant | {old['c_fast_ms']} | {old['c_accurate_ms']} | {cm['e']} | {old['overhead_ms']} | "
                      f"{old['predicted']} | {old['measured']} | {_x(cm['one_constant']['goal']['median'])} |")
@@ -510,8 +519,18 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
 
 
 def _shares(cost: Mapping[str, Any]) -> str:
-    low, high = cost.get("shares") or ESCALATION_SHARES
-    return f"{round(100 * low)}% and {round(100 * high)}%"
+    shares = [f"{round(100 * s)}%" for s in (cost.get("shares") or ESCALATION_SHARES)]
+    return ", ".join(shares[:-1]) + " and " + shares[-1]
+
+
+def _curve(med: Mapping[str, Any]) -> str:
+    q = med.get("q_escalated_ms")  # absent in a run before the curvature
+    return "" if not q else f" + e^2 * {q}"
+
+
+def _share_models(cost: Mapping[str, Any]) -> str:
+    models = [f"`{m}`" for m in ESCALATION_VARIANTS]
+    return ", ".join(models[:-1]) + " and " + models[-1]
 
 
 def render_load_and_repair(r: Mapping[str, Any]) -> List[str]:

@@ -16,7 +16,7 @@
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per
    text ``c_i`` (its model alone in a closed loop), the router's own overhead parts ``o_1`` (per
    text) and ``o_2`` (per escalated text), fitted from the router's closed loop at the margin it
-   serves (the shipped one) on two lists of the tuning texts with a known share escalated there
+   serves (the shipped one) on three lists of the tuning texts with a known share escalated there
    (:func:`orchestrator.tooling.tune_throughput.router_overhead`), the share of the tuning texts
    reaching each stage at every margin tune sweeps, and the chosen margin (run by tune itself
    when the router serves it);
@@ -30,7 +30,7 @@
    (:func:`orchestrator.tooling.tune_throughput.measure_router`);
 4. per point (:func:`checks`): predicted ``1 / (o + sum(e_i * c_i))``
    (:func:`orchestrator.tooling.tune_throughput.predicted`) with tune's fitted
-   ``o = o_1 + e * o_2`` (:func:`orchestrator.tooling.tune_throughput.overhead_at`), measured,
+   ``o = o_1 + e * o_2 + e**2 * q_2`` (:func:`orchestrator.tooling.tune_throughput.overhead_at`), measured,
    measured/predicted and whether that is within :data:`TOLERANCE` (15%). The fit ran on other
    text lists than any point's, so every point checks the model. For comparison, the model
    before the parts, one constant: the point predicted with the ``o`` implied by tune's own run
@@ -188,7 +188,8 @@ def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead
     """Each point checked (module docstring, step 4). ``points``: ``{"margin", "role",
     "escalation_rate", "reach" (share of texts per stage), "router" (its closed loop:
     ``measure_router``), "warmup" (optional: the untimed loop before it, kept as it is)}``;
-    ``costs``: the stages' seconds per text; ``overhead``: tune's (``{"parts_s"}``, and
+    ``costs``: the stages' seconds per text; ``overhead``: tune's (``{"parts_s"}``, its
+    ``"curvature_s"`` where fitted, and
     ``"constant_s"``, ``"constant_margin"`` where tune ran its chosen point: the one constant
     that run implies).
 
@@ -210,7 +211,8 @@ def checks(points: Sequence[Mapping[str, Any]], costs: Sequence[float], overhead
             row["error"] = run.get("first_error") or "no request succeeded"
         else:
             row["implied_overhead_s"] = TT.overhead_from(run["throughput"], p["reach"], costs)
-            row["tune"] = _check(p["reach"], costs, TT.overhead_at(overhead["parts_s"], p["reach"]), run["throughput"])
+            o = TT.overhead_at(overhead["parts_s"], p["reach"], overhead.get("curvature_s"))
+            row["tune"] = _check(p["reach"], costs, o, run["throughput"])
             if constant is not None:
                 row["constant"] = {**_check(p["reach"], costs, constant, run["throughput"]),
                                    "overhead_margin": overhead["constant_margin"],
@@ -256,7 +258,7 @@ def tune_summary(o: Mapping[str, Any], c: Mapping[str, Any], costs: Sequence[flo
     it implies (``constant_s``, at ``constant_margin``: the model before the parts)."""
     run = c.get("router")
     out: Dict[str, Any] = {
-        "parts_s": o["parts_s"], "margin": o["margin"], "notes": o.get("notes", []),
+        "parts_s": o["parts_s"], "curvature_s": o.get("curvature_s"), "margin": o["margin"], "notes": o.get("notes", []),
         "lists": [{"stage": li["stage"], "share": li["share"], "reach": li["reach"], "texts": li["texts"],
                    "throughput": li["router"]["throughput"], "requests": li["router"]["requests"],
                    "errors": li["router"]["errors"], "implied_s": li["implied_s"]} for li in o["lists"]],
@@ -304,8 +306,9 @@ def render_section(r: Mapping[str, Any]) -> str:
     if r["concurrency"] < 16 or r["duration_s"] < 5:
         L += ["", "> **Short loops**: a smoke run of the mechanics, not the check."]
     costs = ", ".join(f"`{m}` {_ms(c)} ms" for m, c in zip(r["stages"], r["stage_costs_s"]))
-    parts = t["parts_s"]
-    terms = " + ".join([f"{_ms(parts[0])}"] + [f"e_{i + 1} * {_ms(x)}" for i, x in enumerate(parts) if i])
+    parts, curvature = t["parts_s"], t.get("curvature_s") or [0.0] * len(t["parts_s"])
+    terms = " + ".join([f"{_ms(parts[0])}"] + [f"e_{i + 1} * {_ms(x)}" for i, x in enumerate(parts) if i]
+                       + [f"e_{i + 1}^2 * {_ms(q)}" for i, q in enumerate(curvature) if i and round(1000 * q, 3)])
     lists = "; ".join(f"{100 * li['share']:.0f}% escalated: {li['throughput']:.1f} texts/s" for li in t["lists"])
     L += ["", f"Tune on the server, cascade `{r['cascade']}`: each stage alone per text {costs}; the router's own "
           f"overhead o = {terms} ms per text, fitted from its closed loop at the margin it serves ({t['margin']:g}) "

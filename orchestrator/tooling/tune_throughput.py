@@ -14,9 +14,14 @@ stub's hand-offs, which share the server's CPUs with the stage models.
 The router's own cost grows with the texts it escalates (a second BLS call per escalated
 batch, its tensors, the second stage's answers: measured on the embedded stack, one constant
 ``o`` fitted at the served margin predicted the point escalating 59% of the texts 23% too
-high), so ``o`` has a part per stage (:func:`overhead_at`): ``o = o_1 + sum(e_i * o_i)`` for
-the later stages ``i``, ``o_1`` the router's cost per text and ``o_i`` its extra cost per text
-reaching stage ``i``.
+high), so ``o`` has a part per stage (:func:`overhead_at`): ``o = o_1 + sum(e_i * o_i + e_i**2
+* q_i)`` for the later stages ``i``, ``o_1`` the router's cost per text, ``o_i`` its extra cost
+per text reaching stage ``i`` and ``q_i`` that cost's curvature. It grows less than in
+proportion: one call per execute carries every text of it that reaches the stage, and the
+stage's model answers a larger batch at a lower cost per row, so the cost between two shares
+lies above the line through them (docs/results/benchmarks.md, "The cascade's cost model":
+on the embedded stack the shipped router measured about 0.9x the line through 10% and 70% at
+the third of its held-out texts it escalates).
 
 The parts are fitted on the server (:func:`router_overhead`, :func:`fit_overhead`) from the
 router as it is served (``--router-model``, default the policy file's directory name), at
@@ -26,10 +31,12 @@ texts that margin sends to which stage, so it builds text lists in which a known
 the texts escalates (:func:`mixture`: ``--overhead-shares``, default :data:`OVERHEAD_SHARES`,
 of the texts that reach the stage, spread evenly among texts that stay at the first one, as
 a margin mixes them in the router's batches) and runs the same closed loop on each. Each
-list ``j`` has stage shares ``r_j``; ``1 / T_j - sum(r_j * c) = sum(r_j * o)`` is solved for
-``o`` by least squares. The two default shares are inside the range tuned cascades use and
-far enough apart that the slope is more than noise; the ends (0 and 1) batch unlike any
-operating point (no second call at all, or one full one per batch). The fit rests on the
+list ``j`` has stage shares ``r_j``; ``1 / T_j - sum(r_j * c) = o_1 + sum(r_ji * o_i + r_ji**2 *
+q_i)`` is solved for the parts by least squares, ``q_i`` only for a stage whose lists have at
+least three distinct shares (else 0: the line through two). The three default shares span
+the range tuned cascades use, far enough apart that the curve is more than noise; the ends (0
+and 1) batch unlike any operating point (no second call at all, or one full one per batch).
+Outside the shares measured the curve is extrapolated. The fit rests on the
 server answering as tune's in-process models do (the texts escalated by the served margin
 are those tune computes); a stage no tuning text reaches at the served margin has no part
 measured (0, and the result says so). ``--router-overhead-ms`` gives ``o_1`` instead and
@@ -64,11 +71,11 @@ DURATION_S = 5.0
 WARMUP_S = 2.0
 #: Shares of the texts that reach a later stage in the text lists the router's overhead is
 #: fitted from (module docstring).
-OVERHEAD_SHARES = (0.1, 0.7)
+OVERHEAD_SHARES = (0.1, 0.4, 0.7)
 FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share "
-           "of texts reaching stage i, o = o_1 + e_2 * o_2 + ... the router's own overhead per text (o_1) and per text "
-           "reaching each later stage (o_i), fitted on the server from the router's closed loop on text lists whose "
-           "escalated share is known")
+           "of texts reaching stage i, o = o_1 + e_2 * o_2 + e_2^2 * q_2 + ... the router's own overhead per text (o_1) "
+           "and per text reaching each later stage (o_i, with its curvature q_i), fitted on the server from the router's "
+           "closed loop on text lists whose escalated share is known")
 
 
 def check_overhead_arguments(first_ms: Optional[float], stages_ms: Optional[Sequence[float]],
@@ -248,11 +255,16 @@ def overhead_from(router_throughput: float, reach: Sequence[float], costs: Seque
     return max(0.0, 1.0 / router_throughput - float(np.dot(reach, costs)))
 
 
-def overhead_at(parts: Sequence[float], reach: Sequence[float]) -> float:
+def overhead_at(parts: Sequence[float], reach: Sequence[float], curvature: Optional[Sequence[float]] = None) -> float:
     """The router's own seconds per text at stage shares ``reach`` (``reach[0]`` = 1):
-    ``sum(parts * reach)`` (``parts[0]``: per text; ``parts[i]``: per text reaching stage
-    ``i``), at least 0."""
-    return max(0.0, float(np.dot(parts, reach)))
+    ``sum(parts * reach + curvature * reach**2)`` (``parts[0]``: per text; ``parts[i]``: per
+    text reaching stage ``i``; ``curvature[i]``: that part's curvature, 0 for stage 0; None:
+    0 each), at least 0."""
+    r = np.asarray(reach, dtype=np.float64)
+    o = float(np.dot(parts, r))
+    if curvature is not None:
+        o += float(np.dot(np.asarray(curvature, dtype=np.float64)[1:], r[1:] ** 2))
+    return max(0.0, o)
 
 
 def mixture(base: Sequence[int], reaching: Sequence[int], share: float, n: int) -> List[int]:
@@ -321,26 +333,32 @@ def overhead_lists(reached: Sequence[np.ndarray], shares: Sequence[float] = OVER
 
 
 def fit_overhead(reaches: Sequence[Sequence[float]], throughputs: Sequence[float], costs: Sequence[float],
-                 fitted: Sequence[int]) -> List[float]:
-    """The router's overhead parts (seconds per text, one per stage: :func:`overhead_at`) from
-    its closed loops on text lists with stage shares ``reaches`` (one per list) that measured
-    ``throughputs`` (texts/s), the stages costing ``costs`` (seconds per text alone):
-    ``1 / T_j - reach_j . costs = reach_j . parts`` solved by least squares over the stages in
-    ``fitted`` (the others 0). A part may come out below 0 (noise, or a stage whose batches
+                 fitted: Sequence[int]) -> Tuple[List[float], List[float]]:
+    """The router's overhead parts and their curvatures (seconds per text, one each per stage:
+    :func:`overhead_at`) from its closed loops on text lists with stage shares ``reaches``
+    (one per list) that measured ``throughputs`` (texts/s), the stages costing ``costs``
+    (seconds per text alone): ``1 / T_j - reach_j . costs = reach_j . parts + reach_j**2 .
+    curvature`` solved by least squares over the stages in ``fitted`` (the others 0), a later
+    stage's curvature only where its lists have at least three distinct shares above 0 (else
+    0: two shares fit a line). A part may come out below 0 (noise, or a stage whose batches
     fill better behind the router); :func:`overhead_at` keeps the sum at least 0.
 
     Raises:
-        ValueError: fewer lists than fitted parts, or a throughput not above 0.
+        ValueError: fewer lists than the unknowns fitted, or a throughput not above 0.
     """
-    if len(reaches) < len(fitted) or any(t <= 0 for t in throughputs):
-        raise ValueError(f"fit_overhead: {len(reaches)} lists for {len(fitted)} parts, throughputs {list(throughputs)}")
-    r = np.asarray(reaches, dtype=np.float64)
+    r = np.asarray(reaches, dtype=np.float64).reshape(len(reaches), -1)
+    curved = [i for i in fitted if i > 0 and len({round(float(v), 9) for v in r[:, i] if v > 0}) >= 3]
+    if len(reaches) < len(fitted) + len(curved) or any(t <= 0 for t in throughputs):
+        raise ValueError(f"fit_overhead: {len(reaches)} lists for {len(fitted) + len(curved)} unknowns, throughputs {list(throughputs)}")
     y = 1.0 / np.asarray(throughputs, dtype=np.float64) - r @ np.asarray(costs, dtype=np.float64)
-    solved = np.linalg.lstsq(r[:, list(fitted)], y, rcond=None)[0]
-    parts = [0.0] * len(costs)
+    design = np.hstack([r[:, list(fitted)], r[:, curved] ** 2])
+    solved = np.linalg.lstsq(design, y, rcond=None)[0]
+    parts, curvature = [0.0] * len(costs), [0.0] * len(costs)
     for i, v in zip(fitted, solved):
         parts[i] = float(v)
-    return parts
+    for i, v in zip(curved, solved[len(fitted):]):
+        curvature[i] = float(v)
+    return parts, curvature
 
 
 def served_cascade(protocol: str, address: str, router: str, cascade: str,
@@ -383,7 +401,8 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
     fitting them (:func:`router_overhead`); ``overhead_shares``: the escalated shares of the
     text lists the parts are fitted from.
 
-    Each cascade's ``"overhead"``: ``{"parts_s" (seconds, one per stage), "source"}``
+    Each cascade's ``"overhead"``: ``{"parts_s" (seconds, one per stage), "curvature_s" (the
+    same, 0 where not fitted), "source"}``
     (``given``; ``fitted``: with ``margin`` (served), ``lists`` (each list's ``stage``,
     ``share``, ``reach``, ``texts``, ``stage_cost_s``, the router's closed loop and the one
     constant it implies, ``implied_s``) and ``notes``; or ``none``: with ``reason``); each
@@ -427,7 +446,7 @@ def throughput_report(url: str, head: Any, result: Mapping[str, Any], plan: Sequ
         points = []
         for p in entry["points"]:
             reach = [float(r.mean()) for r in reached_at(p["margin"])]
-            o = overhead_at(overhead["parts_s"], reach)
+            o = overhead_at(overhead["parts_s"], reach, overhead.get("curvature_s"))
             points.append({"margin": p["margin"], "escalation_rate": p["escalation_rate"], "accuracy": p["accuracy"],
                            "reach": reach, "overhead_s": o, "predicted_throughput": predicted(reach, costs, o)})
         chosen = next(q for q in points if q["margin"] == entry["chosen"]["margin"])
@@ -460,27 +479,29 @@ def router_overhead(protocol: str, address: str, router: str, served: Optional[A
     cascade's, or a closed loop answered nothing)."""
     zero = [0.0] * len(costs)
     if given_s is not None:
-        return {"parts_s": [float(x) for x in given_s], "source": "given"}
+        return {"parts_s": [float(x) for x in given_s], "curvature_s": zero, "source": "given"}
     if served is None:
-        return {"parts_s": zero, "source": "none", "reason": why}
+        return {"parts_s": zero, "curvature_s": zero, "source": "none", "reason": why}
     lists, fitted, notes = overhead_lists(reached_at(served.margin), shares)
     for li in lists:
         run = measure_router(protocol, address, router, [texts[i] for i in li["texts"]], threshold, concurrency, duration_s)
         if run["requests"] == 0:
-            return {"parts_s": zero, "source": "none",
+            return {"parts_s": zero, "curvature_s": zero, "source": "none",
                     "reason": f"model '{router}' answered no request" + (f" ({run['first_error']})" if run["first_error"] else "")}
         li.update(texts=len(li["texts"]), stage_cost_s=float(np.dot(li["reach"], costs)), router=run,
                   implied_s=overhead_from(run["throughput"], li["reach"], costs))
     if not lists:
-        return {"parts_s": zero, "source": "none", "reason": "; ".join(notes)}
-    parts = fit_overhead([li["reach"] for li in lists], [li["router"]["throughput"] for li in lists], costs, fitted)
-    return {"parts_s": parts, "source": "fitted", "margin": served.margin, "lists": lists, "notes": notes}
+        return {"parts_s": zero, "curvature_s": zero, "source": "none", "reason": "; ".join(notes)}
+    parts, curvature = fit_overhead([li["reach"] for li in lists], [li["router"]["throughput"] for li in lists], costs, fitted)
+    return {"parts_s": parts, "curvature_s": curvature, "source": "fitted", "margin": served.margin, "lists": lists,
+            "notes": notes}
 
 
 def describe_overhead(o: Mapping[str, Any]) -> str:
     """One line on the router overhead's parts and where they came from (``tune.md``)."""
-    parts = o["parts_s"]
-    terms = " + ".join([f"{1000 * parts[0]:.3f}"] + [f"e_{i + 1} * {1000 * x:.3f}" for i, x in enumerate(parts) if i])
+    parts, curvature = o["parts_s"], o.get("curvature_s") or [0.0] * len(o["parts_s"])
+    terms = " + ".join([f"{1000 * parts[0]:.3f}"] + [f"e_{i + 1} * {1000 * x:.3f}" for i, x in enumerate(parts) if i]
+                       + [f"e_{i + 1}^2 * {1000 * q:.3f}" for i, q in enumerate(curvature) if i and round(1000 * q, 3)])
     if o["source"] == "fitted":
         runs = "; ".join(f"{100 * li['share']:.0f}% reaching stage {li['stage'] + 1}: {li['router']['throughput']:.1f} "
                          f"texts/s, stages {1000 * li['stage_cost_s']:.3f} ms" if li["stage"] else

@@ -40,17 +40,17 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         fast, slow = t["models"]["classifier_fast"]["cost_s"], t["models"]["classifier"]["cost_s"]
         o = c["overhead"]  # fitted on the router as served (the shipped margin)
         assert o["source"] == "fitted" and o["margin"] == T.cascades(T.P.load_policy(policy))[0].margin
-        assert [li["stage"] for li in o["lists"]] == [1, 1] and o["notes"] == []
+        assert [li["stage"] for li in o["lists"]] == [1] * len(TT.OVERHEAD_SHARES) and o["notes"] == []
         for li in o["lists"]:
             assert li["router"]["requests"] > 0 and li["router"]["errors"] == 0 and li["texts"] == 300
             assert li["reach"] == [1.0, li["share"]] and li["stage_cost_s"] == pytest.approx(fast + li["share"] * slow)
         assert [round(li["share"], 2) for li in o["lists"]] == list(TT.OVERHEAD_SHARES)
-        assert o["parts_s"] == pytest.approx(TT.fit_overhead([li["reach"] for li in o["lists"]],
-                                                             [li["router"]["throughput"] for li in o["lists"]],
-                                                             [fast, slow], [0, 1]))
+        parts, curvature = TT.fit_overhead([li["reach"] for li in o["lists"]], [li["router"]["throughput"] for li in o["lists"]],
+                                           [fast, slow], [0, 1])
+        assert o["parts_s"] == pytest.approx(parts) and o["curvature_s"] == pytest.approx(curvature)
         for p in c["points"]:
             e = p["escalation_rate"]
-            assert p["overhead_s"] == pytest.approx(max(0.0, o["parts_s"][0] + e * o["parts_s"][1]))
+            assert p["overhead_s"] == pytest.approx(max(0.0, o["parts_s"][0] + e * o["parts_s"][1] + e * e * curvature[1]))
             assert p["predicted_throughput"] == pytest.approx(1 / (p["overhead_s"] + fast + e * slow))
         chosen = first["cascades"][0]["chosen"]["margin"]
         served = T.P.load_policy(policy)
@@ -73,7 +73,7 @@ def test_tune_predicts_throughput_on_the_server_and_runs_the_chosen_point_only_w
         third = T.tune(policy, str(data), url=url, out=tmp_path / "c", router_overhead_ms=ms[0],
                        router_stage_overhead_ms=ms[1:], **kw)
         (c,) = third["throughput"]["cascades"]
-        assert c["overhead"] == {"parts_s": pytest.approx(o["parts_s"]), "source": "given"}
+        assert c["overhead"] == {"parts_s": pytest.approx(o["parts_s"]), "curvature_s": [0.0, 0.0], "source": "given"}
         assert c["router"]["requests"] > 0 and "given: --router-overhead-ms" in T.render(third)
         with capsys.disabled():
             print("\n" + text[text.index("## Throughput"):])

@@ -45,7 +45,7 @@ def test_the_floor_repository_has_its_variants(tmp_path):
         make_bench_repository(tmp_path / "r3", variants={"x": {"base": "router", "drop_outputs": ["NOPE"]}})
     shipped = (ROOT / "model_repository" / "router" / "policy.yaml").read_text()
     (served,) = T.cascades(P.load_policy(ROOT / "model_repository" / "router" / "policy.yaml"))
-    for name in (F.LOW_SHARE, F.HIGH_SHARE):  # copies of the shipped router: its policy, its margin
+    for name in F.ESCALATION_VARIANTS:  # copies of the shipped router: its policy, its margin
         assert read_config(repo / name / "config.pbtxt").name == name
         (cascade,) = T.cascades(P.load_policy(repo / name / "policy.yaml"))
         assert cascade.margin == served.margin and (repo / name / "policy.yaml").read_text() == shipped
@@ -57,12 +57,12 @@ def test_the_plan_rotates_the_models_and_adds_the_classifiers_at_c16():
     specs = F.floor_plan(2)
     first = [(s.model, s.concurrency, s.dataset) for s in specs if s.round == 0]
     assert first[:5] == [(m, 1, "held_out") for m in F.FLOOR_MODELS]
-    assert first[-4:-2] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
-    assert first[-2:] == [(F.LOW_SHARE, 16, "share_low"), (F.HIGH_SHARE, 16, "share_high")]
+    assert first[-5:-3] == [("classifier_fast", 16, "tokens"), ("classifier", 16, "tokens")]
+    assert first[-3:] == [(F.LOW_SHARE, 16, "share_low"), (F.MID_SHARE, 16, "share_mid"), (F.HIGH_SHARE, 16, "share_high")]
     second = [s.model for s in specs if s.round == 1]
     assert second[:5] == ["router", "router_single", "hand_bls", "router_single_no_route", "ensemble"]
-    assert second[-4:] == ["classifier", "classifier_fast", F.HIGH_SHARE, F.LOW_SHARE]
-    assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 4)
+    assert second[-5:] == ["classifier", "classifier_fast", F.MID_SHARE, F.HIGH_SHARE, F.LOW_SHARE]
+    assert len(specs) == 2 * (len(F.FLOOR_MODELS) * 2 + 5)
 
 
 def test_classifier_inputs_are_padded_to_the_longest_of_each_group():
@@ -99,23 +99,33 @@ def test_the_cost_model_on_known_inputs():
 
 def test_the_per_stage_cost_model_on_known_inputs():
     # c_fast 1 ms, c_accurate 4 ms; escalating none 2 ms/text -> o_first 1 ms; escalating all 8 ms -> o_escalated 2 ms
-    c = F.stage_cost_model(t_fast=1000.0, t_accurate=250.0, t_low=500.0, t_high=125.0, t_router=270.0, e=0.25)
+    c = F.stage_cost_model(t_fast=1000.0, t_accurate=250.0, t_shares=[500.0, 125.0], t_router=270.0, e=0.25,
+                           shares=(0.0, 1.0))
     assert c["o_first"] == pytest.approx(0.001) and c["o_escalated"] == pytest.approx(0.002)
+    assert c["q_escalated"] == 0.0  # two shares fit a line
     assert c["predicted"] == pytest.approx(1000.0 / 3.5)  # 1 + 1 + 0.25 * (4 + 2) ms
     assert c["ratio"] == pytest.approx(270.0 * 0.0035)
     # the prediction is the time per text interpolated between the two routers
     assert 1 / c["predicted"] == pytest.approx(0.75 / 500.0 + 0.25 / 125.0)
     with pytest.raises(ValueError):
-        F.stage_cost_model(1.0, 1.0, 0.0, 1.0, 1.0, 0.5)
+        F.stage_cost_model(1.0, 1.0, [0.0, 1.0, 1.0], 1.0, 0.5)
     with pytest.raises(ValueError):
-        F.stage_cost_model(1.0, 1.0, 1.0, 1.0, 1.0, -0.1)
-    # the same router measured at 10% and 70% escalated (2 + 0.1 * 6 = 2.6 ms; 2 + 0.7 * 6 = 6.2 ms) gives the same parts
-    c2 = F.stage_cost_model(1000.0, 250.0, 1000.0 / 2.6, 1000.0 / 6.2, 270.0, 0.25, shares=(0.1, 0.7))
+        F.stage_cost_model(1.0, 1.0, [1.0, 1.0, 1.0], 1.0, -0.1)
+    # the same router measured at 10%, 40% and 70% escalated (2 + s * 6 ms) gives the same parts, no curvature
+    c2 = F.stage_cost_model(1000.0, 250.0, [1000.0 / 2.6, 1000.0 / 4.4, 1000.0 / 6.2], 270.0, 0.25)
     assert c2["o_first"] == pytest.approx(0.001) and c2["o_escalated"] == pytest.approx(0.002)
-    assert c2["predicted"] == pytest.approx(c["predicted"])
-    for bad in ((0.7, 0.1), (0.5, 0.5), (-0.1, 0.5), (0.2, 1.2)):
+    assert c2["q_escalated"] == pytest.approx(0.0, abs=1e-12) and c2["predicted"] == pytest.approx(c["predicted"])
+    # a router whose cost per text bends (2 + 6 s - 3 s^2 ms): the three shares recover the curvature and the
+    # prediction at e is on the curve, where the line through 10% and 70% alone is 6% cheaper (3.11 against 3.31 ms)
+    bent = [1000.0 / (2 + 6 * s - 3 * s * s) for s in F.ESCALATION_SHARES]
+    c3 = F.stage_cost_model(1000.0, 250.0, bent, 270.0, 0.25)
+    assert c3["q_escalated"] == pytest.approx(-0.003) and c3["o_escalated"] == pytest.approx(0.002)
+    assert 1 / c3["predicted"] == pytest.approx((2 + 6 * 0.25 - 3 * 0.0625) / 1000.0)
+    line = F.stage_cost_model(1000.0, 250.0, [bent[0], bent[2]], 270.0, 0.25, shares=(0.1, 0.7))
+    assert line["q_escalated"] == 0.0 and 1 / line["predicted"] < 1 / c3["predicted"]
+    for bad in ((0.5, 0.5, 0.5), (-0.1, 0.5, 0.7), (0.2, 0.5, 1.2), (0.1, 0.7)):
         with pytest.raises(ValueError, match="shares"):
-            F.stage_cost_model(1.0, 1.0, 1.0, 1.0, 1.0, 0.5, shares=bad)
+            F.stage_cost_model(1.0, 1.0, [1.0, 1.0, 1.0], 1.0, 0.5, shares=bad)
 
 
 def test_the_share_lists_mix_escalated_texts_into_fast_ones_at_each_share():
@@ -140,7 +150,8 @@ def rounds_of(n, ratio=0.9):
         out += [m("classifier_fast", 16, r, 1000.0, 10.0), m("classifier", 16, r, 250.0, 40.0),
                 m("router_single", 16, r, 200.0, 50.0), m("router", 16, r, 1000.0 / 3 * ratio, 30.0),
                 m("ensemble", 16, r, 250.0, 40.0), m("hand_bls", 16, r, 210.0, 48.0),
-                m(F.LOW_SHARE, 16, r, 1000.0 / 2.5, 10.0), m(F.HIGH_SHARE, 16, r, 1000.0 / 5.5, 40.0),
+                m(F.LOW_SHARE, 16, r, 1000.0 / 2.5, 10.0), m(F.MID_SHARE, 16, r, 1000.0 / 4.0, 25.0),
+                m(F.HIGH_SHARE, 16, r, 1000.0 / 5.5, 40.0),
                 m("router_single", 1, r, 100.0, 10.0 + r * 0.01), m("hand_bls", 1, r, 110.0, 10.0),
                 m("ensemble", 1, r, 100.0, 10.0), m("router", 1, r, 100.0, 10.0)]
     return out
@@ -150,13 +161,15 @@ def test_round_cost_models_and_summary_need_every_model_in_a_round():
     ms = rounds_of(3) + [m("classifier", 16, 3, 250.0, 40.0)]  # round 3 lacks the others
     rs = F.round_cost_models(ms, 0.25)
     assert [r["round"] for r in rs] == [0, 1, 2]
-    s = F.cost_summary(ms, 0.25, (0.1, 0.7))
-    # per stage: 2.5 ms at 10%, 5.5 ms at 70%: slope 5 ms, o_first 2.5 - 0.5 - 1 = 1 ms, o_escalated 5 - 4 = 1 ms:
-    # 1 + 1 + 0.25 * 5 = 3.25 ms a text
-    assert [r["round"] for r in F.round_stage_cost_models(ms, 0.25, (0.1, 0.7))] == [0, 1, 2]
-    assert s["shares"] == [0.1, 0.7]
+    s = F.cost_summary(ms, 0.25, (0.1, 0.4, 0.7))
+    # per stage: 2.5 ms at 10%, 4 ms at 40%, 5.5 ms at 70%: slope 5 ms, o_first 2.5 - 0.5 - 1 = 1 ms,
+    # o_escalated 5 - 4 = 1 ms, no curvature: 1 + 1 + 0.25 * 5 = 3.25 ms a text
+    assert [r["round"] for r in F.round_stage_cost_models(ms, 0.25, (0.1, 0.4, 0.7))] == [0, 1, 2]
+    with pytest.raises(ValueError, match="one per router"):
+        F.round_stage_cost_models(ms, 0.25, (0.1, 0.7))
+    assert s["shares"] == [0.1, 0.4, 0.7]
     assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "o_first_ms": 1.0, "o_escalated_ms": 1.0,
-                           "predicted": 307.7, "measured": 300.0}
+                           "q_escalated_ms": 0.0, "predicted": 307.7, "measured": 300.0}
     assert s["goal"]["per_round"] == [0.975] * 3
     old = s["one_constant"]
     assert old["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "overhead_ms": 1.0, "predicted": 333.3, "measured": 300.0}

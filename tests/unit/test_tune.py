@@ -457,22 +457,24 @@ def _throughput_with_fakes(monkeypatch, served_margin, given_s=None, given_stage
 
 
 def test_the_router_overhead_parts_are_fitted_from_text_lists_escalated_at_the_served_margin(monkeypatch):
-    # served at 0.5: t0..t9 escalate there; two lists of 20 texts, 10% and 70% of them escalated
+    # served at 0.5: t0..t9 escalate there; three lists of 20 texts, 10%, 40% and 70% of them escalated
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.5)
     (c,) = t["cascades"]
     o = c["overhead"]
     assert o["source"] == "fitted" and o["margin"] == 0.5 and o["notes"] == []
-    assert [li["share"] for li in o["lists"]] == [0.1, 0.7] and [li["reach"] for li in o["lists"]] == [[1.0, 0.1], [1.0, 0.7]]
-    assert [sum(x in {f"t{i}" for i in range(10)} for x in sent) for sent in calls[:2]] == [2, 14]  # the lists as sent
+    assert [li["share"] for li in o["lists"]] == [0.1, 0.4, 0.7]
+    assert [li["reach"] for li in o["lists"]] == [[1.0, 0.1], [1.0, 0.4], [1.0, 0.7]]
+    assert [sum(x in {f"t{i}" for i in range(10)} for x in sent) for sent in calls[:3]] == [2, 8, 14]  # the lists as sent
     assert o["parts_s"] == pytest.approx(list(O_PARTS))  # the fake router's own costs, recovered
+    assert o["curvature_s"] == pytest.approx([0.0, 0.0], abs=1e-12)  # it is linear in the share
     for li in o["lists"]:  # the one constant each list implies grows with its escalated share
         assert li["implied_s"] == pytest.approx(O_PARTS[0] + li["share"] * O_PARTS[1])
     for p in c["points"]:
         e = p["reach"][1]
         assert p["overhead_s"] == pytest.approx(0.001 + e * 0.003)
         assert p["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + e * (0.003 + 0.008)))
-    # the router serves 0.5, not the chosen 0.25: only the fit's two closed loops ran
-    assert len(calls) == 2 and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
+    # the router serves 0.5, not the chosen 0.25: only the fit's three closed loops ran
+    assert len(calls) == 3 and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
     text = "\n".join(_render(t))
     assert "Router overhead o = 1.000 + e_2 * 3.000 ms per text, fitted" in text and "margin it serves (0.5)" in text
     assert "10% reaching stage 2" in text and "70% reaching stage 2" in text
@@ -493,7 +495,7 @@ def test_given_overhead_parts_replace_the_fit(monkeypatch):
     # o_1 alone: one constant (the later parts 0); no closed loop for it, one for the chosen point
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, given_s=0.001)
     (c,) = t["cascades"]
-    assert c["overhead"] == {"parts_s": [0.001, 0.0], "source": "given"} and len(calls) == 1
+    assert c["overhead"] == {"parts_s": [0.001, 0.0], "curvature_s": [0.0, 0.0], "source": "given"} and len(calls) == 1
     assert c["chosen"]["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + 0.25 * 0.008))
     assert c["router"]["measured_over_predicted"] == pytest.approx((0.001 + 0.002 + 0.25 * 0.008) / (0.003 + 0.25 * 0.011))
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, given_s=0.001, given_stages=[0.003])
@@ -529,14 +531,26 @@ def test_overhead_lists_mix_escalated_texts_evenly_and_separate_every_stage():
     # a linear router is recovered exactly: 1 + 2 e_2 + 4 e_3 ms own cost, stages 1, 5, 10 ms
     costs, parts = [0.001, 0.005, 0.010], [0.001, 0.002, 0.004]
     thr = [1 / float(np.dot(li["reach"], np.add(costs, parts))) for li in lists]
-    assert TT.fit_overhead([li["reach"] for li in lists], thr, costs, fitted) == pytest.approx(parts)
+    fit, curvature = TT.fit_overhead([li["reach"] for li in lists], thr, costs, fitted)
+    assert fit == pytest.approx(parts) and curvature == [0.0, 0.0, 0.0]  # two shares a stage: lines
     assert TT.overhead_at(parts, [1.0, 0.5, 0.25]) == pytest.approx(0.003)
     assert TT.overhead_at([0.001, -0.004], [1.0, 0.5]) == 0.0  # a negative part never makes the router free
     # every text escalates at the served margin: the first part takes the second's cost
     lists, fitted, notes = TT.overhead_lists([np.ones(4, bool), np.ones(4, bool)])
     assert fitted == [0] and [li["reach"] for li in lists] == [[1.0, 1.0]] and "counted in o_1" in notes[0]
-    with pytest.raises(ValueError, match="2 lists for 3 parts"):
+    with pytest.raises(ValueError, match="2 lists for 3 unknowns"):
         TT.fit_overhead([[1, 0, 0], [1, 1, 0]], [1.0, 1.0], costs, [0, 1, 2])
+    # three shares a stage: each later part's curvature too, recovered from a router whose cost bends
+    # (1 + 2 e_2 - 1 e_2^2 + 4 e_3 - 3 e_3^2 ms)
+    lists, fitted, _ = TT.overhead_lists(reached, (0.1, 0.4, 0.7))
+    bend = [0.0, -0.001, -0.003]
+    thr = [1 / (float(np.dot(li["reach"], np.add(costs, parts))) + float(np.dot(bend, np.square(li["reach"]))))
+           for li in lists]
+    fit, curvature = TT.fit_overhead([li["reach"] for li in lists], thr, costs, fitted)
+    assert fit == pytest.approx(parts) and curvature == pytest.approx(bend)
+    assert TT.overhead_at(parts, [1.0, 0.5, 0.25], bend) == pytest.approx(0.003 - 0.00025 - 0.0001875)
+    with pytest.raises(ValueError, match="3 lists for 5 unknowns"):  # two curved stages from three lists
+        TT.fit_overhead([[1, 0.1, 0.1], [1, 0.4, 0.4], [1, 0.7, 0.7]], [1.0, 1.0, 1.0], costs, [0, 1, 2])
 
 
 def test_stage_overheads_need_the_first_part_and_shares_must_be_two_in_range(tmp_path):
@@ -569,7 +583,8 @@ def test_the_tune_guide_names_the_url_flags_and_defaults_the_command_has():
     flags = {o for a in parser._actions for o in a.option_strings}
     named = set(re.findall(r"`(--[a-z-]+)", section))
     assert named and named <= flags, named - flags
-    assert f"`--overhead-shares`, default {' and '.join(f'{x:g}' for x in TT.OVERHEAD_SHARES)}," in section
+    shares = [f"{x:g}" for x in TT.OVERHEAD_SHARES]
+    assert f"`--overhead-shares`, default {', '.join(shares[:-1])} and {shares[-1]}," in section
     assert f"(default {TT.CONCURRENCY}) for `--duration` seconds (default {TT.DURATION_S:g})" in section
     assert f"after {TT.WARMUP_S:g} seconds of the same" in section
     assert parser.parse_args(["p", "--data", "d"]).concurrency == TT.CONCURRENCY

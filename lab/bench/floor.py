@@ -20,7 +20,7 @@ embedded server.
    ``ROUTE`` values: :func:`escalation`). The router's own cost has a part per text and a
    part per escalated text (its second BLS call, tensors and answers) with a curvature (one
    second call per execute carries all its escalated texts), fitted as ``orchestrator tune
-   --url`` fits them: three copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
+   --url --overhead-shares 0.1 0.4 0.7`` fits them: three copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
    same policy and margin) on three lists of the held-out texts in which the shares
    :data:`ESCALATION_SHARES` of the texts are ones the router escalates (:func:`share_lists`),
    so that 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) + s**2 * q_escalated
@@ -85,11 +85,12 @@ FAST, ACCURATE = CLASSIFIERS
 LOW_SHARE, MID_SHARE, HIGH_SHARE = "router_share_low", "router_share_mid", "router_share_high"
 ESCALATION_VARIANTS: Dict[str, dict] = {LOW_SHARE: {"base": "router"}, MID_SHARE: {"base": "router"},
                                         HIGH_SHARE: {"base": "router"}}
-#: The escalated shares of the three lists: ``orchestrator tune --url``'s own
-#: (``tune_throughput.OVERHEAD_SHARES``), around the shipped router's rate on the held-out
-#: texts (about a third), where the extremes (no text, every text) would fit the router's
-#: batches at shares it never serves.
-ESCALATION_SHARES: Tuple[float, ...] = OVERHEAD_SHARES
+#: The escalated shares of the three lists: ``orchestrator tune --url``'s two
+#: (``tune_throughput.OVERHEAD_SHARES``) and one between them, around the shipped router's
+#: rate on the held-out texts (about a third), where the extremes (no text, every text) would
+#: fit the router's batches at shares it never serves. The third share fits the curvature
+#: (``tune --url --overhead-shares 0.1 0.4 0.7``), which the rounds here make more than noise.
+ESCALATION_SHARES: Tuple[float, ...] = (OVERHEAD_SHARES[0], 0.4, OVERHEAD_SHARES[-1])
 SHARE_DATASETS = {LOW_SHARE: "share_low", MID_SHARE: "share_mid", HIGH_SHARE: "share_high"}
 
 
@@ -489,7 +490,8 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              f"e: the shipped router's `ROUTE` values on the {esc.get('texts', 'n/a')} held-out texts "
              f"({esc.get('fast', 'n/a')} answered by `classifier_fast`, {esc.get('accurate', 'n/a')} escalated to "
              f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). The router's own cost "
-             f"per stage, fitted as `orchestrator tune --url` fits it: {_share_models(cm)} (copies of the "
+             f"per stage, fitted as `orchestrator tune --url --overhead-shares {_share_args(cm)}` fits it: "
+             f"{_share_models(cm)} (copies of the "
              f"shipped router, its margin) on lists of as many held-out texts, {_shares(cm)} of them texts it "
              "escalates (spread evenly, the rest texts `classifier_fast` answers), 1/T(s) = c_fast + o_first + s * "
              "(c_accurate + o_escalated) + s^2 * q_escalated through them (least squares; q_escalated 0 with two "
@@ -521,6 +523,10 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
 def _shares(cost: Mapping[str, Any]) -> str:
     shares = [f"{round(100 * s)}%" for s in (cost.get("shares") or ESCALATION_SHARES)]
     return ", ".join(shares[:-1]) + " and " + shares[-1]
+
+
+def _share_args(cost: Mapping[str, Any]) -> str:  # the command's shares (``cost["shares"]``: as built)
+    return " ".join(f"{s:g}" for s in ESCALATION_SHARES)
 
 
 def _curve(med: Mapping[str, Any]) -> str:

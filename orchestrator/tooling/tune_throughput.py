@@ -33,9 +33,13 @@ of the texts that reach the stage, spread evenly among texts that stay at the fi
 a margin mixes them in the router's batches) and runs the same closed loop on each. Each
 list ``j`` has stage shares ``r_j``; ``1 / T_j - sum(r_j * c) = o_1 + sum(r_ji * o_i + r_ji**2 *
 q_i)`` is solved for the parts by least squares, ``q_i`` only for a stage whose lists have at
-least three distinct shares (else 0: the line through two). The three default shares span
-the range tuned cascades use, far enough apart that the curve is more than noise; the ends (0
+least three distinct shares (else 0: the line through two). The two default shares span the
+range tuned cascades use, far enough apart that the slope is more than noise; the ends (0
 and 1) batch unlike any operating point (no second call at all, or one full one per batch).
+A third share (``--overhead-shares 0.1 0.4 0.7``) fits the curvature too, which needs each
+closed loop to repeat within a few percent: with the default 5-second loops on 2 shared
+cores they did not (a loop repeated to about 10-20%), and the curvature fitted from single
+loops moved the points between the shares by more than the line's own error.
 Outside the shares measured the curve is extrapolated. The fit rests on the
 server answering as tune's in-process models do (the texts escalated by the served margin
 are those tune computes); a stage no tuning text reaches at the served margin has no part
@@ -71,7 +75,7 @@ DURATION_S = 5.0
 WARMUP_S = 2.0
 #: Shares of the texts that reach a later stage in the text lists the router's overhead is
 #: fitted from (module docstring).
-OVERHEAD_SHARES = (0.1, 0.4, 0.7)
+OVERHEAD_SHARES = (0.1, 0.7)
 FORMULA = ("1 / (o + c_1 + e_2 * c_2 + ...): c_i seconds per text of stage i alone (1 / its throughput), e_i the share "
            "of texts reaching stage i, o = o_1 + e_2 * o_2 + e_2^2 * q_2 + ... the router's own overhead per text (o_1) "
            "and per text reaching each later stage (o_i, with its curvature q_i), fitted on the server from the router's "

@@ -200,8 +200,8 @@ def test_the_results_page_gives_the_command_with_its_defaults():
     shares = " and ".join(f"{round(100 * s)}%" for s in C.SHARES)
     assert f"escalating nearest {shares} of the texts" in item
     assert f"{TT.CONCURRENCY} clients for {TT.DURATION_S:g} s" in item and f"within {100 * C.TOLERANCE:g}% or not" in item
-    lists = [f"{round(100 * s)}%" for s in TT.OVERHEAD_SHARES]
-    assert f"three lists of the tuning texts, {', '.join(lists[:-1])} and {lists[-1]} of them escalated at the served margin" in text
+    lists = " and ".join(f"{round(100 * s)}%" for s in TT.OVERHEAD_SHARES)
+    assert f"two lists of the tuning texts, {lists} of them escalated at the served margin" in text
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "bench-tune-check: $(STAMP)\n\t$(PY) -m lab.bench.tune_check --out $(BENCH_OUT) $(BENCH_ARGS)\n" in makefile
 

@@ -457,24 +457,23 @@ def _throughput_with_fakes(monkeypatch, served_margin, given_s=None, given_stage
 
 
 def test_the_router_overhead_parts_are_fitted_from_text_lists_escalated_at_the_served_margin(monkeypatch):
-    # served at 0.5: t0..t9 escalate there; three lists of 20 texts, 10%, 40% and 70% of them escalated
+    # served at 0.5: t0..t9 escalate there; two lists of 20 texts, 10% and 70% of them escalated
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.5)
     (c,) = t["cascades"]
     o = c["overhead"]
     assert o["source"] == "fitted" and o["margin"] == 0.5 and o["notes"] == []
-    assert [li["share"] for li in o["lists"]] == [0.1, 0.4, 0.7]
-    assert [li["reach"] for li in o["lists"]] == [[1.0, 0.1], [1.0, 0.4], [1.0, 0.7]]
-    assert [sum(x in {f"t{i}" for i in range(10)} for x in sent) for sent in calls[:3]] == [2, 8, 14]  # the lists as sent
+    assert [li["share"] for li in o["lists"]] == [0.1, 0.7] and [li["reach"] for li in o["lists"]] == [[1.0, 0.1], [1.0, 0.7]]
+    assert [sum(x in {f"t{i}" for i in range(10)} for x in sent) for sent in calls[:2]] == [2, 14]  # the lists as sent
     assert o["parts_s"] == pytest.approx(list(O_PARTS))  # the fake router's own costs, recovered
-    assert o["curvature_s"] == pytest.approx([0.0, 0.0], abs=1e-12)  # it is linear in the share
+    assert o["curvature_s"] == [0.0, 0.0]  # two shares: the line
     for li in o["lists"]:  # the one constant each list implies grows with its escalated share
         assert li["implied_s"] == pytest.approx(O_PARTS[0] + li["share"] * O_PARTS[1])
     for p in c["points"]:
         e = p["reach"][1]
         assert p["overhead_s"] == pytest.approx(0.001 + e * 0.003)
         assert p["predicted_throughput"] == pytest.approx(1 / (0.001 + 0.002 + e * (0.003 + 0.008)))
-    # the router serves 0.5, not the chosen 0.25: only the fit's three closed loops ran
-    assert len(calls) == 3 and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
+    # the router serves 0.5, not the chosen 0.25: only the fit's two closed loops ran
+    assert len(calls) == 2 and "router" not in c and "not the chosen 0.25" in c["router_not_run"]
     text = "\n".join(_render(t))
     assert "Router overhead o = 1.000 + e_2 * 3.000 ms per text, fitted" in text and "margin it serves (0.5)" in text
     assert "10% reaching stage 2" in text and "70% reaching stage 2" in text
@@ -484,6 +483,7 @@ def test_the_chosen_point_runs_on_the_tuning_texts_and_checks_the_fitted_model(m
     t, calls = _throughput_with_fakes(monkeypatch, served_margin=0.25, shares=(0.2, 0.5, 0.9))
     (c,) = t["cascades"]
     assert len(c["overhead"]["lists"]) == 3 and len(calls) == 4 and calls[-1] == [f"t{i}" for i in range(20)]
+    assert c["overhead"]["curvature_s"] == pytest.approx([0.0, 0.0], abs=1e-12)  # three shares: fitted, and 0 here
     r = c["router"]  # the fake is linear: the fitted model predicts it exactly
     assert c["chosen"]["predicted_throughput"] == pytest.approx(1 / (0.003 + 0.25 * 0.011))
     assert r["measured_over_predicted"] == pytest.approx(1.0)

@@ -244,13 +244,16 @@ def round_cost_models(measurements: Sequence[Mapping[str, Any]], e: float,
 
 
 def round_stage_cost_models(measurements: Sequence[Mapping[str, Any]], e: float, shares: Sequence[float],
-                            concurrency: int = COST_CONCURRENCY) -> List[Dict[str, Any]]:
+                            concurrency: int = COST_CONCURRENCY, ends: bool = False) -> List[Dict[str, Any]]:
     """:func:`stage_cost_model` of each round in which the classifiers, the routers of
     :data:`ESCALATION_VARIANTS` (at the escalated ``shares``, in that order) and ``router`` were
-    all measured at ``concurrency``, with its ``round``."""
+    all measured at ``concurrency``, with its ``round``; ``ends``: through the first and last
+    of them only (the line, without the curvature)."""
     share_models = list(ESCALATION_VARIANTS)
     if len(shares) != len(share_models):
         raise ValueError(f"shares {tuple(shares)}: one per router of ESCALATION_VARIANTS ({len(share_models)})")
+    if ends:
+        share_models, shares = [share_models[0], share_models[-1]], [shares[0], shares[-1]]
     tables = {m: _by_round(measurements, m, concurrency) for m in (FAST, ACCURATE, *share_models, "router")}
     rounds = sorted(set.intersection(*(set(t) for t in tables.values())))
     return [{"round": r, **stage_cost_model(tables[FAST][r]["throughput"], tables[ACCURATE][r]["throughput"],
@@ -367,16 +370,20 @@ def cost_summary(measurements: Sequence[Mapping[str, Any]], e: Optional[float],
                  shares: Sequence[float] = ESCALATION_SHARES) -> Dict[str, Any]:
     """The cost model with the router's cost per stage (:func:`round_stage_cost_models` at the
     lists' escalated ``shares``: its
-    per-round figures, their medians (ms/text) and the goal's decision) and, under
-    ``one_constant``, the model before the parts (:func:`round_cost_models`, the same), and
-    the router / ensemble throughput at c=16 (median of per-round ratios)."""
+    per-round figures, their medians (ms/text) and the goal's decision); under ``line``, the
+    same through the lowest and highest share only (the model before the curvature, not
+    judged); under ``one_constant``, the model before the parts (:func:`round_cost_models`,
+    the same); and the router / ensemble throughput at c=16 (median of per-round ratios)."""
     out: Dict[str, Any] = {"e": e, "shares": list(shares), "rounds": [], "median": None, "goal": None,
+                           "line": {"rounds": [], "median": None, "goal": None},
                            "one_constant": {"rounds": [], "median": None, "goal": None}}
     vs_ensemble = pair_ratios(measurements, "router", "ensemble", COST_CONCURRENCY, "throughput")
     out["router_vs_ensemble_c16"] = round(statistics.median(vs_ensemble), 3) if vs_ensemble else None
     if e is None:
         return out
-    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e, shares), ("c_fast", "c_accurate", "o_first", "o_escalated", "q_escalated")),
+    stage = ("c_fast", "c_accurate", "o_first", "o_escalated", "q_escalated")
+    for into, rounds, parts in ((out, round_stage_cost_models(measurements, e, shares), stage),
+                                (out["line"], round_stage_cost_models(measurements, e, shares, ends=True), stage),
                                 (out["one_constant"], round_cost_models(measurements, e), ("c_fast", "c_accurate", "overhead"))):
         rounds = [r for r in rounds if r["predicted"] is not None]
         into["rounds"] = [{k: round(v, 6) if isinstance(v, float) else v for k, v in r.items()} for r in rounds]
@@ -496,7 +503,8 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              "escalates (spread evenly, the rest texts `classifier_fast` answers), 1/T(s) = c_fast + o_first + s * "
              "(c_accurate + o_escalated) + s^2 * q_escalated through them (least squares; q_escalated 0 with two "
              "lists); predicted = 1 / (c_fast + o_first + e * (c_accurate + o_escalated) + e^2 * q_escalated). "
-             "The model before the parts, beside it: one "
+             "Beside it, not judged: the same through the lowest and highest share alone (the line, the model "
+             "before the curvature), and the model before the parts: one "
              "overhead = 1/T(`router_single`) - c_accurate, predicted = 1 / (c_fast + e * c_accurate + overhead). "
              "Measured: the shipped `router`'s throughput, all at c=16 in the same round.")
     med, old = cm.get("median"), (cm.get("one_constant") or {}).get("median")
@@ -505,12 +513,23 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
               "measured, infer/s | measured / predicted |", "|---|---|---|---|---|---|---|---|",
               f"| per stage | {med['c_fast_ms']} | {med['c_accurate_ms']} | {cm['e']} | {med['o_first_ms']} + e * "
               f"{med['o_escalated_ms']}{_curve(med)} | {med['predicted']} | {med['measured']} | {_x(cm['goal']['median'])} |"]
+        line = (cm.get("line") or {}).get("median")
+        if line:
+            ends = cm.get("shares") or ESCALATION_SHARES
+            low, high = f"{round(100 * ends[0])}%", f"{round(100 * ends[-1])}%"
+            L.append(f"| line ({low} and {high} only) | {line['c_fast_ms']} | {line['c_accurate_ms']} | {cm['e']} | "
+                     f"{line['o_first_ms']} + e * {line['o_escalated_ms']} | {line['predicted']} | {line['measured']} | "
+                     f"{_x(cm['line']['goal']['median'])} |")
         if old:
             L.append(f"| one constant | {old['c_fast_ms']} | {old['c_accurate_ms']} | {cm['e']} | {old['overhead_ms']} | "
                      f"{old['predicted']} | {old['measured']} | {_x(cm['one_constant']['goal']['median'])} |")
         L += ["", "(Medians over the rounds of each round's figures; the ratio is the median of the per-round ratios.)", "",
               f"- The shipped router at least {COST_MODEL_GOAL}x its cost model's prediction at c=16 (per stage): "
               f"{_fmt_decision(cm['goal'])}. Per round: {', '.join(map(str, cm['goal']['per_round']))}."]
+        if line:
+            L.append(f"- The line through the lowest and highest share alone (the model before the curvature), not "
+                     f"judged: {_x(cm['line']['goal']['median'])}; per round: "
+                     f"{', '.join(map(str, cm['line']['goal']['per_round']))}.")
         if old:
             L.append(f"- The model before the parts (one constant), not judged: {_x(cm['one_constant']['goal']['median'])}; "
                      f"per round: {', '.join(map(str, cm['one_constant']['goal']['per_round']))}.")
@@ -593,9 +612,26 @@ def render_section(r: Mapping[str, Any]) -> str:
          f"(3 per measurement, no stability rule); raw figures in `bench/floor.json`.", "", header_line(r.get("stack"))]
     if r.get("quick"):
         L += ["", "> **`--quick` run**: a smoke test, not a benchmark."]
+    if r.get("summarized"):
+        L += ["", f"Summarized again by `{r['summarized']}` (the same measurements, this checkout's summaries)."]
     L += ["", *render_floor(r), *render_load_and_repair(r)]
     L += [*failed_note(r["measurements"]), "", FLOOR_END]
     return "\n".join(L)
+
+
+def summarize(path: Path, out: Path, command: str) -> Dict[str, Any]:
+    """A run's results (``path``: its ``bench/floor.json``) summarized again by this checkout's
+    code, measuring nothing: the floor goals, the server split and the cost models recomputed
+    from its measurements, ``command`` noted in the section, ``<out>/bench/floor.json`` and the
+    section of ``<out>/benchmarks.md`` rewritten; returns the results."""
+    from lab.bench.report import write_kept_outputs
+
+    results = json.loads(Path(path).read_text(encoding="utf-8"))
+    ms = results["measurements"]
+    results.update(floor_goals=floor_goals(ms), server_split=split_summary(ms), summarized=command,
+                   cost=cost_summary(ms, (results.get("escalation") or {}).get("e"), tuple(results["shares"])))
+    write_kept_outputs(out, "floor", results, render_section(results), FLOOR_START, FLOOR_END)
+    return results
 
 
 #: The models whose time per request the server's statistics split at c=1

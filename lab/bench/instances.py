@@ -424,14 +424,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--soak-report", type=Path, default=Path("docs/results/soak/report.json"),
                         help="floor: the soak report whose router reload downtime is reported")
     parser.add_argument("--window-ms", type=int, default=1000, help="floor: perf_analyzer window length, ms (default 1000)")
+    parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
+                        help="floor: summarize a run's bench/floor.json again with this checkout's code (measures nothing)")
     args = parser.parse_args(argv)
     try:
         if args.baseline is not None and args.compare != "runtime":
             raise BenchError("--baseline DIR goes with --compare runtime, and only there")
+        if args.summarize is not None and args.compare != "floor":
+            raise BenchError("--summarize JSON goes with --compare floor, and only there")
         if args.compare == "floor":
             from lab.bench import floor
 
             command = " ".join(["python -m lab.bench.instances", *(sys.argv[1:] if argv is None else argv)])
+            if args.summarize is not None:
+                print(floor.render_section(floor.summarize(args.summarize, args.out, command)))
+                return 0
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
                                                  soak_report=args.soak_report, window_ms=args.window_ms, command=command)))
             return 0

@@ -171,11 +171,41 @@ def test_round_cost_models_and_summary_need_every_model_in_a_round():
     assert s["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "o_first_ms": 1.0, "o_escalated_ms": 1.0,
                            "q_escalated_ms": 0.0, "predicted": 307.7, "measured": 300.0}
     assert s["goal"]["per_round"] == [0.975] * 3
+    assert s["line"]["median"] == s["median"] and s["line"]["goal"]["per_round"] == [0.975] * 3  # straight: the same
     old = s["one_constant"]
     assert old["median"] == {"c_fast_ms": 1.0, "c_accurate_ms": 4.0, "overhead_ms": 1.0, "predicted": 333.3, "measured": 300.0}
     assert old["goal"]["per_round"] == [0.9, 0.9, 0.9]
     assert s["router_vs_ensemble_c16"] == pytest.approx(1.2)
     assert F.cost_summary(ms, None)["median"] is None
+
+
+def test_the_curvature_is_fitted_beside_the_line_through_the_ends():
+    # 2.5 ms at 10%, 4.4 ms at 40% (the line: 4.0), 5.5 ms at 70%: the cost bends, so at e = 0.25 the curve
+    # (3.55 ms a text) is dearer than the line (3.25 ms) and the router measured at 3.5 ms meets it
+    ms = [x for x in rounds_of(3) if x["model"] not in (F.MID_SHARE, "router")]
+    ms += [m(F.MID_SHARE, 16, r, 1000.0 / 4.4, 25.0) for r in range(3)] + [m("router", 16, r, 1000.0 / 3.5, 30.0) for r in range(3)]
+    s = F.cost_summary(ms, 0.25, (0.1, 0.4, 0.7))
+    assert s["median"]["q_escalated_ms"] == pytest.approx(-4.444, abs=1e-3)  # 0.4 ms over the line at 40%: -0.4 / 0.3^2
+    curve, line = s["goal"]["per_round"][0], s["line"]["goal"]["per_round"][0]
+    assert line == round(3.25 / 3.5, 3) and curve == round(3.55 / 3.5, 3) and curve > line
+    assert s["line"]["median"]["q_escalated_ms"] == 0.0
+    text = "\n".join(F.render_floor({**results(3), "measurements": ms, "cost": s}))
+    assert "| line (10% and 70% only) | 1.0 | 4.0 | 0.25 | 1.0 + e * 1.0 | 307.7 | 285.7 | 0.929x |" in text
+    assert "+ e^2 * -4.444 |" in text and "The line through the lowest and highest share alone" in text
+
+
+def test_a_run_is_summarized_again_without_measuring(tmp_path):
+    import json
+
+    r = results()
+    r["shares"] = [0.1, 0.4, 0.7]
+    r["cost"] = {"e": 0.25}  # as an older checkout left it: summarized again from the measurements
+    (tmp_path / "floor.json").write_text(json.dumps(r))
+    out = F.summarize(tmp_path / "floor.json", tmp_path / "docs", "python -m lab.bench.instances --summarize X")
+    assert out["cost"]["median"]["predicted"] == 285.7 and out["measurements"] == r["measurements"]  # e 0.3: 3.5 ms
+    page = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert "Summarized again by `python -m lab.bench.instances --summarize X`" in page
+    assert json.loads((tmp_path / "docs" / "bench" / "floor.json").read_text())["summarized"].endswith("--summarize X")
 
 
 def test_pair_ratios_leave_out_failures_and_unpaired_rounds():

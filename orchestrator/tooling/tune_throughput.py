@@ -37,9 +37,10 @@ least three distinct shares (else 0: the line through two). The two default shar
 range tuned cascades use, far enough apart that the slope is more than noise; the ends (0
 and 1) batch unlike any operating point (no second call at all, or one full one per batch).
 A third share (``--overhead-shares 0.1 0.4 0.7``) fits the curvature too, which needs each
-closed loop to repeat within a few percent: with the default 5-second loops on 2 shared
-cores they did not (a loop repeated to about 10-20%), and the curvature fitted from single
-loops moved the points between the shares by more than the line's own error.
+closed loop to repeat within a few percent: on 2 shared cores the default 5-second loops
+repeated to 10-25%, and ``make bench-tune-check`` found as many points within 15% with the
+curvature as with the line fitted from the same loops (docs/results/benchmarks.md), so the
+default stays two shares.
 Outside the shares measured the curve is extrapolated. The fit rests on the
 server answering as tune's in-process models do (the texts escalated by the served margin
 are those tune computes); a stage no tuning text reaches at the served margin has no part

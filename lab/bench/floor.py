@@ -20,16 +20,18 @@ embedded server.
    ``ROUTE`` values: :func:`escalation`). The router's own cost has a part per text and a
    part per escalated text (its second BLS call, tensors and answers) with a curvature (one
    second call per execute carries all its escalated texts), fitted as ``orchestrator tune
-   --url --overhead-shares 0.1 0.4 0.7`` fits them: three copies of the shipped router (:data:`ESCALATION_VARIANTS`, the
-   same policy and margin) on three lists of the held-out texts in which the shares
-   :data:`ESCALATION_SHARES` of the texts are ones the router escalates (:func:`share_lists`),
-   so that 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated) + s**2 * q_escalated
-   through the three. Predicted throughput of the shipped router = 1 / (c_fast + o_first + e *
-   (c_accurate + o_escalated) + e**2 * q_escalated);
-   measured / predicted per round (:func:`stage_cost_model`), goal at least
-   :data:`COST_MODEL_GOAL`. Beside it, the model
-   before the parts (:func:`cost_model`): one constant ``overhead`` = 1/T(router_single) -
-   c_accurate, predicted 1 / (c_fast + e * c_accurate + overhead), reported, not judged.
+   --url --overhead-shares 0.1 0.4 0.7`` fits them: three copies of the shipped router
+   (:data:`ESCALATION_VARIANTS`, the same policy and margin) on three lists of the held-out
+   texts in which the shares :data:`ESCALATION_SHARES` of the texts are ones the router
+   escalates (:func:`share_lists`), 1/T(s) = c_fast + o_first + s * (c_accurate + o_escalated)
+   + s**2 * q_escalated through the three. Predicted throughput of the shipped router = 1 /
+   (c_fast + o_first + e * (c_accurate + o_escalated) + e**2 * q_escalated); measured /
+   predicted per round (:func:`stage_cost_model`), goal at least :data:`COST_MODEL_GOAL`.
+   Beside it, reported, not judged: the line through the lowest and highest share alone (the
+   model before the curvature), and the model before the parts (:func:`cost_model`): one
+   constant ``overhead`` = 1/T(router_single) - c_accurate, predicted 1 / (c_fast + e *
+   c_accurate + overhead). :func:`summarize` recomputes a run's summaries from its
+   ``floor.json`` (``--summarize``), measuring nothing.
 3. **Load time** (:func:`load_times`, ``lab/load_time.py``'s rounds on this checkout): the
    router's and the tokenizer's load-to-ready time over the postprocess model's (the floor
    a Python model costs), medians of several fresh starts, goal at most :data:`LOAD_GOAL` x.

@@ -111,7 +111,8 @@ def floor_plan(rounds: int, models: Sequence[str] = FLOOR_MODELS,
     """Per round: every model at every concurrency (model order rotated by one each round),
     then the two classifiers at :data:`COST_CONCURRENCY` (order alternating) on the
     tokenized texts (dataset ``tokens``), then the three routers of :data:`ESCALATION_VARIANTS`
-    at :data:`COST_CONCURRENCY` (order alternating), each on its list (:data:`SHARE_DATASETS`)."""
+    at :data:`COST_CONCURRENCY` (order rotated by one each round), each on its list
+    (:data:`SHARE_DATASETS`)."""
     out: List[Spec] = []
     for r in range(rounds):
         order = list(models[r % len(models):]) + list(models[:r % len(models)])

@@ -16,7 +16,7 @@
    default ``noninferior:0.5``: what the shipped margin was tuned with): each stage's cost per
    text ``c_i`` (its model alone in a closed loop), the router's own overhead parts ``o_1`` (per
    text) and ``o_2`` (per escalated text), fitted from the router's closed loop at the margin it
-   serves (the shipped one) on three lists of the tuning texts with a known share escalated there
+   serves (the shipped one) on lists of the tuning texts with a known share escalated there
    (:func:`orchestrator.tooling.tune_throughput.router_overhead`), the share of the tuning texts
    reaching each stage at every margin tune sweeps, and the chosen margin (run by tune itself
    when the router serves it);
@@ -30,7 +30,8 @@
    (:func:`orchestrator.tooling.tune_throughput.measure_router`);
 4. per point (:func:`checks`): predicted ``1 / (o + sum(e_i * c_i))``
    (:func:`orchestrator.tooling.tune_throughput.predicted`) with tune's fitted
-   ``o = o_1 + e * o_2 + e**2 * q_2`` (:func:`orchestrator.tooling.tune_throughput.overhead_at`), measured,
+   ``o = o_1 + e * o_2`` (``+ e**2 * q_2`` with three shares or more:
+   :func:`orchestrator.tooling.tune_throughput.overhead_at`), measured,
    measured/predicted and whether that is within :data:`TOLERANCE` (15%). The fit ran on other
    text lists than any point's, so every point checks the model. For comparison, the model
    before the parts, one constant: the point predicted with the ``o`` implied by tune's own run

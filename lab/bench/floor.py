@@ -54,7 +54,7 @@ import numpy as np
 
 from lab.bench.measurement import failed_note, max_load
 from lab.bench.plan import REPO, Spec
-from orchestrator.tooling.tune_throughput import OVERHEAD_SHARES
+from orchestrator.tooling.tune_throughput import OVERHEAD_SHARES, fit_overhead
 
 #: ``router_single`` p50 at c=1 over ``hand_bls``'s: at most.
 FLOOR_P50_GOAL = 1.05
@@ -205,8 +205,6 @@ def stage_cost_model(t_fast: float, t_accurate: float, t_shares: Sequence[float]
     predicted.
     Raises ValueError on a throughput that is not positive, ``e`` outside [0, 1], not one
     throughput per share, or fewer than two distinct shares within [0, 1]."""
-    from orchestrator.tooling.tune_throughput import fit_overhead
-
     if min(t_fast, t_accurate, t_router, *t_shares) <= 0:
         raise ValueError("throughputs must be positive")
     if not 0.0 <= e <= 1.0:
@@ -500,8 +498,8 @@ def render_floor(r: Mapping[str, Any]) -> List[str]:
              f"e: the shipped router's `ROUTE` values on the {esc.get('texts', 'n/a')} held-out texts "
              f"({esc.get('fast', 'n/a')} answered by `classifier_fast`, {esc.get('accurate', 'n/a')} escalated to "
              f"`classifier`, {esc.get('empty', 'n/a')} empty, {esc.get('other', 'n/a')} other). The router's own cost "
-             f"per stage, fitted as `orchestrator tune --url --overhead-shares {_share_args(cm)}` fits it: "
-             f"{_share_models(cm)} (copies of the "
+             f"per stage, fitted as `orchestrator tune --url --overhead-shares {_share_args()}` fits it: "
+             f"{_share_models()} (copies of the "
              f"shipped router, its margin) on lists of as many held-out texts, {_shares(cm)} of them texts it "
              "escalates (spread evenly, the rest texts `classifier_fast` answers), 1/T(s) = c_fast + o_first + s * "
              "(c_accurate + o_escalated) + s^2 * q_escalated through them (least squares; q_escalated 0 with two "
@@ -547,7 +545,7 @@ def _shares(cost: Mapping[str, Any]) -> str:
     return ", ".join(shares[:-1]) + " and " + shares[-1]
 
 
-def _share_args(cost: Mapping[str, Any]) -> str:  # the command's shares (``cost["shares"]``: as built)
+def _share_args() -> str:  # the command's shares (a run's ``cost["shares"]`` are as built)
     return " ".join(f"{s:g}" for s in ESCALATION_SHARES)
 
 
@@ -556,7 +554,7 @@ def _curve(med: Mapping[str, Any]) -> str:
     return "" if not q else f" + e^2 * {q}"
 
 
-def _share_models(cost: Mapping[str, Any]) -> str:
+def _share_models() -> str:
     models = [f"`{m}`" for m in ESCALATION_VARIANTS]
     return ", ".join(models[:-1]) + " and " + models[-1]
 

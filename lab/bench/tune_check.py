@@ -307,9 +307,7 @@ def render_section(r: Mapping[str, Any]) -> str:
     if r["concurrency"] < 16 or r["duration_s"] < 5:
         L += ["", "> **Short loops**: a smoke run of the mechanics, not the check."]
     costs = ", ".join(f"`{m}` {_ms(c)} ms" for m, c in zip(r["stages"], r["stage_costs_s"]))
-    parts, curvature = t["parts_s"], t.get("curvature_s") or [0.0] * len(t["parts_s"])
-    terms = " + ".join([f"{_ms(parts[0])}"] + [f"e_{i + 1} * {_ms(x)}" for i, x in enumerate(parts) if i]
-                       + [f"e_{i + 1}^2 * {_ms(q)}" for i, q in enumerate(curvature) if i and round(1000 * q, 3)])
+    terms = TT.overhead_terms(t["parts_s"], t.get("curvature_s"))
     lists = "; ".join(f"{100 * li['share']:.0f}% escalated: {li['throughput']:.1f} texts/s" for li in t["lists"])
     L += ["", f"Tune on the server, cascade `{r['cascade']}`: each stage alone per text {costs}; the router's own "
           f"overhead o = {terms} ms per text, fitted from its closed loop at the margin it serves ({t['margin']:g}) "

@@ -502,11 +502,18 @@ def router_overhead(protocol: str, address: str, router: str, served: Optional[A
             "notes": notes}
 
 
+def overhead_terms(parts: Sequence[float], curvature: Optional[Sequence[float]] = None) -> str:
+    """The overhead ``o`` (:func:`overhead_at`) as milliseconds per text, e.g.
+    ``0.051 + e_2 * 1.364 + e_2^2 * -0.154``: a curvature term only where it is not 0 at
+    that precision (``curvature`` None: none)."""
+    curvature = curvature or [0.0] * len(parts)
+    return " + ".join([f"{1000 * parts[0]:.3f}"] + [f"e_{i + 1} * {1000 * x:.3f}" for i, x in enumerate(parts) if i]
+                      + [f"e_{i + 1}^2 * {1000 * q:.3f}" for i, q in enumerate(curvature) if i and round(1000 * q, 3)])
+
+
 def describe_overhead(o: Mapping[str, Any]) -> str:
     """One line on the router overhead's parts and where they came from (``tune.md``)."""
-    parts, curvature = o["parts_s"], o.get("curvature_s") or [0.0] * len(o["parts_s"])
-    terms = " + ".join([f"{1000 * parts[0]:.3f}"] + [f"e_{i + 1} * {1000 * x:.3f}" for i, x in enumerate(parts) if i]
-                       + [f"e_{i + 1}^2 * {1000 * q:.3f}" for i, q in enumerate(curvature) if i and round(1000 * q, 3)])
+    terms = overhead_terms(o["parts_s"], o.get("curvature_s"))
     if o["source"] == "fitted":
         runs = "; ".join(f"{100 * li['share']:.0f}% reaching stage {li['stage'] + 1}: {li['router']['throughput']:.1f} "
                          f"texts/s, stages {1000 * li['stage_cost_s']:.3f} ms" if li["stage"] else

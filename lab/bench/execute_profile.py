@@ -32,7 +32,16 @@ are C++ bindings, so ``bls build`` and ``response`` here are an upper bound of t
 everything else is the code the stub runs. Prints one JSON document (also to ``--json``).
 
 ``--ablate FEATURE...``: what one feature costs at c=1 (:func:`ablation`): the bare pass in
-alternating blocks (ABBA) with the feature on and patched off.
+alternating blocks (ABBA) with the feature on and patched off. One "feature" is the platform's,
+not the router's: ``downstream_run``, the downstream model's ``onnxruntime`` run between two
+executes; off, each session answers the profile's one input from its first answer
+(:func:`replayed_runs`), so the caches hold the calling model's code and data from one execute to
+the next. Its cost is what a classifier's run (some megabytes of weights through the caches)
+adds to the calling model's own time.
+
+``--models hand_bls`` (``lab/bench/hand_bls``, the floor model of ``make bench-floor``) profiles
+the hand-written BLS model beside the router: the bare pass and ablations time its ``execute``
+(its own time: ``execute`` less its BLS call), with no phases (it has none of the router's).
 
 ``--compare BASELINE``: this checkout's router beside another checkout's (a ``git worktree`` of
 the commit before a change), the bare pass of one ``--models`` model in interleaved blocks
@@ -129,8 +138,10 @@ def patch(undo: List[Callable[[], None]], owner: Any, name: str, new: Any) -> No
     undo.append(lambda: setattr(owner, name, old))
 
 
-def instrument(clock: Clock, full: bool) -> Callable[[], None]:
-    """Wrap the phases (``full``) or only execute and the BLS exec; returns the undo."""
+def instrument(clock: Clock, full: bool, others: Sequence[type] = ()) -> Callable[[], None]:
+    """Wrap the phases (``full``) or only execute and the BLS exec; returns the undo.
+    ``others``: the ``TritonPythonModel`` classes of other models (``hand_bls``) whose
+    ``execute`` is timed too, as the router's ``adapter``."""
     import triton_python_backend_utils as pb
 
     from orchestrator.runtime.bls import downstream
@@ -153,6 +164,8 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
                     patch(undo, owner, name, wrap(clock, phase, raw))
 
     methods(router.TritonPythonModel, "adapter", ["execute"])
+    for cls in others:
+        methods(cls, "adapter", ["execute"])
     methods(pb.InferenceRequest, "bls exec", ["exec", "async_exec"])
     if not full:
         return lambda: [u() for u in reversed(undo)] and None
@@ -181,11 +194,44 @@ def instrument(clock: Clock, full: bool) -> Callable[[], None]:
     return lambda: [u() for u in reversed(undo)] and None
 
 
+def others(mock: Any, model: str) -> List[type]:
+    """``model``'s ``TritonPythonModel`` class when it is not the router's (``hand_bls``), for
+    :func:`instrument`'s ``others``; else none."""
+    from orchestrator.runtime.serving import router
+
+    cls = type(mock.instance(model))
+    return [] if issubclass(cls, router.TritonPythonModel) else [cls]
+
+
+def replayed_runs() -> Callable[[], None]:
+    """``onnxruntime.InferenceSession.run`` answering from a replay: each session's first
+    answer to an input of the same names, shapes and values is returned again without a run
+    (the profile sends one text, so every execute's classifier input is the same). Returns the
+    undo."""
+    import onnxruntime as ort
+
+    real = ort.InferenceSession.run
+    answers: Dict[Any, Any] = {}
+
+    def run(self: Any, output_names: Any, input_feed: Dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        key = (id(self), repr(output_names), tuple((k, np.asarray(v).shape, np.asarray(v).tobytes()) for k, v in sorted(input_feed.items())))
+        if key not in answers:
+            answers[key] = real(self, output_names, input_feed, *args, **kwargs)
+        return answers[key]
+
+    undo: List[Callable[[], None]] = []
+    patch(undo, ort.InferenceSession, "run", run)
+    return undo[0]
+
+
 def ablate(feature: str) -> Callable[[], None]:
     """Turn ``feature`` off by patching (the lab's stand-in for a switch): ``timing`` (the
     ``orchestrator_stage_seconds`` and ``orchestrator_node_latency_seconds`` observations),
     ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
-    estimate and its gauge). Returns the undo."""
+    estimate and its gauge), ``eager``, ``downstream_run`` (the downstream models'
+    ``onnxruntime`` runs: :func:`replayed_runs`). Returns the undo."""
+    if feature == "downstream_run":
+        return replayed_runs()
     from orchestrator.runtime.execution import engine
     from orchestrator.runtime.metrics import SAMPLED_HISTOGRAMS, Metrics
     from orchestrator.runtime.serving import router
@@ -212,7 +258,7 @@ def ablate(feature: str) -> Callable[[], None]:
         patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
         patch(undo, router.QueueDelay, "end", lambda self: None)
     if not undo:
-        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay or eager")
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay, eager or downstream_run")
     return lambda: [u() for u in reversed(undo)] and None
 
 
@@ -224,7 +270,7 @@ def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmu
     for _ in range(warmup):
         mock.infer(model, inputs)
     clock = Clock()
-    undo = instrument(clock, False)
+    undo = instrument(clock, False, others(mock, model))
     on: List[float] = []
     off: List[float] = []
     try:
@@ -256,7 +302,7 @@ def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Di
     for _ in range(warmup):
         mock.infer(model, inputs)
     clock = Clock()
-    undo = instrument(clock, full)
+    undo = instrument(clock, full, others(mock, model))
     per_execute: List[Dict[str, int]] = []
     try:
         for _ in range(warmup // 5):
@@ -363,9 +409,11 @@ def render(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
         L += ["", f"`{model}` (medians over {a['bare']['executes']} executes, microseconds):", "",
               "| | before | after |", "|---|---:|---:|"]
         L.append(f"| own time per execute (bare pass) | {b['bare']['own_us'] if b else '-'} | {a['bare']['own_us']} |")
-        L.append(f"| own time per execute (phases pass) | {b['phases']['own_us'] if b else '-'} | {a['phases']['own_us']} |")
-        for ph in PHASES:
-            L.append(f"| {ph} | {b['phases']['phases_median_us'][ph] if b else '-'} | {a['phases']['phases_median_us'][ph]} |")
+        if "phases" in a:  # the router's (``hand_bls`` has none)
+            bp = b.get("phases") if b else None
+            L.append(f"| own time per execute (phases pass) | {bp['own_us'] if bp else '-'} | {a['phases']['own_us']} |")
+            for ph in PHASES:
+                L.append(f"| {ph} | {bp['phases_median_us'][ph] if bp else '-'} | {a['phases']['phases_median_us'][ph]} |")
         for ab in a.get("ablations", []):
             L.append(f"\n`{ab['feature']}` on / off: {ab['on_us']} / {ab['off_us']} us; cost {ab['cost_us']} us "
                      f"(5th-95th percentile of {ab['blocks']} paired blocks of {ab['block']}: {ab['cost_us_p5_p95'][0]} "
@@ -379,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager")
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager, downstream_run")
     ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side; --compare: pairs (default %(default)s)")
     ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),
@@ -409,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
         for model in args.models:
             bare = measure(mock, model, args.executes, args.warmup, full=False)
             report["models"][model] = {"bare": bare}
-            if not args.bare:
+            if not args.bare and not others(mock, model):  # the router's phases; hand_bls has none
                 report["models"][model]["phases"] = measure(mock, model, args.executes, args.warmup, full=True)
             for feature in args.ablate:
                 report["models"][model].setdefault("ablations", []).append(

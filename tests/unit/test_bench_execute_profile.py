@@ -56,3 +56,41 @@ def test_compare_runs_two_checkouts_in_interleaved_blocks():
     assert all(p["after"] > 0 and p["before"] > 0 and p["ratio"] == round(p["after"] / p["before"], 4) for p in r["pairs"])
     assert list(r["pairs"][1]) == ["before", "after", "ratio"]  # the order alternates
     assert r["interval"] == [None, None]  # too few pairs for a 95% interval
+
+
+def test_the_floor_model_is_profiled_beside_the_router_and_the_downstream_run_timed_on_and_off(tmp_path):
+    import onnxruntime as ort
+
+    run = ort.InferenceSession.run
+    r = X.main(["--executes", "20", "--warmup", "10", "--models", "hand_bls", "--ablate", "downstream_run",
+                "--blocks", "2", "--json", str(tmp_path / "p.json")])
+    m = r["models"]["hand_bls"]
+    assert 0 < m["bare"]["own_us"] < m["bare"]["execute_us"]  # its execute timed, its BLS call left out
+    assert "phases" not in m  # the router's phases: hand_bls has none
+    (a,) = m["ablations"]
+    assert a["feature"] == "downstream_run" and a["on_us"] > 0 and a["off_us"] > 0
+    assert ort.InferenceSession.run is run  # the replay undone
+    text = "\n".join(X.render(r, r))
+    assert f"| own time per execute (bare pass) | {m['bare']['own_us']} | {m['bare']['own_us']} |" in text
+    assert "phases pass" not in text and "`downstream_run` on / off" in text
+
+
+def test_replayed_runs_answer_the_same_input_from_the_first_run_only():
+    from pathlib import Path
+
+    import numpy as np
+    import onnxruntime as ort
+
+    onnx = Path(X.__file__).resolve().parents[2] / "model_repository" / "classifier_fast" / "1" / "model.onnx"
+    session = ort.InferenceSession(str(onnx), providers=["CPUExecutionProvider"])
+    ids = np.array([[101, 2023, 102]], dtype=np.int64)
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
+    other = {"input_ids": np.array([[101, 2003, 102]], dtype=np.int64), "attention_mask": np.ones_like(ids)}
+    undo = X.replayed_runs()
+    try:
+        first = session.run(None, feed)
+        assert session.run(None, {k: v.copy() for k, v in feed.items()}) is first  # replayed, not run
+        assert session.run(None, other) is not first  # another input runs
+    finally:
+        undo()
+    assert session.run(None, feed) is not first and np.array_equal(session.run(None, feed)[0], first[0])

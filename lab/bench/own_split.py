@@ -40,8 +40,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-import numpy as np
-
+from lab.bench.floor import make_floor_repository, server_split, server_stats
 from lab.bench.machine import load_average
 
 MODELS = ("router_single", "hand_bls")
@@ -124,14 +123,15 @@ def split(stats0: Mapping[str, Mapping[str, int]], stats1: Mapping[str, Mapping[
           sums0: Mapping[str, int], sums1: Mapping[str, int], model: str) -> Dict[str, float]:
     """The figures (:data:`FIGURES`, microseconds per request) of ``model``'s timed copy
     between two snapshots of the server's statistics (``lab.bench.floor.server_stats``, with
-    :data:`DOWNSTREAM`) and of the copy's sums. Raises ValueError when the server counted
+    :data:`DOWNSTREAM`; ``execute_us`` and ``classifier_us`` as ``lab.bench.floor.server_split``
+    counts them) and of the copy's sums. Raises ValueError when the server counted
     another number of requests than the copy executed (one request an execute at c=1)."""
     n = stats1[model]["count"] - stats0[model]["count"]
     executes = sums1["executes"] - sums0["executes"]
-    if n <= 0 or executes != n:
+    server = server_split(stats0, stats1, model, DOWNSTREAM)
+    if server is None or executes != n:
         raise ValueError(f"{model}: the server counted {n} requests, the timed copy {executes} executes")
-    execute = (stats1[model]["compute_infer"] - stats0[model]["compute_infer"]) / n / 1e3
-    down = sum(stats1[DOWNSTREAM][k] - stats0[DOWNSTREAM][k] for k in ("queue", "compute_input", "compute_infer", "compute_output")) / n / 1e3
+    execute, down = server["execute_us"], server["downstream_us"]
     python_execute = (sums1["execute_ns"] - sums0["execute_ns"]) / n / 1e3
     bls = (sums1["bls_ns"] - sums0["bls_ns"]) / n / 1e3
     return {"execute_us": execute, "python_us": python_execute - bls, "bls_overhead_us": bls - down,
@@ -150,7 +150,7 @@ def summarize(rounds: Sequence[Mapping[str, Mapping[str, float]]], models: Seque
         out["models"][m] = {f: round(statistics.median(r[m][f] for r in rounds), 1) for f in FIGURES}
     for f in FIGURES:
         diffs = [r[a][f] - r[b][f] for r in rounds]
-        median, low, high = rounded_interval(median_interval(diffs), 1)
+        _, low, high = rounded_interval(median_interval(diffs), 1)
         out["difference"][f] = {"median": round(statistics.median(diffs), 1), "low": low, "high": high,
                                 "per_round": [round(d, 1) for d in diffs]}
     return out
@@ -176,7 +176,7 @@ def measure(rounds: int, requests: int, log: Callable[[str], None] = print) -> D
     docstring). Returns the report (``summary`` and the per-round ``splits``)."""
     import tritonclient.grpc as grpcclient
 
-    from lab.bench.floor import make_floor_repository, server_stats
+    from orchestrator.tooling.client import text_inputs
     from orchestrator.tooling.server import TritonServer
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -189,11 +189,7 @@ def measure(rounds: int, requests: int, log: Callable[[str], None] = print) -> D
             client = grpcclient.InferenceServerClient(url)
 
             def one(name: str, k: int) -> None:
-                text = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-                text.set_data_from_numpy(np.array([[TEXTS[k % len(TEXTS)].encode()]], dtype=np.object_))
-                thr = grpcclient.InferInput("THRESHOLD", [1, 1], "FP32")
-                thr.set_data_from_numpy(np.full((1, 1), 0.5, np.float32))
-                client.infer(name, [text, thr])
+                client.infer(name, text_inputs(grpcclient, [TEXTS[k % len(TEXTS)]]))
 
             def sums(m: str) -> Dict[str, int]:
                 return dict(json.loads(files[m].read_text()))

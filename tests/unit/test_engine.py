@@ -188,10 +188,13 @@ def test_a_text_over_the_window_limit_refuses_only_its_request():
     doc = {"version": 1, "limits": {"max_windows_per_text": 3},
            "root": {"kind": "chunk", "window": 8, "stride": 4, "node": model("fast")}}
     long = " ".join(["good"] * 30)  # 32 tokens: 7 windows of 8 at stride 4
-    engine = Engine(parse_policy(doc), FakeBLS())
+    bls = FakeBLS()
+    engine = Engine(parse_policy(doc), bls)
     thr = np.full(1, 0.5, np.float32)
     ok, refused = asyncio.run(engine.run([Work(["good film"], thr, {}), Work([long], thr, {})]))
     assert ok.routes == ["fast"]
+    # the refused text is never classified: one call, of the other text's one row
+    assert [(c["model"], c["rows"]) for c in bls.calls if c["model"] != "tokenizer"] == [("fast", 1)]
     assert isinstance(refused, LimitError) and refused.limit == "max_windows_per_text"
     assert str(refused) == ("TEXT[0]: 32 tokens make 7 windows, over the limit of 3 windows per text "
                             "(policy limits.max_windows_per_text)")

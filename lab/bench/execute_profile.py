@@ -229,7 +229,8 @@ def ablate(feature: str) -> Callable[[], None]:
     ``orchestrator_stage_seconds`` and ``orchestrator_node_latency_seconds`` observations),
     ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
     estimate and its gauge), ``eager``, ``downstream_run`` (the downstream models'
-    ``onnxruntime`` runs: :func:`replayed_runs`). Returns the undo."""
+    ``onnxruntime`` runs: :func:`replayed_runs`), ``fused_line`` (``Run.run``'s layers for a
+    one-way policy: off, the straight stand-in ``lab.bench.fused_line``). Returns the undo."""
     if feature == "downstream_run":
         return replayed_runs()
     from orchestrator.runtime.execution import engine
@@ -254,11 +255,15 @@ def ablate(feature: str) -> Callable[[], None]:
             patch(undo, Metrics, name, lambda self, *a, **k: None)
     if feature == "eager":  # every execute on loop.run_until_complete, as before run_eagerly
         patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))
+    if feature == "fused_line":
+        from lab.bench.fused_line import fused
+
+        patch(undo, engine.Run, "run", fused(engine.Run.run))
     if feature == "queue_delay":
         patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
         patch(undo, router.QueueDelay, "end", lambda self: None)
     if not undo:
-        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay, eager or downstream_run")
+        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay, eager, downstream_run or fused_line")
     return lambda: [u() for u in reversed(undo)] and None
 
 
@@ -427,7 +432,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager, downstream_run")
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager, downstream_run, fused_line")
     ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side; --compare: pairs (default %(default)s)")
     ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),

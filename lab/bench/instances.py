@@ -426,6 +426,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--window-ms", type=int, default=1000, help="floor: perf_analyzer window length, ms (default 1000)")
     parser.add_argument("--summarize", type=Path, default=None, metavar="JSON",
                         help="floor: summarize a run's bench/floor.json again with this checkout's code (measures nothing)")
+    parser.add_argument("--goals-only", action="store_true",
+                        help="floor: only router_single and hand_bls, for the two floor goals (bench/floor_goals.json)")
+    parser.add_argument("--concurrencies", type=int, nargs="+", default=[1, 16], choices=[1, 16],
+                        help="floor --goals-only: the goals' concurrencies to measure (default: 1 16)")
     args = parser.parse_args(argv)
     try:
         if args.baseline is not None and args.compare != "runtime":
@@ -438,6 +442,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             command = " ".join(["python -m lab.bench.instances", *(sys.argv[1:] if argv is None else argv)])
             if args.summarize is not None:
                 print(floor.render_section(floor.summarize(args.summarize, args.out, command)))
+                return 0
+            if args.goals_only:
+                print(floor.render_goals(floor.goals_run(args.out, args.rounds or floor.FLOOR_ROUNDS, args.window_ms,
+                                                         args.concurrencies, command)))
                 return 0
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
                                                  soak_report=args.soak_report, window_ms=args.window_ms, command=command)))

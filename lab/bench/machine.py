@@ -85,3 +85,68 @@ def load_average() -> List[float]:
     except OSError:
         return []
 
+
+
+# ----------------------------------------------------------------------------- the machine's speed
+#
+# A fixed pure-Python workload (dicts, a dataclass-like object, string formatting: the kind of
+# code a router runs between numpy calls), timed where the load average cannot see: a virtual
+# machine's host may slow every core at once without a process of ours running.
+
+SPEED_WORKLOAD = """
+import statistics, sys, time
+class It:
+    __slots__ = ("a", "b", "c")
+    def __init__(self, a, b, c):
+        self.a, self.b, self.c = a, b, c
+def work(n):
+    out = []
+    for i in range(n):
+        d = {"x": i, "y": str(i)}
+        it = It(i, d["y"], d)
+        out.append(it.a + len(it.b))
+    return sum(out)
+slices, per_slice, took = int(sys.argv[1]), int(sys.argv[2]), []
+for _ in range(slices):
+    t = []
+    for _ in range(per_slice):
+        s = time.perf_counter(); work(200); t.append(time.perf_counter() - s)
+    took.append(statistics.median(t) * 1e6)
+print(" ".join(f"{x:.1f}" for x in took))
+"""
+
+
+def speed_probe(processes: int = 12, slices: int = 8, per_slice: int = 100) -> dict:
+    """The machine's speed now: :data:`SPEED_WORKLOAD` in ``processes`` fresh interpreters one
+    after another, each timing ``slices`` slices of ``per_slice`` runs (about 10 ms a slice).
+
+    Returns ``{"us": [[median us of each slice] per process], "median_us", "fastest_us",
+    "slowest_us", "within_process_max_ratio", "across_processes_ratio"}``: microseconds per
+    run of the workload; the ratios say how far the speed moved within one process (slowest
+    over fastest slice, the largest of any process) and across processes (slowest over fastest
+    process median). Near 1 on a steady machine.
+
+    Raises:
+        subprocess.CalledProcessError: an interpreter failed to run the workload.
+    """
+    import statistics
+    import sys
+
+    per: List[List[float]] = []
+    for _ in range(processes):
+        done = subprocess.run([sys.executable, "-c", SPEED_WORKLOAD, str(slices), str(per_slice)], capture_output=True,
+                              text=True, timeout=120, check=True)
+        per.append([float(x) for x in done.stdout.split()])
+    medians = [statistics.median(p) for p in per]
+    return {"us": per, "median_us": round(statistics.median(medians), 1), "fastest_us": round(min(medians), 1),
+            "slowest_us": round(max(medians), 1),
+            "within_process_max_ratio": round(max(max(p) / min(p) for p in per), 2),
+            "across_processes_ratio": round(max(medians) / min(medians), 2)}
+
+
+if __name__ == "__main__":  # python -m lab.bench.machine [PROCESSES]: the speed probe, as JSON
+    import json
+    import sys
+
+    print(json.dumps({"load_before": load_average(), **speed_probe(int(sys.argv[1]) if len(sys.argv) > 1 else 12),
+                      "load_after": load_average()}))

@@ -239,6 +239,21 @@ def test_the_floor_goals_read_router_single_over_hand_bls():
     assert g["throughput_c16"]["verdict"] == "met"
 
 
+def test_the_goals_alone_pair_the_two_models_in_alternating_order_and_judge_what_was_measured():
+    specs = F.goals_plan(3, (16,))
+    assert [(s.model, s.concurrency, s.round) for s in specs] == [
+        ("router_single", 16, 0), ("hand_bls", 16, 0), ("hand_bls", 16, 1), ("router_single", 16, 1),
+        ("router_single", 16, 2), ("hand_bls", 16, 2)]
+    assert [(s.model, s.concurrency) for s in F.goals_plan(1)] == [
+        ("router_single", 1), ("hand_bls", 1), ("router_single", 16), ("hand_bls", 16)]
+    only16 = [m for m in rounds_of(8) if m["concurrency"] == 16]
+    goals = F.goals_of(only16, (16,))
+    assert list(goals) == ["throughput_c16"] and goals["throughput_c16"]["verdict"] == "met"
+    text = F.render_goals({"rounds": 8, "command": "python -m lab.bench.instances --compare floor --goals-only",
+                           "floor_goals": goals})
+    assert "throughput_c16: median 0.952x over 8 rounds" in text and "**met**" in text
+
+
 def test_load_summary_ratios_to_postprocess_and_goal():
     recs = [{"model": "postprocess", "seconds": s} for s in (1.0, 2.0, 3.0)] + \
            [{"model": "router", "seconds": s} for s in (3.0, 4.0, 5.0)] + [{"model": "tokenizer", "seconds": 2.8}]

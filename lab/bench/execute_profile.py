@@ -37,7 +37,11 @@ not the router's: ``downstream_run``, the downstream model's ``onnxruntime`` run
 executes; off, each session answers the profile's one input from its first answer
 (:func:`replayed_runs`), so the caches hold the calling model's code and data from one execute to
 the next. Its cost is what a classifier's run (some megabytes of weights through the caches)
-adds to the calling model's own time.
+adds to the calling model's own time. Another is a restructuring, not a feature:
+``fused_line``, off, puts the straight stand-in of ``lab.bench.fused_line`` in place of
+``Run.run``; its cost is what fusing the run's layers for a one-way policy could save. Each
+ablation reports the median of the paired block differences with its distribution-free 95%
+interval (``cost_us_interval``) beside the blocks' 5th-95th percentiles.
 
 ``--models hand_bls`` (``lab/bench/hand_bls``, the floor model of ``make bench-floor``) profiles
 the hand-written BLS model beside the router: the bare pass and ablations time its ``execute``
@@ -294,11 +298,15 @@ def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmu
             (off if turned_off else on).append(statistics.median(own) / 1e3)
     finally:
         undo()
+    from lab.bench.instances import median_interval, rounded_interval
+
     diffs = sorted(a - b for a, b in zip(on, off))
     q = statistics.quantiles(diffs, n=20) if len(diffs) >= 2 else [diffs[0]] * 19
+    iv = rounded_interval(median_interval(diffs))
     return {"feature": feature, "blocks": blocks, "block": block, "on_us": round(statistics.median(on), 1),
             "off_us": round(statistics.median(off), 1), "cost_us": round(statistics.median(diffs), 1),
-            "cost_us_p5_p95": [round(q[0], 1), round(q[-1], 1)]}
+            "cost_us_p5_p95": [round(q[0], 1), round(q[-1], 1)],
+            "cost_us_interval": [None if v is None else round(v, 1) for v in iv[1:]]}
 
 
 def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
@@ -422,7 +430,9 @@ def render(before: Dict[str, Any], after: Dict[str, Any]) -> List[str]:
         for ab in a.get("ablations", []):
             L.append(f"\n`{ab['feature']}` on / off: {ab['on_us']} / {ab['off_us']} us; cost {ab['cost_us']} us "
                      f"(5th-95th percentile of {ab['blocks']} paired blocks of {ab['block']}: {ab['cost_us_p5_p95'][0]} "
-                     f"to {ab['cost_us_p5_p95'][1]})")
+                     f"to {ab['cost_us_p5_p95'][1]}"
+                     + (f"; 95% interval of the median {iv[0]} to {iv[1]}" if (iv := ab.get("cost_us_interval")) and None not in iv
+                        else "") + ")")
     return L
 
 

@@ -234,7 +234,12 @@ def ablate(feature: str) -> Callable[[], None]:
     ``metrics`` (every counter, gauge and observation), ``queue_delay`` (the queue-delay
     estimate and its gauge), ``eager``, ``downstream_run`` (the downstream models'
     ``onnxruntime`` runs: :func:`replayed_runs`), ``fused_line`` (``Run.run``'s layers for a
-    one-way policy: off, the straight stand-in ``lab.bench.fused_line``). Returns the undo."""
+    one-way policy: off, the straight stand-in ``lab.bench.fused_line``), ``route`` (the
+    ``ROUTE`` output: off, every request names its outputs without it), ``deadlines`` (the
+    request deadlines and cancellation flags before, during and after the run), ``breaker``
+    (the circuit breaker and the dead-stub watch around each BLS call), ``input_checks``
+    (the size limits, the thresholds' range and the parameters' check; the texts are still
+    decoded). Returns the undo."""
     if feature == "downstream_run":
         return replayed_runs()
     from orchestrator.runtime.execution import engine
@@ -257,18 +262,59 @@ def ablate(feature: str) -> Callable[[], None]:
             patch(undo, engine.Run, name, lambda self, *a, **k: None)
         for name in ("inc", "set", "observe", "inc_series", "set_series", "observe_series", "record"):
             patch(undo, Metrics, name, lambda self, *a, **k: None)
+    _ablate_part(undo, feature)
+    if not undo:
+        raise SystemExit(f"--ablate {feature}: expected one of {', '.join(ABLATIONS)}")
+    return lambda: [u() for u in reversed(undo)] and None
+
+
+#: What ``--ablate`` can turn off (:func:`ablate`).
+ABLATIONS = ("timing", "metrics", "queue_delay", "eager", "downstream_run", "fused_line", "route", "deadlines", "breaker",
+             "input_checks")
+
+
+def _ablate_part(undo: List[Callable[[], None]], feature: str) -> None:
+    """What :func:`ablate` patches out besides the metrics (its docstring), into ``undo``."""
+    from orchestrator.runtime import request
+    from orchestrator.runtime.bls import downstream
+    from orchestrator.runtime.execution import engine
+    from orchestrator.runtime.serving import router
+
     if feature == "eager":  # every execute on loop.run_until_complete, as before run_eagerly
         patch(undo, router, "run_eagerly", lambda loop, coro: loop.run_until_complete(coro))
+    if feature == "queue_delay":
+        patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
+        patch(undo, router.QueueDelay, "end", lambda self: None)
     if feature == "fused_line":
         from lab.bench.fused_line import fused
 
         patch(undo, engine.Run, "run", fused(engine.Run.run))
-    if feature == "queue_delay":
-        patch(undo, router.QueueDelay, "begin", lambda self: 0.0)
-        patch(undo, router.QueueDelay, "end", lambda self: None)
-    if not undo:
-        raise SystemExit(f"--ablate {feature}: expected timing, metrics, queue_delay, eager, downstream_run or fused_line")
-    return lambda: [u() for u in reversed(undo)] and None
+    if feature == "route":  # as a client that names PROBABILITIES and VERDICTS only
+        parse = router.TritonPythonModel._parse
+
+        def without_route(self: Any, *args: Any, **kwargs: Any) -> Any:
+            work = parse(self, *args, **kwargs)
+            work.outputs = frozenset(o for o in (work.outputs or self.outputs) if o != "ROUTE")
+            return work
+
+        patch(undo, router.TritonPythonModel, "_parse", without_route)
+    if feature == "deadlines":
+        none = request.CallOptions()
+        patch(undo, request.Deadlines, "before_run", lambda self, works: {})
+        patch(undo, request.Deadlines, "stopped", lambda self, works, refused: {})
+        patch(undo, request.Deadlines, "call_options", lambda self, rows: none)
+        patch(undo, request.Deadlines, "arrived", lambda self, items: None)
+    if feature == "breaker":
+        async def bare_call(self: Any, breaker: Any, model: str, inputs: Any, parameters: Any, request_id: str, alone: bool,
+                            options: Any) -> Any:
+            return await self._bls(model, inputs, parameters, request_id, alone, options)
+
+        patch(undo, downstream.Downstream, "_call", bare_call)
+    if feature == "input_checks":
+        patch(undo, request, "check_sizes", lambda texts_array, limits, name="TEXT": None)
+        patch(undo, request, "check_thresholds",
+              lambda array, count, name="THRESHOLD", columns=1: np.asarray(array, dtype=np.float32).reshape(count, -1))
+        patch(undo, request, "check_parameters", lambda parameters, exposed, ignored: dict(parameters))
 
 
 def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
@@ -442,7 +488,7 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--models", nargs="+", default=["router", "router_single"])
     ap.add_argument("--json", type=Path)
-    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: timing, metrics, queue_delay, eager, downstream_run, fused_line")
+    ap.add_argument("--ablate", nargs="*", default=[], help="features to time on and off: " + ", ".join(ABLATIONS))
     ap.add_argument("--blocks", type=int, default=20, help="--ablate: blocks per side; --compare: pairs (default %(default)s)")
     ap.add_argument("--bare", action="store_true", help="only the bare pass (no phases): for rounds across checkouts")
     ap.add_argument("--render", nargs=2, type=Path, metavar=("BEFORE", "AFTER"),

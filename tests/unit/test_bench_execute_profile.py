@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from lab.bench import execute_profile as X
 
 
@@ -94,3 +96,28 @@ def test_replayed_runs_answer_the_same_input_from_the_first_run_only():
     finally:
         undo()
     assert session.run(None, feed) is not first and np.array_equal(session.run(None, feed)[0], first[0])
+
+
+def test_each_part_is_patched_out_and_put_back_and_the_router_still_answers():
+    import numpy as np
+
+    from orchestrator.runtime import request
+    from orchestrator.runtime.bls import downstream
+    from orchestrator.runtime.serving import router
+
+    before = (request.check_sizes, request.Deadlines.before_run, downstream.Downstream._call, router.TritonPythonModel._parse)
+    inputs = {"TEXT": np.array([[b"A gorgeous, witty film."]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    with X.bench_mock(["router_single"]) as mock:
+        full = mock.infer("router_single", inputs)
+        for feature in ("route", "deadlines", "breaker", "input_checks"):
+            undo = X.ablate(feature)
+            try:
+                answer = mock.infer("router_single", inputs)
+            finally:
+                undo()
+            assert answer["PROBABILITIES"].tolist() == full["PROBABILITIES"].tolist()
+            assert ("ROUTE" in answer) == (feature != "route")
+    assert (request.check_sizes, request.Deadlines.before_run, downstream.Downstream._call,
+            router.TritonPythonModel._parse) == before
+    with pytest.raises(SystemExit, match="expected one of"):
+        X.ablate("nothing")

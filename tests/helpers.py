@@ -118,6 +118,8 @@ ADMIT_VARIANT = "router_admit"
 ADMIT_WAIT_MS = 5
 #: The shipped router with the config parameter ``metrics_timing_sample: all``.
 TIMINGS_VARIANT = "router_all_timings"
+#: The shipped router with the config parameter ``metrics: off``.
+NO_METRICS_VARIANT = "router_no_metrics"
 # A router whose metrics_timing_sample is neither a count nor "all": its load must fail.
 BAD_SAMPLE_VARIANT = "router_bad_timing_sample"
 NOT_LOADED_AT_START = ("classifier_spare", "router_bad_policy", BAD_SAMPLE_VARIANT)
@@ -127,7 +129,8 @@ def make_test_repository(dest: Path) -> Path:
     """Copy ``model_repository`` to ``dest`` and add the test-only models: the
     :data:`ROUTER_VARIANTS`, the shipped A/B example (``router_ab``), on-demand routers and
     their spare classifier, a router whose on-demand model is in no repository, a
-    router with an invalid policy and one with an invalid ``metrics_timing_sample``."""
+    router with an invalid policy, one with an invalid ``metrics_timing_sample`` and one with
+    its metrics off."""
     # not the execution-environment artifacts `make env` may have installed (~120 MB a model)
     shutil.copytree(REPO, dest, ignore=shutil.ignore_patterns("__pycache__", "triton_env*", "triton_python_backend_stub*", "env.pbtxt"))
     for name, changes in ROUTER_VARIANTS.items():
@@ -149,6 +152,10 @@ def make_test_repository(dest: Path) -> Path:
     config = repository.read_config(timings / "config.pbtxt")
     config.parameters["metrics_timing_sample"].string_value = "all"
     repository.write_config(timings / "config.pbtxt", config, [f"Test-only router variant {TIMINGS_VARIANT} (tests/helpers.py)."])
+    quiet = add_router_variant(dest, NO_METRICS_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
+    config = repository.read_config(quiet / "config.pbtxt")
+    config.parameters["metrics"].string_value = "off"
+    repository.write_config(quiet / "config.pbtxt", config, [f"Test-only router variant {NO_METRICS_VARIANT} (tests/helpers.py)."])
     bad = add_router_variant(dest, BAD_SAMPLE_VARIANT, yaml.safe_load((REPO / "router" / "policy.yaml").read_text()))
     config = repository.read_config(bad / "config.pbtxt")
     config.parameters["metrics_timing_sample"].string_value = "every"

@@ -355,6 +355,42 @@ def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmu
             "cost_us_interval": [None if v is None else round(v, 1) for v in iv[1:]]}
 
 
+def interleaved(mock: Any, models: Sequence[str], blocks: int, block: int, warmup: int) -> Dict[str, Any]:
+    """The bare pass of several models in interleaved blocks of ``block`` executes, the order
+    reversed every other block, ``blocks`` rounds: each model's median own time over its
+    blocks and, for each model after the first, the median of its per-round difference from
+    the first with the distribution-free 95% interval (``--interleave``: two configurations of
+    one router, side by side)."""
+    from lab.bench.instances import median_interval, rounded_interval
+
+    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    for model in models:
+        for _ in range(warmup):
+            mock.infer(model, inputs)
+    clock = Clock()
+    undo = instrument(clock, False, [c for m in models for c in others(mock, m)])
+    own: Dict[str, List[float]] = {m: [] for m in models}
+    try:
+        for b in range(blocks):
+            for model in (models if b % 2 == 0 else list(reversed(models))):
+                times = []
+                clock.take()
+                for _ in range(block):
+                    mock.infer(model, inputs)
+                    p = clock.take()
+                    times.append(sum(p.values()) - p.get("bls exec", 0))
+                own[model].append(statistics.median(times) / 1e3)
+    finally:
+        undo()
+    base = models[0]
+    out: Dict[str, Any] = {"blocks": blocks, "block": block, "own_us": {m: round(statistics.median(v), 1) for m, v in own.items()},
+                           "difference_us": {}}
+    for model in models[1:]:
+        iv = rounded_interval(median_interval([a - b for a, b in zip(own[model], own[base])]), 1)
+        out["difference_us"][model] = {"median": iv[0], "interval": iv[1:]}
+    return out
+
+
 def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
     """One pass over ``model`` (module docstring); medians in microseconds."""
     inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
@@ -496,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     ap.add_argument("--compare", type=Path, metavar="BASELINE",
                     help="this checkout beside another's, interleaved blocks of the bare pass of the first --models model")
     ap.add_argument("--block", type=int, default=150, help="--compare: executes per block (default %(default)s)")
+    ap.add_argument("--interleave", action="store_true",
+                    help="the bare pass of every --models model in interleaved blocks (--blocks rounds of --block executes), "
+                         "each model's difference from the first with its interval")
     ap.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)  # a --compare worker
     args = ap.parse_args(argv)
     if args.serve:
@@ -515,7 +554,9 @@ def main(argv: Sequence[str] | None = None) -> Dict[str, Any]:
     report: Dict[str, Any] = {"orchestrator": str(Path(orchestrator.__file__).parent), "python": sys.version.split()[0],
                               "load_before": load_average(), "text": TEXT, "models": {}}
     with bench_mock(args.models) as mock:
-        for model in args.models:
+        if args.interleave:
+            report["interleaved"] = interleaved(mock, args.models, args.blocks, args.block, args.warmup)
+        for model in args.models if not args.interleave else ():
             bare = measure(mock, model, args.executes, args.warmup, full=False)
             report["models"][model] = {"bare": bare}
             if not args.bare and not others(mock, model):  # the router's phases; hand_bls has none

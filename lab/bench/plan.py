@@ -35,7 +35,8 @@ NO_INLINE: dict = {}
 
 #: The benchmark-only models added to the copy of the repository. ``base``: the model
 #: directory copied; ``parameters``: config ``parameters`` whose ``string_value`` is replaced
-#: (the base config must have them); ``replace_models``: ``model_name`` values replaced in
+#: (the base config must have them); ``add_parameters``: config parameters set whether or not
+#: the base has them; ``replace_models``: ``model_name`` values replaced in
 #: an ensemble's steps; ``drop_outputs``: outputs removed from the config; ``source``: instead of ``base``, a model directory kept outside
 #: the repository (relative to the project root), copied unchanged; ``policy_root``: a routing-policy tree that replaces the ``root``
 #: of the base's policy file (the one the config's ``policy`` parameter names);
@@ -47,6 +48,8 @@ VARIANTS: Dict[str, dict] = {
     "ensemble_pad512": {"base": "ensemble", "replace_models": {"tokenizer": "tokenizer_pad512"}},
     # the single-classifier policy: the router with the ensemble's compute (routing overhead)
     "router_single": {"base": "router", "policy_root": SINGLE_CLASSIFIER_ROOT},
+    # the same with the router's own metrics off (config parameter ``metrics: off``): what the switch saves
+    "router_single_no_metrics": {"base": "router", "policy_root": SINGLE_CLASSIFIER_ROOT, "add_parameters": {"metrics": "off"}},
     # the same, ROUTE left out of its config.pbtxt (the router then never builds it): what that output costs
     "router_single_no_route": {"base": "router", "policy_root": SINGLE_CLASSIFIER_ROOT, "drop_outputs": ["ROUTE"]},
     # the same two policies calling the tokenizer and postprocess models through BLS

@@ -56,6 +56,8 @@ def _copy_variant(dest: Path, source: Path, name: str, spec: Mapping, target: Pa
                     raise BenchError(f"{where}, {path.name}: the base config has no parameter {key!r}; "
                                      "update lab.bench.VARIANTS")
                 set_parameter(config, key, value)
+            for key, value in spec.get("add_parameters", {}).items():  # set whether or not the base has it
+                set_parameter(config, key, value)
             for old, new in spec.get("replace_models", {}).items():
                 if not rename_steps(config, {old: new}):
                     raise BenchError(f"{where}, {path.name}: no ensemble step with model_name {old!r}")

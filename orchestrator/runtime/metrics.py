@@ -34,6 +34,25 @@ MAX_SAMPLED = 8
 #: (no timing observation is taken at all: the histograms stay empty, and each execute skips
 #: their clock reads and bookkeeping; ``lab.bench.execute_profile --ablate timing`` measures it).
 SAMPLE_PARAMETER = "metrics_timing_sample"
+#: The router's config parameter that turns its own metrics off: ``off`` (``on``, the default).
+ENABLED_PARAMETER = "metrics"
+
+
+def metrics_enabled(params: Mapping[str, str]) -> bool:
+    """Whether the config parameters ``params`` leave the router's metrics on
+    (:data:`ENABLED_PARAMETER`: absent, ``on``, ``true`` or ``yes``; off: ``off``, ``false``
+    or ``no``, any case).
+
+    Raises:
+        ValueError: any other value (the router then fails to load, naming the parameter).
+    """
+    raw = params.get(ENABLED_PARAMETER)
+    value = "on" if raw is None or raw.strip() == "" else raw.strip().lower()
+    if value in ("on", "true", "yes"):
+        return True
+    if value in ("off", "false", "no"):
+        return False
+    raise ValueError(f"router: parameter {ENABLED_PARAMETER}={raw!r}: expected 'on' or 'off'")
 
 
 def timing_sample(params: Mapping[str, str]) -> Optional[int]:
@@ -196,10 +215,11 @@ class Metrics:
     }
 
     def __init__(self, pb: Any, router_name: str, flush_interval_s: float = 0.5,
-                 max_sampled: Optional[int] = MAX_SAMPLED):
+                 max_sampled: Optional[int] = MAX_SAMPLED, enabled: bool = True):
         self.router = router_name
+        self.enabled = enabled  # False (config parameter ``metrics: off``): no family, every call a no-op
         self.max_sampled = max_sampled  # None: every timing observation (timing_sample)
-        self.timing = max_sampled != 0  # False: no timing observation is taken (``off``)
+        self.timing = enabled and max_sampled != 0  # False: no timing observation is taken (``off``)
         self.families = {}
         self.metrics: Dict[Tuple[str, Labels], Any] = {}  # pb_utils.Metric by (family, labels)
         self.lock = threading.Lock()
@@ -209,7 +229,7 @@ class Metrics:
         self.stop = threading.Event()
         self.rng = random.Random()  # the flush's sample of timing observations
         family = getattr(pb, "MetricFamily", None)
-        if family is None:
+        if family is None or not enabled:
             return
         for name, doc in self.COUNTERS.items():
             self.families[name] = family(name=name, description=doc, kind=family.COUNTER)
@@ -305,3 +325,13 @@ class Metrics:
         """Stop the flusher and send what is buffered."""
         self.stop.set()
         self.flush()
+
+
+def router_metrics(pb: Any, name: str, params: Mapping[str, str]) -> Metrics:
+    """The metrics of router ``name`` as its config parameters ``params`` ask
+    (:data:`ENABLED_PARAMETER`, :data:`SAMPLE_PARAMETER`).
+
+    Raises:
+        ValueError: a bad value of either, named (the router then fails to load).
+    """
+    return Metrics(pb, name, max_sampled=timing_sample(params), enabled=metrics_enabled(params))

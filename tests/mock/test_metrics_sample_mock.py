@@ -79,3 +79,53 @@ def test_a_bad_value_fails_the_load_by_name(tmp_path):
             mock.load(name)
         with pytest.raises(Exception, match="metrics_timing_sample='lots'"):
             mock.load("router")
+
+
+def _repo_with(tmp_path, key, value):
+    repo = tmp_path / "model_repository"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    path = repo / "router" / "config.pbtxt"
+    config = read_config(path)
+    config.parameters[key].string_value = value
+    write_config(path, config, [f"test: {key}"])
+    return repo
+
+
+def _answers(repo, texts):
+    with MockTriton(repo) as mock:
+        for name in ("tokenizer", "classifier", "classifier_fast", "router"):
+            mock.load(name)
+        router = mock.loaded("router").instance
+        out = [mock.infer("router", {"TEXT": np.array([[t.encode()]], dtype=np.object_),
+                                     "THRESHOLD": np.full((1, 1), 0.5, np.float32)}) for t in texts]
+        router.metrics.flush()
+        families = {k: v for k, v in mock.metrics().items() if k.startswith("orchestrator_") and v}
+        return [{k: v.tolist() for k, v in o.items()} for o in out], families, router
+
+
+def test_metrics_off_answers_alike_and_registers_no_family_of_its_own(tmp_path):
+    """``metrics: off``: the same answers, no ``orchestrator_*`` series, no flusher thread, and
+    the engine's runs get no metrics sink (nothing counted, observed or flushed per execute)."""
+    texts = ["a fine film", "", "dull and long, " * 60, "an awful mess"]
+    shipped, shipped_families, _ = _answers(_repo(tmp_path / "on", None), texts)
+    off, off_families, router = _answers(_repo_with(tmp_path / "off", M.ENABLED_PARAMETER, "off"), texts)
+    assert off == shipped
+    assert sum(shipped_families["orchestrator_texts_total"].values()) == len(texts)
+    assert off_families == {}
+    assert router.metrics.enabled is False and router.metrics.families == {} and not hasattr(router.metrics, "flusher")
+    assert router.engine.metrics is None and router.engine.start(router.engine.infer).timing is False
+
+
+def test_a_bad_metrics_value_fails_the_load_by_name(tmp_path):
+    with MockTriton(_repo_with(tmp_path, M.ENABLED_PARAMETER, "sometimes")) as mock:
+        for name in ("tokenizer", "classifier", "classifier_fast"):
+            mock.load(name)
+        with pytest.raises(Exception, match="metrics='sometimes'"):
+            mock.load("router")
+
+
+def test_metrics_enabled_reads_on_and_off_in_any_case():
+    assert M.metrics_enabled({}) and M.metrics_enabled({"metrics": ""}) and M.metrics_enabled({"metrics": "ON"})
+    assert not M.metrics_enabled({"metrics": "off"}) and not M.metrics_enabled({"metrics": " False "})
+    with pytest.raises(ValueError, match="expected 'on' or 'off'"):
+        M.metrics_enabled({"metrics": "2"})

@@ -20,7 +20,7 @@ from orchestrator.tooling.client import text_inputs
 from orchestrator.tooling.modeling import data
 from orchestrator.tooling.policy_cli import fetch_policy
 from orchestrator.tooling.server import ServerError
-from tests.helpers import BAD_SAMPLE_VARIANT, REPO, ROOT, TIMINGS_VARIANT, add_router_variant, call, routes
+from tests.helpers import BAD_SAMPLE_VARIANT, NO_METRICS_VARIANT, REPO, ROOT, TIMINGS_VARIANT, add_router_variant, call, routes
 
 pytestmark = pytest.mark.server
 TEXTS = data.held_out_texts(n=16, seed=21)
@@ -149,6 +149,21 @@ def test_the_timing_histograms_send_a_sample_unless_the_config_asks_for_all(trit
     assert delta(TIMINGS_VARIANT) == n
     flushes = math.ceil(elapsed / 0.5) + 1  # the flushes that can hold the shipped router's executes
     assert 0 < delta("router") <= 8 * flushes and delta("router") < n
+
+
+def test_metrics_off_answers_as_the_router_and_exports_no_series_of_its_own(triton):
+    """The config parameter ``metrics: off`` on the real server: the same answers as the
+    shipped router, and ``/metrics`` holds no ``orchestrator_*`` series for it (Triton's own
+    ``nv_inference_*`` for the model still count), while the shipped router's count."""
+    for text in TEXTS:
+        shipped, quiet = call(triton, "router", [text]), call(triton, NO_METRICS_VARIANT, [text])
+        assert {k: v.tolist() for k, v in quiet.items()} == {k: v.tolist() for k, v in shipped.items()}
+    after = settled_metrics(triton)
+    ours = [name for (name, labels), _ in after.items()
+            if name.startswith("orchestrator_") and ("router", NO_METRICS_VARIANT) in labels]
+    assert ours == []
+    assert metric(after, "orchestrator_requests_total", router="router", outcome="success") >= len(TEXTS)
+    assert prometheus.total(after, "nv_inference_request_success", model=NO_METRICS_VARIANT) >= len(TEXTS)
 
 
 def test_shipped_ab_example_splits_by_request_id_and_falls_back(triton):

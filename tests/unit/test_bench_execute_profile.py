@@ -121,3 +121,13 @@ def test_each_part_is_patched_out_and_put_back_and_the_router_still_answers():
             router.TritonPythonModel._parse) == before
     with pytest.raises(SystemExit, match="expected one of"):
         X.ablate("nothing")
+
+
+def test_interleaved_blocks_give_each_model_its_time_and_its_difference_from_the_first():
+    r = X.main(["--models", "router_single", "router_single_no_metrics", "--interleave", "--blocks", "6", "--block", "3",
+                "--warmup", "5"])
+    got = r["interleaved"]
+    assert got["blocks"] == 6 and got["block"] == 3 and set(got["own_us"]) == {"router_single", "router_single_no_metrics"}
+    assert all(v > 0 for v in got["own_us"].values()) and r["models"] == {}
+    diff = got["difference_us"]["router_single_no_metrics"]
+    assert diff["median"] is not None and len(diff["interval"]) == 2

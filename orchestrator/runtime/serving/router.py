@@ -104,7 +104,7 @@ from orchestrator.runtime.errors import (
     RequestStopped,
 )
 from orchestrator.runtime.execution.engine import Engine, gather
-from orchestrator.runtime.metrics import QUEUE_DELAY, SUCCEEDED, Metrics, observe_stage, timing_sample
+from orchestrator.runtime.metrics import QUEUE_DELAY, SUCCEEDED, observe_stage, router_metrics
 from orchestrator.runtime.request import (
     POLICY_OUTPUT,
     RequestContext,
@@ -352,12 +352,12 @@ class TritonPythonModel:
         check_label_file(model_dir, config, self.policy, path)
         self.name = args.get("model_name", config.get("name", "router"))
         self.outputs = {o["name"] for o in config.get("output", [])}
-        self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
+        self.metrics = router_metrics(pb_utils, self.name, config_parameters(config))
         self.downstream = Downstream(pb_utils, self.policy, self.metrics, self.logger, self.name, cpu_outputs(pb_utils))
         self.models = self.downstream.models
         self.load = QueueDelay()  # this instance's executes, marked by _timed_execute
         self.engine = Engine(
-            self.policy, self.downstream.infer, self.metrics, self.models, model_dir,
+            self.policy, self.downstream.infer, self.metrics if self.metrics.enabled else None, self.models, model_dir,
             shadow_infer=self.downstream.shadow_infer, logger=self.logger,
         )
         self.admission = Admission(self.policy.admission) if self.policy.admission is not None else None
@@ -391,7 +391,7 @@ class TritonPythonModel:
         except PolicyError as exc:
             raise ValueError(f"router: invalid pipeline policy: {path}: {exc}") from None
         self.name = args.get("model_name", config.get("name", "router"))
-        self.metrics = Metrics(pb_utils, self.name, max_sampled=timing_sample(config_parameters(config)))
+        self.metrics = router_metrics(pb_utils, self.name, config_parameters(config))
         self.load = QueueDelay()
         self.pipeline = PipelineRouter(pb_utils, policy, config, model_dir.parent, self.name, self.metrics,
                                        warmups=warmup_executes(config))

@@ -430,6 +430,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="floor: only router_single and hand_bls, for the two floor goals (bench/floor_goals.json)")
     parser.add_argument("--concurrencies", type=int, nargs="+", default=[1, 16], choices=[1, 16],
                         help="floor --goals-only: the goals' concurrencies to measure (default: 1 16)")
+    parser.add_argument("--also", nargs="+", default=[], metavar="VARIANT",
+                        help="floor --goals-only: variants of router_single (lab.bench.plan.VARIANTS) measured in every "
+                             "round too, their ratios to hand_bls reported, not judged")
     args = parser.parse_args(argv)
     try:
         if args.baseline is not None and args.compare != "runtime":
@@ -445,7 +448,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 return 0
             if args.goals_only:
                 print(floor.render_goals(floor.goals_run(args.out, args.rounds or floor.FLOOR_ROUNDS, args.window_ms,
-                                                         args.concurrencies, command)))
+                                                         args.concurrencies, command, also=args.also)))
                 return 0
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
                                                  soak_report=args.soak_report, window_ms=args.window_ms, command=command)))

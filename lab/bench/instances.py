@@ -447,8 +447,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 print(floor.render_section(floor.summarize(args.summarize, args.out, command)))
                 return 0
             if args.goals_only:
-                print(floor.render_goals(floor.goals_run(args.out, args.rounds or floor.FLOOR_ROUNDS, args.window_ms,
-                                                         args.concurrencies, command, also=args.also)))
+                from lab.bench import floor_goals
+
+                print(floor_goals.render_goals(floor_goals.goals_run(args.out, args.rounds or floor.FLOOR_ROUNDS, args.window_ms,
+                                                                     args.concurrencies, command, also=args.also)))
                 return 0
             print(floor.render_section(floor.run(args.out, quick=args.quick, rounds=args.rounds, load_rounds=args.load_rounds,
                                                  soak_report=args.soak_report, window_ms=args.window_ms, command=command)))

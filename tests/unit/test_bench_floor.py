@@ -9,6 +9,7 @@ import json
 import pytest
 
 from lab.bench import floor as F
+from lab.bench import floor_goals as G
 from lab.bench.plan import VARIANTS, BenchError
 from lab.bench.report import FLOOR_END, FLOOR_START, KEPT_SECTIONS
 from lab.bench.variants import copy_source_model, make_bench_repository
@@ -240,22 +241,22 @@ def test_the_floor_goals_read_router_single_over_hand_bls():
 
 
 def test_the_goals_alone_pair_the_two_models_in_alternating_order_and_judge_what_was_measured():
-    specs = F.goals_plan(3, (16,))
+    specs = G.goals_plan(3, (16,))
     assert [(s.model, s.concurrency, s.round) for s in specs] == [
         ("router_single", 16, 0), ("hand_bls", 16, 0), ("hand_bls", 16, 1), ("router_single", 16, 1),
         ("router_single", 16, 2), ("hand_bls", 16, 2)]
-    assert [(s.model, s.concurrency) for s in F.goals_plan(1)] == [
+    assert [(s.model, s.concurrency) for s in G.goals_plan(1)] == [
         ("router_single", 1), ("hand_bls", 1), ("router_single", 16), ("hand_bls", 16)]
-    assert [s.model for s in F.goals_plan(2, (1,), also=("router_single_no_metrics",))] == [
+    assert [s.model for s in G.goals_plan(2, (1,), also=("router_single_no_metrics",))] == [
         "router_single", "router_single_no_metrics", "hand_bls", "hand_bls", "router_single_no_metrics", "router_single"]
     both = rounds_of(8) + [m("router_single_no_metrics", 1, r, 100.0, 9.0) for r in range(8)]
-    v = F.variant_ratios(both, ("router_single_no_metrics",), (1,))
+    v = G.variant_ratios(both, ("router_single_no_metrics",), (1,))
     assert list(v) == ["router_single_no_metrics"] and list(v["router_single_no_metrics"]) == ["p50_c1"]
     assert v["router_single_no_metrics"]["p50_c1"]["per_round"] == [0.9] * 8
     only16 = [m for m in rounds_of(8) if m["concurrency"] == 16]
-    goals = F.goals_of(only16, (16,))
+    goals = G.goals_of(only16, (16,))
     assert list(goals) == ["throughput_c16"] and goals["throughput_c16"]["verdict"] == "met"
-    text = F.render_goals({"rounds": 8, "command": "python -m lab.bench.instances --compare floor --goals-only",
+    text = G.render_goals({"rounds": 8, "command": "python -m lab.bench.instances --compare floor --goals-only",
                            "floor_goals": goals})
     assert "throughput_c16: median 0.952x over 8 rounds" in text and "**met**" in text
 

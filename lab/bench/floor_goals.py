@@ -58,7 +58,7 @@ def goals_run(out: Path, rounds: int, window_ms: int = 1000, concurrencies: Sequ
               command: str = COMMAND + " --goals-only", also: Sequence[str] = ()) -> Dict[str, Any]:
     """The two floor goals alone, for as many rounds as deciding them takes (``--goals-only``):
     :func:`goals_plan` on one embedded server that serves only what ``router_single`` and
-    ``hand_bls`` call, with the server's split at c=1 as in :func:`run`; no cost model, load
+    ``hand_bls`` call, with the server's split at c=1 as in ``lab.bench.floor.run``; no cost model, load
     or repair. ``also``: variants of ``router_single`` in the benchmark repository
     (``lab.bench.plan.VARIANTS``) measured in every round too, their ratios to ``hand_bls``
     reported beside the goals (:func:`variant_ratios`). Writes ``<out>/bench/floor_goals.json``

@@ -317,11 +317,28 @@ def _ablate_part(undo: List[Callable[[], None]], feature: str) -> None:
         patch(undo, request, "check_parameters", lambda parameters, exposed, ignored: dict(parameters))
 
 
+def one_text_inputs() -> Dict[str, Any]:
+    """One request of :data:`TEXT` at threshold 0.5: TEXT object [1, 1], THRESHOLD float32 [1, 1]."""
+    return {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+
+
+def block_own_us(mock: Any, model: str, inputs: Dict[str, Any], clock: "Clock", block: int) -> float:
+    """The median own time, microseconds, of ``block`` executes of ``model``: each one's
+    ``execute`` less its BLS calls, as ``clock`` (:func:`instrument`'s bare pass) took them."""
+    clock.take()  # nothing from before the block
+    own = []
+    for _ in range(block):
+        mock.infer(model, inputs)
+        p = clock.take()
+        own.append(sum(p.values()) - p.get("bls exec", 0))
+    return statistics.median(own) / 1e3
+
+
 def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmup: int) -> Dict[str, Any]:
     """The router's own time with ``feature`` on and off (:func:`ablate`), in alternating
     blocks of ``block`` executes: the median of each block, and the median of the paired
     block differences (on - off) with the blocks' 5th and 95th percentiles of it."""
-    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    inputs = one_text_inputs()
     for _ in range(warmup):
         mock.infer(model, inputs)
     clock = Clock()
@@ -332,16 +349,11 @@ def ablation(mock: Any, model: str, feature: str, blocks: int, block: int, warmu
         for b in range(2 * blocks):
             turned_off = (b % 2 == 1) if (b // 2) % 2 == 0 else (b % 2 == 0)  # ABBA: neither side always first
             restore = ablate(feature) if turned_off else None
-            own = []
             try:
-                for _ in range(block):
-                    mock.infer(model, inputs)
-                    p = clock.take()
-                    own.append(sum(p.values()) - p.get("bls exec", 0))
+                (off if turned_off else on).append(block_own_us(mock, model, inputs, clock, block))
             finally:
                 if restore:
                     restore()
-            (off if turned_off else on).append(statistics.median(own) / 1e3)
     finally:
         undo()
     from lab.bench.instances import median_interval, rounded_interval
@@ -363,7 +375,7 @@ def interleaved(mock: Any, models: Sequence[str], blocks: int, block: int, warmu
     one router, side by side)."""
     from lab.bench.instances import median_interval, rounded_interval
 
-    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    inputs = one_text_inputs()
     for model in models:
         for _ in range(warmup):
             mock.infer(model, inputs)
@@ -373,13 +385,7 @@ def interleaved(mock: Any, models: Sequence[str], blocks: int, block: int, warmu
     try:
         for b in range(blocks):
             for model in (models if b % 2 == 0 else list(reversed(models))):
-                times = []
-                clock.take()
-                for _ in range(block):
-                    mock.infer(model, inputs)
-                    p = clock.take()
-                    times.append(sum(p.values()) - p.get("bls exec", 0))
-                own[model].append(statistics.median(times) / 1e3)
+                own[model].append(block_own_us(mock, model, inputs, clock, block))
     finally:
         undo()
     base = models[0]
@@ -393,7 +399,7 @@ def interleaved(mock: Any, models: Sequence[str], blocks: int, block: int, warmu
 
 def measure(mock: Any, model: str, executes: int, warmup: int, full: bool) -> Dict[str, Any]:
     """One pass over ``model`` (module docstring); medians in microseconds."""
-    inputs = {"TEXT": np.array([[TEXT.encode()]], dtype=np.object_), "THRESHOLD": np.full((1, 1), 0.5, np.float32)}
+    inputs = one_text_inputs()
     for _ in range(warmup):
         mock.infer(model, inputs)
     clock = Clock()

@@ -738,36 +738,68 @@ def router_routes(url: str, texts: Sequence[str], batch: int = 32) -> List[str]:
     return routes
 
 
+def held_out_order() -> List[str]:
+    """The held-out texts in the floor runs' one fixed order (a permutation seeded 0)."""
+    from orchestrator.tooling.modeling import data
+
+    held_out = data.held_out_examples()
+    return [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
+
+
+def run_header(command: str, rounds: int, window_ms: int) -> Dict[str, Any]:
+    """What a floor run records before it measures: when, the load, the machine, the command."""
+    import datetime
+
+    from lab.bench.machine import load_average, machine_info
+
+    return {"started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+            "load_before": load_average(), "machine": machine_info(), "command": command, "rounds": rounds,
+            "window_ms": window_ms}
+
+
+def measure_specs(specs: Sequence[Spec], server: Any, inputs: Mapping[str, Path], workdir: Path, window_ms: int,
+                  warm: Mapping[Tuple[str, str], float], split: Callable[[Spec], bool], tag: str) -> List[Dict[str, Any]]:
+    """perf_analyzer on each of ``specs`` in turn against ``server`` (``inputs``: input data by
+    dataset), windows of ``window_ms``; a spec that ``split`` names gets the server's split of
+    its requests (:func:`server_split`). Returns the measurements, in order (a failure is a
+    measurement with ``error``); logs one line each, ``[tag i/n]``."""
+    from lab.bench.instances import _log
+    from lab.bench.measurement import measure_next, outcome
+    from lab.bench.perf_analyzer import install_perf_analyzer
+    from lab.bench.plan import PASettings
+
+    settings = PASettings(measurement_interval_ms=window_ms, check_stability=False, fallback=False,
+                          latencies_per_window=10, max_interval_ms=2 * window_ms)
+    binary = install_perf_analyzer()
+    measurements: List[Dict[str, Any]] = []
+    for i, spec in enumerate(specs, 1):
+        before = server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)) if split(spec) else None
+        m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], workdir, settings, measurements, warm)
+        if before is not None and not m.get("error"):
+            m["server_split"] = server_split(before, server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)), spec.model)
+        _log(f"[{tag} {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
+    return measurements
+
+
 def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_rounds: int = 5,
         soak_report: Optional[Path] = None, window_ms: int = 1000, command: str = COMMAND) -> Dict[str, Any]:
     """The whole benchmark (module docstring); writes ``<out>/bench/floor.json`` and the
     section of ``<out>/benchmarks.md``; returns the results."""
-    import datetime
     import tempfile
     import time
 
     from lab.bench.instances import _log
-    from lab.bench.machine import load_average, machine_info
-    from lab.bench.measurement import measure_next, outcome, write_input_data
-    from lab.bench.perf_analyzer import install_perf_analyzer
-    from lab.bench.plan import PASettings
+    from lab.bench.measurement import write_input_data
     from lab.bench.report import write_kept_outputs
     from lab.bench.stack import read_stack
-    from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import TritonServer
 
     rounds = rounds or (1 if quick else FLOOR_ROUNDS)
-    settings = PASettings(measurement_interval_ms=window_ms, check_stability=False, fallback=False,
-                          latencies_per_window=10, max_interval_ms=2 * window_ms)
     started = time.monotonic()
     results: Dict[str, Any] = {
-        "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_before": load_average(), "machine": machine_info(), "command": command, "quick": quick,
-        "rounds": rounds, "window_ms": window_ms, "models": [*FLOOR_MODELS, *CLASSIFIERS, *ESCALATION_VARIANTS],
-        "pad_group": PAD_GROUP}
-    binary = install_perf_analyzer()
-    held_out = data.held_out_examples()
-    texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
+        **run_header(command, rounds, window_ms), "quick": quick,
+        "models": [*FLOOR_MODELS, *CLASSIFIERS, *ESCALATION_VARIANTS], "pad_group": PAD_GROUP}
+    texts = held_out_order()
     with tempfile.TemporaryDirectory(prefix="bench-floor-") as tmp:
         repo = make_floor_repository(Path(tmp) / "model_repository")
         inputs = {"held_out": write_input_data(Path(tmp) / "input.json", texts)}
@@ -784,19 +816,10 @@ def run(out: Path, quick: bool = False, rounds: Optional[int] = None, load_round
             results["shares"] = [x["share"] for x in lists]
             for dataset, x in zip(SHARE_DATASETS.values(), lists):
                 inputs[dataset] = write_input_data(Path(tmp) / f"{dataset}.json", [texts[i] for i in x["texts"]])
-            measurements: List[Dict[str, Any]] = []
             warm = {**{(m, "held_out"): 10.0 for m in FLOOR_MODELS}, **{(m, d): 10.0 for m, d in SHARE_DATASETS.items()},
                     **{(m, "tokens"): 5.0 for m in CLASSIFIERS}}
-            specs = floor_plan(rounds)
-            for i, spec in enumerate(specs, 1):
-                split = spec.concurrency == 1 and spec.model in SPLIT_MODELS
-                before = server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)) if split else None
-                m = measure_next(binary, spec, server.grpc_url, inputs[spec.dataset], Path(tmp) / "pa", settings,
-                                 measurements, warm)
-                if before is not None and not m.get("error"):
-                    m["server_split"] = server_split(before, server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)),
-                                                     spec.model)
-                _log(f"[floor {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
+            measurements = measure_specs(floor_plan(rounds), server, inputs, Path(tmp) / "pa", window_ms, warm,
+                                         lambda spec: spec.concurrency == 1 and spec.model in SPLIT_MODELS, "floor")
     results.update(measurements=measurements, load_max_during=max_load(measurements),
                    floor_goals=floor_goals(measurements), server_split=split_summary(measurements),
                    cost=cost_summary(measurements, (results.get("escalation") or {}).get("e"), tuple(results["shares"])))

@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence
 
-import numpy as np
-
 from lab.bench.floor import (
     COMMAND,
     FLOOR_CONCURRENCIES,
@@ -20,10 +18,11 @@ from lab.bench.floor import (
     SPLIT_MODELS,
     _fmt_decision,
     floor_goals,
+    held_out_order,
     make_floor_repository,
+    measure_specs,
     pair_ratios,
-    server_split,
-    server_stats,
+    run_header,
     split_summary,
 )
 from lab.bench.measurement import max_load
@@ -64,44 +63,26 @@ def goals_run(out: Path, rounds: int, window_ms: int = 1000, concurrencies: Sequ
     reported beside the goals (:func:`variant_ratios`). Writes ``<out>/bench/floor_goals.json``
     (not the floor's section: that stays the full run's) and returns ``{"floor_goals",
     "variants", "server_split", ...}``."""
-    import datetime
     import tempfile
     import time
 
-    from lab.bench.instances import _log
-    from lab.bench.machine import load_average, machine_info
-    from lab.bench.measurement import measure_next, outcome, write_input_data
-    from lab.bench.perf_analyzer import install_perf_analyzer
-    from lab.bench.plan import PASettings
+    from lab.bench.machine import load_average
+    from lab.bench.measurement import write_input_data
     from lab.bench.stack import read_stack
-    from orchestrator.tooling.modeling import data
     from orchestrator.tooling.server import TritonServer
 
-    settings = PASettings(measurement_interval_ms=window_ms, check_stability=False, fallback=False,
-                          latencies_per_window=10, max_interval_ms=2 * window_ms)
     started = time.monotonic()
-    results: Dict[str, Any] = {
-        "started_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "load_before": load_average(), "machine": machine_info(), "command": command, "rounds": rounds,
-        "window_ms": window_ms, "concurrencies": list(concurrencies), "models": ["router_single", *also, "hand_bls"]}
-    binary = install_perf_analyzer()
-    held_out = data.held_out_examples()
-    texts = [held_out[i].text for i in np.random.RandomState(0).permutation(len(held_out))]
-    measurements: List[Dict[str, Any]] = []
+    results: Dict[str, Any] = {**run_header(command, rounds, window_ms), "concurrencies": list(concurrencies),
+                               "models": ["router_single", *also, "hand_bls"]}
+    texts = held_out_order()
     with tempfile.TemporaryDirectory(prefix="bench-floor-goals-") as tmp:
         repo = make_floor_repository(Path(tmp) / "model_repository", also=also)
-        input_data = write_input_data(Path(tmp) / "input.json", texts)
+        inputs = {"held_out": write_input_data(Path(tmp) / "input.json", texts)}
         with TritonServer(repo, models=["tokenizer", "postprocess", SPLIT_DOWNSTREAM, *SPLIT_MODELS, *also]) as server:
             results["stack"] = read_stack(server, embedded=True)
             warm = {(m, "held_out"): 10.0 for m in (*SPLIT_MODELS, *also)}
-            specs = goals_plan(rounds, concurrencies, also)
-            for i, spec in enumerate(specs, 1):
-                before = server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)) if spec.concurrency == 1 else None
-                m = measure_next(binary, spec, server.grpc_url, input_data, Path(tmp) / "pa", settings, measurements, warm)
-                if before is not None and not m.get("error"):
-                    m["server_split"] = server_split(before, server_stats(server.grpc_url, (spec.model, SPLIT_DOWNSTREAM)),
-                                                     spec.model)
-                _log(f"[floor goals {i}/{len(specs)}] {spec.model} c={spec.concurrency} round {spec.round + 1}: {outcome(m)}")
+            measurements = measure_specs(goals_plan(rounds, concurrencies, also), server, inputs, Path(tmp) / "pa", window_ms,
+                                         warm, lambda spec: spec.concurrency == 1, "floor goals")
     results.update(measurements=measurements, load_max_during=max_load(measurements), load_after=load_average(),
                    floor_goals=goals_of(measurements, concurrencies), variants=variant_ratios(measurements, also, concurrencies),
                    server_split=split_summary(measurements), wall_s=round(time.monotonic() - started, 1))
